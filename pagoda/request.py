@@ -1,0 +1,92 @@
+"""Request state as the scheduler and engine see it. Pure Python: no torch."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from pagoda.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The sampled token's log probability and the top alternatives (token id -> logprob)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: dict[int, float]
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    arrival_time: float = field(default_factory=time.monotonic)
+    # Requests of one n>1 group share the prompt: all but the first wait for its prefill.
+    parent: Request | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids: list[int] = list(self.prompt_token_ids)  # prompt, then outputs
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.num_cached_tokens = 0  # prompt tokens taken from the prefix cache at first admission
+        self.block_ids: list[int] = []
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None  # "stop", "length" or "abort"
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+        self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[TokenLogprob | None] = []
+        self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def check_stop(self) -> str | None:
+        """Finish reason implied by the last appended token, or None to go on."""
+        params = self.sampling_params
+        last = self.token_ids[-1]
+        num_out = self.num_output_tokens
+        if num_out >= params.min_tokens:
+            if not params.ignore_eos and last in self.eos_token_ids:
+                return "stop"
+            if last in params.stop_token_ids:
+                self.stop_reason = last
+                return "stop"
+        if params.max_tokens is not None and num_out >= params.max_tokens:
+            return "length"
+        if self.num_tokens >= self.max_model_len:
+            return "length"
+        return None
