@@ -1,0 +1,108 @@
+"""Reference attention in plain torch: the correctness reference and the CPU serving path.
+
+Decodes are attended in one batched call per layer over block-gathered keys and values;
+prefill chunks, which are few per step, one request at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pagoda.attention.backend import AttentionBackend, AttentionInputs
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    query_start: int
+    query_end: int
+    seq_len: int
+    block_ids: torch.Tensor  # long [ceil(seq_len / block_size)]
+    causal_mask: torch.Tensor | None  # bool [query_len, seq_len]; None when there is no earlier context
+
+
+@dataclass(frozen=True)
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None  # long [num_decodes, max_blocks]
+    decode_mask: torch.Tensor | None  # bool [num_decodes, 1, 1, max_blocks * block_size], True = attend
+    prefills: tuple[PrefillChunk, ...]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def build_metadata(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
+        nd, bs = inputs.num_decodes, inputs.block_size
+        device = inputs.block_tables.device
+        decode_tables = decode_mask = None
+        if nd:
+            max_blocks = -(-max(inputs.seq_lens_cpu[:nd]) // bs)
+            decode_tables = inputs.block_tables[:nd, :max_blocks].long()
+            positions = torch.arange(max_blocks * bs, device=device)
+            decode_mask = (positions[None, :] < inputs.seq_lens[:nd, None]).view(nd, 1, 1, -1)
+        prefills = []
+        starts = inputs.query_start_loc.tolist()
+        for i in range(nd, inputs.num_reqs):
+            q_len, seq_len = inputs.query_lens_cpu[i], inputs.seq_lens_cpu[i]
+            mask = None
+            if seq_len > q_len:  # earlier context in the cache: the causal mask is aligned bottom-right
+                rows = torch.arange(q_len, device=device)[:, None] + (seq_len - q_len)
+                mask = torch.arange(seq_len, device=device)[None, :] <= rows
+            block_ids = inputs.block_tables[i, : -(-seq_len // bs)].long()
+            prefills.append(PrefillChunk(starts[i], starts[i + 1], seq_len, block_ids, mask))
+        return TorchAttentionMetadata(inputs.slot_mapping, nd, decode_tables, decode_mask, tuple(prefills))
+
+    def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale: float):
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        num_kv_heads, head_dim = k_cache.shape[-2:]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, key)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, value)
+        out = torch.empty_like(query)
+        nd = metadata.num_decode_tokens
+        if nd:
+            out[:nd] = _decode(query[:nd], k_cache, v_cache, metadata, scale)
+        for chunk in metadata.prefills:
+            q = query[chunk.query_start : chunk.query_end]
+            if chunk.causal_mask is None:
+                k = key[chunk.query_start : chunk.query_end]
+                v = value[chunk.query_start : chunk.query_end]
+            else:
+                k = k_cache[chunk.block_ids].flatten(0, 1)[: chunk.seq_len]
+                v = v_cache[chunk.block_ids].flatten(0, 1)[: chunk.seq_len]
+            out[chunk.query_start : chunk.query_end] = _attend(q, k, v, chunk.causal_mask, scale)
+        return out
+
+
+def _attend(q, k, v, mask, scale):
+    """One request: q [Tq, H, D], k/v [Tk, Hkv, D] -> [Tq, H, D]."""
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return o.transpose(0, 1)
+
+
+def _decode(q, k_cache, v_cache, metadata: TorchAttentionMetadata, scale):
+    """Decodes batched: q [B, H, D] against each request's gathered blocks."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[-2]
+    k = k_cache[metadata.decode_block_tables].flatten(1, 2)  # [B, L, Hkv, D]
+    v = v_cache[metadata.decode_block_tables].flatten(1, 2)
+    o = F.scaled_dot_product_attention(
+        q.view(batch, num_heads, 1, head_dim),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=metadata.decode_mask,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return o.view(batch, num_heads, head_dim)
