@@ -102,7 +102,7 @@ def _write_hf_dir(gguf_path: Path, out: Path) -> None:
     tensors = {k: torch.as_tensor(v).to(torch.float32).contiguous() for k, v in tensors.items()}
     if getattr(config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
-    config.torch_dtype = "float32"
+    config.architectures = [type(skeleton).__name__]
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})

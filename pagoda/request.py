@@ -48,6 +48,7 @@ class Request:
         self.logprobs: list[TokenLogprob] = []
         self.prompt_logprobs: list[TokenLogprob | None] = []
         self.num_preemptions = 0
+        self.generator = None  # the sampler's torch.Generator for a seeded request
         self.num_skips = 0  # times the longest-prefix-match policy admitted a later request first
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

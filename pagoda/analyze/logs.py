@@ -1,0 +1,218 @@
+"""Reading a request log one line at a time: Pagoda's own request log (`pagoda serve
+--request-log`), OpenAI request bodies (chat or completions), or `{"prompt": ...}` lines.
+
+Memory does not grow with the file: lines stream through, and only a bounded window of them is
+held to put requests back in arrival order (a server writes a line when a request finishes, so
+concurrent requests can appear out of order).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pagoda.analyze.errors import AnalyzeError
+
+Messages = tuple[dict, ...]  # chat messages, handed to the chat template as the server does
+Prompt = np.ndarray | Messages | str  # token ids (int32), chat messages, or completion text
+
+MAX_TOKEN_ID = 2**31 - 1
+REORDER_WINDOW = 4096
+
+# Pagoda's log lines are mostly token ids, and json.loads builds a Python int per id (about 35 s
+# per 100k lines of 1,000 tokens). The id arrays are cut out of the text and parsed by numpy
+# instead; the rest of the line goes through json, with a placeholder where each array was.
+_ID_ARRAY = re.compile(r'"(prompt_token_ids|output_token_ids)"\s*:\s*\[([^\]\[]*)\]')
+_PLACEHOLDER = "\x00ids"
+_PLACEHOLDER_JSON = '"\\u0000ids"'
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One request, with its prompt in whatever form the line gave it."""
+
+    line: int
+    prompt: Prompt
+    timestamp: float | None = None
+    output_ids: np.ndarray | None = None  # generated token ids, when logged
+    output_tokens: int | None = None  # generated token count, when logged
+    logged_cached_tokens: int | None = None  # the server's own prefix-cache hit, when logged
+
+
+@dataclass(frozen=True)
+class Malformed:
+    line: int
+    reason: str
+
+
+class _Invalid(ValueError):
+    """A line that cannot be read as a request; the message is the reason."""
+
+
+def read_log(path: Path, on_bytes: Callable[[int], None]) -> Iterator[LogEntry | Malformed]:
+    """Entries of the file at `path` in file order; `on_bytes` hears how much has been read."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise AnalyzeError(f"Cannot read {path}: {exc.strerror or exc}") from exc
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            on_bytes(len(raw))
+            if raw.strip():
+                yield from parse_line(raw, number)
+
+
+def parse_line(raw: bytes, line: int) -> list[LogEntry] | list[Malformed]:
+    try:
+        return _entries(_decode(raw), line)
+    except _Invalid as exc:
+        return [Malformed(line, str(exc))]
+
+
+def in_arrival_order(
+    items: Iterable[LogEntry | Malformed], window: int = REORDER_WINDOW
+) -> Iterator[LogEntry | Malformed]:
+    """`items` sorted by timestamp within a sliding window of `window` lines. Items without a
+    timestamp keep their place: they sort with the latest timestamp seen before them."""
+    heap: list[tuple[float, int, LogEntry | Malformed]] = []
+    latest = -math.inf
+    for order, item in enumerate(items):
+        stamp = getattr(item, "timestamp", None)
+        latest = latest if stamp is None else max(latest, stamp)
+        heapq.heappush(heap, (latest if stamp is None else stamp, order, item))
+        if len(heap) > window:
+            yield heapq.heappop(heap)[2]
+    while heap:
+        yield heapq.heappop(heap)[2]
+
+
+# ---- one line -----------------------------------------------------------------------------
+
+
+def _decode(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Invalid(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    lifted: dict[str, np.ndarray] = {}
+    duplicate = False
+
+    def lift(match: re.Match) -> str:
+        nonlocal duplicate
+        try:
+            ids = np.fromstring(match.group(2), dtype=np.int64, sep=",")
+        except ValueError:
+            return match.group(0)  # not plain integers: json reads it and says what is wrong
+        duplicate |= match.group(1) in lifted
+        lifted[match.group(1)] = ids
+        return f'"{match.group(1)}": {_PLACEHOLDER_JSON}'
+
+    obj = _json(_ID_ARRAY.sub(lift, text))
+    if duplicate or any(obj.get(key) != _PLACEHOLDER for key in lifted):
+        obj = _json(text)  # an id array sat inside a nested object: read the line plainly
+    else:
+        obj.update(lifted)
+    return obj
+
+
+def _json(text: str) -> dict:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _Invalid(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise _Invalid(f"a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
+def _entries(obj: dict, line: int) -> list[LogEntry]:
+    output_ids = _optional_ids(obj, "output_token_ids")
+    output_tokens = _optional_count(obj, "output_tokens")
+    if output_tokens is None and output_ids is not None:
+        output_tokens = len(output_ids)
+    common = {
+        "line": line,
+        "timestamp": _timestamp(obj),
+        "output_ids": output_ids,
+        "output_tokens": output_tokens,
+        "logged_cached_tokens": _optional_count(obj, "cached_tokens"),
+    }
+    if "prompt_token_ids" in obj:
+        return [LogEntry(prompt=_ids(obj["prompt_token_ids"], "prompt_token_ids"), **common)]
+    body = obj["body"] if isinstance(obj.get("body"), dict) else obj
+    if "messages" in body:
+        return [LogEntry(prompt=_messages(body["messages"]), **common)]
+    if "prompt" in body:
+        return [LogEntry(prompt=prompt, **common) for prompt in _prompts(body["prompt"])]
+    raise _Invalid('no "prompt_token_ids", "messages" or "prompt"')
+
+
+def _ids(value: object, name: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        ids = value
+    elif isinstance(value, list) and all(type(t) is int for t in value):
+        ids = np.array(value, dtype=np.int64)
+    else:
+        raise _Invalid(f"{name} must be a list of integers")
+    if len(ids) == 0:
+        raise _Invalid(f"{name} is empty")
+    if ids.min() < 0 or ids.max() > MAX_TOKEN_ID:
+        raise _Invalid(f"{name} holds an id outside 0..{MAX_TOKEN_ID}")
+    return ids.astype(np.int32)
+
+
+def _optional_ids(obj: dict, name: str) -> np.ndarray | None:
+    value = obj.get(name)
+    if value is None or (isinstance(value, (list, np.ndarray)) and len(value) == 0):
+        return None
+    return _ids(value, name)
+
+
+def _optional_count(obj: dict, name: str) -> int | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise _Invalid(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _timestamp(obj: dict) -> float | None:
+    value = obj.get("timestamp")
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise _Invalid(f"timestamp must be a number, got {value!r}")
+    return float(value)
+
+
+def _messages(value: object) -> Messages:
+    if not isinstance(value, list) or not value:
+        raise _Invalid("messages must be a non-empty list")
+    for message in value:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _Invalid('each message must be an object with a "role"')
+    return tuple(value)
+
+
+def _prompts(value: object) -> list[np.ndarray | str]:
+    """A completions prompt: text, token ids, or a batch of either (one request each)."""
+    batch = value if isinstance(value, list) and value and not isinstance(value[0], int) else [value]
+    return [_prompt(item) for item in batch]
+
+
+def _prompt(value: object) -> np.ndarray | str:
+    if isinstance(value, str):
+        if not value:
+            raise _Invalid("prompt is empty")
+        return value
+    if isinstance(value, list):
+        return _ids(value, "prompt")
+    raise _Invalid("prompt must be text, token ids, or a non-empty list of either")

@@ -1,0 +1,112 @@
+"""Paged attention in Triton: the GPU serving path.
+
+Each layer's forward is at most four launches: store this step's keys and values, then one
+attention launch for the decodes (or a split-KV launch and its merge) and one for the rest
+(prefills, prefill chunks after cached context, speculative verification). Everything a launch
+grid needs is a host integer taken from AttentionInputs' *_cpu tuples when the step's metadata
+is built, so forward never waits on the device and can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from pagoda.attention import triton_kernels as kernels
+from pagoda.attention.backend import AttentionBackend, AttentionInputs
+
+_SMS_WITHOUT_CUDA = 132  # an H100/H200; only the split-KV heuristic reads it
+
+
+@dataclass(frozen=True)
+class RequestRange:
+    """Consecutive requests attended by one launch; tensors are views of AttentionInputs'."""
+
+    query_start_loc: torch.Tensor  # int32 [num_reqs + 1], positions in the whole batch
+    seq_lens: torch.Tensor  # int32 [num_reqs]
+    block_tables: torch.Tensor  # int32 [num_reqs, max_blocks]
+    num_tokens: int
+    max_query_len: int
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class TritonAttentionMetadata:
+    slot_mapping: torch.Tensor  # int64 [T]
+    decodes: RequestRange | None  # the batch's first num_decodes requests, one token each
+    others: RequestRange | None  # the rest
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, decode_splits: int | None = None):
+        """decode_splits: slices per decode context for split-KV; None chooses per step, 1 never splits."""
+        self.decode_splits = decode_splits
+
+    def build_metadata(self, inputs: AttentionInputs) -> TritonAttentionMetadata:
+        nd, nr = inputs.num_decodes, inputs.num_reqs
+        return TritonAttentionMetadata(
+            slot_mapping=inputs.slot_mapping,
+            decodes=_request_range(inputs, 0, nd),
+            others=_request_range(inputs, nd, nr),
+        )
+
+    def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata, scale: float):
+        kernels.store_kv(key, value, kv_cache, metadata.slot_mapping)
+        out = torch.empty_like(query)
+        decodes, others = metadata.decodes, metadata.others
+        if decodes is not None:
+            splits = self._decode_splits(decodes, kv_cache)
+            if splits > 1:
+                kernels.paged_attention_split(
+                    out, query, kv_cache, *_tensors(decodes), scale, num_tokens=decodes.num_tokens, num_splits=splits
+                )
+            else:
+                kernels.paged_attention(
+                    out, query, kv_cache, *_tensors(decodes), scale, num_tokens=decodes.num_tokens, max_query_len=1
+                )
+        if others is not None:
+            kernels.paged_attention(
+                out,
+                query,
+                kv_cache,
+                *_tensors(others),
+                scale,
+                num_tokens=others.num_tokens,
+                max_query_len=others.max_query_len,
+            )
+        return out
+
+    def _decode_splits(self, decodes: RequestRange, kv_cache: torch.Tensor) -> int:
+        if self.decode_splits is not None:
+            return self.decode_splits
+        num_reqs = decodes.seq_lens.shape[0]
+        return kernels.choose_decode_splits(num_reqs, kv_cache.shape[3], decodes.max_seq_len, _num_sms(kv_cache.device))
+
+
+def _request_range(inputs: AttentionInputs, first: int, end: int) -> RequestRange | None:
+    if first == end:
+        return None
+    query_lens = inputs.query_lens_cpu[first:end]
+    return RequestRange(
+        query_start_loc=inputs.query_start_loc[first : end + 1],
+        seq_lens=inputs.seq_lens[first:end],
+        block_tables=inputs.block_tables[first:end],
+        num_tokens=sum(query_lens),
+        max_query_len=max(query_lens),
+        max_seq_len=max(inputs.seq_lens_cpu[first:end]),
+    )
+
+
+def _tensors(r: RequestRange) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return r.query_start_loc, r.seq_lens, r.block_tables
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _SMS_WITHOUT_CUDA
+    return torch.cuda.get_device_properties(device).multi_processor_count

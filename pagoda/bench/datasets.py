@@ -1,0 +1,355 @@
+"""Workloads: seeded streams of requests, the same for every engine and every rerun.
+
+A workload yields `Session`s. A single-turn request is a session of one turn; a multi-turn
+session sends its follow-ups one after another, each resending the history plus the server's
+previous reply. Synthetic streams (random, shared-prefix, multi-turn) never end; file-based ones
+(replay, ShareGPT) end with the file. Files are parsed once, up front, so a malformed line stops
+the run before any server is started.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pagoda.bench.errors import BenchError
+from pagoda.bench.tokens import Tokenizer
+
+Endpoint = Literal["chat", "completions"]
+ENDPOINT_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt")
+DEFAULT_OUTPUT_LEN = 64
+# Fields of a completions body that mean the same in a chat body, kept when a replayed
+# `{"prompt", ...}` line is sent to the chat endpoint.
+SHARED_FIELDS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
+# ShareGPT filter, as vLLM's benchmark applies it.
+SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A token length: fixed ("256"), uniform over a range ("128:512"), or normal ("normal:256,64")."""
+
+    kind: Literal["fixed", "uniform", "normal"]
+    a: float
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> LengthDist:
+        try:
+            if text.startswith("normal:"):
+                mean, std = (float(x) for x in text.removeprefix("normal:").split(","))
+                dist = cls("normal", mean, std)
+            elif ":" in text:
+                low, high = (int(x) for x in text.split(":"))
+                dist = cls("uniform", low, high)
+            else:
+                dist = cls("fixed", int(text))
+        except ValueError:
+            raise BenchError(f"bad length {text!r}: use N, LOW:HIGH or normal:MEAN,STD") from None
+        if dist.a < 1 or dist.b < 0 or (dist.kind == "uniform" and dist.b < dist.a):
+            raise BenchError(f"bad length {text!r}: lengths are >= 1 and LOW <= HIGH")
+        return dist
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return rng.randint(int(self.a), int(self.b))
+        return max(1, round(rng.gauss(self.a, self.b)))
+
+    def __str__(self) -> str:
+        return {"fixed": f"{self.a:g}", "uniform": f"{self.a:g}:{self.b:g}"}.get(
+            self.kind, f"normal:{self.a:g},{self.b:g}"
+        )
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request before the target's model name and streaming options are added. `body` is
+    read-only by convention: the messages or prompt, max_tokens, and any replayed fields."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    token_ids: tuple[int, ...] | None = None  # as the server tokenizes it, when known ahead
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    text: str
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Session:
+    first: Prompt
+    follow_ups: tuple[FollowUp, ...] = ()
+    think_time_s: float = 0.0
+
+    @property
+    def num_requests(self) -> int:
+        return 1 + len(self.follow_ups)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    kind: str
+    endpoint: Endpoint
+    input_len: LengthDist
+    output_len: LengthDist | None  # None: DEFAULT_OUTPUT_LEN, or a ShareGPT reply's own length
+    groups: int
+    prompts_per_group: int
+    system_prompt_len: int
+    question_len: int
+    turns: int
+    think_time_s: float
+    dataset: Path | None
+
+    @property
+    def needs_tokenizer(self) -> bool:
+        return self.kind != "replay"
+
+    def default_num_prompts(self) -> int:
+        return self.groups * self.prompts_per_group if self.kind == "shared-prefix" else 100
+
+    def output(self) -> LengthDist:
+        return self.output_len or LengthDist("fixed", DEFAULT_OUTPUT_LEN)
+
+
+@dataclass(frozen=True)
+class Workload:
+    spec: WorkloadSpec
+    # Parsed file contents: Prompts for replay, (prompt, reply) pairs for ShareGPT; else empty.
+    entries: tuple[Any, ...] = ()
+
+
+def load_workload(spec: WorkloadSpec) -> Workload:
+    if spec.kind == "replay":
+        return Workload(spec, tuple(load_replay(_dataset(spec), spec.endpoint)))
+    if spec.kind == "sharegpt":
+        return Workload(spec, tuple(load_sharegpt(_dataset(spec))))
+    return Workload(spec)
+
+
+def _dataset(spec: WorkloadSpec) -> Path:
+    if spec.dataset is None:
+        raise BenchError(f"the {spec.kind} workload needs --dataset FILE")
+    if not spec.dataset.is_file():
+        raise BenchError(f"dataset file {spec.dataset} not found")
+    return spec.dataset
+
+
+def sessions(workload: Workload, tokenizer: Tokenizer | None, seed: int, label: str) -> Iterator[Session]:
+    """The workload's session stream for one purpose (`label`: "warmup", "level0", ...).
+    Equal (seed, label) give equal streams; different labels give fresh prompts, so one level
+    does not find another's prompts in the prefix cache."""
+    rng = random.Random(f"{seed}:{label}")
+    spec = workload.spec
+    if spec.kind == "replay":
+        return (Session(prompt) for prompt in workload.entries)
+    assert tokenizer is not None, "every workload but replay needs a tokenizer"
+    if spec.kind == "sharegpt":
+        return _sharegpt_sessions(workload, tokenizer, rng)
+    builders = {"random": _random_sessions, "shared-prefix": _shared_prefix_sessions, "multi-turn": _multi_turn_sessions}
+    return builders[spec.kind](spec, tokenizer, rng)
+
+
+def take_requests(stream: Iterable[Session], n: int) -> Iterator[Session]:
+    """Sessions holding exactly `n` requests in all (fewer when the stream ends first)."""
+    for session in stream:
+        if n <= 0:
+            return
+        if session.num_requests > n:
+            session = replace(session, follow_ups=session.follow_ups[: n - 1])
+        n -= session.num_requests
+        yield session
+
+
+def make_prompt(endpoint: Endpoint, tokenizer: Tokenizer, system: str | None, user: str, max_tokens: int) -> Prompt:
+    if endpoint == "chat":
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+            {"role": "user", "content": user}
+        ]
+        body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
+    else:
+        body = {"prompt": user if system is None else f"{system}\n{user}", "max_tokens": max_tokens}
+    return Prompt(endpoint, body, tuple(tokenizer.prompt_ids(body)))
+
+
+def next_turn(prompt: Prompt, reply: str, follow_up: FollowUp) -> Prompt:
+    """The next request of a conversation: the history, the server's reply, the next question."""
+    if prompt.endpoint == "chat":
+        messages = [*prompt.body["messages"], {"role": "assistant", "content": reply}, {"role": "user", "content": follow_up.text}]
+        body = {**prompt.body, "messages": messages, "max_tokens": follow_up.max_tokens}
+    else:
+        body = {**prompt.body, "prompt": f"{prompt.body['prompt']}{reply}\n{follow_up.text}", "max_tokens": follow_up.max_tokens}
+    return Prompt(prompt.endpoint, body)
+
+
+def _random_sessions(spec: WorkloadSpec, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
+    while True:
+        text = tok.random_text(rng, spec.input_len.sample(rng))
+        yield Session(make_prompt(spec.endpoint, tok, None, text, spec.output().sample(rng)))
+
+
+def _shared_prefix_sessions(spec: WorkloadSpec, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
+    """Groups take turns (request i belongs to group i mod groups), so a group's later requests
+    arrive while other groups' prefixes compete for the cache; each round of
+    groups x prompts_per_group requests draws fresh system prompts."""
+    while True:
+        systems = [tok.random_text(rng, spec.system_prompt_len) for _ in range(spec.groups)]
+        for i in range(spec.groups * spec.prompts_per_group):
+            question = tok.random_text(rng, spec.question_len)
+            yield Session(make_prompt(spec.endpoint, tok, systems[i % spec.groups], question, spec.output().sample(rng)))
+
+
+def _multi_turn_sessions(spec: WorkloadSpec, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
+    while True:
+        turns = [(tok.random_text(rng, spec.input_len.sample(rng)), spec.output().sample(rng)) for _ in range(spec.turns)]
+        first = make_prompt(spec.endpoint, tok, None, turns[0][0], turns[0][1])
+        yield Session(first, tuple(FollowUp(text, n) for text, n in turns[1:]), spec.think_time_s)
+
+
+def _sharegpt_sessions(workload: Workload, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
+    order = list(range(len(workload.entries)))
+    rng.shuffle(order)
+    spec = workload.spec
+    for index in order:
+        prompt, reply = workload.entries[index]
+        prompt_len, reply_len = len(tok.encode(prompt)), len(tok.encode(reply))
+        if prompt_len < SHAREGPT_MIN_LEN or reply_len < SHAREGPT_MIN_LEN:
+            continue
+        if prompt_len > SHAREGPT_MAX_PROMPT or prompt_len + reply_len > SHAREGPT_MAX_TOTAL:
+            continue
+        max_tokens = spec.output_len.sample(rng) if spec.output_len else reply_len
+        yield Session(make_prompt(spec.endpoint, tok, None, prompt, max_tokens))
+
+
+def load_replay(path: Path, endpoint: Endpoint) -> list[Prompt]:
+    """Parse a JSONL file of OpenAI request bodies, `{"prompt", "max_tokens"}` lines, or Pagoda
+    request-log records; every line is checked before any is sent."""
+    prompts = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                prompts.append(_replay_line(_json_object(line, path, number), endpoint, f"{path}:{number}"))
+    if not prompts:
+        raise BenchError(f"{path}: no requests in the file")
+    return prompts
+
+
+def _json_object(line: str, path: Path, number: int) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BenchError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise BenchError(f"{path}:{number}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _replay_line(obj: dict[str, Any], endpoint: Endpoint, where: str) -> Prompt:
+    if "body" in obj:  # a Pagoda request-log record
+        if obj.get("endpoint") not in ENDPOINT_PATHS:
+            raise BenchError(f"{where}: request-log 'endpoint' must be one of {sorted(ENDPOINT_PATHS)}")
+        prompt = _body_prompt(obj["body"], ENDPOINT_PATHS[obj["endpoint"]], where)
+        ids = obj.get("prompt_token_ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) for t in ids)):
+            raise BenchError(f"{where}: 'prompt_token_ids' must be a list of integers")
+        return replace(prompt, token_ids=tuple(ids) if ids is not None else None)
+    if "messages" in obj:
+        return _body_prompt(obj, "chat", where)
+    if "prompt" in obj:
+        if endpoint == "completions":
+            return _body_prompt(obj, "completions", where)
+        if not isinstance(obj["prompt"], str):
+            raise BenchError(f"{where}: only a text 'prompt' can be sent to the chat endpoint")
+        chat = {"messages": [{"role": "user", "content": obj["prompt"]}]}
+        return _body_prompt(chat | {k: obj[k] for k in SHARED_FIELDS if k in obj}, "chat", where)
+    raise BenchError(
+        f"{where}: expected an OpenAI request body ('messages' or 'prompt') or a Pagoda request-log record ('body')"
+    )
+
+
+def _body_prompt(body: Any, endpoint: Endpoint, where: str) -> Prompt:
+    if not isinstance(body, dict):
+        raise BenchError(f"{where}: the request body must be a JSON object")
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
+            raise BenchError(f"{where}: 'messages' must be a non-empty list of objects")
+    elif not isinstance(body.get("prompt"), (str, list)):
+        raise BenchError(f"{where}: 'prompt' must be a string or a list of token ids")
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):
+        raise BenchError(f"{where}: 'max_tokens' must be a positive integer")
+    return Prompt(endpoint, dict(body))
+
+
+def load_sharegpt(path: Path) -> list[tuple[str, str]]:
+    """(first human message, the reply to it) of each ShareGPT conversation with both."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise BenchError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, list):
+        raise BenchError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    pairs = []
+    for index, item in enumerate(data):
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns):
+            raise BenchError(f"{path}: item {index} has no 'conversations' list of {{'from', 'value'}} objects")
+        if len(turns) >= 2:
+            pairs.append((turns[0]["value"], turns[1]["value"]))
+    if not pairs:
+        raise BenchError(f"{path}: no conversation has a prompt and a reply")
+    return pairs
+
+
+def prefix_share(sequences: Iterable[Sequence[int]]) -> tuple[int, int]:
+    """(tokens that continue a prefix some earlier sequence already had, all tokens): the hit
+    rate an unbounded prefix cache would reach over these prompts, sent in this order."""
+    seen: set[int] = set()
+    shared = total = 0
+    for sequence in sequences:
+        key, matching = 0, True
+        for token in sequence:
+            key = hash((key, token))
+            matching = matching and key in seen
+            shared += matching
+            seen.add(key)
+        total += len(sequence)
+    return shared, total
+
+
+def describe(spec: WorkloadSpec) -> str:
+    out = f"output {spec.output()} tokens" if spec.kind != "sharegpt" or spec.output_len else "output as in the file"
+    return {
+        "random": f"random: input {spec.input_len} tokens, {out}",
+        "shared-prefix": (
+            f"shared-prefix: {spec.groups} groups x {spec.prompts_per_group} prompts, system prompt "
+            f"{spec.system_prompt_len} tokens, question {spec.question_len} tokens, {out}"
+        ),
+        "multi-turn": (
+            f"multi-turn: {spec.turns} turns per session, question {spec.input_len} tokens, {out}, "
+            f"think time {spec.think_time_s:g} s; each turn resends the history and the replies"
+        ),
+        "replay": f"replay of {spec.dataset}",
+        "sharegpt": f"ShareGPT conversations from {spec.dataset}, {out}",
+    }[spec.kind]
+
+
+def token_lists(stream: Iterable[Session], limit: int, tokenizer: Tokenizer | None) -> list[tuple[int, ...]] | None:
+    """Prompt token ids of the first `limit` first turns, or None when some are unknown."""
+    lists = []
+    for session in itertools.islice(stream, limit):
+        ids = session.first.token_ids
+        if ids is None and tokenizer is None:
+            return None
+        lists.append(ids if ids is not None else tuple(tokenizer.prompt_ids(session.first.body)))  # type: ignore[union-attr]
+    return lists

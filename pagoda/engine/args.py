@@ -1,0 +1,56 @@
+"""Everything a user can set, and turning it into a validated EngineConfig."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagoda.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from pagoda.model_files import display_name, resolve_model
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str | None = None  # None: the embedded default model
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 1024
+    kv_cache_memory: float = 2.0  # GiB
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    max_queue: int | None = None
+    device: str = "auto"
+    attention_backend: str = "auto"
+    seed: int = 0
+
+    def create_config(self) -> EngineConfig:
+        from pagoda.model_executor.loader import load_model_config
+
+        device = torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
+                              ("cpu" if self.device == "auto" else self.device))
+        path = resolve_model(self.model)
+        name = self.served_model_name or display_name(self.model)
+        model = load_model_config(path, name, self.dtype, self.max_model_len, device)
+        backend = self.attention_backend
+        if backend == "auto":
+            backend = "triton" if device.type == "cuda" else "torch"
+        if backend not in ("torch", "triton"):
+            raise ConfigError(f"Unknown attention backend {backend!r}; choose auto, torch or triton.")
+        return EngineConfig(
+            model=model,
+            cache=CacheConfig(self.block_size, self.kv_cache_memory, self.enable_prefix_caching),
+            scheduler=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_model_len=model.max_model_len,
+                policy=self.scheduling_policy,
+                max_queue=self.max_queue,
+            ),
+            device=device,
+            attention_backend=backend,
+            seed=self.seed,
+        )

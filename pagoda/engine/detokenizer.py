@@ -1,0 +1,62 @@
+"""Incremental detokenization and stop strings.
+
+Text is decoded over a short window of recent ids and only emitted once it no longer ends in an
+incomplete character (U+FFFD), so multi-byte characters and byte-fallback tokens never reach the
+stream broken. While a request runs, the last (longest stop string - 1) characters are held back
+so that a stop string is never emitted unless asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+CONTEXT_TOKENS = 5  # prompt tokens decoded along, so the first word's leading space is right
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def add(self, token_id: int) -> str:
+        """The new complete text that `token_id` adds (possibly empty)."""
+        self.ids.append(token_id)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset :])
+        if len(text) > len(prefix) and not text.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return text[len(prefix) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still pending at the end, incomplete characters included."""
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix) :]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+
+class StopStringMatcher:
+    def __init__(self, stop: Sequence[str], include_in_output: bool) -> None:
+        self.stop = [s for s in stop if s]
+        self.include_in_output = include_in_output
+        self.holdback = 0 if include_in_output or not self.stop else max(map(len, self.stop)) - 1
+
+    def find(self, text: str, num_new_chars: int) -> tuple[str, int] | None:
+        """(stop string, cut position) of the first stop string that new text completes."""
+        best = None
+        for s in self.stop:
+            start = max(0, len(text) - num_new_chars - len(s) + 1)
+            at = text.find(s, start)
+            if at >= 0 and (best is None or at < best[1]):
+                best = (s, at)
+        if best is None:
+            return None
+        s, at = best
+        return s, at + len(s) if self.include_in_output else at

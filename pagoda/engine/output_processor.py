@@ -1,0 +1,105 @@
+"""From token ids to text: per-sequence detokenization, stop strings, and the updates handed to
+callers. Runs beside the engine core (in the server, on the event loop, not the engine thread)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from pagoda.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from pagoda.engine.outputs import CoreOutput, SequenceOutput
+from pagoda.request import Request
+from pagoda.sampling_params import SamplingParams
+
+
+def make_requests(request_id: str, prompt_ids: list[int], params: SamplingParams, eos_ids, max_model_len: int) -> list[Request]:
+    """The engine requests of one caller request: one per sequence; siblings of n > 1 share the
+    prompt through the first one, and seeded siblings get consecutive seeds."""
+    first = Request(f"{request_id}#0", prompt_ids, params, frozenset(eos_ids), max_model_len)
+    requests = [first]
+    for i in range(1, params.n):
+        seed = None if params.seed is None else params.seed + i
+        requests.append(
+            Request(f"{request_id}#{i}", prompt_ids, dataclasses.replace(params, seed=seed), frozenset(eos_ids), max_model_len, parent=first)
+        )
+    return requests
+
+
+@dataclass
+class _Sequence:
+    out: SequenceOutput
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    emitted: int = 0  # characters of out.text already handed out
+    full_text: str = field(default="")
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.sequences: dict[str, _Sequence] = {}
+
+    def add(self, request_id: str, requests: list[Request]) -> None:
+        for index, request in enumerate(requests):
+            params = request.sampling_params
+            self.sequences[request.request_id] = _Sequence(
+                out=SequenceOutput(
+                    request_id=request_id,
+                    index=index,
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    prompt_logprobs=[None] if params.prompt_logprobs is not None else [],
+                ),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens),
+                stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
+            )
+
+    def drop(self, engine_request_id: str) -> None:
+        self.sequences.pop(engine_request_id, None)
+
+    def process(self, outputs: list[CoreOutput]) -> tuple[list[SequenceOutput], list[tuple[str, str]]]:
+        """Updates for callers, and (engine request id, stop string) of sequences a stop string ended."""
+        updates, stopped = [], []
+        for core in outputs:
+            seq = self.sequences.get(core.request_id)
+            if seq is None:
+                continue
+            hit = self._apply(seq, core)
+            if hit is not None and not core.finished:
+                stopped.append((core.request_id, hit))
+            updates.append(self._delta(seq))
+            if seq.out.finished:
+                del self.sequences[core.request_id]
+        return updates, stopped
+
+    def _apply(self, seq: _Sequence, core: CoreOutput) -> str | None:
+        out = seq.out
+        out.num_cached_tokens = core.num_cached_tokens
+        out.arrival_time, out.first_scheduled_time, out.first_token_time = (
+            core.arrival_time, core.first_scheduled_time, core.first_token_time)
+        if core.prompt_logprobs:
+            out.prompt_logprobs += core.prompt_logprobs
+        out.token_ids_delta = list(core.new_token_ids)
+        out.logprobs_delta = list(core.new_logprobs)
+        out.token_ids += core.new_token_ids
+        out.logprobs += core.new_logprobs
+        new_text = "".join(seq.detokenizer.add(t) for t in core.new_token_ids)
+        if core.finished:
+            new_text += seq.detokenizer.flush()
+        seq.full_text += new_text
+        hit = seq.stops.find(seq.full_text, len(new_text)) if new_text and seq.stops.stop else None
+        if hit is not None:
+            stop_string, cut = hit
+            seq.full_text = seq.full_text[:cut]
+            out.finish_reason, out.stop_reason = "stop", stop_string
+            return stop_string
+        if core.finished:
+            out.finish_reason, out.stop_reason = core.finish_reason, core.stop_reason
+        return None
+
+    def _delta(self, seq: _Sequence) -> SequenceOutput:
+        out = seq.out
+        visible = len(seq.full_text) if out.finished else max(seq.emitted, len(seq.full_text) - seq.stops.holdback)
+        out.text_delta = seq.full_text[seq.emitted : visible]
+        out.text = seq.full_text[:visible]
+        seq.emitted = visible
+        return dataclasses.replace(out, token_ids=list(out.token_ids), logprobs=list(out.logprobs))

@@ -1,0 +1,165 @@
+"""Reading an HF-format model directory: its config, and its safetensors weights into our model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from pagoda.config import DTYPES, ConfigError, ModelConfig
+from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED = ", ".join(sorted(ARCHITECTURES))
+_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def load_model_config(path: str, name: str, dtype: str, max_model_len: int | None, device: torch.device) -> ModelConfig:
+    from transformers import AutoConfig
+
+    try:
+        hf_config = AutoConfig.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad config
+        raise ConfigError(f"Cannot read the model config in {path}: {exc}") from exc
+    architecture = (getattr(hf_config, "architectures", None) or [_BY_MODEL_TYPE.get(hf_config.model_type, "?")])[0]
+    if architecture not in ARCHITECTURES:
+        raise ConfigError(f"Unsupported architecture {architecture!r} in {path}. Supported: {SUPPORTED}.")
+    limit = hf_config.max_position_embeddings
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, window)  # full attention is exact only within the window
+    if max_model_len is not None and max_model_len > limit:
+        raise ConfigError(f"max_model_len {max_model_len} exceeds the model's limit of {limit} positions.")
+    generation = _read_json(Path(path) / "generation_config.json")
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    return ModelConfig(
+        path=path,
+        name=name,
+        architecture=architecture,
+        hf_config=hf_config,
+        dtype=resolve_dtype(dtype, hf_config, device),
+        max_model_len=max_model_len or limit,
+        vocab_size=hf_config.vocab_size,
+        num_layers=hf_config.num_hidden_layers,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
+        head_dim=head_dim,
+        eos_token_ids=tuple(sorted(_as_set(hf_config.eos_token_id) | _as_set(generation.get("eos_token_id")))),
+        generation_defaults={k: generation[k] for k in ("temperature", "top_p", "top_k") if k in generation},
+    )
+
+
+def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ConfigError(f"Unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}.")
+        return DTYPES[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    own = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    own = DTYPES.get(str(own).removeprefix("torch."), None) if own is not None else None
+    return own if own in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderModel:
+    from safetensors import safe_open
+
+    model = DecoderModel(config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device)
+    params = dict(model.named_parameters())
+    pending = {name: p.shape[0] for name, p in params.items()}  # rows still to load
+    files = weight_files(Path(config.path))
+    for file in tqdm(files, desc="Loading weights", disable=len(files) < 2):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    target = _target(key)
+                    if target is None:
+                        continue
+                    name, slot = target
+                    if name == "lm_head" and model.lm_head is None:
+                        continue  # tied to the embeddings
+                    if name not in params:
+                        raise ConfigError(f"{file.name} has weight {key!r}, which this {config.architecture} does not use.")
+                    tensor = f.get_tensor(key)
+                    rows = _slot_rows(slot, model.dims, params[name].shape[0])
+                    params[name].data[rows].copy_(tensor)
+                    pending[name] -= rows.stop - rows.start
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a truncated or corrupt file
+            raise ConfigError(f"Cannot read weights from {file}: {exc}") from exc
+    missing = [name for name, rows in pending.items() if rows]
+    if missing:
+        raise ConfigError(f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    return model.eval()
+
+
+def weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        files = [path / n for n in names]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise ConfigError(f"Shards listed in {index.name} are missing: {', '.join(absent)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"No *.safetensors weights in {path} (other formats are not supported).")
+    return files
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_FUSED = {  # HF projection -> (our fused parameter, which part)
+    "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
+    "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+}
+
+
+def _target(key: str) -> tuple[str, str | None] | None:
+    """Our parameter name for an HF weight name, and the part of a fused parameter it fills."""
+    if key == "model.embed_tokens.weight":
+        return "embed_tokens", None
+    if key == "lm_head.weight":
+        return "lm_head", None
+    if key.startswith("model.norm."):
+        return key.removeprefix("model."), None
+    match = _LAYER.fullmatch(key)
+    if match is None:
+        return None  # e.g. rotary inv_freq buffers
+    layer, rest = match.groups()
+    module, _, leaf = rest.rpartition(".")
+    if module in _FUSED:
+        fused, part = _FUSED[module]
+        return f"layers.{layer}.{fused}.{leaf}", part
+    return f"layers.{layer}.{rest}", None
+
+
+def _slot_rows(part: str | None, d, num_rows: int) -> slice:
+    if part is None:
+        return slice(0, num_rows)
+    q, kv, inter = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.intermediate
+    return {
+        "q": slice(0, q),
+        "k": slice(q, q + kv),
+        "v": slice(q + kv, q + 2 * kv),
+        "gate": slice(0, inter),
+        "up": slice(inter, 2 * inter),
+    }[part]
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _as_set(value) -> set[int]:
+    if value is None:
+        return set()
+    return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}

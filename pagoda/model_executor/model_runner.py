@@ -1,0 +1,139 @@
+"""Runs one scheduled step: builds the packed batch tensors, runs the model, samples.
+
+The runner owns the model, the paged KV cache tensors and the attention backend; the scheduler
+owns which blocks belong to whom. Data flows one way: SchedulerOutput in, RunnerOutput out.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagoda.attention.backend import AttentionInputs, get_backend, kv_cache_shape
+from pagoda.config import EngineConfig
+from pagoda.core.scheduler import SchedulerOutput
+from pagoda.model_executor.loader import load_model
+from pagoda.model_executor.sampler import sample, token_logprob
+from pagoda.request import Request, TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """Per scheduled request, in the step's order: the sampled token (None while its prefill is
+    unfinished), its logprobs, and prompt logprobs computed this step."""
+
+    token_ids: list[int | None]
+    logprobs: list[TokenLogprob | None]
+    prompt_logprobs: list[list[TokenLogprob] | None]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.device
+        self.block_size = config.cache.block_size
+        self.backend = get_backend(config.attention_backend)
+        torch.manual_seed(config.seed)
+        self.model = load_model(config.model, self.backend, self.device)
+        self.kv_caches: list[torch.Tensor] = []
+
+    def num_blocks_for(self, memory_gib: float) -> int:
+        m = self.config.model
+        per_block = 2 * self.block_size * m.num_kv_heads * m.head_dim * m.dtype.itemsize * m.num_layers
+        return int(memory_gib * GIB // per_block)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        m = self.config.model
+        shape = kv_cache_shape(num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in range(m.num_layers)]
+
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput) -> RunnerOutput:
+        batch = self._prepare(step)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
+        sampling = [r for r, _ in batch.samplers]
+        tokens: list[int | None] = [None] * len(step.scheduled)
+        logprobs: list[TokenLogprob | None] = [None] * len(step.scheduled)
+        if sampling:
+            logits = self.model.compute_logits(hidden[batch.sample_indices])
+            out = sample(logits, sampling)
+            for (_, slot), token, lp in zip(batch.samplers, out.token_ids, out.logprobs):
+                tokens[slot], logprobs[slot] = token, lp
+        prompt_logprobs = self._prompt_logprobs(step, batch, hidden) if batch.wants_prompt_logprobs else [None] * len(step.scheduled)
+        return RunnerOutput(tokens, logprobs, prompt_logprobs)
+
+    def _prepare(self, step: SchedulerOutput) -> _Batch:
+        bs = self.block_size
+        starts = [r.num_computed_tokens for r, _ in step.scheduled]
+        query_lens = [n for _, n in step.scheduled]
+        seq_lens = [s + n for s, n in zip(starts, query_lens)]
+        token_ids: list[int] = []
+        for (request, n), start in zip(step.scheduled, starts):
+            token_ids += request.token_ids[start : start + n]
+        positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, query_lens)])
+        max_blocks = max(len(r.block_ids) for r, _ in step.scheduled)
+        tables = np.zeros((len(step.scheduled), max_blocks), dtype=np.int32)
+        for i, (request, _) in enumerate(step.scheduled):
+            tables[i, : len(request.block_ids)] = request.block_ids
+        row_of_token = np.repeat(np.arange(len(query_lens)), query_lens)
+        slots = tables[row_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        query_start_loc = np.zeros(len(query_lens) + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        device = self.device
+        inputs = AttentionInputs(
+            query_start_loc=torch.from_numpy(query_start_loc).to(device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.from_numpy(tables).to(device),
+            slot_mapping=torch.from_numpy(slots).to(device),
+            num_decodes=sum(1 for n in query_lens if n == 1),
+            query_lens_cpu=tuple(query_lens),
+            seq_lens_cpu=tuple(seq_lens),
+            block_size=bs,
+        )
+        samplers = [
+            (request, i) for i, (request, _) in enumerate(step.scheduled) if seq_lens[i] == request.num_tokens
+        ]
+        sample_indices = torch.tensor([int(query_start_loc[i + 1]) - 1 for _, i in samplers], dtype=torch.long, device=device)
+        return _Batch(
+            input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
+            positions=torch.from_numpy(positions).to(device),
+            attn_metadata=self.backend.build_metadata(inputs),
+            samplers=samplers,
+            sample_indices=sample_indices,
+            query_start_loc=query_start_loc,
+            wants_prompt_logprobs=any(r.sampling_params.prompt_logprobs is not None and r.is_prefilling for r, _ in step.scheduled),
+        )
+
+    def _prompt_logprobs(self, step: SchedulerOutput, batch: _Batch, hidden: torch.Tensor) -> list[list[TokenLogprob] | None]:
+        """For each prompt token computed this step but the last, the logprob of the token after it."""
+        result: list[list[TokenLogprob] | None] = []
+        for i, (request, n) in enumerate(step.scheduled):
+            num_top = request.sampling_params.prompt_logprobs
+            start = request.num_computed_tokens
+            end = min(start + n, request.num_prompt_tokens - 1)  # positions whose next token is a prompt token
+            if num_top is None or end <= start:
+                result.append(None)
+                continue
+            q0 = int(batch.query_start_loc[i])
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[q0 : q0 + end - start]).float(), dim=-1)
+            nexts = request.token_ids[start + 1 : end + 1]
+            result.append([token_logprob(logprobs[j], t, num_top) for j, t in enumerate(nexts)])
+        return result
+
+
+@dataclass(frozen=True)
+class _Batch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: object
+    samplers: list[tuple[Request, int]]  # requests that sample this step, with their slot in the step
+    sample_indices: torch.Tensor
+    query_start_loc: np.ndarray
+    wants_prompt_logprobs: bool

@@ -1,0 +1,125 @@
+"""One decoder-only transformer covering Llama (incl. llama3 rope scaling), Mistral, Qwen2 (qkv
+bias) and Qwen3 (q/k norm), with grouped-query attention and optionally tied embeddings.
+
+The model sees a packed batch: all query tokens of all requests back to back, with positions and
+attention metadata; attention reads and writes the paged KV cache through the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagoda.attention.backend import AttentionBackend
+from pagoda.model_executor.layers import Linear, RMSNorm, RotaryEmbedding, empty_param
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    qkv_bias: bool
+    qk_norm: bool
+
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
+    "MistralForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
+    "Qwen2ForCausalLM": ArchSpec(qkv_bias=True, qk_norm=False),
+    "Qwen3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True),
+}
+
+
+@dataclass(frozen=True)
+class Dims:
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+    vocab_size: int
+    rms_eps: float
+
+    @classmethod
+    def from_hf(cls, c) -> Dims:
+        return cls(
+            hidden=c.hidden_size,
+            intermediate=c.intermediate_size,
+            num_heads=c.num_attention_heads,
+            num_kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            num_layers=c.num_hidden_layers,
+            vocab_size=c.vocab_size,
+            rms_eps=c.rms_norm_eps,
+        )
+
+
+class Attention(nn.Module):
+    def __init__(self, d: Dims, spec: ArchSpec, backend: AttentionBackend, dtype, device) -> None:
+        super().__init__()
+        self.d, self.backend = d, backend
+        self.q_size, self.kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        self.qkv_proj = Linear(d.hidden, self.q_size + 2 * self.kv_size, spec.qkv_bias, dtype, device)
+        self.o_proj = Linear(self.q_size, d.hidden, False, dtype, device)
+        self.q_norm = RMSNorm(d.head_dim, d.rms_eps, dtype, device) if spec.qk_norm else None
+        self.k_norm = RMSNorm(d.head_dim, d.rms_eps, dtype, device) if spec.qk_norm else None
+        self.scale = d.head_dim**-0.5
+
+    def forward(self, x, positions, rotary: RotaryEmbedding, kv_cache, attn_metadata):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.d.num_heads, self.d.head_dim)
+        k = k.view(-1, self.d.num_kv_heads, self.d.head_dim)
+        v = v.view(-1, self.d.num_kv_heads, self.d.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: Dims, dtype, device) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(d.hidden, 2 * d.intermediate, False, dtype, device)
+        self.down_proj = Linear(d.intermediate, d.hidden, False, dtype, device)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d: Dims, spec: ArchSpec, backend, dtype, device) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(d.hidden, d.rms_eps, dtype, device)
+        self.self_attn = Attention(d, spec, backend, dtype, device)
+        self.post_attention_layernorm = RMSNorm(d.hidden, d.rms_eps, dtype, device)
+        self.mlp = MLP(d, dtype, device)
+
+    def forward(self, x, positions, rotary, kv_cache, attn_metadata):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, attn_metadata)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, hf_config, spec: ArchSpec, backend: AttentionBackend, max_positions: int, dtype, device):
+        super().__init__()
+        d = self.dims = Dims.from_hf(hf_config)
+        self.embed_tokens = empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(d, spec, backend, dtype, device) for _ in range(d.num_layers))
+        self.norm = RMSNorm(d.hidden, d.rms_eps, dtype, device)
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
+        self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions, dtype, device)
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, positions, self.rotary, kv_cache, attn_metadata)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, weight)

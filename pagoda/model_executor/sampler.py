@@ -1,0 +1,147 @@
+"""Turning a step's logits into tokens: penalties, logit bias, min_tokens, temperature, top-k,
+top-p, min-p, and sampling, batched over rows without per-token Python loops.
+
+Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)), which draws exactly from p.
+A seeded request draws its noise from its own generator, so its tokens do not depend on what
+else is in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pagoda.request import Request, TokenLogprob
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
+    """logits [B, V] for the requests' next tokens, in order."""
+    params = [r.sampling_params for r in requests]
+    wants_logprobs = any(p.logprobs is not None for p in params)
+    if all(p.greedy and _plain(p) for p in params) and not any(_min_tokens_active(r) for r in requests):
+        token_ids = logits.argmax(dim=-1)
+        raw = torch.log_softmax(logits.float(), dim=-1) if wants_logprobs else None
+        return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
+    logits = logits.float()
+    raw = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
+    logits = logits.clone()
+    if any(p.uses_penalties for p in params):
+        apply_penalties(logits, requests)
+    _apply_bias_and_min_tokens(logits, requests)
+    token_ids = logits.argmax(dim=-1)
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if random_rows:
+        rows = torch.tensor(random_rows, device=logits.device)
+        probs = filtered_probs(logits[rows], [params[i] for i in random_rows])
+        noise = _exponential_noise(probs, [requests[i] for i in random_rows])
+        token_ids[rows] = (probs / noise).argmax(dim=-1)
+    return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
+
+
+def filtered_probs(logits: torch.Tensor, params: Sequence) -> torch.Tensor:
+    """Probabilities after temperature, top-k, top-p and min-p (rows renormalized)."""
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    logits = logits / temperature[:, None]
+    top_k = [p.top_k for p in params]
+    top_p = [p.top_p for p in params]
+    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(logits.shape[-1], device=device)[None, :]
+        k = torch.tensor([k if k > 0 else logits.shape[-1] for k in top_k], device=device)
+        sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        p = torch.tensor(top_p, device=device)
+        sorted_logits = sorted_logits.masked_fill(mass_before >= p[:, None], float("-inf"))  # the top token always stays
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    min_p = [p.min_p for p in params]
+    if any(m > 0 for m in min_p):
+        threshold = torch.tensor(min_p, device=device)[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def apply_penalties(logits: torch.Tensor, requests: Sequence[Request]) -> None:
+    """Repetition penalty (HF: over prompt and output tokens) and OpenAI presence/frequency
+    penalties (over output tokens), in place."""
+    batch, vocab = logits.shape
+    device = logits.device
+    outputs = torch.zeros(batch, vocab, device=device)
+    seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device)
+    for i, r in enumerate(requests):
+        out = torch.tensor(r.output_token_ids, dtype=torch.long, device=device)
+        outputs[i].index_add_(0, out, torch.ones(len(out), device=device))
+        seen[i, torch.tensor(r.token_ids, dtype=torch.long, device=device)] = True
+    rep = torch.tensor([r.sampling_params.repetition_penalty for r in requests], device=device)[:, None]
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits.copy_(torch.where(seen, penalized, logits))
+    freq = torch.tensor([r.sampling_params.frequency_penalty for r in requests], device=device)[:, None]
+    presence = torch.tensor([r.sampling_params.presence_penalty for r in requests], device=device)[:, None]
+    logits -= freq * outputs + presence * (outputs > 0)
+
+
+def _apply_bias_and_min_tokens(logits: torch.Tensor, requests: Sequence[Request]) -> None:
+    for i, r in enumerate(requests):
+        bias = r.sampling_params.logit_bias
+        if bias:
+            ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+            logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+        if _min_tokens_active(r):
+            banned = set(r.sampling_params.stop_token_ids)
+            if not r.sampling_params.ignore_eos:
+                banned |= r.eos_token_ids
+            logits[i, torch.tensor(sorted(banned), dtype=torch.long, device=logits.device)] = float("-inf")
+
+
+def _exponential_noise(probs: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    unseeded = [i for i, r in enumerate(requests) if r.sampling_params.seed is None]
+    if len(unseeded) == len(requests):
+        return noise.exponential_()
+    for i, r in enumerate(requests):
+        if r.sampling_params.seed is None:
+            noise[i].exponential_()
+        else:
+            if r.generator is None:
+                r.generator = torch.Generator(device=probs.device).manual_seed(r.sampling_params.seed)
+            noise[i].exponential_(generator=r.generator)
+    return noise
+
+
+def _logprobs(raw: torch.Tensor | None, token_ids: torch.Tensor, requests: Sequence[Request]) -> list[TokenLogprob | None]:
+    if raw is None:
+        return [None] * len(requests)
+    return [
+        token_logprob(raw[i], int(token_ids[i]), r.sampling_params.logprobs)
+        if r.sampling_params.logprobs is not None
+        else None
+        for i, r in enumerate(requests)
+    ]
+
+
+def token_logprob(logprobs: torch.Tensor, token_id: int, num_top: int) -> TokenLogprob:
+    """logprobs [V] of one position: the chosen token's, its rank, and the top alternatives."""
+    chosen = logprobs[token_id]
+    rank = int((logprobs > chosen).sum()) + 1
+    top = logprobs.topk(num_top) if num_top else None
+    alternatives = dict(zip(top.indices.tolist(), top.values.tolist())) if top is not None else {}
+    return TokenLogprob(token_id, float(chosen), rank, alternatives)
+
+
+def _plain(params) -> bool:
+    return not params.uses_penalties and not params.logit_bias
+
+
+def _min_tokens_active(request: Request) -> bool:
+    return request.num_output_tokens < request.sampling_params.min_tokens
