@@ -1,0 +1,109 @@
+"""Compile the attention kernels for Hopper (sm_90) without a GPU, as the launchers configure them.
+
+The interpreter never compiles, so this is the CPU check that the kernels still lower to PTX and
+a cubin, and that every configuration's shared memory fits the chip. Run it in a process without
+TRITON_INTERPRET (test_hopper_compile.py does); prints one line per kernel; exits non-zero on failure.
+`--all` compiles every dtype and model shape (minutes), instead of the few the test needs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+assert not os.environ.get("TRITON_INTERPRET"), "the interpreter does not compile"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from pagoda.attention import triton_kernels as k  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+SHARED_LIMIT = 227 * 1024  # bytes per block on sm_90
+TRITON_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+INDEX_POINTERS = {"slot_ptr": "*i64", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32"}
+FLOAT_SCALARS = {"scale_log2"}
+
+
+def compile_kernel(kernel, dtype: torch.dtype, constexprs: dict, num_warps: int, num_stages: int = 2):
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            fp32 = name.startswith("tmp_")
+            signature[name] = INDEX_POINTERS.get(name, "*fp32" if fp32 else "*" + TRITON_DTYPES[dtype])
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if name in FLOAT_SCALARS else "i32"
+    src = ASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def attention_constexprs(group: int, head_dim: int, block_size: int, config: k.TileConfig, dtype: torch.dtype):
+    return {
+        "GROUP": group,
+        "BLOCK_SIZE": block_size,
+        "BLOCK_M": config.block_m,
+        "BLOCK_Q": config.block_q(group),
+        "TILE_N": config.tile_n,
+        "HEAD_PAD": k._pow2(head_dim),
+        "DOT_PRECISION": k._dot_precision(dtype),
+    }
+
+
+def cases(full: bool):
+    """(label, kernel, dtype, constexprs, num_warps, num_stages) per configuration: every dtype and
+    model shape with full, else Llama-3-8B's in bf16 and an odd shape's prefill in fp32."""
+    shapes = {torch.bfloat16: [(4, 128)], torch.float32: [(3, 96)]}
+    if full:
+        shapes = {dtype: [(4, 128), (1, 64), (8, 256), (3, 96)] for dtype in TRITON_DTYPES}
+    for dtype, dtype_shapes in shapes.items():
+        for group, head_dim in dtype_shapes:
+            quick_odd = not full and dtype == torch.float32
+            shape = f"{TRITON_DTYPES[dtype]} group={group} d={head_dim}"
+            pad = k._pow2(head_dim)
+            if quick_odd:
+                cfg = k.choose_config(group, head_dim, dtype, 512)
+                cx = attention_constexprs(group, head_dim, 16, cfg, dtype) | {"ONE_TILE_PER_SEQ": False}
+                yield f"attention max_q=512 {shape}", k._paged_attention_kernel, dtype, cx, cfg.num_warps, cfg.num_stages
+                continue
+            yield (
+                f"store_kv {shape}",
+                k._store_kv_kernel,
+                dtype,
+                {"BLOCK_SIZE": 16, "HEADS_PAD": 8, "HEAD_PAD": pad},
+                4,
+                1,
+            )
+            for max_q in (1, 4, 512) if full else (1, 512):
+                cfg = k.choose_config(group, head_dim, dtype, max_q)
+                cx = attention_constexprs(group, head_dim, 16, cfg, dtype)
+                cx["ONE_TILE_PER_SEQ"] = cfg.one_tile_per_seq
+                yield f"attention max_q={max_q} {shape}", k._paged_attention_kernel, dtype, cx, cfg.num_warps, cfg.num_stages
+            cfg = k.choose_split_config(group, dtype)
+            cx = attention_constexprs(group, head_dim, 16, cfg, dtype)
+            yield f"split {shape}", k._paged_attention_split_kernel, dtype, cx, cfg.num_warps, cfg.num_stages
+            yield f"merge {shape}", k._merge_splits_kernel, dtype, {"SPLITS_PAD": 32, "HEAD_PAD": pad}, 4, 1
+
+
+def main() -> int:
+    failures = 0
+    for label, kernel, dtype, constexprs, num_warps, num_stages in cases(full="--all" in sys.argv):
+        try:
+            shared = compile_kernel(kernel, dtype, constexprs, num_warps, num_stages).metadata.shared
+        except Exception as e:  # report every configuration, then fail
+            print(f"FAIL {label}: {type(e).__name__}: {e}")
+            failures += 1
+            continue
+        ok = shared <= SHARED_LIMIT
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {label}: shared memory {shared} bytes")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
