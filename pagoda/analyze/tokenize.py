@@ -34,6 +34,10 @@ class PromptTokenizer:
     def decode(self, ids: np.ndarray) -> str:
         return self.load().decode(ids.tolist())
 
+    @property
+    def loaded(self) -> bool:
+        return self._tokenizer is not None
+
     def load(self):
         if self._tokenizer is None:
             self._tokenizer = self._load()
