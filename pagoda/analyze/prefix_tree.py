@@ -76,10 +76,10 @@ class PrefixTree:
             self.num_tokens += len(seq) - pos
         return runs
 
-    def shared_prefixes(self, limit: int) -> list[SharedPrefix]:
-        """The `limit` prefixes used by two or more requests with the most tokens reusable by the
-        later ones: (requests - 1) * length."""
-        shared = (node for node in self._nodes() if node.uses >= 2)
+    def shared_prefixes(self, limit: int, min_tokens: int) -> list[SharedPrefix]:
+        """The `limit` prefixes of `min_tokens` or more that two or more requests use, with the most
+        tokens reusable by the later ones: (requests - 1) * length."""
+        shared = (node for node in self._nodes() if node.uses >= 2 and node.end >= min_tokens)
         top = heapq.nlargest(limit, shared, key=lambda node: ((node.uses - 1) * node.end, node.end))
         return [SharedPrefix(self._prefix(node), node.uses) for node in top]
 

@@ -137,7 +137,7 @@ class CacheSimulator:
             run_request=arr(runs["request"]),
             runs={g: RunDepths(u, arr(runs[f"{g}_depth"]), arr(runs[f"{g}_units"])) for g, u in self.units.items()},
             distinct_tokens=self._tree.num_tokens,
-            shared_prefixes=tuple(self._tree.shared_prefixes(self.top_prefixes)),
+            shared_prefixes=tuple(self._tree.shared_prefixes(self.top_prefixes, self.units["block"])),
         )
 
     def check_integrity(self) -> None:
