@@ -47,6 +47,8 @@ class Scheduler:
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if request.num_prompt_tokens == 0:
+            raise ValueError("The prompt is empty: at least one prompt token is needed to generate from.")
         if request.num_prompt_tokens >= self.config.max_model_len:
             raise ValueError(
                 f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
