@@ -44,7 +44,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def __init__(self, decode_splits: int | None = None):
         """decode_splits: slices per decode context for split-KV; None chooses per step, 1 never splits."""
-        self.decode_splits = decode_splits
+        self._forced_splits = decode_splits
 
     def build_metadata(self, inputs: AttentionInputs) -> TritonAttentionMetadata:
         nd, nr = inputs.num_decodes, inputs.num_reqs
@@ -59,7 +59,7 @@ class TritonAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         decodes, others = metadata.decodes, metadata.others
         if decodes is not None:
-            splits = self._decode_splits(decodes, kv_cache)
+            splits = self.decode_splits(metadata, kv_cache)
             if splits > 1:
                 kernels.paged_attention_split(
                     out, query, kv_cache, *_tensors(decodes), scale, num_tokens=decodes.num_tokens, num_splits=splits
@@ -80,9 +80,14 @@ class TritonAttentionBackend(AttentionBackend):
             )
         return out
 
-    def _decode_splits(self, decodes: RequestRange, kv_cache: torch.Tensor) -> int:
-        if self.decode_splits is not None:
-            return self.decode_splits
+    def decode_splits(self, metadata: TritonAttentionMetadata, kv_cache: torch.Tensor) -> int:
+        """Slices per decode context this step (1: no split-KV). A CUDA graph captured with it keeps
+        the choice; any slice count is correct for any context length, only speed differs."""
+        decodes = metadata.decodes
+        if decodes is None:
+            return 1
+        if self._forced_splits is not None:
+            return self._forced_splits
         num_reqs = decodes.seq_lens.shape[0]
         return kernels.choose_decode_splits(num_reqs, kv_cache.shape[3], decodes.max_seq_len, _num_sms(kv_cache.device))
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One-shot device check on a CUDA machine (an H200): correctness first, then timings.
+#
+#   benchmarks/gpu_check.sh            # results and logs in $OUT, else results/gpu_check/
+#   benchmarks/gpu_check.sh --dry-run  # the kernel part on CPU, tiny shapes, Triton's interpreter
+#
+# Each part runs under its own time limit; the limits add up to at most 8 minutes. Exits non-zero
+# when any part fails (a correctness failure, a crash, or running out of time), after running all.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export OUT=${OUT:-$PWD/results/gpu_check}
+mkdir -p "$OUT"
+DRY_RUN=()
+[ "${1:-}" = "--dry-run" ] && DRY_RUN=(--dry-run)
+
+status=0
+part() { # part NAME LIMIT_SECONDS COMMAND...: one part, its log in $OUT/NAME.log
+    local name=$1 limit=$2 start=$SECONDS rc
+    shift 2
+    echo "=== $name (limit ${limit}s)"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $name: exit $rc after $((SECONDS - start))s"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+[ ${#DRY_RUN[@]} -eq 0 ] && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+
+# Attention kernels: Triton against the torch reference (bf16, fp32), decode and prefill timings.
+# About 1 to 2 minutes on an H200, most of it compiling kernel variants.
+part gpu_kernels 180 "$PYTHON" benchmarks/gpu_kernels.py "${DRY_RUN[@]}"
+
+# Runtime parts (model runner, CUDA graphs, end-to-end generation) go here, one `part` line each,
+# with limits that keep the sum of all limits at or under 480 seconds (300 are left).
+
+echo "=== gpu_check: $([ $status -eq 0 ] && echo passed || echo FAILED) in ${SECONDS}s; results in $OUT"
+exit $status
