@@ -114,8 +114,9 @@ class WorkloadSpec:
     def needs_tokenizer(self) -> bool:
         return self.kind != "replay"
 
-    def default_num_prompts(self) -> int:
-        return self.groups * self.prompts_per_group if self.kind == "shared-prefix" else 100
+    def default_num_prompts(self) -> int | None:
+        """None for replay: the whole file."""
+        return {"shared-prefix": self.groups * self.prompts_per_group, "replay": None}.get(self.kind, 100)
 
     def output(self) -> LengthDist:
         return self.output_len or LengthDist("fixed", DEFAULT_OUTPUT_LEN)
@@ -126,6 +127,12 @@ class Workload:
     spec: WorkloadSpec
     # Parsed file contents: Prompts for replay, (prompt, reply) pairs for ShareGPT; else empty.
     entries: tuple[Any, ...] = ()
+
+    def requests_per_level(self, num_prompts: int | None) -> int | None:
+        """How many requests a level sends at most; None: unbounded (a duration stops it)."""
+        if self.spec.kind in ("replay", "sharegpt"):
+            return min(num_prompts or len(self.entries), len(self.entries))
+        return num_prompts
 
 
 def load_workload(spec: WorkloadSpec) -> Workload:
@@ -232,7 +239,8 @@ def _sharegpt_sessions(workload: Workload, tok: Tokenizer, rng: random.Random) -
 
 def load_replay(path: Path, endpoint: Endpoint) -> list[Prompt]:
     """Parse a JSONL file of OpenAI request bodies, `{"prompt", "max_tokens"}` lines, or Pagoda
-    request-log records; every line is checked before any is sent."""
+    request-log records; every line is checked before any is sent. Bodies keep their endpoint
+    (messages: chat, prompt and model: completions); bare prompt lines take `endpoint`."""
     prompts = []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
@@ -265,7 +273,9 @@ def _replay_line(obj: dict[str, Any], endpoint: Endpoint, where: str) -> Prompt:
     if "messages" in obj:
         return _body_prompt(obj, "chat", where)
     if "prompt" in obj:
-        if endpoint == "completions":
+        # A body with a model is a completions request; a bare {"prompt", "max_tokens"} line
+        # goes to the run's endpoint.
+        if endpoint == "completions" or "model" in obj:
             return _body_prompt(obj, "completions", where)
         if not isinstance(obj["prompt"], str):
             raise BenchError(f"{where}: only a text 'prompt' can be sent to the chat endpoint")

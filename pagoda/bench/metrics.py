@@ -2,7 +2,8 @@
 
 - TTFT: from sending the request to the first chunk that carries generated text.
 - ITL: the gaps between consecutive chunks that carry generated text.
-- E2E latency: from sending the request to the end of the stream.
+- E2E latency: from sending the request to its last chunk carrying generated text
+  (vLLM's end; the usage chunk and [DONE] follow at once), so E2E = TTFT + sum(ITL).
 - TPOT: (E2E - TTFT) / (output tokens - 1), so the first token is excluded; requests of one
   output token have none.
 - Throughputs divide by the level's duration: from its first send to its last completion.

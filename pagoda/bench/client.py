@@ -1,0 +1,191 @@
+"""One streamed request to an OpenAI-compatible server, timed chunk by chunk.
+
+Only chunks that carry generated text count as tokens: a chat server's opening chunk (the
+role, no content), a closing chunk with only finish_reason, keep-alive comments and the usage
+chunk do not, so TTFT cannot be shortened by a server that announces the role before prefill.
+As in vLLM's client, a request ends at its last token chunk, so E2E = TTFT + the sum of ITLs.
+Every request is bounded by the target's timeout, and every failure becomes a message in the
+result rather than an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pagoda.bench.datasets import Prompt
+from pagoda.bench.errors import BenchError
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+ERROR_TEXT_LIMIT = 300
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str  # scheme://host:port, without /v1
+    model: str
+    api_key: str | None = None
+    timeout_s: float = 600.0
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    extra_body: dict[str, Any] = field(default_factory=dict)  # read-only by convention
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    sent_at: float  # time.perf_counter() clock
+    token_times: tuple[float, ...]  # arrivals of the chunks that carried generated text
+    text: str
+    prompt_tokens: int | None  # from the server's usage, when it sent one
+    completion_tokens: int | None
+    error: str | None
+
+
+def root_url(base_url: str) -> str:
+    """The server root: users write both http://host:port and http://host:port/v1."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def request_body(prompt: Prompt, target: Target) -> dict[str, Any]:
+    """Replayed fields win over the run's defaults; the target decides model and streaming."""
+    forced: dict[str, Any] = {"model": target.model, "stream": True, "stream_options": {"include_usage": True}}
+    if target.ignore_eos:
+        forced["ignore_eos"] = True
+    body = {"temperature": target.temperature, **prompt.body, **target.extra_body, **forced}
+    body.pop("n", None)  # one choice per request: the timing is per stream
+    return body
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def make_client(max_connections: int, timeout_s: float) -> httpx.AsyncClient:
+    # trust_env=False: a proxy from the environment must not sit between client and server.
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_connections),
+        trust_env=False,
+    )
+
+
+class _Stream:
+    """Accumulates one stream's chunks; `feed` answers True when the stream is over."""
+
+    def __init__(self, sent_at: float) -> None:
+        self.sent_at = sent_at
+        self.times: list[float] = []
+        self.pieces: list[str] = []
+        self.usage: dict[str, Any] = {}
+        self.finished = False
+        self.error: str | None = None
+
+    def feed(self, line: str) -> bool:
+        if not line.startswith("data:"):
+            return False  # blank separators, ": keep-alive" comments, "event:" lines
+        data = line.removeprefix("data:").strip()
+        if data == "[DONE]":
+            self.finished = True
+            return True
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            return self.fail(f"malformed stream chunk: {data[:ERROR_TEXT_LIMIT]!r}")
+        if not isinstance(chunk, dict):
+            return self.fail(f"malformed stream chunk: {data[:ERROR_TEXT_LIMIT]!r}")
+        if "error" in chunk:
+            return self.fail(f"error in stream: {_message(chunk)}")
+        self._take_choice(chunk.get("choices") or [], time.perf_counter())
+        self.usage = chunk.get("usage") or self.usage
+        return False
+
+    def _take_choice(self, choices: list[Any], now: float) -> None:
+        choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+        if choice is None:
+            return
+        delta = choice.get("delta") or {}
+        piece = choice.get("text") or delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+        if piece:
+            self.times.append(now)
+            self.pieces.append(piece)
+        self.finished = self.finished or bool(choice.get("finish_reason"))
+
+    def fail(self, message: str) -> bool:
+        self.error = self.error or message
+        return True
+
+    def result(self) -> StreamResult:
+        error = self.error
+        if error is None and not self.finished:
+            error = "the stream ended without a finish_reason or [DONE]"
+        if error is None and not self.times:
+            error = "the stream carried no generated text"
+        return StreamResult(
+            sent_at=self.sent_at,
+            token_times=tuple(self.times),
+            text="".join(self.pieces),
+            prompt_tokens=_count(self.usage.get("prompt_tokens")),
+            completion_tokens=_count(self.usage.get("completion_tokens")),
+            error=error,
+        )
+
+
+async def stream_request(http: httpx.AsyncClient, target: Target, prompt: Prompt) -> StreamResult:
+    stream = _Stream(time.perf_counter())
+    try:
+        async with asyncio.timeout(target.timeout_s):
+            url = target.base_url + PATHS[prompt.endpoint]
+            async with http.stream("POST", url, json=request_body(prompt, target), headers=headers(target.api_key)) as response:
+                if response.status_code >= 400:
+                    stream.fail(f"HTTP {response.status_code}: {await _error_text(response)}")
+                else:
+                    async for line in response.aiter_lines():
+                        if stream.feed(line):
+                            break
+    except TimeoutError:
+        stream.fail(f"no complete answer within {target.timeout_s:g} s")
+    except httpx.HTTPError as exc:
+        stream.fail(f"{type(exc).__name__}: {exc}".rstrip(": "))
+    return stream.result()
+
+
+async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | None) -> list[str] | None:
+    """The served model ids; None when the server has no /v1/models. Raises BenchError when
+    nothing answers at all."""
+    try:
+        response = await http.get(f"{base_url}/v1/models", headers=headers(api_key), timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise BenchError(f"cannot reach {base_url}: {type(exc).__name__}: {exc}. Is the server running there?") from None
+    if response.status_code != 200:
+        return None
+    try:
+        return [str(m["id"]) for m in response.json().get("data", [])]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+async def _error_text(response: httpx.Response) -> str:
+    raw = (await response.aread())[:4096].decode("utf-8", errors="replace")
+    try:
+        return _message(json.loads(raw))[:ERROR_TEXT_LIMIT]
+    except (json.JSONDecodeError, TypeError):
+        return raw.strip()[:ERROR_TEXT_LIMIT] or response.reason_phrase
+
+
+def _message(payload: Any) -> str:
+    """The message of an OpenAI-style error ({"error": {"message"}}), FastAPI's {"detail"}, or the payload."""
+    if isinstance(payload, dict):
+        error = payload.get("error", payload.get("detail", payload))
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        return str(error)
+    return str(payload)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and value >= 0 else None

@@ -1,0 +1,142 @@
+"""Starting a server for a measurement and stopping it, whatever happens in between.
+
+The server runs in its own session, so its process group holds it and every helper it starts
+(vLLM's engine core, a shell's children), and Ctrl-C in the terminal reaches only the
+benchmark, which then stops the group: SIGTERM, a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pagoda.bench.errors import BenchError
+from pagoda.bench.procfs import PROC, processes
+
+POLL_S = 0.25
+LOG_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    command: tuple[str, ...]
+    log_path: Path
+    env: Mapping[str, str] = field(default_factory=dict)  # added to this process's environment
+    ready_timeout_s: float = 600.0
+    stop_timeout_s: float = 30.0
+
+
+def parse_command(text: str) -> tuple[str, ...]:
+    try:
+        command = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise BenchError(f"cannot parse launch command {text!r}: {exc}") from None
+    if not command:
+        raise BenchError("the launch command is empty")
+    return command
+
+
+def missing_executable(command: tuple[str, ...]) -> str | None:
+    """The command's program when it cannot be run, else None."""
+    program = command[0]
+    if os.sep in program:
+        return None if os.access(program, os.X_OK) and Path(program).is_file() else program
+    return None if shutil.which(program) else program
+
+
+@contextmanager
+def launched(spec: LaunchSpec) -> Iterator[subprocess.Popen[bytes]]:
+    """The running server; stopped when the block exits, normally or not."""
+    program = missing_executable(spec.command)
+    if program is not None:
+        raise BenchError(f"cannot launch the server: command not found: {program}")
+    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with spec.log_path.open("ab") as log:
+        try:
+            process = subprocess.Popen(
+                spec.command,
+                env={**os.environ, **spec.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise BenchError(f"cannot launch {shlex.join(spec.command)}: {exc}") from None
+        try:
+            yield process
+        finally:
+            stop(process, spec.stop_timeout_s)
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Stop the process group: SIGTERM, wait up to `timeout_s`, then SIGKILL."""
+    group = process.pid  # start_new_session made the server its group's leader
+    _signal_group(group, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    while _group_alive(group) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _group_alive(group):
+        _signal_group(group, signal.SIGKILL)
+    process.wait()
+
+
+def _signal_group(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of the group still runs (zombies, already dead, do not count)."""
+    if PROC.is_dir():
+        return any(p.pgrp == group and p.state != "Z" for p in processes())
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_until_ready(process: subprocess.Popen[bytes], spec: LaunchSpec, base_url: str, started_at: float) -> float:
+    """Seconds from `started_at` (time.perf_counter) until GET /v1/models answers 200."""
+    deadline = started_at + spec.ready_timeout_s
+    with httpx.Client(timeout=5.0, trust_env=False) as http:
+        while True:
+            code = process.poll()
+            if code is not None:
+                raise BenchError(f"the server exited with code {code} before it answered.{_log_tail(spec.log_path)}")
+            try:
+                if http.get(f"{base_url}/v1/models").status_code == 200:
+                    return time.perf_counter() - started_at
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() > deadline:
+                raise BenchError(
+                    f"the server did not answer GET {base_url}/v1/models within {spec.ready_timeout_s:g} s."
+                    f"{_log_tail(spec.log_path)}"
+                )
+            time.sleep(POLL_S)
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        return ""
+    return f"\nLast lines of {path}:\n" + "\n".join(f"  {line}" for line in lines) if lines else f" ({path} is empty)"

@@ -1,0 +1,238 @@
+"""Results in every form: the terminal table, results.json, results.csv and report.md.
+
+One schema serves `pagoda bench` (one engine) and `pagoda bakeoff` (several): results.json
+holds the settings, the environment and, per engine, every level with its per-request records.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pagoda import __version__
+from pagoda.bench.datasets import LengthDist
+from pagoda.bench.metrics import RequestRecord, Stats
+from pagoda.bench.run import EngineResult, LevelResult
+
+SECRET_FIELDS = ("api_key",)
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # the CSV column
+    label: str
+    value: Callable[[LevelResult], float | None]
+    digits: int = 1
+    percent: bool = False
+
+
+def _summary(name: str) -> Callable[[LevelResult], float | None]:
+    return lambda level: getattr(level.summary, name)
+
+
+def _latency(name: str, stat: str) -> Callable[[LevelResult], float | None]:
+    def value(level: LevelResult) -> float | None:
+        stats: Stats | None = getattr(level.summary, name)
+        return None if stats is None else getattr(stats, stat) * 1000
+
+    return value
+
+
+LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E latency"))
+STATS = ("mean", "median", "p95", "p99")
+METRICS = (
+    Metric("completed", "completed requests", _summary("completed"), 0),
+    Metric("failed", "failed requests", _summary("failed"), 0),
+    Metric("duration_s", "duration (s)", _summary("duration_s"), 2),
+    Metric("input_tokens", "input tokens", _summary("input_tokens"), 0),
+    Metric("output_tokens", "output tokens", _summary("output_tokens"), 0),
+    Metric("request_throughput", "requests/s", _summary("request_throughput"), 3),
+    Metric("output_throughput", "output tokens/s", _summary("output_throughput")),
+    Metric("total_token_throughput", "total tokens/s", _summary("total_token_throughput")),
+    *(
+        Metric(f"{name}_{stat}_ms", f"{label} {'p50' if stat == 'median' else stat} (ms)", _latency(name, stat))
+        for name, label in LATENCIES
+        for stat in STATS
+    ),
+    Metric("goodput", "goodput (requests/s)", _summary("goodput"), 3),
+    Metric("prefix_cache_hit_rate", "prefix cache hit rate",
+           lambda level: level.prefix_cache.hit_rate if level.prefix_cache else None, percent=True),  # fmt: skip
+)
+BY_KEY = {metric.key: metric for metric in METRICS}
+# The metrics report.md compares engine by engine.
+REPORT_KEYS = (
+    "output_throughput", "request_throughput", "total_token_throughput", "ttft_median_ms", "ttft_p95_ms",
+    "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "itl_median_ms", "itl_p99_ms", "e2e_median_ms",
+    "e2e_p99_ms", "goodput", "failed", "prefix_cache_hit_rate",
+)  # fmt: skip
+
+
+def fmt(metric: Metric, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1%}" if metric.percent else f"{value:,.{metric.digits}f}"
+
+
+def terminal_table(result: EngineResult) -> str:
+    """Metrics as rows, concurrency levels as columns."""
+    header = ["", *(f"c={level.concurrency}" + (" (cut)" if level.interrupted else "") for level in result.levels)]
+    rows = [header]
+    for metric in METRICS:
+        values = [metric.value(level) for level in result.levels]
+        if any(v is not None for v in values):
+            rows.append([metric.label, *(fmt(metric, v) for v in values)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    title = f"{result.name}: {result.model or '?'} at {result.base_url}"
+    return "\n".join([title, *lines])
+
+
+def environment() -> dict[str, Any]:
+    return {
+        "pagoda": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "hostname": socket.gethostname(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready data: dataclasses as dicts, paths as strings, infinities as "inf", secrets hidden."""
+    if isinstance(value, LengthDist):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        data = {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, RequestRecord):
+            data["tpot_s"] = value.tpot_s
+        return {k: ("***" if k in SECRET_FIELDS and v else v) for k, v in data.items()}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def results_json(tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult]) -> dict[str, Any]:
+    return {
+        "tool": tool,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": list(argv),
+        "environment": environment(),
+        "settings": plain(settings),
+        "engines": [plain(result) | {"exit_code": result.exit_code} for result in results],
+    }
+
+
+def csv_rows(results: Sequence[EngineResult]) -> list[dict[str, Any]]:
+    rows = []
+    for result in results:
+        for level in result.levels:
+            row: dict[str, Any] = {"engine": result.name, "concurrency": level.concurrency, "interrupted": level.interrupted}
+            row |= {metric.key: metric.value(level) for metric in METRICS}
+            rows.append(row)
+    return rows
+
+
+def write_results(folder: Path, tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult]) -> list[Path]:
+    """Write results.json, results.csv, report.md and the plots; returns the files written."""
+    from pagoda.bench.plots import write_plots
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / "results.json", folder / "results.csv", folder / "report.md"]
+    paths[0].write_text(json.dumps(results_json(tool, argv, settings, results), indent=1) + "\n")
+    with paths[1].open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["engine", "concurrency", "interrupted", *BY_KEY])
+        writer.writeheader()
+        writer.writerows(csv_rows(results))
+    plots = write_plots(folder, results)
+    paths[2].write_text(markdown(tool, argv, settings, results, [p.name for p in plots]))
+    return paths + plots
+
+
+def markdown(tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult], plots: Sequence[str]) -> str:
+    lines = [f"# {tool} report", "", f"Command: `{' '.join(argv)}`", "", "## Settings", ""]
+    lines += [f"- {key}: `{value}`" for key, value in _flat(plain(settings)).items()]
+    lines += ["", "## Engines", ""]
+    for result in results:
+        status = result.status + (f": {result.error}" if result.error else "")
+        lines.append(f"- **{result.name}**: model `{result.model}` at {result.base_url}; {status}")
+        if result.launch_command:
+            lines.append(f"  - launch: `{result.launch_command}`")
+    lines += ["", "## Workload", ""]
+    lines += sorted({f"- {r.workload}" for r in results if r.workload})
+    lines += ["", *_cold_start_table(results), "", *_memory_table(results)]
+    for key in REPORT_KEYS if any(r.levels for r in results) else ():
+        lines += ["", *_metric_table(BY_KEY[key], results)]
+    lines += ["", "## Plots", "", *(f"![{name}]({name})" for name in plots), ""]
+    return "\n".join(lines)
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out |= _flat(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}")
+    return out
+
+
+def _metric_table(metric: Metric, results: Sequence[EngineResult]) -> list[str]:
+    """Engines side by side per concurrency level, with each engine's ratio to the first;
+    engines that measured nothing are left out (the Engines section says why)."""
+    results = [r for r in results if r.levels]
+    levels = sorted({level.concurrency for r in results for level in r.levels})
+    names = [r.name for r in results]
+    header = ["concurrency", *names, *(f"{n} / {names[0]}" for n in names[1:])]
+    lines = [f"### {metric.label}", "", _row(header), _row(["---"] * len(header))]
+    for concurrency in levels:
+        values = [_value_at(metric, r, concurrency) for r in results]
+        ratios = [f"{v / values[0]:.2f}x" if v is not None and values[0] else "-" for v in values[1:]]
+        lines.append(_row([str(concurrency), *(fmt(metric, v) for v in values), *ratios]))
+    return lines
+
+
+def _value_at(metric: Metric, result: EngineResult, concurrency: int) -> float | None:
+    level = next((lv for lv in result.levels if lv.concurrency == concurrency), None)
+    return None if level is None else metric.value(level)
+
+
+def _cold_start_table(results: Sequence[EngineResult]) -> list[str]:
+    lines = ["## Cold start", "", _row(["engine", "answering (s)", "first request done (s)"]), _row(["---"] * 3)]
+    for r in results:
+        cs = r.cold_start
+        lines.append(_row([r.name, _num(cs and cs.ready_s), _num(cs and cs.first_request_s)]))
+    return lines
+
+
+def _memory_table(results: Sequence[EngineResult]) -> list[str]:
+    header = ["engine", "peak RSS (MiB)", "peak GPU memory in use (MiB)", "GPU memory at start (MiB)"]
+    lines = ["## Peak memory", "", _row(header), _row(["---"] * 4)]
+    for r in results:
+        m = r.memory
+        lines.append(_row([r.name, _num(m and m.rss_mib, 0), _num(m and m.gpu_mib, 0), _num(m and m.gpu_baseline_mib, 0)]))
+    return lines
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"

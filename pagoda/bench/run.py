@@ -1,0 +1,217 @@
+"""One engine's benchmark: optional launch and cold start, warm-up, the concurrency sweep, and
+the server-side figures, gathered into an EngineResult that grows as levels finish, so that an
+error or Ctrl-C keeps everything measured until then."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import httpx
+from tqdm import tqdm
+
+from pagoda.bench.client import Target, list_models, make_client, stream_request
+from pagoda.bench.datasets import Prompt, Workload, describe, prefix_share, sessions, take_requests, token_lists
+from pagoda.bench.errors import BenchError
+from pagoda.bench.launcher import launched, wait_until_ready
+from pagoda.bench.memory import MemoryPeak, MemorySampler
+from pagoda.bench.metrics import RequestRecord, Summary, summarize
+from pagoda.bench.runner import Exchange, Load, run_level, to_record
+from pagoda.bench.server_metrics import PrefixCacheStats, prefix_cache_stats, scrape
+from pagoda.bench.settings import BenchSettings
+from pagoda.bench.tokens import LazyTokenizer, Tokenizer, resolve_source
+
+PROBE_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    ready_s: float  # launch until GET /v1/models answered
+    first_request_s: float | None  # launch until a first short request completed; None if it failed
+    probe_error: str | None = None
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int
+    seed_label: str  # the prompts' stream: equal labels and seeds sent equal prompts
+    summary: Summary
+    prefix_cache: PrefixCacheStats | None
+    records: tuple[RequestRecord, ...]
+    interrupted: bool = False
+
+
+@dataclass
+class EngineResult:
+    """Filled in as the run goes; `status` is "running" until it ends, then "ok", "errors" (some
+    requests failed), "failed" (the run stopped on `error`) or "interrupted"."""
+
+    name: str
+    base_url: str
+    launch_command: str | None = None
+    model: str | None = None
+    tokenizer: str | None = None
+    workload: str = ""
+    cold_start: ColdStart | None = None
+    memory: MemoryPeak | None = None
+    levels: list[LevelResult] = field(default_factory=list)
+    status: str = "running"
+    error: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return {"ok": 0, "errors": 1, "interrupted": 130}.get(self.status, 2)
+
+
+def execute(settings: BenchSettings, workload: Workload, name: str) -> EngineResult:
+    """Run the benchmark; never raises for the failures a user can cause."""
+    result = EngineResult(name, settings.base_url, " ".join(settings.launch.command) if settings.launch else None)
+    sampler: MemorySampler | None = None
+    try:
+        with ExitStack() as stack:
+            launched_at, ready_s, pid = None, None, settings.server_pid
+            if settings.launch:
+                launched_at = time.perf_counter()
+                process = stack.enter_context(launched(settings.launch))
+                pid = process.pid
+            sampler = stack.enter_context(MemorySampler(pid))
+            if settings.launch:
+                _status(f"{name}: waiting for {settings.base_url} (log: {settings.launch.log_path})")
+                ready_s = wait_until_ready(process, settings.launch, settings.base_url, launched_at)  # type: ignore[arg-type]
+                _status(f"{name}: answering after {ready_s:.1f} s")
+            asyncio.run(_bench(settings, workload, result, launched_at, ready_s))
+        result.status = "errors" if any(level.summary.failed for level in result.levels) else "ok"
+    except BenchError as exc:
+        result.status, result.error = "failed", str(exc)
+    except KeyboardInterrupt:
+        result.status = "interrupted"
+    finally:
+        if sampler is not None:
+            result.memory = sampler.peak()
+    return result
+
+
+async def _bench(settings: BenchSettings, workload: Workload, result: EngineResult,
+                 launched_at: float | None, ready_s: float | None) -> None:  # fmt: skip
+    async with make_client(max(settings.concurrency) + settings.warmup, settings.request_timeout_s) as http:
+        target = await _target(http, settings)
+        result.model = target.model
+        if launched_at is not None and ready_s is not None:
+            result.cold_start = await _cold_start(http, target, settings, launched_at, ready_s)
+        lazy = LazyTokenizer(resolve_source(settings.tokenizer, target.model))
+        tokenizer = lazy.require(f"the {workload.spec.kind} workload") if workload.spec.needs_tokenizer else None
+        result.tokenizer = lazy.source
+        result.workload = _statement(settings, workload, tokenizer or lazy.get())
+        _status(f"{result.name}: {result.workload}")
+        if settings.warmup:
+            await _warmup(http, target, settings, workload, tokenizer)
+        for index, concurrency in enumerate(settings.concurrency):
+            await _level(http, target, settings, workload, lazy, result, index, concurrency)
+
+
+async def _target(http: httpx.AsyncClient, settings: BenchSettings) -> Target:
+    models = await list_models(http, settings.base_url, settings.api_key)
+    model = settings.model or (models[0] if models else None)
+    if model is None:
+        raise BenchError(f"{settings.base_url}/v1/models lists no model; pass --model")
+    return Target(
+        settings.base_url, model, settings.api_key, settings.request_timeout_s,
+        settings.temperature, settings.ignore_eos, settings.extra_body,
+    )  # fmt: skip
+
+
+async def _cold_start(http: httpx.AsyncClient, target: Target, settings: BenchSettings,
+                      launched_at: float, ready_s: float) -> ColdStart:  # fmt: skip
+    """Time until a first short request completes: servers that compile, capture graphs or
+    allocate lazily pay it here, not in the measured levels."""
+    text = "Hello! Please introduce yourself."
+    body = {"messages": [{"role": "user", "content": text}]} if settings.workload.endpoint == "chat" else {"prompt": text}
+    probe = await stream_request(http, target, Prompt(settings.workload.endpoint, body | {"max_tokens": PROBE_TOKENS}))
+    if probe.error:
+        _status(f"warning: the first request after launch failed: {probe.error}")
+        return ColdStart(ready_s, None, probe.error)
+    return ColdStart(ready_s, time.perf_counter() - launched_at)
+
+
+def _statement(settings: BenchSettings, workload: Workload, tokenizer: Tokenizer | None) -> str:
+    """The workload in words, with the prefix share of a level's prompts when their tokens are known."""
+    text = describe(workload.spec)
+    if workload.spec.kind == "multi-turn":
+        return text
+    count = workload.requests_per_level(settings.num_prompts) or workload.spec.default_num_prompts() or 0
+    lists = token_lists(sessions(workload, tokenizer, settings.seed, "level0"), count, tokenizer)
+    if not lists:
+        return text
+    shared, total = prefix_share(lists)
+    return (
+        f"{text}; {shared / total:.1%} of the prompt tokens of a level's first {len(lists)} requests "
+        "repeat a prefix of an earlier request (the hit rate of an unbounded prefix cache)"
+    )
+
+
+async def _warmup(http: httpx.AsyncClient, target: Target, settings: BenchSettings, workload: Workload,
+                  tokenizer: Tokenizer | None) -> None:  # fmt: skip
+    """Requests of the same workload under their own seed label, not counted. All of them
+    failing means the benchmark would measure nothing: stop with the server's message."""
+    exchanges: list[Exchange] = []
+    stream = take_requests(sessions(workload, tokenizer, settings.seed, "warmup"), settings.warmup)
+    await run_level(http, target, stream, Load(settings.warmup), random.Random(0), exchanges)
+    errors = [x.result.error for x in exchanges if x.result.error]
+    if errors and len(errors) == len(exchanges):
+        raise BenchError(f"all {len(errors)} warm-up requests failed, e.g.: {errors[0]}")
+    if errors:
+        _status(f"warning: {len(errors)} of {len(exchanges)} warm-up requests failed, e.g.: {errors[0]}")
+
+
+async def _level(http: httpx.AsyncClient, target: Target, settings: BenchSettings, workload: Workload,
+                 lazy: LazyTokenizer, result: EngineResult, index: int, concurrency: int) -> None:  # fmt: skip
+    label = f"level{index}"
+    stream = sessions(workload, lazy.get() if workload.spec.needs_tokenizer else None, settings.seed, label)
+    if settings.num_prompts:
+        stream = take_requests(stream, settings.num_prompts)
+    load = Load(concurrency, settings.request_rate, settings.burstiness, settings.duration_s)
+    before = await scrape(http, settings.metrics_url) if settings.metrics_url else None
+    exchanges: list[Exchange] = []
+    bar = tqdm(total=workload.requests_per_level(settings.num_prompts), desc=f"concurrency {concurrency}", unit="req",
+               disable=not settings.progress, file=sys.stderr, leave=False)  # fmt: skip
+    start = time.perf_counter()
+    try:
+        start = await run_level(http, target, stream, load, random.Random(f"{settings.seed}:{label}:arrivals"),
+                                exchanges, bar.update)  # fmt: skip
+    except asyncio.CancelledError:
+        result.levels.append(_level_result(concurrency, label, exchanges, start, lazy, settings, None, True))
+        raise
+    finally:
+        bar.close()
+    after = await scrape(http, settings.metrics_url) if settings.metrics_url and before is not None else None
+    prefix = prefix_cache_stats(before, after) if before is not None and after is not None else None
+    level = _level_result(concurrency, label, exchanges, start, lazy, settings, prefix, False)
+    result.levels.append(level)
+    _status(f"{result.name}: {_one_line(level)}")
+
+
+def _level_result(concurrency: int, label: str, exchanges: list[Exchange], start: float, lazy: LazyTokenizer,
+                  settings: BenchSettings, prefix: PrefixCacheStats | None, interrupted: bool) -> LevelResult:  # fmt: skip
+    records = tuple(sorted((to_record(x, start, lazy) for x in exchanges), key=lambda r: r.index))
+    duration = max((x.finished_at for x in exchanges), default=start) - start
+    return LevelResult(concurrency, label, summarize(records, duration, settings.slo), prefix, records, interrupted)
+
+
+def _one_line(level: LevelResult) -> str:
+    s = level.summary
+    ttft = f"{s.ttft.median * 1000:.0f} ms" if s.ttft else "-"
+    line = (
+        f"concurrency {level.concurrency}: {s.completed} ok, {s.failed} failed in {s.duration_s:.1f} s; "
+        f"{s.output_throughput:.1f} output tok/s; TTFT p50 {ttft}"
+    )
+    if s.errors:
+        line += "; errors: " + "; ".join(f"{message} (x{count})" for message, count in s.errors)
+    return line
+
+
+def _status(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,139 @@
+"""The load generator: sends a session stream at one concurrency level and collects exchanges.
+
+Concurrency bounds the sessions in progress (for single-turn workloads, the requests in
+flight, as vLLM's --max-concurrency); a multi-turn session keeps its slot through its think
+times, like a user in a conversation. With a request rate, sessions start at Poisson arrival
+times (gamma-distributed gaps when bursty) and still wait for a free slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import httpx
+
+from pagoda.bench.client import StreamResult, Target, stream_request
+from pagoda.bench.datasets import Prompt, Session, next_turn
+from pagoda.bench.metrics import RequestRecord
+from pagoda.bench.tokens import LazyTokenizer
+
+
+@dataclass(frozen=True)
+class Load:
+    concurrency: int
+    request_rate: float = math.inf  # sessions started per second; inf: as fast as slots free up
+    burstiness: float = 1.0  # gamma shape of the arrival gaps; 1 is Poisson, below 1 burstier
+    duration_s: float | None = None  # no session or turn starts after this
+
+
+@dataclass(frozen=True)
+class Exchange:
+    index: int  # send order within the level
+    session: int
+    turn: int
+    prompt: Prompt
+    result: StreamResult
+    finished_at: float  # time.perf_counter() clock, as the result's times
+
+
+def arrival_gap(rng: random.Random, rate: float, burstiness: float) -> float:
+    """Seconds to the next session start: gamma with mean 1/rate (vLLM's arrival model)."""
+    if math.isinf(rate):
+        return 0.0
+    return rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+
+
+async def run_level(
+    http: httpx.AsyncClient,
+    target: Target,
+    stream: Iterable[Session],
+    load: Load,
+    rng: random.Random,
+    exchanges: list[Exchange],
+    on_done: Callable[[], None] = lambda: None,
+) -> float:
+    """Send every session of `stream`, appending each finished exchange to `exchanges` (so an
+    interruption keeps what finished). Returns the level's start on the perf_counter clock."""
+    slots = asyncio.Semaphore(load.concurrency)
+    start = time.perf_counter()
+    deadline = start + load.duration_s if load.duration_s else math.inf
+    indices = itertools.count()
+    next_start = start
+    async with asyncio.TaskGroup() as group:
+        for number, session in enumerate(stream):
+            await asyncio.sleep(max(0.0, next_start - time.perf_counter()))
+            await slots.acquire()
+            if time.perf_counter() >= deadline:
+                slots.release()
+                break
+            sender = _Sender(http, target, indices, exchanges, on_done, deadline)
+            group.create_task(sender.run(number, session, slots))
+            next_start += arrival_gap(rng, load.request_rate, load.burstiness)
+    return start
+
+
+@dataclass(frozen=True)
+class _Sender:
+    http: httpx.AsyncClient
+    target: Target
+    indices: itertools.count[int]
+    exchanges: list[Exchange]
+    on_done: Callable[[], None]
+    deadline: float
+
+    async def run(self, number: int, session: Session, slots: asyncio.Semaphore) -> None:
+        try:
+            prompt = session.first
+            for turn in range(session.num_requests):
+                if turn:
+                    await asyncio.sleep(session.think_time_s)
+                    if time.perf_counter() >= self.deadline:
+                        return
+                    prompt = next_turn(prompt, result.text, session.follow_ups[turn - 1])
+                index = next(self.indices)
+                result = await stream_request(self.http, self.target, prompt)
+                self.exchanges.append(Exchange(index, number, turn, prompt, result, time.perf_counter()))
+                self.on_done()
+                if result.error:
+                    return
+        finally:
+            slots.release()
+
+
+def to_record(exchange: Exchange, level_start: float, tokenizer: LazyTokenizer) -> RequestRecord:
+    """Timing from the stream; token counts from the server's usage, else the tokenizer, else
+    (no tokenizer) one token per text chunk."""
+    result = exchange.result
+    common = dict(index=exchange.index, session=exchange.session, turn=exchange.turn, start_s=result.sent_at - level_start)
+    if result.error is not None:
+        return RequestRecord(**common, ttft_s=None, latency_s=None, itl_s=(), prompt_tokens=None,
+                             output_tokens=None, token_source="none", error=result.error)  # fmt: skip
+    times = result.token_times
+    output_tokens, source = result.completion_tokens, "usage"
+    if output_tokens is None:
+        tok = tokenizer.get()
+        output_tokens, source = (len(tok.encode(result.text)), "tokenizer") if tok else (len(times), "chunks")
+    return RequestRecord(
+        **common,
+        ttft_s=times[0] - result.sent_at,
+        latency_s=times[-1] - result.sent_at,
+        itl_s=tuple(later - earlier for earlier, later in itertools.pairwise(times)),
+        prompt_tokens=_prompt_tokens(exchange, tokenizer),
+        output_tokens=output_tokens,
+        token_source=source,
+    )
+
+
+def _prompt_tokens(exchange: Exchange, tokenizer: LazyTokenizer) -> int | None:
+    if exchange.result.prompt_tokens is not None:
+        return exchange.result.prompt_tokens
+    if exchange.prompt.token_ids is not None:
+        return len(exchange.prompt.token_ids)
+    tok = tokenizer.get()
+    return len(tok.prompt_ids(exchange.prompt.body)) if tok else None

@@ -1,0 +1,228 @@
+"""`pagoda bench` options, parsed and validated once into a frozen BenchSettings.
+
+`pagoda bakeoff` turns its config into the same options, so both commands share one
+parser and one set of checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pagoda.bench.client import root_url
+from pagoda.bench.datasets import KINDS, LengthDist, WorkloadSpec
+from pagoda.bench.errors import BenchError
+from pagoda.bench.launcher import LaunchSpec, parse_command
+from pagoda.bench.metrics import SLO
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+T = TypeVar("T")
+
+
+class UsageError(BenchError):
+    """A bad command line; the parser's usage line goes with the message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    base_url: str  # server root, without /v1
+    model: str | None  # None: the first model /v1/models lists
+    api_key: str | None
+    request_timeout_s: float
+    temperature: float
+    ignore_eos: bool
+    extra_body: dict[str, Any]  # read-only by convention
+    workload: WorkloadSpec
+    tokenizer: str | None
+    concurrency: tuple[int, ...]
+    request_rate: float
+    burstiness: float
+    num_prompts: int | None  # requests per level; None: until --duration, or the whole replay file
+    duration_s: float | None
+    warmup: int
+    seed: int
+    slo: SLO | None
+    server_pid: int | None
+    metrics_url: str | None
+    launch: LaunchSpec | None
+    output: Path | None
+    progress: bool
+
+
+def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="Benchmark any OpenAI-compatible server, always streaming.")
+    target = parser.add_argument_group("target")
+    target.add_argument("--base-url", default=DEFAULT_BASE_URL, help="server root (a trailing /v1 is fine)")
+    target.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
+    target.add_argument("--endpoint", choices=("chat", "completions"), default="completions")
+    target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
+    target.add_argument("--request-timeout", type=float, default=600.0, metavar="S", help="per request (default 600)")
+    target.add_argument("--temperature", type=float, default=0.0, help="unless a replayed request sets one")
+    target.add_argument(
+        "--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+        help="send ignore_eos so outputs reach max_tokens (default: on for random, as vLLM does)",
+    )  # fmt: skip
+    target.add_argument("--extra-body", default="{}", metavar="JSON", help="fields added to every request body")
+
+    work = parser.add_argument_group("workload (seeded: equal seeds send equal prompts)")
+    work.add_argument("--workload", choices=KINDS, help="default: random, or replay/sharegpt from --dataset's suffix")
+    work.add_argument("--dataset", type=Path, help="replay: JSONL (request bodies or a Pagoda request log); sharegpt: JSON")
+    work.add_argument("--input-len", default="256", metavar="LEN", help="N, LOW:HIGH or normal:MEAN,STD (default 256)")
+    work.add_argument("--output-len", metavar="LEN", help="as --input-len (default 64; ShareGPT: the reply's length)")
+    work.add_argument("--tokenizer", help="HF directory, .gguf file, or 'default' (default: the served model's)")
+    work.add_argument("--seed", type=int, default=0)
+    work.add_argument("--groups", type=int, default=4, help="shared-prefix: groups (default 4)")
+    work.add_argument("--prompts-per-group", type=int, default=8, help="shared-prefix (default 8)")
+    work.add_argument("--system-prompt-len", type=int, default=512, help="shared-prefix: tokens (default 512)")
+    work.add_argument("--question-len", type=int, default=64, help="shared-prefix: tokens (default 64)")
+    work.add_argument("--turns", type=int, default=4, help="multi-turn: turns per session (default 4)")
+    work.add_argument("--think-time", type=float, default=1.0, metavar="S", help="multi-turn: between turns (default 1)")
+
+    load = parser.add_argument_group("load")
+    load.add_argument("--concurrency", default="1", metavar="N[,N...]", help="levels of the sweep (default 1)")
+    load.add_argument("--request-rate", type=float, default=math.inf, metavar="R", help="sessions/s, Poisson (default inf)")
+    load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (default 1: Poisson)")
+    load.add_argument("--num-prompts", type=int, help="requests per level (default 100; shared-prefix: groups x prompts)")
+    load.add_argument("--duration", type=float, metavar="S", help="stop starting requests after S seconds per level")
+    load.add_argument("--warmup", type=int, default=2, metavar="N", help="requests sent first and not counted (default 2)")
+    load.add_argument("--slo", help="goodput targets, e.g. ttft=500ms,tpot=50ms,e2e=5s")
+
+    server = parser.add_argument_group("server")
+    server.add_argument("--launch", metavar="COMMAND", help="start the server, time its cold start, stop it at the end")
+    server.add_argument("--launch-env", action="append", default=[], metavar="KEY=VALUE", help="for --launch; repeatable")
+    server.add_argument("--launch-timeout", type=float, default=600.0, metavar="S", help="until it answers (default 600)")
+    server.add_argument("--server-log", type=Path, help="--launch output (default: OUTPUT/server.log or a temp file)")
+    server.add_argument("--server-pid", type=int, help="sample this process tree's peak memory")
+    server.add_argument("--metrics-url", help="Prometheus metrics (default: BASE_URL/metrics)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--output", type=Path, metavar="DIR", help="write results.json, results.csv, report.md, plots")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def parse_settings(argv: Sequence[str]) -> BenchSettings:
+    args = build_parser().parse_args(list(argv))
+    base_url = root_url(args.base_url)
+    if not base_url.startswith(("http://", "https://")):
+        raise UsageError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
+    if args.launch and args.server_pid:
+        raise UsageError("--launch and --server-pid exclude each other: a launched server's pid is known")
+    workload = _workload(args)
+    return BenchSettings(
+        base_url=base_url,
+        model=args.model,
+        api_key=args.api_key,
+        request_timeout_s=_positive(args.request_timeout, "--request-timeout"),
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos if args.ignore_eos is not None else workload.kind == "random",
+        extra_body=_json_object(args.extra_body),
+        workload=workload,
+        tokenizer=args.tokenizer,
+        concurrency=_levels(args.concurrency),
+        request_rate=_positive(args.request_rate, "--request-rate"),
+        burstiness=_positive(args.burstiness, "--burstiness"),
+        num_prompts=_num_prompts(args, workload),
+        duration_s=None if args.duration is None else _positive(args.duration, "--duration"),
+        warmup=_at_least(args.warmup, 0, "--warmup"),
+        seed=args.seed,
+        slo=_option(SLO.parse, args.slo, "--slo") if args.slo else None,
+        server_pid=args.server_pid,
+        metrics_url=args.metrics_url or f"{base_url}/metrics",
+        launch=_launch(args),
+        output=args.output,
+        progress=not args.no_progress,
+    )
+
+
+def _workload(args: argparse.Namespace) -> WorkloadSpec:
+    kind = args.workload
+    if kind is None:
+        kind = {".jsonl": "replay", ".json": "sharegpt"}.get(args.dataset.suffix, "replay") if args.dataset else "random"
+    if args.dataset is not None and kind not in ("replay", "sharegpt"):
+        raise UsageError(f"--dataset is for the replay and sharegpt workloads, not {kind}")
+    return WorkloadSpec(
+        kind=kind,
+        endpoint=args.endpoint,
+        input_len=_option(LengthDist.parse, args.input_len, "--input-len"),
+        output_len=_option(LengthDist.parse, args.output_len, "--output-len") if args.output_len else None,
+        groups=_at_least(args.groups, 1, "--groups"),
+        prompts_per_group=_at_least(args.prompts_per_group, 1, "--prompts-per-group"),
+        system_prompt_len=_at_least(args.system_prompt_len, 1, "--system-prompt-len"),
+        question_len=_at_least(args.question_len, 1, "--question-len"),
+        turns=_at_least(args.turns, 1, "--turns"),
+        think_time_s=max(0.0, args.think_time),
+        dataset=args.dataset,
+    )
+
+
+def _num_prompts(args: argparse.Namespace, workload: WorkloadSpec) -> int | None:
+    if args.num_prompts is not None:
+        return _at_least(args.num_prompts, 1, "--num-prompts")
+    return None if args.duration is not None else workload.default_num_prompts()
+
+
+def _launch(args: argparse.Namespace) -> LaunchSpec | None:
+    if not args.launch:
+        return None
+    env = {}
+    for item in args.launch_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--launch-env wants KEY=VALUE, got {item!r}")
+        env[key] = value
+    log = args.server_log or (args.output / "server.log" if args.output else None)
+    if log is None:
+        log = Path(tempfile.gettempdir()) / f"pagoda-bench-server-{os.getpid()}.log"
+    return LaunchSpec(parse_command(args.launch), log, env, _positive(args.launch_timeout, "--launch-timeout"))
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"--concurrency wants integers like 1,8,32, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise UsageError(f"--concurrency levels must be >= 1, got {text!r}")
+    return levels
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--extra-body is not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise UsageError("--extra-body must be a JSON object")
+    return value
+
+
+def _option(parse: Callable[[str], T], text: str, name: str) -> T:
+    try:
+        return parse(text)
+    except BenchError as exc:
+        raise UsageError(f"{name}: {exc}") from None
+
+
+def _positive(value: float, name: str) -> float:
+    if not value > 0:
+        raise UsageError(f"{name} must be > 0, got {value:g}")
+    return value
+
+
+def _at_least(value: int, low: int, name: str) -> int:
+    if value < low:
+        raise UsageError(f"{name} must be >= {low}, got {value}")
+    return value
