@@ -96,7 +96,8 @@ def main() -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    description = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under Triton's interpreter")
     parser.add_argument("--out", type=Path, help="JSON results path (default: $OUT/gpu_kernels.json if OUT is set)")
     return parser.parse_args()
@@ -199,9 +200,10 @@ class Check:
                 auto = self.time_decode(model, batch, context, splits=None)
                 single = self.time_decode(model, batch, context, splits=1) if auto["splits"] > 1 else auto
                 rows.append({"batch": batch, "context": context, "auto": auto, "no_split": single})
+                share = auto["gbps"] / self.results["copy_bandwidth_gbps"]
                 print(
                     f"decode B={batch:4d} ctx={context:5d}: {auto['us']:8.1f} us {auto['gbps']:7.0f} GB/s "
-                    f"(splits {auto['splits']}; unsplit {single['us']:.1f} us)"
+                    f"({share:.0%} of copy; splits {auto['splits']}; unsplit {single['us']:.1f} us)"
                 )
         self.save()
 
@@ -220,46 +222,47 @@ class Check:
         dtype = self.timing_dtype()
         step = make_step(torch, self.device, model, dtype, tuple((1, context) for _ in range(batch)), 16, 0)
         backend = self.triton_backend(decode_splits=splits)
-        metadata = backend.build_metadata(step["inputs"])
-        chosen = backend.decode_splits(metadata, step["kv_cache"])
-        cache = step["kv_cache"]
-        seconds = self.bench(lambda: backend.forward(step["query"], step["key"], step["value"], cache, metadata, step["scale"]))
+        chosen = backend.decode_splits(backend.build_metadata(step["inputs"]), step["kv_cache"])
+        seconds = self.time_forward(backend, step)
         elt = dtype.itemsize
         kv_bytes = 2 * batch * context * model.num_kv_heads * model.head_dim * elt
         io_bytes = 2 * batch * model.num_heads * model.head_dim * elt
         return {"splits": chosen, "us": seconds * 1e6, "gbps": (kv_bytes + io_bytes) / seconds / 1e9}
 
     def prefill_timings(self) -> None:
-        torch = self.torch
-        import torch.nn.functional as F
-
         rows = self.results["prefill"] = []
         model = self.plan.models[0]
-        dtype = self.timing_dtype()
         for num_reqs, q_len, context in self.plan.prefills:
             requests = tuple((q_len, context + q_len) for _ in range(num_reqs))
-            step = make_step(torch, self.device, model, dtype, requests, 16, 0)
-            backend = self.triton_backend()
-            metadata = backend.build_metadata(step["inputs"])
-            cache = step["kv_cache"]
-            seconds = self.bench(
-                lambda: backend.forward(step["query"], step["key"], step["value"], cache, metadata, step["scale"])
-            )
+            step = make_step(self.torch, self.device, model, self.timing_dtype(), requests, 16, 0)
+            seconds = self.time_forward(self.triton_backend(), step)
             pairs = num_reqs * sum(context + j + 1 for j in range(q_len))  # causal (query, key) pairs
             tflops = 4 * pairs * model.num_heads * model.head_dim / seconds / 1e12
             row = {"requests": num_reqs, "query_len": q_len, "context": context, "us": seconds * 1e6, "tflops": tflops}
-            if context == 0:  # the same attention, contiguous, through torch's fused (flash) kernel
-                group = model.num_heads // model.num_kv_heads
-                shape = (num_reqs, q_len, -1, model.head_dim)
-                q = step["query"].view(shape).transpose(1, 2)
-                k = step["key"].view(shape).repeat_interleave(group, dim=2).transpose(1, 2)
-                v = step["value"].view(shape).repeat_interleave(group, dim=2).transpose(1, 2)
-                sdpa = self.bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-                row["torch_sdpa_us"] = sdpa * 1e6
+            line = f"prefill {num_reqs}x{q_len} after {context}: {row['us']:9.1f} us {tflops:6.1f} TFLOP/s"
+            if context == 0:
+                row["torch_sdpa_us"] = self.time_torch_sdpa(model, step, num_reqs, q_len) * 1e6
+                line += f", torch sdpa {row['torch_sdpa_us']:.1f} us"
             rows.append(row)
-            extra = f", torch sdpa {row['torch_sdpa_us']:.1f} us" if "torch_sdpa_us" in row else ""
-            print(f"prefill {num_reqs}x{q_len} after {context}: {row['us']:9.1f} us {tflops:6.1f} TFLOP/s{extra}")
+            print(line)
         self.save()
+
+    def time_forward(self, backend, step: dict) -> float:
+        """One layer's forward: store this step's keys and values, then attend."""
+        metadata = backend.build_metadata(step["inputs"])
+        q, k, v, cache, scale = (step[name] for name in ("query", "key", "value", "kv_cache", "scale"))
+        return self.bench(lambda: backend.forward(q, k, v, cache, metadata, scale))
+
+    def time_torch_sdpa(self, model: Model, step: dict, num_reqs: int, q_len: int) -> float:
+        """The same fresh prefills, contiguous and with K/V heads expanded, through torch's fused kernel."""
+        import torch.nn.functional as F
+
+        group = model.num_heads // model.num_kv_heads
+        shape = (num_reqs, q_len, -1, model.head_dim)
+        q = step["query"].view(shape).transpose(1, 2)
+        k = step["key"].view(shape).repeat_interleave(group, dim=2).transpose(1, 2)
+        v = step["value"].view(shape).repeat_interleave(group, dim=2).transpose(1, 2)
+        return self.bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
     def copy_bandwidth(self) -> float:
         """Device-to-device copy, bytes read plus written: the ceiling decode bandwidth is judged by."""

@@ -43,51 +43,50 @@ def compile_kernel(kernel, dtype: torch.dtype, constexprs: dict, num_warps: int,
     return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def attention_constexprs(group: int, head_dim: int, block_size: int, config: k.TileConfig, dtype: torch.dtype):
+def cases(full: bool):
+    """Every dtype and model shape with full; else Llama-3-8B's in bf16 and an odd shape in fp32."""
+    if full:
+        for dtype in TRITON_DTYPES:
+            for group, head_dim in ((4, 128), (1, 64), (8, 256), (3, 96)):
+                yield from kernel_cases(dtype, group, head_dim, max_query_lens=(1, 4, 512))
+    else:
+        yield from kernel_cases(torch.bfloat16, 4, 128, max_query_lens=(1, 512))
+        # Triton turns an int argument equal to 1 into a constant: one request, as in a long prefill.
+        yield from attention_cases(torch.float32, 3, 96, max_query_lens=(512,), ones=("num_seqs",))
+
+
+def kernel_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_lens: tuple[int, ...]):
+    """(label, kernel, dtype, constexprs, num_warps, num_stages) for each kernel at one shape."""
+    shape = f"{TRITON_DTYPES[dtype]} group={group} d={head_dim}"
+    pad = k._pow2(head_dim)
+    yield f"store_kv {shape}", k._store_kv_kernel, dtype, {"BLOCK_SIZE": 16, "HEADS_PAD": 8, "HEAD_PAD": pad}, 4, 1
+    yield from attention_cases(dtype, group, head_dim, max_query_lens)
+    cfg = k.choose_split_config(group, dtype)
+    constexprs = attention_constexprs(group, head_dim, cfg, dtype)
+    yield f"split {shape}", k._paged_attention_split_kernel, dtype, constexprs, cfg.num_warps, cfg.num_stages
+    yield f"merge {shape}", k._merge_splits_kernel, dtype, {"SPLITS_PAD": 32, "HEAD_PAD": pad}, 4, 1
+
+
+def attention_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_lens: tuple[int, ...], ones=()):
+    shape = f"{TRITON_DTYPES[dtype]} group={group} d={head_dim}" + "".join(f" {name}=1" for name in ones)
+    for max_q in max_query_lens:
+        cfg = k.choose_config(group, head_dim, dtype, max_q)
+        constexprs = attention_constexprs(group, head_dim, cfg, dtype) | {"ONE_TILE_PER_SEQ": cfg.one_tile_per_seq}
+        constexprs |= {name: 1 for name in ones}
+        label = f"attention max_q={max_q} {shape}"
+        yield label, k._paged_attention_kernel, dtype, constexprs, cfg.num_warps, cfg.num_stages
+
+
+def attention_constexprs(group: int, head_dim: int, config: k.TileConfig, dtype: torch.dtype) -> dict:
     return {
         "GROUP": group,
-        "BLOCK_SIZE": block_size,
+        "BLOCK_SIZE": 16,
         "BLOCK_M": config.block_m,
         "BLOCK_Q": config.block_q(group),
         "TILE_N": config.tile_n,
         "HEAD_PAD": k._pow2(head_dim),
         "DOT_PRECISION": k._dot_precision(dtype),
     }
-
-
-def cases(full: bool):
-    """(label, kernel, dtype, constexprs, num_warps, num_stages) per configuration: every dtype and
-    model shape with full, else Llama-3-8B's in bf16 and an odd shape's prefill in fp32."""
-    shapes = {torch.bfloat16: [(4, 128)], torch.float32: [(3, 96)]}
-    if full:
-        shapes = {dtype: [(4, 128), (1, 64), (8, 256), (3, 96)] for dtype in TRITON_DTYPES}
-    for dtype, dtype_shapes in shapes.items():
-        for group, head_dim in dtype_shapes:
-            quick_odd = not full and dtype == torch.float32
-            shape = f"{TRITON_DTYPES[dtype]} group={group} d={head_dim}"
-            pad = k._pow2(head_dim)
-            if quick_odd:
-                cfg = k.choose_config(group, head_dim, dtype, 512)
-                cx = attention_constexprs(group, head_dim, 16, cfg, dtype) | {"ONE_TILE_PER_SEQ": False}
-                yield f"attention max_q=512 {shape}", k._paged_attention_kernel, dtype, cx, cfg.num_warps, cfg.num_stages
-                continue
-            yield (
-                f"store_kv {shape}",
-                k._store_kv_kernel,
-                dtype,
-                {"BLOCK_SIZE": 16, "HEADS_PAD": 8, "HEAD_PAD": pad},
-                4,
-                1,
-            )
-            for max_q in (1, 4, 512) if full else (1, 512):
-                cfg = k.choose_config(group, head_dim, dtype, max_q)
-                cx = attention_constexprs(group, head_dim, 16, cfg, dtype)
-                cx["ONE_TILE_PER_SEQ"] = cfg.one_tile_per_seq
-                yield f"attention max_q={max_q} {shape}", k._paged_attention_kernel, dtype, cx, cfg.num_warps, cfg.num_stages
-            cfg = k.choose_split_config(group, dtype)
-            cx = attention_constexprs(group, head_dim, 16, cfg, dtype)
-            yield f"split {shape}", k._paged_attention_split_kernel, dtype, cx, cfg.num_warps, cfg.num_stages
-            yield f"merge {shape}", k._merge_splits_kernel, dtype, {"SPLITS_PAD": 32, "HEAD_PAD": pad}, 4, 1
 
 
 def main() -> int:
