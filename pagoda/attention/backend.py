@@ -29,6 +29,7 @@ class AttentionInputs:
     query_lens_cpu: tuple[int, ...]
     seq_lens_cpu: tuple[int, ...]
     block_size: int
+    dtype: torch.dtype = torch.float32  # the model's activation dtype
 
     @property
     def num_reqs(self) -> int:

@@ -28,7 +28,7 @@ class TorchAttentionMetadata:
     slot_mapping: torch.Tensor
     num_decode_tokens: int
     decode_block_tables: torch.Tensor | None  # long [num_decodes, max_blocks]
-    decode_mask: torch.Tensor | None  # bool [num_decodes, 1, 1, max_blocks * block_size], True = attend
+    decode_mask: torch.Tensor | None  # additive [num_decodes, 1, 1, max_blocks * block_size]: 0 or -inf
     prefills: tuple[PrefillChunk, ...]
 
 
@@ -43,7 +43,9 @@ class TorchAttentionBackend(AttentionBackend):
             max_blocks = -(-max(inputs.seq_lens_cpu[:nd]) // bs)
             decode_tables = inputs.block_tables[:nd, :max_blocks].long()
             positions = torch.arange(max_blocks * bs, device=device)
-            decode_mask = (positions[None, :] < inputs.seq_lens[:nd, None]).view(nd, 1, 1, -1)
+            beyond = positions[None, :] >= inputs.seq_lens[:nd, None]
+            decode_mask = torch.zeros(beyond.shape, dtype=inputs.dtype, device=device)
+            decode_mask = decode_mask.masked_fill_(beyond, float("-inf")).view(nd, 1, 1, -1)
         prefills = []
         starts = inputs.query_start_loc.tolist()
         for i in range(nd, inputs.num_reqs):

@@ -96,6 +96,7 @@ class ModelRunner:
             query_lens_cpu=tuple(query_lens),
             seq_lens_cpu=tuple(seq_lens),
             block_size=bs,
+            dtype=self.config.model.dtype,
         )
         samplers = [
             (request, i) for i, (request, _) in enumerate(step.scheduled) if seq_lens[i] == request.num_tokens

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.attention.backend import AttentionBackend
-from pagoda.model_executor.layers import Linear, RMSNorm, RotaryEmbedding, empty_param
+from pagoda.model_executor.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary, empty_param
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d.head_dim, d.rms_eps, dtype, device) if spec.qk_norm else None
         self.scale = d.head_dim**-0.5
 
-    def forward(self, x, positions, rotary: RotaryEmbedding, kv_cache, attn_metadata):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, attn_metadata):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.d.num_heads, self.d.head_dim)
         k = k.view(-1, self.d.num_kv_heads, self.d.head_dim)
         v = v.view(-1, self.d.num_kv_heads, self.d.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -98,8 +98,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.mlp = MLP(d, dtype, device)
 
-    def forward(self, x, positions, rotary, kv_cache, attn_metadata):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, attn_metadata)
+    def forward(self, x, rope, kv_cache, attn_metadata):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, attn_metadata)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -116,8 +116,9 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rotary.lookup(positions)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, self.rotary, kv_cache, attn_metadata)
+            x = layer(x, rope, kv_cache, attn_metadata)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

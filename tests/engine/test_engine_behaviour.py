@@ -1,0 +1,113 @@
+"""Engine behaviour on the default model: stop conditions, aborts, n > 1 sharing, logprobs,
+incremental detokenization."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagoda import SamplingParams
+from pagoda.engine.detokenizer import IncrementalDetokenizer
+from pagoda.model_files import apply_chat_template
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def chat_prompt(default_llm):
+    return apply_chat_template(default_llm.tokenizer, QUESTION)
+
+
+def generate_one(llm, prompt, **params):
+    return llm.generate([prompt], SamplingParams(**params))[0]
+
+
+def test_eos_ends_the_answer(default_llm, chat_prompt):
+    out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64).outputs[0]
+    assert out.finish_reason == "stop" and "Paris" in out.text
+    assert out.token_ids[-1] in default_llm.engine.config.model.eos_token_ids
+    assert "<|im_end|>" not in out.text
+
+
+def test_ignore_eos_and_max_tokens(default_llm, chat_prompt):
+    out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=20, ignore_eos=True).outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 20
+
+
+def test_stop_string_is_cut_and_reported(default_llm, chat_prompt):
+    full = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64).outputs[0].text
+    out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64, stop=["Paris"]).outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == "Paris"
+    assert out.text == full[: full.index("Paris")]
+    kept = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64, stop=["Paris"],
+                        include_stop_str_in_output=True).outputs[0]
+    assert kept.text == full[: full.index("Paris") + len("Paris")]
+
+
+def test_stop_token_ids(default_llm, chat_prompt):
+    full = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64).outputs[0]
+    stop_token = full.token_ids[3]
+    out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64, stop_token_ids=[stop_token]).outputs[0]
+    assert out.token_ids == full.token_ids[:4] and out.stop_reason == stop_token
+
+
+def test_max_model_len_ends_a_request(default_llm):
+    limit = default_llm.engine.config.model.max_model_len
+    prompt = list(range(1000, 1000 + limit - 5))
+    out = generate_one(default_llm, prompt, temperature=0.0, max_tokens=None, ignore_eos=True).outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 5
+
+
+def test_too_long_prompt_is_rejected_and_the_queue_goes_on(default_llm, chat_prompt):
+    limit = default_llm.engine.config.model.max_model_len
+    with pytest.raises(ValueError, match=f"maximum context length is {limit}"):
+        default_llm.generate([list(range(limit + 10))], SamplingParams(max_tokens=4))
+    assert generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=4).outputs[0].token_ids
+
+
+def test_abort_frees_blocks_at_once(default_llm, chat_prompt):
+    engine = default_llm.engine
+    rid = engine.add_request(chat_prompt, SamplingParams(temperature=0.0, max_tokens=50))
+    engine.step()
+    engine.step()
+    assert engine.core.scheduler.running
+    engine.core.abort([f"{rid}#0"])
+    engine.core.check_integrity()
+    assert not engine.core.scheduler.running and engine.core.kv.usage == 0.0
+    engine.outputs.drop(f"{rid}#0")
+
+
+def test_n_samples_share_the_prompt_blocks(default_llm, chat_prompt):
+    kv = default_llm.engine.core.kv
+    kv.reset_prefix_cache()
+    hits_before = kv.prefix_hits
+    result = generate_one(default_llm, chat_prompt, temperature=1.0, seed=3, n=4, max_tokens=12)
+    assert len(result.outputs) == 4 and [o.index for o in result.outputs] == [0, 1, 2, 3]
+    assert len({tuple(o.token_ids) for o in result.outputs}) > 1  # different samples
+    shared = (len(chat_prompt) - 1) // kv.block_size * kv.block_size
+    assert kv.prefix_hits - hits_before == 3 * shared  # siblings 1..3 took the prompt from sibling 0
+    again = generate_one(default_llm, chat_prompt, temperature=1.0, seed=3, n=4, max_tokens=12)
+    assert [o.token_ids for o in again.outputs] == [o.token_ids for o in result.outputs]  # seeded
+
+
+def test_logprobs_and_prompt_logprobs(default_llm, chat_prompt):
+    out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=5, logprobs=3, prompt_logprobs=2).outputs[0]
+    assert len(out.logprobs) == 5
+    for token, lp in zip(out.token_ids, out.logprobs):
+        assert lp.token_id == token and lp.rank == 1 and len(lp.top) == 3 and lp.logprob <= 0
+        assert max(lp.top.values()) == pytest.approx(lp.logprob)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(chat_prompt)
+    assert all(p.token_id == t for p, t in zip(out.prompt_logprobs[1:], chat_prompt[1:]))
+
+
+def test_incremental_detokenization_never_breaks_characters(default_llm):
+    tokenizer = default_llm.tokenizer
+    text = "Café naïve — 世界 says 🎉🐍 and ⅞ of ünïcödé"
+    ids = tokenizer.encode(text)
+    detok = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=True)
+    deltas = [detok.add(t) for t in ids]
+    deltas.append(detok.flush())
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert sum(1 for d in deltas if d == "") > 0  # some tokens held back mid-character

@@ -1,0 +1,111 @@
+"""The sampler on crafted logits: exact masks, penalties by hand, seeded reproducibility."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pagoda.model_executor.sampler import apply_penalties, filtered_probs, sample
+from pagoda.request import Request
+from pagoda.sampling_params import SamplingParams, SamplingParamsError
+
+
+def req(prompt=(1, 2), outputs=(), **params) -> Request:
+    r = Request("r", list(prompt), SamplingParams(**params), frozenset({0}), 100)
+    for t in outputs:
+        r.append_token(t)
+    return r
+
+
+LOGITS = torch.log(torch.tensor([[0.05, 0.4, 0.3, 0.15, 0.1]]))
+
+
+def support(probs: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(probs[0] > 0).flatten().tolist())
+
+
+def test_top_k_keeps_exactly_k():
+    probs = filtered_probs(LOGITS, [SamplingParams(top_k=2)])
+    assert support(probs) == {1, 2}
+    assert torch.allclose(probs[0, [1, 2]], torch.tensor([0.4, 0.3]) / 0.7)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # sorted: 0.4, 0.3, 0.15, 0.1, 0.05; 0.4 + 0.3 = 0.7 < 0.75, so 0.15 joins
+    assert support(filtered_probs(LOGITS, [SamplingParams(top_p=0.75)])) == {1, 2, 3}
+    assert support(filtered_probs(LOGITS, [SamplingParams(top_p=0.7)])) == {1, 2}
+    assert support(filtered_probs(LOGITS, [SamplingParams(top_p=0.01)])) == {1}  # the top token always stays
+
+
+def test_min_p_relative_to_the_top_probability():
+    # threshold 0.5 * 0.4 = 0.2
+    probs = filtered_probs(LOGITS, [SamplingParams(min_p=0.5)])
+    assert support(probs) == {1, 2}
+    assert math.isclose(float(probs.sum()), 1.0, rel_tol=1e-6)
+
+
+def test_temperature_sharpens():
+    cold = filtered_probs(LOGITS, [SamplingParams(temperature=0.5)])
+    expected = torch.tensor([0.05, 0.4, 0.3, 0.15, 0.1]) ** 2
+    assert torch.allclose(cold[0], expected / expected.sum(), atol=1e-6)
+
+
+def test_penalties_against_hand_computation():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
+    r = req(prompt=(0,), outputs=(1, 3, 3), repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    apply_penalties(logits, [r])
+    # seen (prompt+output) = {0, 1, 3}: positive / 2, negative * 2; then output counts {1: 1, 3: 2}
+    expected = [2.0 / 2, -1.0 * 2 - 0.25 * 1 - 0.5, 0.5, 3.0 / 2 - 0.25 * 2 - 0.5, -2.0]
+    assert torch.allclose(logits[0], torch.tensor(expected))
+
+
+def test_logit_bias_and_min_tokens():
+    logits = torch.zeros(1, 5)
+    logits[0, 0] = 10.0  # eos is the clear favourite
+    out = sample(logits.clone(), [req(temperature=0.0, logit_bias={4: 20.0})])
+    assert out.token_ids == [4]
+    out = sample(logits.clone(), [req(temperature=0.0, min_tokens=2)])
+    assert out.token_ids != [0]  # eos banned before min_tokens outputs
+    out = sample(logits.clone(), [req(outputs=(3, 3), temperature=0.0, min_tokens=2)])
+    assert out.token_ids == [0]
+
+
+def test_seeded_rows_do_not_depend_on_the_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+
+    def draws(batch_extra: list[Request]) -> list[int]:
+        seeded = req(temperature=1.0, seed=7)
+        return [sample(logits[: 1 + len(batch_extra)].clone(), [seeded] + batch_extra).token_ids[0] for _ in range(20)]
+
+    alone = draws([])
+    crowded = draws([req(temperature=1.0), req(temperature=1.0, seed=99), req(temperature=0.0)])
+    assert alone == crowded
+    assert len(set(alone)) > 1  # it is really sampling
+
+
+def test_sampling_follows_the_distribution():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).repeat(4000, 1)
+    tokens = sample(logits, [req(temperature=1.0)] * 4000).token_ids
+    freq = [tokens.count(i) / 4000 for i in range(3)]
+    assert freq == pytest.approx([0.7, 0.2, 0.1], abs=0.03)
+
+
+def test_logprobs_of_raw_logits_with_rank():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))
+    out = sample(logits.clone(), [req(temperature=0.0, logprobs=2)])
+    lp = out.logprobs[0]
+    assert lp.token_id == 1 and lp.rank == 1 and lp.logprob == pytest.approx(math.log(0.6), abs=1e-6)
+    assert set(lp.top) == {1, 2} and lp.top[2] == pytest.approx(math.log(0.3), abs=1e-6)
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
+                                         ("min_p", 2.0), ("max_tokens", 0), ("n", 0), ("presence_penalty", 3.0),
+                                         ("logprobs", 21)])
+def test_invalid_params_name_the_field(field, value):
+    with pytest.raises(SamplingParamsError) as info:
+        SamplingParams(**{field: value})
+    assert info.value.param == field

@@ -1,0 +1,47 @@
+"""Tiny random models of every supported architecture, written at test time as HF directories
+(config, safetensors, the default model's tokenizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ARCH_CONFIGS = {
+    "llama": ("LlamaConfig", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 256})),
+    "mistral": ("MistralConfig", dict(sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict()),
+    "qwen3": ("Qwen3Config", dict(head_dim=32)),
+}
+
+
+def write_tiny_model(arch: str, out: Path, tokenizer, tie_word_embeddings: bool = False) -> Path:
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    class_name, extra = ARCH_CONFIGS[arch]
+    config = getattr(transformers, class_name)(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        initializer_range=0.5,  # wide logits: greedy choices are rarely near-ties
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **extra,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if arch == "qwen2":  # give the qkv biases real values
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.5)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
