@@ -1,7 +1,7 @@
 """Device check for the Triton attention kernels: correctness against the torch reference at model
 shapes, then decode and prefill timings with achieved bandwidth and throughput.
 
-    python benchmarks/gpu_kernels.py              # on a CUDA GPU (about a minute on an H200)
+    python benchmarks/gpu_kernels.py              # on a CUDA GPU (1 to 2.5 minutes on an H200, estimated)
     python benchmarks/gpu_kernels.py --dry-run    # tiny shapes on CPU under TRITON_INTERPRET=1
 
 Writes $OUT/gpu_kernels.json when OUT is set (or --out). Exits 1 when a correctness case fails.
@@ -92,7 +92,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     plan = DRY_PLAN if args.dry_run else DEVICE_PLAN
     out_path = args.out or (Path(os.environ["OUT"]) / "gpu_kernels.json" if os.environ.get("OUT") else None)
-    return Check(plan, out_path).run()
+    return Check(plan, out_path, args.budget).run()
 
 
 def parse_args() -> argparse.Namespace:
@@ -100,11 +100,14 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under Triton's interpreter")
     parser.add_argument("--out", type=Path, help="JSON results path (default: $OUT/gpu_kernels.json if OUT is set)")
+    parser.add_argument(
+        "--budget", type=float, default=150, help="seconds after which timing cases are skipped (default 150)"
+    )
     return parser.parse_args()
 
 
 class Check:
-    def __init__(self, plan: Plan, out_path: Path | None):
+    def __init__(self, plan: Plan, out_path: Path | None, budget_s: float):
         import torch
 
         from pagoda.attention.torch_backend import TorchAttentionBackend
@@ -120,6 +123,15 @@ class Check:
         self.triton_backend = TritonAttentionBackend
         self.results: dict = {"plan": plan.device, "environment": environment(torch), "correctness": []}
         self.started = time.perf_counter()
+        self.budget_s = budget_s
+
+    def in_time(self, case: str) -> bool:
+        """Timings stop once the budget is spent (fresh machines compile every kernel variant first)."""
+        if time.perf_counter() - self.started < self.budget_s:
+            return True
+        self.results["skipped_for_time"].append(case)
+        print(f"skipped for time: {case}")
+        return False
 
     def run(self) -> int:
         self.correctness()
@@ -129,9 +141,10 @@ class Check:
             print(f"FAILED correctness: {failed}")
             return 1
         self.results["copy_bandwidth_gbps"] = self.copy_bandwidth()
+        self.results["skipped_for_time"] = []
         self.decode_timings()
-        self.split_sweep()
         self.prefill_timings()
+        self.split_sweep()
         self.save()
         print(f"all correctness cases passed; {time.perf_counter() - self.started:.0f}s")
         return 0
@@ -142,13 +155,12 @@ class Check:
     def correctness(self) -> None:
         p = self.plan
         for dtype in p.dtypes:
-            for model in p.models:
+            for model in p.models if dtype == p.dtypes[0] else p.models[:1]:  # all in the serving dtype
                 self.compare(f"{model.name} {dtype} mixed", model, dtype, p.mixed)
             model = p.models[0]
             self.compare(f"{model.name} {dtype} speculative", model, dtype, p.speculative)
             decodes = tuple((1, s) for s in p.long_decodes)
             self.compare(f"{model.name} {dtype} long decodes, auto split", model, dtype, decodes)
-            self.compare(f"{model.name} {dtype} long decodes, split 8", model, dtype, decodes, splits=8)
             self.compare(f"{model.name} {dtype} long decodes, no split", model, dtype, decodes, splits=1)
             self.compare(f"{model.name} {dtype} padded lanes", model, dtype, decodes, padded=6)
             self.compare(f"{model.name} {dtype} padded lanes, split 4", model, dtype, decodes, padded=6, splits=4)
@@ -197,6 +209,8 @@ class Check:
         model = self.plan.models[0]
         for batch in self.plan.decode_batches:
             for context in self.plan.decode_contexts:
+                if not self.in_time(f"decode B={batch} ctx={context}"):
+                    continue
                 auto = self.time_decode(model, batch, context, splits=None)
                 single = self.time_decode(model, batch, context, splits=1) if auto["splits"] > 1 else auto
                 rows.append({"batch": batch, "context": context, "auto": auto, "no_split": single})
@@ -212,6 +226,8 @@ class Check:
         model = self.plan.models[0]
         for batch in self.plan.sweep_batches:
             for splits in (1, 2, 4, 8, 16, 32):
+                if not self.in_time(f"split sweep B={batch} splits={splits}"):
+                    continue
                 r = self.time_decode(model, batch, self.plan.sweep_context, splits=splits)
                 rows.append({"batch": batch, "context": self.plan.sweep_context, **r})
                 print(f"split sweep B={batch} ctx={self.plan.sweep_context} splits={splits:2d}: {r['us']:8.1f} us")
@@ -233,6 +249,8 @@ class Check:
         rows = self.results["prefill"] = []
         model = self.plan.models[0]
         for num_reqs, q_len, context in self.plan.prefills:
+            if not self.in_time(f"prefill {num_reqs}x{q_len} after {context}"):
+                continue
             requests = tuple((q_len, context + q_len) for _ in range(num_reqs))
             step = make_step(self.torch, self.device, model, self.timing_dtype(), requests, 16, 0)
             seconds = self.time_forward(self.triton_backend(), step)
