@@ -132,11 +132,13 @@ class AsyncEngine:
                     rejected = self._apply(inbox)
                 if rejected:
                     self._loop.call_soon_threadsafe(self._reject, rejected)
+                if inbox:  # an abort frees blocks without a step: the stats must say so at once
+                    self._publish_stats(self.stats.num_steps)
                 if not self.core.has_unfinished:
                     self._wake.wait(timeout=1.0)
                     continue
                 outputs = self.core.step()
-                self._publish_stats()
+                self._publish_stats(self.stats.num_steps + 1)
                 self._loop.call_soon_threadsafe(self._dispatch, outputs)
         except BaseException as exc:  # noqa: BLE001 - a bug must not leave clients hanging
             logger.exception("engine loop died")
@@ -160,7 +162,7 @@ class AsyncEngine:
                 self.core.finish(*payload)
         return rejected
 
-    def _publish_stats(self) -> None:
+    def _publish_stats(self, num_steps: int) -> None:
         kv, scheduler = self.core.kv, self.core.scheduler
         self.stats = EngineStats(
             num_running=len(scheduler.running),
@@ -170,7 +172,7 @@ class AsyncEngine:
             prefix_cache_queries=kv.prefix_queries,
             prefix_cache_hits=kv.prefix_hits,
             prefix_cache_blocks=kv.cache.num_cached_blocks if kv.cache else 0,
-            num_steps=self.stats.num_steps + 1,
+            num_steps=num_steps,
         )
 
     # ---- event loop side -----------------------------------------------------------------
