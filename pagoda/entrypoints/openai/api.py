@@ -1,0 +1,160 @@
+"""The FastAPI app: routes over one AsyncEngine. All state is explicit, built here and held by
+the route closures; nothing is global, so tests can build several apps in one process.
+
+Auth (--api-key): every /v1 route and the admin route need `Authorization: Bearer KEY`;
+/health, /version, /metrics, /tokenize and /detokenize stay open (as in vLLM).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response
+
+from pagoda import __version__
+from pagoda.engine.async_engine import AsyncEngine
+from pagoda.entrypoints.openai import chat, completions
+from pagoda.entrypoints.openai.errors import APIError, bad_request, install_handlers
+from pagoda.entrypoints.openai.logprobs import TokenTexts
+from pagoda.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from pagoda.entrypoints.openai.params import ModelLimits, check_token_ids
+from pagoda.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from pagoda.entrypoints.openai.recording import RecordSinks
+from pagoda.entrypoints.openai.request_log import RequestLogWriter
+from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
+
+logger = logging.getLogger(__name__)
+
+
+def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
+    model = engine.config.model
+    metrics = ServerMetrics(lambda: engine.stats, model.name)
+    request_log = RequestLogWriter(config.request_log) if config.request_log is not None else None
+    return ServerState(
+        engine=engine,
+        config=config,
+        model_name=model.name,
+        limits=ModelLimits(model.max_model_len, model.vocab_size, dict(model.generation_defaults)),
+        sinks=RecordSinks(metrics, request_log, config.log_prompts, engine.tokenizer),
+        token_texts=TokenTexts(engine.tokenizer),
+    )
+
+
+def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
+    """The engine thread starts with the app (in its event loop) and stops with it."""
+    state = build_state(engine, config)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.shutdown()
+            if state.sinks.request_log is not None:
+                state.sinks.request_log.close()
+
+    app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan)
+    install_handlers(app)
+    authorized = [Depends(_require_key(config.api_key))]
+    app.include_router(_v1_routes(state), dependencies=authorized)
+    app.include_router(_admin_routes(state), dependencies=authorized)
+    app.include_router(_open_routes(state))
+    return app
+
+
+def _require_key(api_key: str | None):
+    async def check(authorization: str | None = Header(None)) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "Missing or incorrect API key: send `Authorization: Bearer KEY`.",
+                           code="invalid_api_key")
+
+    return check
+
+
+def _v1_routes(state: ServerState) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    created = int(time.time())
+
+    @router.get("/models")
+    async def models() -> dict:
+        card = {"id": state.model_name, "object": "model", "created": created, "owned_by": "pagoda",
+                "root": state.model_name, "max_model_len": state.limits.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @router.post("/completions")
+    async def create_completion(body: CompletionRequest, http: Request) -> Response:
+        return await completions.create_completion(state, body, http)
+
+    @router.post("/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> Response:
+        return await chat.create_chat_completion(state, body, http)
+
+    return router
+
+
+def _admin_routes(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        if not state.engine.reset_prefix_cache():
+            raise APIError(409, "Requests are running; reset the prefix cache when the server is idle.",
+                           code="requests_running")
+        return JSONResponse({"status": "ok"})
+
+    return router
+
+
+def _open_routes(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if state.engine.is_alive else 503)
+
+    @router.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.sinks.metrics.render(), media_type=CONTENT_TYPE)
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict:
+        state.check_model(body.model)
+        ids = await _tokenize(state, body)
+        return {"tokens": ids, "count": len(ids), "max_model_len": state.limits.max_model_len}
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        state.check_model(body.model)
+        check_token_ids(body.tokens, state.limits.vocab_size, "tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens)}
+
+    return router
+
+
+async def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
+    if (body.prompt is None) == (body.messages is None):
+        raise bad_request("Give exactly one of `prompt` and `messages`.", "prompt")
+    if body.messages is not None:
+        messages = chat.parse_messages(body.messages)
+        return await state.off_loop(chat.render, state, messages, size=sum(len(m["content"]) for m in messages))
+    add_special = True if body.add_special_tokens is None else body.add_special_tokens
+    return await state.off_loop(lambda: state.tokenizer.encode(body.prompt, add_special_tokens=add_special),
+                                size=len(body.prompt))

@@ -1,0 +1,139 @@
+"""POST /v1/completions: one engine request per prompt; choice index = prompt index * n + sequence
+index, as OpenAI numbers them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from pagoda.engine.outputs import SequenceOutput
+from pagoda.entrypoints.openai.errors import bad_request
+from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
+from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params
+from pagoda.entrypoints.openai.protocol import CompletionRequest, unsupported_fields
+from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, sse, usage
+from pagoda.entrypoints.openai.streams import Generation
+
+ENDPOINT = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    text: str | None  # as sent; None for token prompts (decoded only if echoed)
+
+
+async def prompts_of(state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if isinstance(prompt[0], int):
+        prompt = [prompt]
+    if isinstance(prompt[0], list):
+        for ids in prompt:
+            check_token_ids(ids, state.limits.vocab_size, "prompt")
+        return [Prompt(list(ids), None) for ids in prompt]
+    size = sum(map(len, prompt))
+    encoded = await state.off_loop(lambda: [state.tokenizer.encode(text) for text in prompt], size=size)
+    return [Prompt(ids, text) for ids, text in zip(encoded, prompt)]
+
+
+async def create_completion(state: ServerState, body: CompletionRequest, http: Request) -> Response:
+    state.check_model(body.model)
+    if (field := unsupported_fields(body)) is not None:
+        raise bad_request(f"`{field}` is not supported by this server", field)
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    prompts = await prompts_of(state, body.prompt)
+    echo_logprobs_k = body.logprobs if body.echo and body.logprobs is not None else None
+    prompt_logprobs = max((k for k in (body.prompt_logprobs, echo_logprobs_k) if k is not None), default=None)
+    params = sampling_params(body, state.limits, max_tokens=body.max_tokens, logprobs=body.logprobs,
+                             prompt_logprobs=prompt_logprobs, renames={})
+    for p in prompts:
+        check_context(len(p.ids), body.max_tokens, state.limits.max_model_len, "prompt")
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params)
+    head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
+    if body.stream:
+        return event_stream(_chunks(state, body, prompts, generation, head), generation)
+    outputs = await state.collect(http, generation)
+    choices = [_choice(state, body, i, prompt, out, _prompt_logprobs(outs))
+               for i, (prompt, outs) in enumerate(zip(prompts, outputs)) for out in outs]
+    return JSONResponse({**head, "choices": choices, "usage": usage(outputs)})
+
+
+def _prompt_logprobs(outs: list[SequenceOutput]) -> list:
+    """The prompt's logprobs: computed once, with the prefill of the request's first sequence."""
+    return max((out.prompt_logprobs for out in outs), key=len, default=[])
+
+
+def _echo(state: ServerState, prompt: Prompt) -> str:
+    return prompt.text if prompt.text is not None else state.tokenizer.decode(prompt.ids)
+
+
+def _choice(state: ServerState, body: CompletionRequest, i: int, prompt: Prompt, out: SequenceOutput,
+            prompt_logprobs: list) -> dict:
+    prefix = _echo(state, prompt) if body.echo else ""
+    choice = {
+        "index": i * body.n + out.index,
+        "text": prefix + out.text,
+        "logprobs": None,
+        "finish_reason": out.finish_reason,
+        "stop_reason": out.stop_reason,
+    }
+    if body.logprobs is not None:
+        generated = completion_logprobs(state.token_texts, out.logprobs, len(prefix))
+        if body.echo:
+            generated = join_logprobs(echo_logprobs(state.token_texts, prompt.ids, prompt_logprobs), generated)
+        choice["logprobs"] = generated
+    if body.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = vllm_prompt_logprobs(state.token_texts, prompt.ids, prompt_logprobs)
+    return choice
+
+
+async def _chunks(state: ServerState, body: CompletionRequest, prompts: list[Prompt], generation: Generation,
+                  head: dict) -> AsyncIterator[str]:
+    """Per choice: the echoed prompt first (when asked), then text deltas; the chunk that ends a
+    choice carries its finish_reason. Then the usage chunk when asked, then [DONE].
+    Updates that bring no token (a prefill chunk's prompt logprobs) send nothing; by a choice's
+    first token its prompt's logprobs are complete, so the echo goes out then."""
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+
+    def chunk(choice: dict) -> str:
+        return sse({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
+
+    offsets: dict[int, int] = {}  # characters sent so far per choice (logprobs' text_offset)
+    prompt_lps: list[list] = [[] for _ in prompts]
+    final: list[dict[int, SequenceOutput]] = [{} for _ in prompts]
+    async for i, update in generation.updates():
+        index = i * body.n + update.index
+        prompt_lps[i] = max(prompt_lps[i], update.prompt_logprobs, key=len)
+        if not update.token_ids_delta and not update.finished:
+            continue
+        if index not in offsets:
+            offsets[index] = 0
+            if body.echo:
+                text = _echo(state, prompts[i])
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = echo_logprobs(state.token_texts, prompts[i].ids, prompt_lps[i])
+                offsets[index] = len(text)
+                yield chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None})
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = completion_logprobs(state.token_texts, update.logprobs_delta, offsets[index])
+        offsets[index] += len(update.text_delta)
+        if update.finished:
+            final[i][update.index] = update
+        if update.text_delta or update.finished or logprobs is not None:
+            yield chunk({"index": index, "text": update.text_delta, "logprobs": logprobs,
+                         "finish_reason": update.finish_reason, "stop_reason": update.stop_reason})
+    if include_usage:
+        yield sse({**head, "choices": [], "usage": usage([[outs[k] for k in sorted(outs)] for outs in final])})
+    yield DONE

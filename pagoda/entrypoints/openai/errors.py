@@ -1,0 +1,103 @@
+"""OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}} for every failure,
+FastAPI's own 422 and 404 included, so clients' error handling works unchanged."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1
+STATUS_CLIENT_CLOSED = 499  # nginx's convention; nobody reads it
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its answer was ready; the request has been aborted."""
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def queue_full(message: str) -> APIError:
+    return APIError(503, f"The server is busy: {message}. Retry later.", code="queue_full",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def param_of(loc: tuple) -> str | None:
+    """`messages[0].content` from pydantic's ("body", "messages", 0, "content"). pydantic also puts
+    the member of a union it tried into loc ("str", "list[int]", a class name); those are not
+    fields the client sent, so they are left out."""
+    parts: list[str] = []
+    for item in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif _is_field_name(item):
+            parts.append(f".{item}" if parts else item)
+    return "".join(parts) or None
+
+
+def _is_field_name(item: str) -> bool:
+    return item.isidentifier() and item.islower() and item not in ("str", "int", "float", "bool", "dict", "list")
+
+
+def install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnected, _client_disconnected)
+    app.add_exception_handler(Exception, _internal_error)
+
+
+async def _api_error(_: Request, exc: APIError) -> Response:
+    return error_response(exc)
+
+
+async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    param = param_of(tuple(first.get("loc", ())))
+    if first.get("type") == "json_invalid":
+        return error_response(bad_request(f"The body is not valid JSON: {first.get('msg')}"))
+    message = f"{param}: {first['msg']}" if param else f"Invalid request body: {first['msg']}"
+    return error_response(bad_request(message, param))
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    error = APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+    return error_response(error)
+
+
+async def _client_disconnected(_: Request, __: ClientDisconnected) -> Response:
+    return Response(status_code=STATUS_CLIENT_CLOSED)
+
+
+async def _internal_error(_: Request, exc: Exception) -> Response:
+    logger.exception("internal error while serving a request")
+    return error_response(APIError(500, f"Internal server error: {type(exc).__name__}"))

@@ -1,0 +1,97 @@
+"""Prometheus metrics with vLLM's meanings under a `pagoda:` prefix, in a registry of the app's
+own (never prometheus_client's global one, so several apps can live in one process).
+
+Engine state (running, waiting, KV usage, prefix-cache counters, preemptions) is read from the
+engine's latest EngineStats at scrape time; request counters and latency histograms are updated
+by the request handlers as sequences finish. One sequence (one of n) counts as one request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from pagoda.engine.async_engine import EngineStats
+from pagoda.engine.outputs import SequenceOutput
+
+# vLLM's buckets, so dashboards built for it read the same
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _EngineStatsCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
+        self.stats = stats
+        self.model_name = model_name
+
+    def collect(self) -> Iterator:
+        s = self.stats()
+        gauges = [
+            ("num_requests_running", "Sequences in the running batch.", s.num_running),
+            ("num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting),
+            ("kv_cache_usage_perc", "Fraction of KV blocks held by requests (idle cached blocks count as free), 0..1.",
+             s.kv_usage),
+            ("prefix_cache_blocks", "KV blocks held by the prefix cache.", s.prefix_cache_blocks),
+        ]
+        counters = [
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
+            ("num_preemptions", "Preemptions of running sequences.", s.num_preemptions),
+        ]
+        for name, help_, value in gauges:
+            family = GaugeMetricFamily(f"pagoda:{name}", help_, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
+        for name, help_, value in counters:
+            family = CounterMetricFamily(f"pagoda:{name}", help_, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
+
+
+class ServerMetrics:
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineStatsCollector(stats, model_name))
+        self.model_name = model_name
+        labels = ["model_name"]
+
+        def counter(name: str, help_: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"pagoda:{name}", help_, labels + list(extra), registry=self.registry)
+
+        def histogram(name: str, help_: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"pagoda:{name}", help_, labels, buckets=buckets, registry=self.registry)
+
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.").labels(model_name)
+        self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
+        self._success = counter("request_success", "Finished sequences by finish reason.", ("finished_reason",))
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS).labels(model_name)
+        self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token after the first, per sequence.",
+                              TPOT_BUCKETS).labels(model_name)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS).labels(model_name)
+        self.queue = histogram("request_queue_time_seconds", "Arrival to first scheduled.", LATENCY_BUCKETS).labels(model_name)
+
+    def count_finished(self, finish_reason: str) -> None:
+        self._success.labels(self.model_name, finish_reason).inc()
+
+    def finished(self, out: SequenceOutput, finish_reason: str, now: float) -> None:
+        """Record one sequence at its end; `now` is time.monotonic() (the engine's clock)."""
+        self.count_finished(finish_reason)
+        if out.first_scheduled_time is not None:
+            self.queue.observe(out.first_scheduled_time - out.arrival_time)
+        if out.first_token_time is None:
+            return
+        self.e2e.observe(now - out.arrival_time)
+        self.ttft.observe(out.first_token_time - out.arrival_time)
+        if len(out.token_ids) > 1:
+            self.tpot.observe((now - out.first_token_time) / (len(out.token_ids) - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,104 @@
+"""From a request body to SamplingParams, and the checks that keep user input from ever reaching
+the engine thread in a shape it would fail on (an out-of-vocabulary id, a prompt that cannot fit)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagoda.entrypoints.openai.errors import bad_request
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from pagoda.sampling_params import SamplingParams, SamplingParamsError
+
+LOGIT_BIAS_LIMIT = 100.0
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    max_model_len: int
+    vocab_size: int
+    generation_defaults: dict  # temperature / top_p / top_k from generation_config.json (vLLM does the same)
+
+
+def sampling_params(request: CompletionRequest | ChatCompletionRequest, limits: ModelLimits, *,
+                    max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
+                    renames: dict[str, str]) -> SamplingParams:
+    """`renames` maps SamplingParams' names to the body's where they differ (chat: top_logprobs)."""
+    defaults = limits.generation_defaults
+    check_token_ids(request.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
+    try:
+        return SamplingParams(
+            n=request.n,
+            temperature=_pick(request.temperature, defaults.get("temperature"), 1.0),
+            top_p=_pick(request.top_p, defaults.get("top_p"), 1.0),
+            top_k=_pick(request.top_k, defaults.get("top_k"), 0),
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            logit_bias=_logit_bias(request.logit_bias, limits.vocab_size),
+            seed=request.seed,
+            max_tokens=max_tokens,
+            min_tokens=request.min_tokens,
+            stop=_stop(request.stop),
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=request.skip_special_tokens,
+        )
+    except SamplingParamsError as exc:
+        param = renames.get(exc.param, exc.param)
+        raise bad_request(str(exc).replace(exc.param, param, 1), param) from None
+
+
+def _pick(value, model_default, api_default):
+    if value is not None:
+        return value
+    return model_default if model_default is not None else api_default
+
+
+def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    result = {}
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias")
+        if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
+            raise bad_request(f"logit_bias values must be in [-100, 100], got {value}", "logit_bias")
+        result[token] = value
+    return result
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"{param} holds token id {bad}, outside the vocabulary (0..{vocab_size - 1})", param)
+
+
+def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> None:
+    """The prompt plus max_tokens must fit the context; without max_tokens the prompt must leave
+    room for at least one token. Checked here so the engine never refuses what was accepted."""
+    if num_prompt_tokens == 0:
+        raise bad_request("The prompt is empty: at least one token is needed to generate from.", param)
+    if max_tokens is None:
+        if num_prompt_tokens >= max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{num_prompt_tokens} tokens in the {param}, which leaves no room for a completion. "
+                f"Please reduce the length of the {param}.", param)
+        return
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {param}, {max_tokens} in the "
+            f"completion). Please reduce the length of the {param} or completion.", param)

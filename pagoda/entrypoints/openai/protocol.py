@@ -1,0 +1,111 @@
+"""Request bodies of the OpenAI API and vLLM's extensions, as pydantic models.
+
+Unknown fields are ignored (as vLLM does), so clients that send newer fields still work. Fields
+Pagoda cannot honour are declared here only so that `unsupported_fields` can name them in a 400:
+silently ignoring `tools` or `response_format` would hand back an answer the client did not ask for.
+Responses are plain dicts built by chat.py and completions.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_N = 128  # OpenAI's own limit on choices per request
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Body):
+    """Fields shared by chat and completions; None means "the default"."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    # refused unless harmless (see unsupported_fields)
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    # roles and content parts are checked by chat.py, so that a 400 can name messages[i].content[j]
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    # refused unless harmless (see unsupported_fields)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+
+class TokenizeRequest(_Body):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
+
+
+def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The first field set to something Pagoda cannot do, or None."""
+    if isinstance(request, CompletionRequest):
+        if request.suffix:
+            return "suffix"
+        if request.best_of is not None and request.best_of not in (1, request.n):
+            return "best_of"
+        return None
+    for name in ("tools", "functions", "function_call", "audio", "prediction", "web_search_options"):
+        if getattr(request, name) not in (None, []):
+            return name
+    if request.tool_choice not in (None, "none"):
+        return "tool_choice"
+    if request.response_format not in (None, {"type": "text"}):
+        return "response_format"
+    if request.modalities not in (None, ["text"]):
+        return "modalities"
+    return None

@@ -1,0 +1,115 @@
+"""What the server records about each engine request as it runs and ends: Prometheus metrics,
+one log line, and (with --request-log) one JSON record. Times are the engine's (time.monotonic()
+from the request's arrival at the engine); the record's timestamp is wall-clock."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from pagoda.engine.outputs import SequenceOutput
+from pagoda.entrypoints.openai.metrics import ServerMetrics
+from pagoda.entrypoints.openai.request_log import RequestLogWriter
+
+logger = logging.getLogger("pagoda.requests")
+
+
+@dataclass(frozen=True)
+class RecordSinks:
+    """Where records go; shared by all requests of a server."""
+
+    metrics: ServerMetrics
+    request_log: RequestLogWriter | None
+    log_prompts: bool
+    tokenizer: object
+
+
+class RequestRecorder:
+    """The Observer of one HTTP request's Generation (see streams.py)."""
+
+    def __init__(self, sinks: RecordSinks, endpoint: str, engine_ids: list[str], prompts: list[list[int]], n: int,
+                 body: dict | None) -> None:
+        self.sinks = sinks
+        self.endpoint = endpoint
+        self.engine_ids = engine_ids
+        self.prompts = prompts
+        self.n = n
+        self.body = body  # the request as sent; kept only when the request log is on
+        self._admitted: set[int] = set()
+
+    def on_update(self, prompt: int, update: SequenceOutput) -> None:
+        metrics = self.sinks.metrics
+        if prompt not in self._admitted:
+            self._admitted.add(prompt)
+            metrics.prompt_tokens.inc(update.num_prompt_tokens)
+        metrics.generation_tokens.inc(len(update.token_ids_delta))
+        if update.finished:
+            metrics.finished(update, update.finish_reason, time.monotonic())
+
+    def on_prompt_done(self, prompt: int, latest: dict[int, SequenceOutput], aborted: bool) -> None:
+        now = time.monotonic()
+        if aborted:
+            for index in range(self.n):
+                out = latest.get(index)
+                if out is None:
+                    self.sinks.metrics.count_finished("abort")
+                elif not out.finished:
+                    self.sinks.metrics.finished(out, "abort", now)
+        outs = [latest[k] for k in sorted(latest)]
+        reasons = sorted({out.finish_reason or "abort" for out in outs}) or ["abort"]
+        summary = _Summary.of(outs, now)
+        self._log_line(prompt, summary, ",".join(reasons))
+        if self.sinks.request_log is not None:
+            self.sinks.request_log.write(self._record(prompt, outs, summary, ",".join(reasons)))
+
+    def _log_line(self, prompt: int, s: _Summary, reasons: str) -> None:
+        text = ""
+        if self.sinks.log_prompts:
+            text = f" prompt={self.sinks.tokenizer.decode(self.prompts[prompt])!r}"
+        logger.info(
+            "%s %s: prompt_tokens=%d cached_tokens=%d output_tokens=%d ttft=%s e2e=%s finish_reason=%s%s",
+            self.engine_ids[prompt], self.endpoint, len(self.prompts[prompt]), s.cached_tokens, s.output_tokens,
+            _seconds(s.ttft_s), _seconds(s.latency_s), reasons, text,
+        )
+
+    def _record(self, prompt: int, outs: list[SequenceOutput], s: _Summary, reasons: str) -> dict:
+        return {
+            "timestamp": time.time(),
+            "endpoint": self.endpoint,
+            "request_id": self.engine_ids[prompt],
+            "body": self.body,
+            "prompt_token_ids": self.prompts[prompt],
+            "prompt_tokens": len(self.prompts[prompt]),
+            "cached_tokens": s.cached_tokens,
+            "output_tokens": s.output_tokens,
+            "output_token_ids": list(outs[0].token_ids) if outs else [],
+            "finish_reason": reasons,
+            "ttft_s": s.ttft_s,
+            "latency_s": s.latency_s,
+        }
+
+
+@dataclass(frozen=True)
+class _Summary:
+    cached_tokens: int
+    output_tokens: int  # over all n sequences
+    ttft_s: float | None  # first token of any sequence
+    latency_s: float | None
+
+    @classmethod
+    def of(cls, outs: list[SequenceOutput], now: float) -> _Summary:
+        if not outs:
+            return cls(0, 0, None, None)
+        arrival = min(out.arrival_time for out in outs)
+        firsts = [out.first_token_time for out in outs if out.first_token_time is not None]
+        return cls(
+            cached_tokens=outs[0].num_cached_tokens,
+            output_tokens=sum(len(out.token_ids) for out in outs),
+            ttft_s=round(min(firsts) - arrival, 6) if firsts else None,
+            latency_s=round(now - arrival, 6),
+        )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"

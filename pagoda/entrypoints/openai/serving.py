@@ -1,0 +1,133 @@
+"""What every generation endpoint shares: the server's state, tokenization off the event loop,
+launching a Generation, waiting for it while watching for a disconnect, and SSE framing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from pagoda.engine.async_engine import AsyncEngine
+from pagoda.engine.outputs import SequenceOutput
+from pagoda.entrypoints.openai.errors import APIError, ClientDisconnected
+from pagoda.entrypoints.openai.logprobs import TokenTexts
+from pagoda.entrypoints.openai.params import ModelLimits
+from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
+from pagoda.entrypoints.openai.streams import Generation
+from pagoda.sampling_params import SamplingParams
+
+T = TypeVar("T")
+
+LONG_PROMPT_CHARS = 4096  # longer texts are tokenized on a worker thread, not the event loop
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    api_key: str | None = None
+    chat_template: str | None = None  # template text; None: the model's own
+    request_log: Path | None = None
+    log_prompts: bool = False
+
+
+@dataclass(frozen=True)
+class ServerState:
+    engine: AsyncEngine
+    config: ServerConfig
+    model_name: str
+    limits: ModelLimits
+    sinks: RecordSinks
+    token_texts: TokenTexts
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
+                           "model", "model_not_found")
+
+    async def off_loop(self, work: Callable[..., T], *args, size: int = 0) -> T:
+        """Run tokenizer work of `size` characters inline when short, on a thread when long."""
+        if size < LONG_PROMPT_CHARS:
+            return work(*args)
+        return await asyncio.to_thread(work, *args)
+
+    async def launch(self, http: Request, endpoint: str, request_id: str, prompts: list[list[int]],
+                     params: SamplingParams) -> Generation:
+        """Submit the prompts; returns once the engine has accepted all of them."""
+        body = await http.json() if self.sinks.request_log is not None else None
+        engine_ids = Generation.engine_ids_for(request_id, len(prompts))
+        recorder = RequestRecorder(self.sinks, endpoint, engine_ids, prompts, params.n, body)
+        generation = Generation(self.engine, engine_ids, prompts, params, recorder)
+        await cancel_on_disconnect(http, generation.start())
+        return generation
+
+    async def collect(self, http: Request, generation: Generation):
+        try:
+            return await cancel_on_disconnect(http, generation.collect())
+        finally:
+            generation.close()
+
+
+async def cancel_on_disconnect(http: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or ClientDisconnected (with `work` cancelled) if the client goes away first.
+    The request body has been read by now, so the next ASGI message can only be the disconnect."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(http))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task not in done:
+        raise ClientDisconnected
+    return task.result()
+
+
+async def _disconnected(http: Request) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def event_stream(events: AsyncIterator[str], generation: Generation) -> StreamingResponse:
+    """An SSE response. An error after the stream began is sent as an error event; however the
+    stream ends (finished, failed, or cancelled by a disconnect), the generation is closed."""
+
+    async def framed() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        except APIError as exc:
+            yield sse(exc.body())
+            yield DONE
+        finally:
+            generation.close()
+
+    return StreamingResponse(framed(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def usage(outputs: list[list[SequenceOutput]]) -> dict:
+    """OpenAI usage over every prompt (counted once) and every sequence."""
+    prompt = sum(outs[0].num_prompt_tokens for outs in outputs if outs)
+    cached = sum(outs[0].num_cached_tokens for outs in outputs if outs)
+    completion = sum(len(out.token_ids) for outs in outputs for out in outs)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
