@@ -28,7 +28,7 @@ class RecencyIndex:
 
     def used_after(self, stamp: int) -> int:
         """Units whose last use came after request `stamp`."""
-        tree, index, before = self._tree, stamp + 1, 0
+        tree, index, before = self._tree, min(stamp + 1, len(self._tree) - 1), 0
         while index > 0:
             before += tree[index]
             index -= index & -index

@@ -18,10 +18,10 @@ class PromptError(ValueError):
 
 
 class PromptTokenizer:
-    def __init__(self, model: str | None, chat_template: str | None = None) -> None:
+    def __init__(self, model: str | None, chat_template: str | None = None, tokenizer: object | None = None) -> None:
         self.model = model  # None: Pagoda's default model, as for `pagoda serve`
         self.chat_template = chat_template
-        self._tokenizer = None
+        self._tokenizer = tokenizer  # `model`'s tokenizer, when the caller has it loaded already
 
     def ids(self, prompt: Prompt) -> np.ndarray:
         if isinstance(prompt, np.ndarray):
@@ -45,12 +45,13 @@ class PromptTokenizer:
 
     def _load(self):
         from pagoda.config import ConfigError
-        from pagoda.model_files import display_name, load_tokenizer
+        from pagoda.model_files import display_name, load_tokenizer, resolve_model
 
         try:
+            resolve_model(self.model)  # first, so that an unknown model fails before transformers loads
             return load_tokenizer(self.model)
         except ConfigError as exc:
-            raise AnalyzeError(f"Cannot load the tokenizer of {display_name(self.model)}: {exc}") from None
+            raise AnalyzeError(f"Cannot load the tokenizer of {self.model or display_name(None)}: {exc}") from None
 
     def _chat_ids(self, tokenizer, messages: list[dict]) -> list[int]:
         from pagoda.config import ConfigError

@@ -121,7 +121,7 @@ def request_streams(draw):
     return requests
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     requests=request_streams(),
     block_size=st.sampled_from([1, 2, 3, 4, 16]),

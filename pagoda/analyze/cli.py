@@ -1,0 +1,111 @@
+"""`pagoda analyze LOG.jsonl`: how much of each prompt a prefix cache could serve, and what that
+is worth. See docs/analyze.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pagoda.analyze.errors import AnalyzeError
+from pagoda.analyze.pipeline import analyze_log
+from pagoda.analyze.plot import write_plot
+from pagoda.analyze.recommend import recommend
+from pagoda.analyze.report import render, to_json
+from pagoda.analyze.summary import summarize
+from pagoda.analyze.tokenize import PromptTokenizer
+
+SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pagoda analyze",
+        description="Measure the prefix overlap of logged requests and predict what a prefix cache "
+        "saves (an upper bound). Reads `pagoda serve --request-log` files, OpenAI request bodies "
+        '(chat or completions) or {"prompt": ...} lines, one JSON object per line.',
+    )
+    parser.add_argument("log", help="the request log (JSON lines)")
+    parser.add_argument(
+        "--tokenizer",
+        metavar="MODEL_OR_PATH",
+        help="model whose tokenizer and chat template turn text prompts into token ids, as the server "
+        "does (an HF directory or a .gguf file; default: Pagoda's default model)",
+    )
+    parser.add_argument("--chat-template", metavar="FILE", type=Path, help="a Jinja chat template, as given to the server")
+    parser.add_argument("--block-size", type=_positive, default=16, help="the server's KV block size (default 16)")
+    parser.add_argument(
+        "--cache-tokens",
+        metavar="N[,N...]",
+        type=_token_counts,
+        help="cache sizes to simulate with LRU eviction, e.g. 500k,2M (default: a curve of powers of two)",
+    )
+    parser.add_argument("--top", type=_non_negative, default=5, help="shared prefixes to list (default 5)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--plot", metavar="FILE.png", type=Path, help="plot reuse against cache size and the hit ratios")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except AnalyzeError as exc:
+        print(f"pagoda analyze: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    tokenizer = PromptTokenizer(args.tokenizer, _read_template(args.chat_template))
+    analysis = analyze_log(Path(args.log), tokenizer, args.block_size, args.top)
+    summary = summarize(analysis, args.cache_tokens)
+    recommendation = recommend(summary)
+    print(to_json(summary, recommendation) if args.json else render(summary, recommendation), end="")
+    if args.plot is not None:
+        write_plot(summary, args.plot)
+        if not args.json:
+            print(f"\nPlot written to {args.plot}")
+    return 0
+
+
+def _read_template(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise AnalyzeError(f"Cannot read the chat template {path}: {exc.strerror or exc}") from None
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
+def _token_counts(text: str) -> tuple[int, ...]:
+    """'500k,2M,100000' -> (500000, 2000000, 100000)."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = SUFFIXES.get(part[-1:], 1)
+        number = part[:-1] if scale > 1 else part
+        try:
+            size = int(float(number) * scale)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"not a token count: {part!r} (e.g. 500k, 2M, 100000)") from None
+        if size < 1:
+            raise argparse.ArgumentTypeError(f"a cache holds at least 1 token, got {part!r}")
+        sizes.append(size)
+    return tuple(sizes)

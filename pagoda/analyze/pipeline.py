@@ -1,0 +1,83 @@
+"""One streaming pass over a request log: read each line, turn its prompt into token ids, and
+replay it through the cache simulator, with a progress bar over the file's bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from pagoda.analyze.errors import AnalyzeError
+from pagoda.analyze.logs import LogEntry, Malformed, in_arrival_order, read_log
+from pagoda.analyze.simulate import CacheSimulator, ReplayRequest, Simulation
+from pagoda.analyze.tokenize import PromptError, PromptTokenizer
+
+MALFORMED_KEPT = 1000  # listed by line number; beyond that only counted
+PREVIEW_TOKENS = 48
+
+
+@dataclass(frozen=True)
+class Analysis:
+    path: Path
+    simulation: Simulation
+    malformed_count: int
+    malformed: tuple[Malformed, ...]  # the first MALFORMED_KEPT, in file order
+    prefix_previews: tuple[str, ...]  # the first characters of each shared prefix
+
+
+def analyze_log(
+    path: Path,
+    tokenizer: PromptTokenizer,
+    block_size: int = 16,
+    top_prefixes: int = 5,
+) -> Analysis:
+    size = _file_size(path)
+    if tokenizer.model is not None:
+        tokenizer.load()  # a tokenizer named explicitly must work: fail now, not after a long read
+    simulator = CacheSimulator(block_size, top_prefixes)
+    malformed: list[Malformed] = []
+    malformed_count = 0
+    with tqdm(total=size, unit="B", unit_scale=True, desc="pagoda analyze", disable=None) as bar:
+        for item in in_arrival_order(read_log(path, bar.update)):
+            problem = item if isinstance(item, Malformed) else _replay(item, tokenizer, simulator)
+            if problem is not None:
+                malformed_count += 1
+                if len(malformed) < MALFORMED_KEPT:
+                    malformed.append(problem)
+    if simulator.num_requests == 0:
+        what = f"all {malformed_count} requests in it are malformed" if malformed_count else "it has no lines"
+        raise AnalyzeError(f"No requests to analyze in {path}: {what}.")
+    simulation = simulator.finish()
+    previews = tuple(_preview(tokenizer, prefix.tokens) for prefix in simulation.shared_prefixes)
+    return Analysis(path, simulation, malformed_count, tuple(malformed), previews)
+
+
+def _replay(entry: LogEntry, tokenizer: PromptTokenizer, simulator: CacheSimulator) -> Malformed | None:
+    """Replay one entry; a prompt that cannot be tokenized comes back as a malformed line."""
+    try:
+        prompt_ids = tokenizer.ids(entry.prompt)
+    except PromptError as exc:
+        return Malformed(entry.line, str(exc))
+    if len(prompt_ids) == 0:
+        return Malformed(entry.line, "the prompt has no tokens")
+    simulator.add(
+        ReplayRequest(entry.line, prompt_ids, entry.output_ids, entry.output_tokens, entry.logged_cached_tokens)
+    )
+    return None
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError as exc:
+        raise AnalyzeError(f"Cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _preview(tokenizer: PromptTokenizer, tokens: np.ndarray) -> str:
+    """The prefix's first characters; token ids when no tokenizer was needed or named (the log's
+    model is unknown then, and loading one just for this would cost seconds)."""
+    if tokenizer.loaded:
+        return tokenizer.decode(tokens[:PREVIEW_TOKENS])
+    return "token ids " + " ".join(str(t) for t in tokens[:PREVIEW_TOKENS].tolist())

@@ -1,0 +1,170 @@
+"""`pagoda analyze` end to end: the table, --json, --plot, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pagoda.analyze.cli import main
+
+from .conftest import write_log
+
+SYSTEM = list(range(1000, 1040))  # 40 tokens: 2 whole blocks of 16, and 8 more
+
+
+def pagoda_line(prompt: list[int], output: list[int], cached: int, stamp: float) -> dict:
+    return {
+        "timestamp": stamp,
+        "endpoint": "/v1/completions",
+        "request_id": f"cmpl-{stamp}",
+        "body": {"prompt": prompt, "max_tokens": len(output)},
+        "prompt_token_ids": prompt,
+        "prompt_tokens": len(prompt),
+        "cached_tokens": cached,
+        "output_tokens": len(output),
+        "output_token_ids": output,
+        "ttft_s": 0.01,
+        "latency_s": 0.1,
+    }
+
+
+@pytest.fixture
+def token_log(tmp_path) -> Path:
+    """Four requests: three share SYSTEM (40 tokens), one shares nothing; line 3 is broken."""
+    return write_log(
+        tmp_path / "requests.jsonl",
+        [
+            pagoda_line(SYSTEM + [1, 2], [7, 8], 0, 1.0),
+            pagoda_line(SYSTEM + [3, 4], [7, 8], 32, 2.0),
+            '{"prompt_token_ids": [1, 2',
+            pagoda_line(SYSTEM[:20] + [5], [9], 0, 3.0),  # the server said 0; the prediction is 16
+            pagoda_line(list(range(5000, 5030)), [1, 2, 3, 4], 0, 4.0),
+        ],
+    )
+
+
+def run(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_report_has_exact_predictions(token_log, capsys):
+    code, out, _ = run([str(token_log), "--json", "--cache-tokens", "16,1k"], capsys)
+    assert code == 0
+    report = json.loads(out)
+    assert report["upper_bound"] is True
+    assert (report["requests"], report["prompt_tokens"], report["output_tokens"]) == (4, 42 + 42 + 21 + 30, 9)
+    assert report["prefill_share"] == pytest.approx(135 / 144)
+    # Token granularity: 40 + 20 reused; 16-token blocks: 32 + 16.
+    assert report["unlimited"]["token"] == {"tokens": 60, "share": pytest.approx(60 / 135)}
+    assert report["unlimited"]["block"] == {"tokens": 48, "share": pytest.approx(48 / 135)}
+    curve = {point["cache_tokens"]: point for point in report["capacity_curve"]}
+    assert curve[1000]["block"]["tokens"] == 48
+    assert curve[16]["block"]["tokens"] == 16 + 16  # one block: the system prompt's first
+    assert report["malformed_lines"] == 1 and report["malformed"][0]["line"] == 3
+    assert report["hit_ratios"]["block"]["no_reuse"] == 2
+    assert report["shared_prefixes"][0]["tokens"] == 40 and report["shared_prefixes"][0]["requests"] == 2
+    check = report["server_check"]
+    assert (check["requests"], check["exact"], check["logged_cached_tokens"]) == (4, 3, 32)
+    assert check["differences"] == [[4, 16, 0]]
+    assert "60%" in " ".join(report["recommendation"]["reasons"])
+
+
+def test_table_report(token_log, capsys):
+    code, out, _ = run([str(token_log)], capsys)
+    assert code == 0
+    assert "An upper bound" in out
+    assert "  requests          4\n" in out
+    assert "line 3: not valid JSON" in out
+    assert "  unlimited cache                      60  44.4%             48  35.6%" in out
+    assert "token ids 1000 1001 1002" in out  # no tokenizer was needed, so the prefix shows as ids
+    assert "line 4: predicted 16, logged 0" in out
+    recommendation = " ".join(out[out.index("Recommendation (an upper bound)") :].split())
+    for phrase in ("TTFT", "Total work", "A heuristic, not a law", "above about 60% shared-prefix traffic", "decode-heavy"):
+        assert phrase in recommendation
+
+
+def test_plot_is_a_png(token_log, tmp_path, capsys):
+    from matplotlib.image import imread
+
+    plot = tmp_path / "overlap.png"
+    code, out, _ = run([str(token_log), "--plot", str(plot)], capsys)
+    assert code == 0 and f"Plot written to {plot}" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width, _ = imread(plot).shape
+    assert width > height > 100
+
+
+def test_block_size_option(token_log, capsys):
+    code, out, _ = run([str(token_log), "--json", "--block-size", "8"], capsys)
+    assert code == 0
+    assert json.loads(out)["unlimited"]["block"]["tokens"] == 40 + 16
+
+
+def test_all_lines_malformed_is_an_error(tmp_path, capsys):
+    log = write_log(tmp_path / "bad.jsonl", ["nope", '{"model": "x"}'])
+    code, out, err = run([str(log)], capsys)
+    assert code == 1 and out == ""
+    assert "all 2 requests in it are malformed" in err
+
+
+def test_missing_file_is_an_error(tmp_path, capsys):
+    code, _, err = run([str(tmp_path / "absent.jsonl")], capsys)
+    assert code == 1 and "Cannot read" in err and "No such file" in err
+
+
+@pytest.mark.parametrize("args", [["--block-size", "0"], ["--cache-tokens", "2x"], ["--cache-tokens", "0"]])
+def test_bad_options_exit_2(token_log, args, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([str(token_log), *args])
+    assert exit_.value.code == 2
+
+
+def test_cache_sizes_take_suffixes(token_log, capsys):
+    code, out, _ = run([str(token_log), "--json", "--cache-tokens", "1.5k,2M,64"], capsys)
+    assert [p["cache_tokens"] for p in json.loads(out)["capacity_curve"]] == [64, 1500, 2_000_000]
+
+
+def run_process(args: list[str]) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pagoda.entrypoints.cli", "analyze", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_empty_file_is_a_clear_error_without_traceback(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    done = run_process([str(empty)])
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"pagoda analyze: error: No requests to analyze in {empty}: it has no lines."
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_chat_log_is_tokenized_as_the_server_would(tmp_path, default_tokenizer, capsys):
+    from pagoda.model_files import apply_chat_template
+
+    system = {"role": "system", "content": "You answer questions about the capitals of European countries."}
+    questions = ["What is the capital of France?", "What is the capital of Spain?"]
+    bodies = [{"model": "m", "messages": [system, {"role": "user", "content": q}]} for q in questions]
+    log = write_log(tmp_path / "chat.jsonl", bodies)
+    first, second = (apply_chat_template(default_tokenizer, body["messages"]) for body in bodies)
+    common = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    code, out, _ = run([str(log), "--json"], capsys)
+    assert code == 0
+    report = json.loads(out)
+    assert report["prompt_tokens"] == len(first) + len(second)
+    assert report["unlimited"]["token"]["tokens"] == common
+    assert report["unlimited"]["block"]["tokens"] == common // 16 * 16
+    assert report["shared_prefixes"][0]["text"].startswith("<|im_start|>system\nYou answer questions")
+
+
+# After the chat test, which has imported transformers and torch already.
+def test_unknown_tokenizer_is_a_clear_error(token_log, capsys):
+    code, out, err = run([str(token_log), "--tokenizer", "/no/such/model"], capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("pagoda analyze: error: Cannot load the tokenizer of /no/such/model: Model '/no/such/model' not found")

@@ -1,0 +1,60 @@
+"""Prompts become the token ids Pagoda's server would compute for them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagoda.analyze.errors import AnalyzeError
+from pagoda.analyze.tokenize import PromptError, PromptTokenizer
+
+
+@pytest.fixture(scope="module")
+def prompt_tokenizer(default_tokenizer) -> PromptTokenizer:
+    return PromptTokenizer(None, tokenizer=default_tokenizer)
+
+
+def test_token_ids_pass_through_without_a_tokenizer():
+    tokenizer = PromptTokenizer("/no/such/model")
+    ids = np.array([3, 1, 2], dtype=np.int32)
+    assert tokenizer.ids(ids) is ids
+    assert not tokenizer.loaded
+
+
+def test_an_unknown_tokenizer_is_a_clear_error():
+    with pytest.raises(AnalyzeError, match=r"Cannot load the tokenizer of /no/such/model: .*not found"):
+        PromptTokenizer("/no/such/model").load()
+
+
+@pytest.mark.slow
+def test_chat_messages_are_rendered_with_the_chat_template_as_the_server_does(prompt_tokenizer, default_tokenizer):
+    from pagoda.model_files import apply_chat_template
+
+    messages = ({"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."})
+    ids = prompt_tokenizer.ids(messages)
+    assert ids.tolist() == apply_chat_template(default_tokenizer, list(messages))
+    text = default_tokenizer.decode(ids.tolist())
+    assert text.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a colour.")
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_a_given_chat_template_is_used(default_tokenizer):
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    tokenizer = PromptTokenizer(None, chat_template=template, tokenizer=default_tokenizer)
+    ids = tokenizer.ids(({"role": "user", "content": "hi"},))
+    assert ids.tolist() == default_tokenizer.encode("[user] hi\n", add_special_tokens=False)
+
+
+@pytest.mark.slow
+def test_completion_text_is_encoded_with_default_special_tokens(prompt_tokenizer, default_tokenizer):
+    text = "Once upon a time"
+    assert prompt_tokenizer.ids(text).tolist() == default_tokenizer.encode(text)
+
+
+@pytest.mark.slow
+def test_messages_the_template_rejects_are_this_prompts_error(default_tokenizer):
+    template = "{{ raise_exception('roles must alternate') }}"
+    tokenizer = PromptTokenizer(None, chat_template=template, tokenizer=default_tokenizer)
+    with pytest.raises(PromptError, match="roles must alternate"):
+        tokenizer.ids(({"role": "user", "content": "hi"},))
