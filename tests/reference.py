@@ -3,6 +3,8 @@ sequences may differ only where the reference's top-2 logit margin is below 1e-3
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 NEAR_TIE = 1e-3
@@ -11,10 +13,11 @@ NEAR_TIE = 1e-3
 @torch.inference_mode()
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=()) -> list[int]:
     """transformers' greedy decoding with its own KV cache, stopping at any of `eos_ids`."""
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out: list[int] = []
     step_ids, past = torch.tensor([prompt_ids]), None
     for _ in range(max_new_tokens):
-        result = model(step_ids, past_key_values=past, use_cache=True)
+        result = model(step_ids, use_cache=True, **{cache_arg: past})
         past = result.past_key_values
         token = int(result.logits[0, -1].argmax())
         out.append(token)
