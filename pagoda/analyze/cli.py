@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="model whose tokenizer and chat template turn text prompts into token ids, as the server "
         "does (an HF directory or a .gguf file; default: Pagoda's default model)",
     )
-    parser.add_argument("--chat-template", metavar="FILE", type=Path, help="a Jinja chat template, as given to the server")
+    parser.add_argument(
+        "--chat-template",
+        metavar="TEMPLATE",
+        help="the server's --chat-template: a file path or the template itself (default: the model's)",
+    )
     parser.add_argument("--block-size", type=_positive, default=16, help="the server's KV block size (default 16)")
     parser.add_argument(
         "--cache-tokens",
@@ -68,13 +72,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_template(path: Path | None) -> str | None:
-    if path is None:
+def _read_template(value: str | None) -> str | None:
+    if value is None:
         return None
+    from pagoda.config import ConfigError
+    from pagoda.entrypoints.openai.serve import read_chat_template  # read as the server reads it
+
     try:
-        return path.read_text()
-    except OSError as exc:
-        raise AnalyzeError(f"Cannot read the chat template {path}: {exc.strerror or exc}") from None
+        return read_chat_template(value)
+    except ConfigError as exc:
+        raise AnalyzeError(str(exc)) from None
 
 
 def _positive(text: str) -> int:

@@ -72,7 +72,7 @@ def _ttft(summary: Summary) -> str:
     return (
         "TTFT: prefill time grows with the prompt tokens a request computes, so for long prompts TTFT "
         f"falls roughly in proportion to the share reused. The median request reuses {ratios.median:.0%} "
-        f"of its prompt; {ratios.no_reuse / summary.requests:.0%} of requests reuse nothing and gain nothing."
+        f"of its prompt; {ratios.no_reuse / summary.requests:.1%} of requests reuse nothing and gain nothing."
     )
 
 

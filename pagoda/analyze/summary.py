@@ -13,7 +13,7 @@ from pagoda.analyze.simulate import GRANULARITIES, Simulation
 
 CURVE_POINTS = 10
 HISTOGRAM_EDGES = tuple(i / 10 for i in range(11))
-DIFFERENCES_KEPT = 10
+DIFFERENCES_KEPT = 5
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Prompts to token ids, exactly as Pagoda's server makes them: chat messages through the model's
+"""Prompts to token ids, exactly as Pagoda's server makes them: chat messages read by the server's
+own `parse_messages` (role and text content, text parts joined) and rendered with the model's
 chat template (`pagoda.model_files.apply_chat_template`), completion text through
 `tokenizer.encode` with the tokenizer's default special tokens, token ids as they are.
 
@@ -6,6 +7,8 @@ The tokenizer loads on first need, so a log of token ids never imports transform
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -44,22 +47,30 @@ class PromptTokenizer:
         return self._tokenizer
 
     def _load(self):
+        if self.model is not None and not Path(self.model).exists():  # say so before importing torch
+            raise AnalyzeError(
+                f"Cannot load the tokenizer of {self.model}: no such file or directory. Give a local "
+                "Hugging Face model directory or a .gguf file (nothing is downloaded from a model hub)."
+            )
         from pagoda.config import ConfigError
-        from pagoda.model_files import display_name, load_tokenizer, resolve_model
+        from pagoda.model_files import display_name, load_tokenizer
 
         try:
-            resolve_model(self.model)  # first, so that an unknown model fails before transformers loads
             return load_tokenizer(self.model)
         except ConfigError as exc:
             raise AnalyzeError(f"Cannot load the tokenizer of {self.model or display_name(None)}: {exc}") from None
 
     def _chat_ids(self, tokenizer, messages: list[dict]) -> list[int]:
         from pagoda.config import ConfigError
+        from pagoda.entrypoints.openai.chat import parse_messages
+        from pagoda.entrypoints.openai.errors import APIError
         from pagoda.model_files import apply_chat_template
 
         try:
-            return apply_chat_template(tokenizer, messages, self.chat_template)
-        except ConfigError as exc:
+            return apply_chat_template(tokenizer, parse_messages(messages), self.chat_template)
+        except APIError as exc:
+            raise PromptError(f"the server would refuse these messages: {exc.message}") from None
+        except ConfigError as exc:  # no chat template: every chat line would fail alike
             raise AnalyzeError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - templates raise anything; it is this line's fault
             raise PromptError(f"the chat template rejects these messages: {exc}") from None

@@ -144,6 +144,12 @@ def test_empty_file_is_a_clear_error_without_traceback(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_unknown_tokenizer_is_a_clear_error(token_log, capsys):
+    code, out, err = run([str(token_log), "--tokenizer", "/no/such/model"], capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("pagoda analyze: error: Cannot load the tokenizer of /no/such/model: no such file")
+
+
 @pytest.mark.slow
 def test_chat_log_is_tokenized_as_the_server_would(tmp_path, default_tokenizer, capsys):
     from pagoda.model_files import apply_chat_template
@@ -161,10 +167,3 @@ def test_chat_log_is_tokenized_as_the_server_would(tmp_path, default_tokenizer, 
     assert report["unlimited"]["token"]["tokens"] == common
     assert report["unlimited"]["block"]["tokens"] == common // 16 * 16
     assert report["shared_prefixes"][0]["text"].startswith("<|im_start|>system\nYou answer questions")
-
-
-# After the chat test, which has imported transformers and torch already.
-def test_unknown_tokenizer_is_a_clear_error(token_log, capsys):
-    code, out, err = run([str(token_log), "--tokenizer", "/no/such/model"], capsys)
-    assert code == 1 and out == ""
-    assert err.startswith("pagoda analyze: error: Cannot load the tokenizer of /no/such/model: Model '/no/such/model' not found")

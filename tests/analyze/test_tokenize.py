@@ -22,8 +22,16 @@ def test_token_ids_pass_through_without_a_tokenizer():
 
 
 def test_an_unknown_tokenizer_is_a_clear_error():
-    with pytest.raises(AnalyzeError, match=r"Cannot load the tokenizer of /no/such/model: .*not found"):
+    with pytest.raises(AnalyzeError, match=r"Cannot load the tokenizer of /no/such/model: no such file"):
         PromptTokenizer("/no/such/model").load()
+
+
+@pytest.mark.slow  # pagoda.model_files imports torch (through pagoda.config)
+def test_a_file_that_is_not_a_model_is_a_clear_error(tmp_path):
+    not_a_model = tmp_path / "notes.txt"
+    not_a_model.write_text("hello")
+    with pytest.raises(AnalyzeError, match=r"Cannot load the tokenizer of .*notes.txt: .*neither a Hugging Face"):
+        PromptTokenizer(str(not_a_model)).load()
 
 
 @pytest.mark.slow
@@ -58,3 +66,14 @@ def test_messages_the_template_rejects_are_this_prompts_error(default_tokenizer)
     tokenizer = PromptTokenizer(None, chat_template=template, tokenizer=default_tokenizer)
     with pytest.raises(PromptError, match="roles must alternate"):
         tokenizer.ids(({"role": "user", "content": "hi"},))
+
+
+@pytest.mark.slow
+def test_messages_are_read_as_the_server_reads_them(prompt_tokenizer, default_tokenizer):
+    from pagoda.model_files import apply_chat_template
+
+    parts = {"role": "user", "name": "ann", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    ids = prompt_tokenizer.ids((parts,))
+    assert ids.tolist() == apply_chat_template(default_tokenizer, [{"role": "user", "content": "a\nb"}])
+    with pytest.raises(PromptError, match="the server would refuse these messages: messages\\[0\\].role"):
+        prompt_tokenizer.ids(({"role": "robot", "content": "hi"},))
