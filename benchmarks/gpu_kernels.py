@@ -20,6 +20,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Launch configurations timed against the defaults, to tune them: (tile_n, num_warps, num_stages)
+# for decodes, (block_m, tile_n, num_warps, num_stages) for prefills.
+DECODE_TILES = ((64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (32, 4, 4), (128, 8, 3))
+PREFILL_TILES = ((128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2))
+
 # bf16 is not checked in the dry run: Triton's interpreter computes bf16 dot products wrongly.
 TOLERANCE = {"float32": 1e-3, "bfloat16": 2e-2, "float16": 5e-3}
 
@@ -47,6 +52,8 @@ class Plan:
     decode_contexts: tuple[int, ...]
     sweep_batches: tuple[int, ...]
     sweep_context: int
+    tile_decode: tuple[int, int]  # (batch, context) for the decode tile sweep
+    tile_prefill: int  # query length of the one prefill in the prefill tile sweep
     prefills: tuple[tuple[int, int, int], ...]  # (requests, query_len, cached context)
 
 
@@ -66,6 +73,8 @@ DEVICE_PLAN = Plan(
     decode_contexts=(512, 2048, 8192),
     sweep_batches=(1, 8),
     sweep_context=8192,
+    tile_decode=(64, 4096),
+    tile_prefill=4096,
     prefills=((1, 512, 0), (1, 2048, 0), (1, 8192, 0), (4, 2048, 0), (1, 2048, 6144)),
 )
 
@@ -81,6 +90,8 @@ DRY_PLAN = Plan(
     decode_contexts=(16, 520),  # 520: the automatic choice splits
     sweep_batches=(1,),
     sweep_context=64,
+    tile_decode=(2, 40),
+    tile_prefill=48,
     prefills=((1, 48, 0), (1, 16, 32)),
 )
 
@@ -145,6 +156,7 @@ class Check:
         self.decode_timings()
         self.prefill_timings()
         self.split_sweep()
+        self.tile_sweep()
         self.save()
         print(f"all correctness cases passed; {time.perf_counter() - self.started:.0f}s")
         return 0
@@ -239,6 +251,45 @@ class Check:
                 rows.append({"batch": batch, "context": self.plan.sweep_context, **r})
                 print(f"split sweep B={batch} ctx={self.plan.sweep_context} splits={splits:2d}: {r['us']:8.1f} us")
         self.save()
+
+    def tile_sweep(self) -> None:
+        """Attention launches alone (no KV store) under other tile configurations."""
+        from pagoda.attention.triton_kernels import TileConfig
+
+        rows = self.results["tile_sweep"] = []
+        model = self.plan.models[0]
+        batch, context = self.plan.tile_decode
+        q_len = self.plan.tile_prefill
+        decode = [TileConfig(16, n, True, w, s) for n, w, s in DECODE_TILES]  # 16 rows: a group of 4 heads
+        prefill = [TileConfig(m, n, False, w, s) for m, n, w, s in PREFILL_TILES]
+        sweeps = (("decode", ((1, context),) * batch, decode), ("prefill", ((q_len, q_len),), prefill))
+        for kind, requests, configs in sweeps:
+            step = make_step(self.torch, self.device, model, self.timing_dtype(), requests, 16, 0)
+            for config in configs:
+                if not self.in_time(f"tile sweep {kind} {config}"):
+                    continue
+                row = {"kind": kind, "requests": len(requests), "config": config.__dict__}
+                try:
+                    row["us"] = self.time_attention(step, config) * 1e6
+                except Exception as e:  # e.g. out of shared memory: a result too
+                    row["error"] = f"{type(e).__name__}: {e}"
+                rows.append(row)
+                print(f"tile sweep {kind} {config}: {row.get('us', row.get('error'))}")
+        self.save()
+
+    def time_attention(self, step: dict, config) -> float:
+        from pagoda.attention import triton_kernels as kernels
+
+        i = step["inputs"]
+        q, cache, scale = step["query"], step["kv_cache"], step["scale"]
+        out = self.torch.empty_like(q)
+        tables = (i.query_start_loc, i.seq_lens, i.block_tables)
+        max_q = max(i.query_lens_cpu)
+        return self.bench(
+            lambda: kernels.paged_attention(
+                out, q, cache, *tables, scale, num_tokens=q.shape[0], max_query_len=max_q, config=config
+            )
+        )
 
     def time_decode(self, model: Model, batch: int, context: int, splits: int | None) -> dict:
         torch = self.torch

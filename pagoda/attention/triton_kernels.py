@@ -36,7 +36,7 @@ class TileConfig:
     tile_n: int  # keys per inner-loop step
     one_tile_per_seq: bool  # every request's query tokens fit one program's rows
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
 
     def block_q(self, group: int) -> int:
         return self.block_m // group

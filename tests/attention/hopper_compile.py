@@ -28,7 +28,9 @@ INDEX_POINTERS = {"slot_ptr": "*i64", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
 FLOAT_SCALARS = {"scale_log2"}
 
 
-def compile_kernel(kernel, dtype: torch.dtype, constexprs: dict, num_warps: int, num_stages: int = 2):
+def compile_kernel(kernel, dtype: torch.dtype, head_dim: int, constexprs: dict, num_warps: int, num_stages: int):
+    """As a launch would: pointers, strides and a head_dim divisible by 16 are marked so (Triton
+    specializes on it), which is what lets the compiler vectorize and pipeline the loads."""
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
@@ -39,6 +41,8 @@ def compile_kernel(kernel, dtype: torch.dtype, constexprs: dict, num_warps: int,
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name in FLOAT_SCALARS else "i32"
+            if name.startswith("stride_") or (name == "head_dim" and head_dim % 16 == 0):
+                attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(kernel, signature, constexprs, attrs)
     return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
 
@@ -56,15 +60,17 @@ def cases(full: bool):
 
 
 def kernel_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_lens: tuple[int, ...]):
-    """(label, kernel, dtype, constexprs, num_warps, num_stages) for each kernel at one shape."""
+    """(label, kernel, dtype, head_dim, constexprs, num_warps, num_stages) for each kernel at one shape."""
     shape = f"{TRITON_DTYPES[dtype]} group={group} d={head_dim}"
     pad = k._pow2(head_dim)
-    yield f"store_kv {shape}", k._store_kv_kernel, dtype, {"BLOCK_SIZE": 16, "HEADS_PAD": 8, "HEAD_PAD": pad}, 4, 1
+    store = {"BLOCK_SIZE": 16, "HEADS_PAD": 8, "HEAD_PAD": pad}
+    yield f"store_kv {shape}", k._store_kv_kernel, dtype, head_dim, store, 4, 1
     yield from attention_cases(dtype, group, head_dim, max_query_lens)
     cfg = k.choose_split_config(group, dtype)
     constexprs = attention_constexprs(group, head_dim, cfg, dtype)
-    yield f"split {shape}", k._paged_attention_split_kernel, dtype, constexprs, cfg.num_warps, cfg.num_stages
-    yield f"merge {shape}", k._merge_splits_kernel, dtype, {"SPLITS_PAD": 32, "HEAD_PAD": pad}, 4, 1
+    yield f"split {shape}", k._paged_attention_split_kernel, dtype, head_dim, constexprs, cfg.num_warps, cfg.num_stages
+    merge = {"SPLITS_PAD": 32, "HEAD_PAD": pad}
+    yield f"merge {shape}", k._merge_splits_kernel, dtype, head_dim, merge, 4, 1
 
 
 def attention_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_lens: tuple[int, ...], ones=()):
@@ -74,7 +80,7 @@ def attention_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_len
         constexprs = attention_constexprs(group, head_dim, cfg, dtype) | {"ONE_TILE_PER_SEQ": cfg.one_tile_per_seq}
         constexprs |= {name: 1 for name in ones}
         label = f"attention max_q={max_q} {shape}"
-        yield label, k._paged_attention_kernel, dtype, constexprs, cfg.num_warps, cfg.num_stages
+        yield label, k._paged_attention_kernel, dtype, head_dim, constexprs, cfg.num_warps, cfg.num_stages
 
 
 def attention_constexprs(group: int, head_dim: int, config: k.TileConfig, dtype: torch.dtype) -> dict:
@@ -91,9 +97,9 @@ def attention_constexprs(group: int, head_dim: int, config: k.TileConfig, dtype:
 
 def main() -> int:
     failures = 0
-    for label, kernel, dtype, constexprs, num_warps, num_stages in cases(full="--all" in sys.argv):
+    for label, *spec in cases(full="--all" in sys.argv):
         try:
-            shared = compile_kernel(kernel, dtype, constexprs, num_warps, num_stages).metadata.shared
+            shared = compile_kernel(*spec).metadata.shared
         except Exception as e:  # report every configuration, then fail
             print(f"FAIL {label}: {type(e).__name__}: {e}")
             failures += 1
