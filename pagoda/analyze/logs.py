@@ -67,7 +67,7 @@ def read_log(path: Path, on_bytes: Callable[[int], None]) -> Iterator[LogEntry |
     with handle:
         for number, raw in enumerate(handle, start=1):
             on_bytes(len(raw))
-            if raw.strip():
+            if not raw.isspace():
                 yield from parse_line(raw, number)
 
 
@@ -123,17 +123,17 @@ def _decode(raw: bytes) -> dict:
         done = end
     obj = _json("".join(pieces) + text[done:])
     if any(obj.get(key) != _PLACEHOLDER for key in lifted):
-        return _json(text)  # an id array sat inside a nested object: read the line plainly
+        return _json(text)  # the first match sat inside a nested object: read the line plainly
     obj.update(lifted)
     return obj
 
 
 def _id_array(text: str, key: str) -> tuple[tuple[int, int], np.ndarray] | None:
-    """The span of the value of `"key": [ints]` in `text`, and the ints; None when the key is
-    absent, appears twice, or its value is not a plain list of integers (json then decides)."""
+    """The span of the value of the first `"key": [ints]` in `text`, and the ints; None when the
+    key is absent or its value is not a plain list of integers (json then decides)."""
     quoted = f'"{key}"'
     at = text.find(quoted)
-    if at < 0 or text.find(quoted, at + 1) >= 0:
+    if at < 0:
         return None
     opening = _OPEN_ARRAY.match(text, at + len(quoted))
     closing = text.find("]", opening.end()) if opening else -1

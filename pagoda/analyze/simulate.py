@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagoda.analyze.prefix_tree import PrefixTree, SharedPrefix
+from pagoda.analyze.prefix_tree import PrefixTree, Run, SharedPrefix
 from pagoda.analyze.recency import RecencyIndex
 
 GRANULARITIES = ("token", "block")
@@ -86,14 +86,36 @@ class Simulation:
         return np.minimum(matched_units.astype(np.int64), cap_units) * runs.unit
 
 
+class _Granularity:
+    """One granularity's LRU bookkeeping: its recency index, and per matched run the stack depth
+    of the run's first unit and the run's length in units."""
+
+    def __init__(self, unit: int) -> None:
+        self.unit = unit
+        self.recency = RecencyIndex()
+        self.depth = array("q")
+        self.units = array("q")
+
+    def record(self, runs: list[Run], stamp: int, sequence_length: int) -> None:
+        unit, recency = self.unit, self.recency
+        lengths = [run.end // unit - run.start // unit for run in runs]
+        self.depth.extend([recency.used_after(run.last_use) for run in runs])  # before this request's use
+        self.units.extend(lengths)
+        for run, length in zip(runs, lengths):
+            recency.move(run.last_use, -length)
+        recency.move(stamp, sequence_length // unit)
+
+    def finish(self) -> RunDepths:
+        return RunDepths(self.unit, _numpy(self.depth), _numpy(self.units))
+
+
 class CacheSimulator:
     def __init__(self, block_size: int, top_prefixes: int = 5) -> None:
-        self.units = {"token": 1, "block": block_size}
+        self.block_size = block_size
         self.top_prefixes = top_prefixes
         self._tree = PrefixTree()
-        self._recency = {g: RecencyIndex() for g in GRANULARITIES}
-        self._requests = {name: array("q") for name in ("line", "prompt", "output", "logged", "matched")}
-        self._runs = {name: array("q") for name in ("request", "token_depth", "token_units", "block_depth", "block_units")}
+        self._granularities = dict(zip(GRANULARITIES, (_Granularity(1), _Granularity(block_size))))
+        self._requests = {name: array("q") for name in ("line", "prompt", "output", "logged", "matched", "runs")}
 
     @property
     def num_requests(self) -> int:
@@ -103,48 +125,40 @@ class CacheSimulator:
         stamp = self.num_requests
         sequence = request.cached_sequence()
         runs = self._tree.use(sequence, stamp)
-        for granularity, unit in self.units.items():
-            recency = self._recency[granularity]
-            depth, units = self._runs[f"{granularity}_depth"], self._runs[f"{granularity}_units"]
-            for run in runs:  # all depths first: they are measured before this request's use
-                depth.append(recency.used_after(run.last_use))
-                units.append(run.end // unit - run.start // unit)
-            for run in runs:
-                recency.move(run.last_use, -(run.end // unit - run.start // unit))
-            recency.move(stamp, len(sequence) // unit)
-        self._runs["request"].extend([stamp] * len(runs))
-        for name, value in (
-            ("line", request.line),
-            ("prompt", len(request.prompt_ids)),
-            ("output", _or_unknown(request.output_tokens)),
-            ("logged", _or_unknown(request.logged_cached_tokens)),
-            ("matched", runs[-1].end if runs else 0),
-        ):
-            self._requests[name].append(value)
+        for granularity in self._granularities.values():
+            granularity.record(runs, stamp, len(sequence))
+        requests = self._requests
+        requests["line"].append(request.line)
+        requests["prompt"].append(len(request.prompt_ids))
+        requests["output"].append(_or_unknown(request.output_tokens))
+        requests["logged"].append(_or_unknown(request.logged_cached_tokens))
+        requests["matched"].append(runs[-1].end if runs else 0)
+        requests["runs"].append(len(runs))
 
     def finish(self) -> Simulation:
-        def arr(values: array) -> np.ndarray:
-            return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
-
-        requests, runs = self._requests, self._runs
+        requests = {name: _numpy(values) for name, values in self._requests.items()}
         return Simulation(
-            block_size=self.units["block"],
-            lines=arr(requests["line"]),
-            prompt_tokens=arr(requests["prompt"]),
-            output_tokens=arr(requests["output"]),
-            logged_cached_tokens=arr(requests["logged"]),
-            matched_tokens=arr(requests["matched"]),
-            run_request=arr(runs["request"]),
-            runs={g: RunDepths(u, arr(runs[f"{g}_depth"]), arr(runs[f"{g}_units"])) for g, u in self.units.items()},
+            block_size=self.block_size,
+            lines=requests["line"],
+            prompt_tokens=requests["prompt"],
+            output_tokens=requests["output"],
+            logged_cached_tokens=requests["logged"],
+            matched_tokens=requests["matched"],
+            run_request=np.repeat(np.arange(len(requests["runs"])), requests["runs"]),
+            runs={name: granularity.finish() for name, granularity in self._granularities.items()},
             distinct_tokens=self._tree.num_tokens,
-            shared_prefixes=tuple(self._tree.shared_prefixes(self.top_prefixes, self.units["block"])),
+            shared_prefixes=tuple(self._tree.shared_prefixes(self.top_prefixes, self.block_size)),
         )
 
     def check_integrity(self) -> None:
         self._tree.check_integrity()
-        for granularity, unit in self.units.items():
-            held = self._tree.count_units(unit)
-            assert self._recency[granularity].total == held, f"{granularity} units out of sync"
+        for name, granularity in self._granularities.items():
+            held = self._tree.count_units(granularity.unit)
+            assert granularity.recency.total == held, f"{name} units out of sync"
+
+
+def _numpy(values: array) -> np.ndarray:
+    return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
 
 
 def _or_unknown(value: int | None) -> int:

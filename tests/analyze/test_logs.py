@@ -77,6 +77,8 @@ def test_fast_path_reads_ids_as_json_does(prompt, output, compact, output_first)
 def test_ids_inside_the_body_do_not_confuse_the_fast_path():
     entry = only({"body": {"prompt_token_ids": [9, 9]}, "prompt_token_ids": [1, 2, 3]})
     assert entry.prompt.tolist() == [1, 2, 3]
+    entry = only({"prompt_token_ids": [1, 2, 3], "body": {"prompt_token_ids": [9, 9]}})
+    assert entry.prompt.tolist() == [1, 2, 3]
     assert only({"body": {"prompt": "x", "output_token_ids": [4]}}).prompt == "x"
 
 
