@@ -402,6 +402,7 @@ def make_step(torch, device, model: Model, dtype, requests, block_size: int, pad
         query_lens_cpu=tuple(query_lens),
         seq_lens_cpu=tuple(seq_lens),
         block_size=block_size,
+        dtype=torch.float32,  # the torch reference runs on fp32 copies; the Triton backend ignores it
     )
     tokens = starts[-1]
     shape = kv_cache_shape(num_blocks, block_size, model.num_kv_heads, model.head_dim)
@@ -438,6 +439,7 @@ def unpadded(torch, step: dict, padded: int) -> dict:
         query_lens_cpu=i.query_lens_cpu[:reqs],
         seq_lens_cpu=i.seq_lens_cpu[:reqs],
         block_size=i.block_size,
+        dtype=i.dtype,
     )
     sliced = {name: step[name][:tokens] for name in ("query", "key", "value")}
     return {**step, **sliced, "inputs": inputs}

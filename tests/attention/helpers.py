@@ -27,6 +27,7 @@ def make_inputs(
     num_blocks: int,
     gen: torch.Generator,
     padded_lanes: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> AttentionInputs:
     """Requests with one query token first count as decodes. Blocks come from a shuffled pool
     without block 0; tables get one spare 0 column. `padded_lanes` trailing requests are CUDA-graph
@@ -68,6 +69,7 @@ def make_inputs(
         query_lens_cpu=tuple(query_lens),
         seq_lens_cpu=tuple(seq_lens),
         block_size=block_size,
+        dtype=dtype,
     )
 
 
@@ -86,7 +88,7 @@ def make_step(
     gen = torch.Generator().manual_seed(seed)
     needed = sum(-(-s // block_size) for s in seq_lens)
     num_blocks = needed + 4
-    inputs = make_inputs(query_lens, seq_lens, block_size, num_blocks, gen, padded_lanes)
+    inputs = make_inputs(query_lens, seq_lens, block_size, num_blocks, gen, padded_lanes, dtype)
     num_tokens = int(inputs.query_start_loc[-1])
 
     def randn(*shape):

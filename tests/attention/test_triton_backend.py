@@ -136,6 +136,7 @@ def drop_padding(step: Step, lanes: int) -> Step:
         query_lens_cpu=i.query_lens_cpu[:reqs],
         seq_lens_cpu=i.seq_lens_cpu[:reqs],
         block_size=i.block_size,
+        dtype=i.dtype,
     )
     return dataclasses.replace(
         step, inputs=inputs, query=step.query[:tokens], key=step.key[:tokens], value=step.value[:tokens]
