@@ -121,7 +121,10 @@ def _decode(raw: bytes) -> dict:
     for start, end in spans:
         pieces += [text[done:start], _PLACEHOLDER_JSON]
         done = end
-    obj = _json("".join(pieces) + text[done:])
+    try:
+        obj = _json("".join(pieces) + text[done:])
+    except _Invalid:
+        return _json(text)  # for the error's true column
     if any(obj.get(key) != _PLACEHOLDER for key in lifted):
         return _json(text)  # the first match sat inside a nested object: read the line plainly
     obj.update(lifted)

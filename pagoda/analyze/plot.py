@@ -13,11 +13,13 @@ from pagoda.analyze.summary import Summary
 
 def write_plot(summary: Summary, path: Path) -> None:
     from matplotlib.figure import Figure  # no pyplot: no global figure state, no display needed
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(12, 4.5), layout="constrained")
     curve_axes, histogram_axes = figure.subplots(1, 2)
     _curve(curve_axes, summary)
     _histogram(histogram_axes, summary)
+    histogram_axes.yaxis.set_major_locator(MaxNLocator(integer=True))
     figure.suptitle(f"Prefix overlap of {Path(summary.log).name} (an upper bound)")
     try:
         figure.savefig(path, format="png", dpi=110)

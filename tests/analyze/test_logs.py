@@ -118,6 +118,11 @@ def test_malformed_lines_say_why(line, expected):
     assert expected in reason(line)
 
 
+def test_json_errors_point_at_the_original_line():
+    line = '{"prompt_token_ids": [1, 2, 3], "cached_tokens": 0,}'
+    assert reason(line) == f"not valid JSON (Expecting property name enclosed in double quotes at column {len(line)})"
+
+
 def test_non_utf8_is_malformed():
     assert "not UTF-8" in reason(b'{"prompt": "\xff"}')
 
