@@ -45,8 +45,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None  # "stop", "length" or "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-        self.logprobs: list[TokenLogprob] = []
-        self.prompt_logprobs: list[TokenLogprob | None] = []
+        self.num_prompt_logprobs = 0  # prompt positions whose logprobs were handed out (kept across preemption)
         self.num_preemptions = 0
         self.generator = None  # the sampler's torch.Generator for a seeded request
         self.num_skips = 0  # times the longest-prefix-match policy admitted a later request first

@@ -41,7 +41,7 @@ class TorchAttentionBackend(AttentionBackend):
         decode_tables = decode_mask = None
         if nd:
             max_blocks = -(-max(inputs.seq_lens_cpu[:nd]) // bs)
-            decode_tables = inputs.block_tables[:nd, :max_blocks].long()
+            decode_tables = inputs.block_tables[:nd, :max_blocks].long().contiguous()
             positions = torch.arange(max_blocks * bs, device=device)
             beyond = positions[None, :] >= inputs.seq_lens[:nd, None]
             decode_mask = torch.zeros(beyond.shape, dtype=inputs.dtype, device=device)
@@ -73,8 +73,8 @@ class TorchAttentionBackend(AttentionBackend):
                 k = key[chunk.query_start : chunk.query_end]
                 v = value[chunk.query_start : chunk.query_end]
             else:
-                k = k_cache[chunk.block_ids].flatten(0, 1)[: chunk.seq_len]
-                v = v_cache[chunk.block_ids].flatten(0, 1)[: chunk.seq_len]
+                k = k_cache.index_select(0, chunk.block_ids).flatten(0, 1)[: chunk.seq_len]
+                v = v_cache.index_select(0, chunk.block_ids).flatten(0, 1)[: chunk.seq_len]
             out[chunk.query_start : chunk.query_end] = _attend(q, k, v, chunk.causal_mask, scale)
         return out
 
@@ -97,8 +97,10 @@ def _decode(q, k_cache, v_cache, metadata: TorchAttentionMetadata, scale):
     """Decodes batched: q [B, H, D] against each request's gathered blocks."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[-2]
-    k = k_cache[metadata.decode_block_tables].flatten(1, 2)  # [B, L, Hkv, D]
-    v = v_cache[metadata.decode_block_tables].flatten(1, 2)
+    tables = metadata.decode_block_tables
+    gathered = (batch, -1, num_kv_heads, head_dim)  # [B, L, Hkv, D]; index_select beats fancy indexing here
+    k = k_cache.index_select(0, tables.flatten()).view(gathered)
+    v = v_cache.index_select(0, tables.flatten()).view(gathered)
     o = F.scaled_dot_product_attention(
         q.view(batch, num_heads, 1, head_dim),
         k.transpose(1, 2),

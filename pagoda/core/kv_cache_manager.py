@@ -137,6 +137,8 @@ class KVCacheManager:
         return (request.num_tokens - 1) // self.block_size
 
     def _find_shared_prefix(self, request: Request) -> tuple[list[int], RadixNode | None]:
+        if request.sampling_params.prompt_logprobs is not None:
+            return [], None  # every prompt position must be computed to score it
         if self.cache is not None:
             blocks, node = self.cache.match(request.token_ids, self._max_hit_blocks(request))
             return blocks, node if blocks else None

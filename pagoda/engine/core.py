@@ -63,6 +63,8 @@ class EngineCore:
                 continue
             if request.is_finished:
                 self.requests.pop(request.request_id, None)
+            if prompt_lp:
+                request.num_prompt_logprobs += len(prompt_lp)
             outputs.append(
                 CoreOutput(
                     request_id=request.request_id,

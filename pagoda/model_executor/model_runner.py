@@ -117,12 +117,13 @@ class ModelRunner:
         result: list[list[TokenLogprob] | None] = []
         for i, (request, n) in enumerate(step.scheduled):
             num_top = request.sampling_params.prompt_logprobs
-            start = request.num_computed_tokens
-            end = min(start + n, request.num_prompt_tokens - 1)  # positions whose next token is a prompt token
+            # positions whose next token is a prompt token, skipping any scored before a preemption
+            start = max(request.num_computed_tokens, request.num_prompt_logprobs)
+            end = min(request.num_computed_tokens + n, request.num_prompt_tokens - 1)
             if num_top is None or end <= start:
                 result.append(None)
                 continue
-            q0 = int(batch.query_start_loc[i])
+            q0 = int(batch.query_start_loc[i]) + start - request.num_computed_tokens
             logprobs = torch.log_softmax(self.model.compute_logits(hidden[q0 : q0 + end - start]).float(), dim=-1)
             nexts = request.token_ids[start + 1 : end + 1]
             result.append([token_logprob(logprobs[j], t, num_top) for j, t in enumerate(nexts)])

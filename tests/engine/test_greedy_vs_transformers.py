@@ -89,7 +89,7 @@ def test_split_prefill_and_preemption(hf_reference, prompts, reference):
 
 
 def test_split_prefill_without_prefix_cache(hf_reference, prompts, reference):
-    llm = LLM(max_model_len=1024, max_num_batched_tokens=40, kv_cache_memory=0.05, enable_prefix_caching=False)
+    llm = LLM(max_model_len=768, max_num_batched_tokens=96, kv_cache_memory=0.036, enable_prefix_caching=False)
     outputs = run_checked(llm, prompts, GREEDY)
     check_all(hf_reference, prompts, reference, outputs)
     assert llm.engine.core.scheduler.num_preemptions > 0
