@@ -132,12 +132,14 @@ class Scheduler:
     # ---- helpers ---------------------------------------------------------------------------
     def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self._next_waiting()
+            request, passed_over = self._next_waiting()
             if request is None:
                 break
             num_new = self.kv.admit(request, budget)
             if num_new is None:
                 break
+            for earlier in passed_over:
+                earlier.num_skips += 1
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             if request.first_scheduled_time is None:
@@ -147,18 +149,17 @@ class Scheduler:
             budget -= num_new
         return budget
 
-    def _next_waiting(self) -> Request | None:
+    def _next_waiting(self) -> tuple[Request | None, list[Request]]:
+        """The request to admit next, and the earlier arrivals it would pass over (whose skips
+        count only if it is in fact admitted)."""
         ready = [r for r in self.waiting if _ready(r)]
         if not ready:
-            return None
+            return None, []
         if self.config.policy == "fcfs" or ready[0].num_skips >= LPM_MAX_SKIPS:
-            return ready[0]
+            return ready[0], []
         window = ready[:LPM_WINDOW]
         best = max(window, key=lambda r: (self.kv.lookup(r), -window.index(r)))
-        for request in window:
-            if request is not best and request.arrival_time < best.arrival_time:
-                request.num_skips += 1
-        return best
+        return best, [r for r in window if r is not best and r.arrival_time < best.arrival_time]
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
