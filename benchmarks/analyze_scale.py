@@ -86,7 +86,10 @@ def run_analyzer(path: Path) -> Measurement:
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "pagoda.entrypoints.cli", "analyze", str(path), "--json"],
-        capture_output=True, text=True, env=env, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
     seconds = time.perf_counter() - start
     if done.returncode != 0:

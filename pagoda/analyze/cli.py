@@ -44,9 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_token_counts,
         help="cache sizes to simulate with LRU eviction, e.g. 500k,2M (default: a curve of powers of two)",
     )
-    parser.add_argument("--top", type=_non_negative, default=5, help="shared prefixes to list (default 5)")
+    parser.add_argument("--top", type=_positive, default=5, help="shared prefixes to list (default 5)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    parser.add_argument("--plot", metavar="FILE.png", type=Path, help="plot reuse against cache size and the hit ratios")
+    parser.add_argument(
+        "--plot", metavar="FILE.png", type=Path, help="plot reuse against cache size and the hit ratios"
+    )
     return parser
 
 
@@ -57,6 +59,9 @@ def main(argv: list[str]) -> int:
     except AnalyzeError as exc:
         print(f"pagoda analyze: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("pagoda analyze: interrupted", file=sys.stderr)
+        return 130
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -85,19 +90,12 @@ def _read_template(value: str | None) -> str | None:
 
 
 def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _non_negative(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 

@@ -55,7 +55,9 @@ def _histogram(axes, summary: Summary) -> None:
     width = 0.4
     for offset, granularity in zip((-width / 2, width / 2), GRANULARITIES):
         ratios = summary.hit_ratios[granularity]
-        axes.bar(positions + offset, [ratios.no_reuse, *ratios.histogram_counts], width, label=_labels(summary)[granularity])
+        axes.bar(
+            positions + offset, [ratios.no_reuse, *ratios.histogram_counts], width, label=_labels(summary)[granularity]
+        )
     axes.set_xticks(positions, labels)
     axes.set_xlabel("share of the prompt reused (unlimited cache)")
     axes.set_ylabel("requests")

@@ -123,7 +123,9 @@ def _server_check(summary: Summary) -> str:
         f"  logged {check.logged_cached_tokens:,}, predicted {check.predicted_cached_tokens:,}; "
         f"{check.exact:,} of {check.requests:,} requests exactly as predicted",
     ]
-    lines += [f"  line {line}: predicted {predicted:,}, logged {logged:,}" for line, predicted, logged in check.differences]
+    lines += [
+        f"  line {line}: predicted {predicted:,}, logged {logged:,}" for line, predicted, logged in check.differences
+    ]
     return "\n".join(lines)
 
 

@@ -4,9 +4,7 @@ unit (a whole prefix, as a tuple) with its last use and evicts the least recentl
 from __future__ import annotations
 
 
-def reference_reuse(
-    requests: list[tuple[list[int], list[int]]], unit: int, capacity_tokens: int | None
-) -> list[int]:
+def reference_reuse(requests: list[tuple[list[int], list[int]]], unit: int, capacity_tokens: int | None) -> list[int]:
     """Reusable prompt tokens per (prompt, cached sequence) request, replayed in order."""
     cache: dict[tuple[int, ...], tuple[int, int]] = {}  # prefix -> (last request, -depth)
     reuse = []

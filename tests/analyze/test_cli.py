@@ -85,7 +85,13 @@ def test_table_report(token_log, capsys):
     assert "token ids 1000 1001 1002" in out  # no tokenizer was needed, so the prefix shows as ids
     assert "line 4: predicted 16, logged 0" in out
     recommendation = " ".join(out[out.index("Recommendation (an upper bound)") :].split())
-    for phrase in ("TTFT", "Total work", "A heuristic, not a law", "above about 60% shared-prefix traffic", "decode-heavy"):
+    for phrase in (
+        "TTFT",
+        "Total work",
+        "A heuristic, not a law",
+        "above about 60% shared-prefix traffic",
+        "decode-heavy",
+    ):
         assert phrase in recommendation
 
 

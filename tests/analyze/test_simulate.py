@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagoda.analyze.simulate import CacheSimulator, ReplayRequest, Simulation
+
 from .reference_cache import reference_reuse
 
 
@@ -91,9 +92,7 @@ def test_a_shared_prefix_stays_while_its_branches_are_evicted():
 
 def test_shared_prefixes_rank_by_tokens_the_later_requests_reuse():
     system, preamble = seq(1, 41), seq(1, 11)
-    sim = simulate(
-        [system + [500], system + [501], system + [502], preamble + [600], preamble + [601]], block_size=4
-    )
+    sim = simulate([system + [500], system + [501], system + [502], preamble + [600], preamble + [601]], block_size=4)
     prefixes = [(prefix.tokens.tolist(), prefix.requests) for prefix in sim.shared_prefixes]
     assert prefixes == [(system, 3), (preamble, 5)]
 

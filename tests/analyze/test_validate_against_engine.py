@@ -50,7 +50,10 @@ def test_predicted_cached_tokens_match_the_engine(default_llm, default_tokenizer
     def chat(messages: list[dict]) -> str:
         return run(apply_chat_template(default_tokenizer, messages))
 
-    first_turn = [{"role": "system", "content": nonce + SYSTEM}, {"role": "user", "content": "Where is the Eiffel Tower?"}]
+    first_turn = [
+        {"role": "system", "content": nonce + SYSTEM},
+        {"role": "user", "content": "Where is the Eiffel Tower?"},
+    ]
     answer = chat(first_turn)
     chat([first_turn[0], {"role": "user", "content": "Where is the Colosseum?"}])
     chat(first_turn + [{"role": "assistant", "content": answer}, {"role": "user", "content": "How tall is it?"}])

@@ -11,15 +11,12 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 if importlib.util.find_spec("pagoda.entrypoints.openai.serve") is None:
-    pytest.skip(
-        "the Pagoda server (pagoda.entrypoints.openai.serve) is not built yet", allow_module_level=True
-    )
+    pytest.skip("the Pagoda server (pagoda.entrypoints.openai.serve) is not built yet", allow_module_level=True)
 
 from openai import OpenAI
 
