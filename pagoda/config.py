@@ -7,11 +7,9 @@ from typing import Literal
 
 import torch
 
+from pagoda.errors import ConfigError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be served; the message says why and what is supported."""
 
 
 @dataclass(frozen=True)
@@ -28,19 +26,24 @@ class ModelConfig:
     head_dim: int
     eos_token_ids: tuple[int, ...]
     generation_defaults: dict = field(default_factory=dict, compare=False)
+    load_format: Literal["auto", "dummy"] = "auto"  # dummy: random weights of the config's shapes
+    quantization: Literal["fp8"] | None = None  # fp8: linear weights in float8_e4m3fn
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    kv_cache_memory_gib: float = 2.0
+    kv_cache_memory_gib: float = 2.0  # sizes the pool on CPU
     enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9  # on a GPU: the share of its memory for weights, activations, graphs and KV
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"kv_cache_memory must be > 0 GiB, got {self.kv_cache_memory_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 @dataclass(frozen=True)
@@ -68,3 +71,10 @@ class EngineConfig:
     device: torch.device
     attention_backend: str  # "torch" or "triton"
     seed: int = 0
+    enforce_eager: bool = False  # never replay CUDA graphs
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        """Decode steps replay CUDA graphs: on a GPU, with the Triton backend (the torch backend's
+        metadata reads the device), unless eager execution is enforced."""
+        return self.device.type == "cuda" and self.attention_backend == "triton" and not self.enforce_eager

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pagoda.config import ConfigError
+from pagoda.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

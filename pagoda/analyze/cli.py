@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
 def _read_template(value: str | None) -> str | None:
     if value is None:
         return None
-    from pagoda.config import ConfigError
+    from pagoda.errors import ConfigError
     from pagoda.entrypoints.openai.serve import read_chat_template  # read as the server reads it
 
     try:

@@ -52,7 +52,7 @@ class PromptTokenizer:
                 f"Cannot load the tokenizer of {self.model}: no such file or directory. Give a local "
                 "Hugging Face model directory or a .gguf file (nothing is downloaded from a model hub)."
             )
-        from pagoda.config import ConfigError
+        from pagoda.errors import ConfigError
         from pagoda.model_files import display_name, load_tokenizer
 
         try:
@@ -61,7 +61,7 @@ class PromptTokenizer:
             raise AnalyzeError(f"Cannot load the tokenizer of {self.model or display_name(None)}: {exc}") from None
 
     def _chat_ids(self, tokenizer, messages: list[dict]) -> list[int]:
-        from pagoda.config import ConfigError
+        from pagoda.errors import ConfigError
         from pagoda.entrypoints.openai.chat import parse_messages
         from pagoda.entrypoints.openai.errors import APIError
         from pagoda.model_files import apply_chat_template

@@ -77,7 +77,7 @@ def resolve_source(explicit: str | None, model: str | None) -> str | None:
 
 
 def load(source: str) -> Tokenizer:
-    from pagoda.config import ConfigError
+    from pagoda.errors import ConfigError
     from pagoda.model_files import load_tokenizer
 
     try:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pagoda.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig
+from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from pagoda.config import ConfigError, EngineConfig
+from pagoda.config import EngineConfig
+from pagoda.errors import ConfigError
 from pagoda.core.kv_cache_manager import KVCacheManager
 from pagoda.core.scheduler import Scheduler
 from pagoda.engine.outputs import CoreOutput

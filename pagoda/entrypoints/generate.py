@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from pagoda.config import ConfigError
+from pagoda.errors import ConfigError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

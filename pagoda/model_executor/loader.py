@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from pagoda.config import DTYPES, ConfigError, ModelConfig
+from pagoda.config import DTYPES, ModelConfig
+from pagoda.errors import ConfigError
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 
 logger = logging.getLogger(__name__)
