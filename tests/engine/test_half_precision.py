@@ -13,9 +13,10 @@ from tests.reference import hf_greedy
 pytestmark = pytest.mark.slow
 
 # Max |logprob difference| over the reference's top-20 next tokens. Half-precision matmuls
-# accumulate differently in the two implementations; these bounds are several times what we
-# measure (bf16 ~0.05, fp16 ~0.01) and far below what a wrong kernel gives (> 1).
-TOLERANCE = {torch.bfloat16: 0.25, torch.float16: 0.05}
+# accumulate differently in the two implementations; these bounds are about twice what we
+# measure on the chat prompt below (bf16 0.17, fp16 0.013) and far below what a wrong kernel
+# gives (> 1).
+TOLERANCE = {torch.bfloat16: 0.35, torch.float16: 0.03}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
