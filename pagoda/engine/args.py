@@ -27,6 +27,10 @@ class EngineArgs:
     device: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0
+    gpu_memory_utilization: float = 0.9  # GPU: share of its memory the engine may use (kv_cache_memory sizes the pool on CPU)
+    enforce_eager: bool = False  # GPU: no CUDA graphs
+    quantization: str | None = None  # "fp8": linear weights in float8 (compute capability >= 8.9)
+    load_format: str = "auto"  # "dummy": random weights of the model's config, to time a model without its weights
 
     def create_config(self) -> EngineConfig:
         from pagoda.model_executor.loader import load_model_config
@@ -35,7 +39,7 @@ class EngineArgs:
                               ("cpu" if self.device == "auto" else self.device))
         path = resolve_model(self.model)
         name = self.served_model_name or display_name(self.model)
-        model = load_model_config(path, name, self.dtype, self.max_model_len, device)
+        model = load_model_config(path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization)
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if device.type == "cuda" else "torch"
@@ -43,7 +47,7 @@ class EngineArgs:
             raise ConfigError(f"Unknown attention backend {backend!r}; choose auto, torch or triton.")
         return EngineConfig(
             model=model,
-            cache=CacheConfig(self.block_size, self.kv_cache_memory, self.enable_prefix_caching),
+            cache=CacheConfig(self.block_size, self.kv_cache_memory, self.enable_prefix_caching, self.gpu_memory_utilization),
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
@@ -54,4 +58,5 @@ class EngineArgs:
             device=device,
             attention_backend=backend,
             seed=self.seed,
+            enforce_eager=self.enforce_eager,
         )

@@ -19,18 +19,22 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.runner = ModelRunner(config)
-        num_blocks = self.runner.num_blocks_for(config.cache.kv_cache_memory_gib)
+        num_blocks = self.runner.num_kv_blocks()
         capacity = (num_blocks - 1) * config.cache.block_size
-        if capacity < config.model.max_model_len:
+        max_len = config.model.max_model_len
+        if capacity < max_len:
+            knob = "--gpu-memory-utilization" if config.device.type == "cuda" else "--kv-cache-memory"
             raise ConfigError(
-                f"The KV cache ({config.cache.kv_cache_memory_gib} GiB: {capacity} tokens) cannot hold one "
-                f"sequence of max_model_len={config.model.max_model_len}; raise --kv-cache-memory or lower --max-model-len."
+                f"The KV cache ({num_blocks * self.runner.block_bytes() / 2**30:.2f} GiB: {capacity} tokens) cannot "
+                f"hold one sequence of max_model_len={max_len}; raise {knob} or lower --max-model-len."
             )
         self.runner.allocate_kv_cache(num_blocks)
+        self.runner.capture_cuda_graphs()
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.requests: dict[str, Request] = {}
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens)", num_blocks - 1, config.cache.block_size, capacity)
+        logger.info("KV cache: %d blocks of %d tokens, %d tokens: %.1f sequences of max_model_len=%d at once",
+                    num_blocks - 1, config.cache.block_size, capacity, capacity / max_len, max_len)  # fmt: skip
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from pagoda.config import DTYPES, ModelConfig
 from pagoda.errors import ConfigError
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
+from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +21,25 @@ SUPPORTED = ", ".join(sorted(ARCHITECTURES))
 _BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-def load_model_config(path: str, name: str, dtype: str, max_model_len: int | None, device: torch.device) -> ModelConfig:
+LOAD_FORMATS = ("auto", "dummy")
+QUANTIZATIONS = (None, "fp8")
+
+
+def load_model_config(
+    path: str,
+    name: str,
+    dtype: str,
+    max_model_len: int | None,
+    device: torch.device,
+    load_format: str = "auto",
+    quantization: str | None = None,
+) -> ModelConfig:
     from transformers import AutoConfig
+
+    if load_format not in LOAD_FORMATS:
+        raise ConfigError(f"Unknown load_format {load_format!r}; choose auto or dummy.")
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"Unknown quantization {quantization!r}; fp8 is supported (or none).")
 
     try:
         hf_config = AutoConfig.from_pretrained(path)
@@ -38,12 +56,15 @@ def load_model_config(path: str, name: str, dtype: str, max_model_len: int | Non
         raise ConfigError(f"max_model_len {max_model_len} exceeds the model's limit of {limit} positions.")
     generation = _read_json(Path(path) / "generation_config.json")
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    resolved_dtype = resolve_dtype(dtype, hf_config, device)
+    if quantization == "fp8":
+        check_fp8_support(device, resolved_dtype)
     return ModelConfig(
         path=path,
         name=name,
         architecture=architecture,
         hf_config=hf_config,
-        dtype=resolve_dtype(dtype, hf_config, device),
+        dtype=resolved_dtype,
         max_model_len=max_model_len or limit,
         vocab_size=hf_config.vocab_size,
         num_layers=hf_config.num_hidden_layers,
@@ -51,6 +72,8 @@ def load_model_config(path: str, name: str, dtype: str, max_model_len: int | Non
         head_dim=head_dim,
         eos_token_ids=tuple(sorted(_as_set(hf_config.eos_token_id) | _as_set(generation.get("eos_token_id")))),
         generation_defaults={k: generation[k] for k in ("temperature", "top_p", "top_k") if k in generation},
+        load_format=load_format,
+        quantization=quantization,
     )
 
 
@@ -67,9 +90,31 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
 
 
 def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderModel:
+    model = DecoderModel(config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device)
+    if config.load_format == "dummy":
+        init_dummy_weights(model, config.hf_config)
+    else:
+        load_weights(model, config)
+    if config.quantization == "fp8":
+        quantize_linears(model)
+    return model.eval()
+
+
+def init_dummy_weights(model: DecoderModel, hf_config) -> None:
+    """Random weights of the config's shapes (load_format="dummy"), to time a model whose weights
+    are not at hand: norm weights 1, the rest N(0, initializer_range) from the global seed."""
+    std = getattr(hf_config, "initializer_range", None) or 0.02
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        else:
+            param.data.normal_(0.0, std)
+
+
+def load_weights(model: DecoderModel, config: ModelConfig) -> None:
+    """Fill `model`'s parameters from the safetensors files of config.path."""
     from safetensors import safe_open
 
-    model = DecoderModel(config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device)
     params = dict(model.named_parameters())
     pending = {name: p.shape[0] for name, p in params.items()}  # rows still to load
     files = weight_files(Path(config.path))
@@ -96,7 +141,6 @@ def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderMod
     missing = [name for name, rows in pending.items() if rows]
     if missing:
         raise ConfigError(f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    return model.eval()
 
 
 def weight_files(path: Path) -> list[Path]:

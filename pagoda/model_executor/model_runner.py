@@ -7,6 +7,7 @@ owns which blocks belong to whom. Data flows one way: SchedulerOutput in, Runner
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,8 @@ import torch
 from pagoda.attention.backend import AttentionInputs, get_backend, kv_cache_shape
 from pagoda.config import EngineConfig
 from pagoda.core.scheduler import SchedulerOutput
+from pagoda.model_executor import gpu_memory
+from pagoda.model_executor.cuda_graphs import CUDAGraphRunner, capture_sizes
 from pagoda.model_executor.loader import load_model
 from pagoda.model_executor.sampler import sample, token_logprob
 from pagoda.request import Request, TokenLogprob
@@ -43,21 +46,51 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = load_model(config.model, self.backend, self.device)
         self.kv_caches: list[torch.Tensor] = []
+        self.cuda_graphs: CUDAGraphRunner | None = None  # set by capture_cuda_graphs
+
+    def block_bytes(self) -> int:
+        """One KV block of every layer: keys and values of block_size tokens."""
+        m = self.config.model
+        return 2 * self.block_size * m.num_kv_heads * m.head_dim * m.dtype.itemsize * m.num_layers
 
     def num_blocks_for(self, memory_gib: float) -> int:
-        m = self.config.model
-        per_block = 2 * self.block_size * m.num_kv_heads * m.head_dim * m.dtype.itemsize * m.num_layers
-        return int(memory_gib * GIB // per_block)
+        return int(memory_gib * GIB // self.block_bytes())
+
+    def num_kv_blocks(self) -> int:
+        """KV blocks to allocate (block 0 included): kv_cache_memory on CPU; on a GPU what
+        gpu_memory_utilization leaves after weights, the activation peak and CUDA graphs."""
+        if self.device.type != "cuda":
+            return self.num_blocks_for(self.config.cache.kv_cache_memory_gib)
+        profile = gpu_memory.profile(self)
+        return gpu_memory.kv_cache_num_blocks(profile, self.config.cache.gpu_memory_utilization, self.block_bytes())
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         m = self.config.model
         shape = kv_cache_shape(num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in range(m.num_layers)]
 
+    def make_graph_runner(self, capture: bool = True) -> CUDAGraphRunner:
+        """A graph runner over the current KV cache, with buckets up to the largest decode batch."""
+        s, m = self.config.scheduler, self.config.model
+        sizes = capture_sizes(min(s.max_num_seqs, s.max_num_batched_tokens))
+        return CUDAGraphRunner(self.model, self.backend, self.kv_caches, sizes=sizes, max_context=m.max_model_len,
+                               block_size=self.block_size, dtype=m.dtype, device=self.device, capture=capture)  # fmt: skip
+
+    def capture_cuda_graphs(self) -> None:
+        """After allocate_kv_cache: capture the decode graphs, unless the config runs eagerly."""
+        if not self.config.use_cuda_graphs:
+            return
+        start, free = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
+        self.cuda_graphs = self.make_graph_runner()
+        self.cuda_graphs.capture()
+        used = (free - torch.cuda.mem_get_info(self.device)[0]) / GIB
+        logger.info("CUDA graphs for decode batches %s captured in %.1f s (%.2f GiB)", self.cuda_graphs.sizes,
+                    time.perf_counter() - start, used)  # fmt: skip
+
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> RunnerOutput:
         batch = self._prepare(step)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
+        hidden = self._forward(batch)
         sampling = [r for r, _ in batch.samplers]
         tokens: list[int | None] = [None] * len(step.scheduled)
         logprobs: list[TokenLogprob | None] = [None] * len(step.scheduled)
@@ -68,6 +101,12 @@ class ModelRunner:
                 tokens[slot], logprobs[slot] = token, lp
         prompt_logprobs = self._prompt_logprobs(step, batch, hidden) if batch.wants_prompt_logprobs else [None] * len(step.scheduled)
         return RunnerOutput(tokens, logprobs, prompt_logprobs)
+
+    def _forward(self, batch: _Batch) -> torch.Tensor:
+        """A pure-decode step that fits a bucket replays that bucket's CUDA graph; the rest run eagerly."""
+        if self.cuda_graphs is not None and self.cuda_graphs.covers(batch.attn_inputs):
+            return self.cuda_graphs.replay(batch.input_ids, batch.positions, batch.attn_inputs)
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
 
     def _prepare(self, step: SchedulerOutput) -> _Batch:
         bs = self.block_size
@@ -105,6 +144,7 @@ class ModelRunner:
         return _Batch(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
             positions=torch.from_numpy(positions).to(device),
+            attn_inputs=inputs,
             attn_metadata=self.backend.build_metadata(inputs),
             samplers=samplers,
             sample_indices=sample_indices,
@@ -134,6 +174,7 @@ class ModelRunner:
 class _Batch:
     input_ids: torch.Tensor
     positions: torch.Tensor
+    attn_inputs: AttentionInputs
     attn_metadata: object
     samplers: list[tuple[Request, int]]  # requests that sample this step, with their slot in the step
     sample_indices: torch.Tensor
