@@ -113,9 +113,10 @@ class AsyncEngine:
     def reset_prefix_cache(self) -> bool:
         """Only while nothing runs (the engine thread is then idle waiting for work)."""
         with self._lock:
-            if self.core.has_unfinished or self._inbox:
+            if self.core.has_unfinished or self._inbox or not self.core.kv.reset_prefix_cache():
                 return False
-            return self.core.kv.reset_prefix_cache()
+            self._publish_stats(self.stats.num_steps)
+            return True
 
     # ---- engine thread -------------------------------------------------------------------
     def _send(self, kind: str, payload) -> None:
