@@ -7,6 +7,7 @@ Auth (--api-key): every /v1 route and the admin route need `Authorization: Beare
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -60,9 +61,10 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         try:
             yield
         finally:
-            engine.shutdown()
+            # joined off the loop, so that cancelled requests still send their aborts meanwhile
+            await asyncio.to_thread(engine.shutdown)
             if state.sinks.request_log is not None:
-                state.sinks.request_log.close()
+                await asyncio.to_thread(state.sinks.request_log.close)
 
     app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan)
     install_handlers(app)

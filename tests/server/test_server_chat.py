@@ -1,0 +1,116 @@
+"""/v1/chat/completions through the official openai client, and the exact SSE shape over raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.server.helpers import MODEL, sse_events
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a fruit."}]
+GREEDY = {"temperature": 0.0, "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def greedy(client) -> str:
+    return client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY).choices[0].message.content
+
+
+def test_chat_message_usage_and_finish(client, http, greedy):
+    result = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    choice = result.choices[0]
+    assert result.object == "chat.completion" and result.id.startswith("chatcmpl-") and result.model == MODEL
+    assert choice.message.role == "assistant" and choice.message.content == greedy and greedy.strip()
+    assert choice.finish_reason == "length" and choice.logprobs is None
+    templated = http.post("/tokenize", json={"messages": MESSAGES}).json()
+    assert result.usage.prompt_tokens == templated["count"] and result.usage.completion_tokens == 6
+    assert result.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_max_completion_tokens_and_text_parts(client, greedy):
+    parts = [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "Name a fruit."}]}]
+    result = client.chat.completions.create(model=MODEL, messages=parts, temperature=0.0, max_completion_tokens=6)
+    assert result.choices[0].message.content == greedy and result.usage.completion_tokens == 6
+
+
+def test_stream_in_openai_shape(http, greedy):
+    body = {"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}, **GREEDY}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response.iter_lines())
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    first, *middle, last_choice, usage = chunks
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["choices"][0]["finish_reason"] is None and c["usage"] is None for c in [first, *middle])
+    assert "".join(c["choices"][0]["delta"]["content"] for c in middle) == greedy
+    assert last_choice["choices"][0]["delta"] == {} and last_choice["choices"][0]["finish_reason"] == "length"
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+    assert usage["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+
+
+def test_stream_without_usage_has_no_usage_field(http):
+    with http.stream("POST", "/v1/chat/completions", json={"messages": MESSAGES, "stream": True, **GREEDY}) as response:
+        chunks = sse_events(response.iter_lines())[:-1]
+    assert all("usage" not in c for c in chunks) and chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_logprobs_and_top_logprobs(client, greedy):
+    result = client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3, **GREEDY)
+    content = result.choices[0].logprobs.content
+    assert len(content) == 6 and "".join(entry.token for entry in content) == greedy
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token  # greedy: the top one
+        assert entry.bytes == list(entry.token.encode()) and entry.logprob <= 0
+
+
+def test_n_seed_stop_and_penalties(client, greedy):
+    def sample(**kwargs):
+        return client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=1.0, max_tokens=6, n=2,
+                                              seed=11, presence_penalty=0.5, frequency_penalty=0.3, **kwargs)
+
+    first, again = sample(), sample()
+    assert [c.index for c in first.choices] == [0, 1]
+    assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
+    assert first.usage.completion_tokens == 12
+    word = greedy.split()[-1]
+    stopped = client.chat.completions.create(model=MODEL, messages=MESSAGES, stop=[word], **GREEDY).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.message.content == greedy[: greedy.index(word)]
+
+
+def test_logit_bias_forces_a_token(client, http):
+    token = http.post("/tokenize", json={"prompt": " kiwi", "add_special_tokens": False}).json()["tokens"][0]
+    text = http.post("/detokenize", json={"tokens": [token]}).json()["prompt"]
+    result = client.chat.completions.create(model=MODEL, messages=MESSAGES, logit_bias={str(token): 100}, **GREEDY)
+    assert text.strip() and result.choices[0].message.content == text * 6
+
+
+def test_streaming_n_choices_each_finish(client):
+    texts, finishes = {0: "", 1: ""}, {}
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, stream=True, **GREEDY)
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert texts[0] == texts[1] and texts[0].strip() and finishes == {0: "length", 1: "length"}
+
+
+def test_async_client_chat(aclient, greedy):
+    async def run() -> list[str]:
+        async with aclient() as api:
+            async def streamed() -> str:
+                stream = await api.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, **GREEDY)
+                return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+            async def plain() -> str:
+                result = await api.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+                return result.choices[0].message.content
+
+            return list(await asyncio.gather(streamed(), plain(), streamed()))
+
+    assert asyncio.run(run()) == [greedy] * 3

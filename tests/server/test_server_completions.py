@@ -1,0 +1,156 @@
+"""/v1/completions through the official openai client (and raw HTTP where the exact shape matters)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.server.helpers import MODEL, PROMPTS, sse_events
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0.0, "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def greedy(client) -> dict[str, str]:
+    """Greedy 6-token continuations of two prompts, one request at a time."""
+    return {p: client.completions.create(model=MODEL, prompt=p, **GREEDY).choices[0].text for p in PROMPTS[:2]}
+
+
+def test_completion_text_usage_and_finish(client, greedy):
+    result = client.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY)
+    choice = result.choices[0]
+    assert result.object == "text_completion" and result.model == MODEL and result.id.startswith("cmpl-")
+    assert choice.text == greedy[PROMPTS[0]] and choice.text.strip()
+    assert choice.finish_reason == "length" and choice.index == 0
+    assert result.usage.completion_tokens == 6
+    assert result.usage.total_tokens == result.usage.prompt_tokens + 6
+    assert result.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_stream_matches_non_stream(client, greedy):
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[1], stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == greedy[PROMPTS[1]]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 0
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_many_prompts_and_n_are_indexed_prompt_major(client, greedy):
+    result = client.completions.create(model=MODEL, prompt=PROMPTS[:2], n=2, **GREEDY)
+    by_index = {c.index: c.text for c in result.choices}
+    assert sorted(by_index) == [0, 1, 2, 3]
+    assert by_index[0] == by_index[1] == greedy[PROMPTS[0]]
+    assert by_index[2] == by_index[3] == greedy[PROMPTS[1]]
+    assert result.usage.completion_tokens == 4 * 6
+
+
+def test_token_id_prompts_equal_text_prompts(client, http, greedy):
+    ids = [http.post("/tokenize", json={"prompt": p}).json()["tokens"] for p in PROMPTS[:2]]
+    one = client.completions.create(model=MODEL, prompt=ids[0], **GREEDY)
+    both = client.completions.create(model=MODEL, prompt=ids, **GREEDY)
+    assert one.choices[0].text == greedy[PROMPTS[0]]
+    assert [c.text for c in sorted(both.choices, key=lambda c: c.index)] == [greedy[p] for p in PROMPTS[:2]]
+    assert both.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+
+
+def test_streamed_many_prompts_reassemble(client, greedy):
+    texts = {0: "", 1: ""}
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPTS[:2], stream=True, **GREEDY):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == {0: greedy[PROMPTS[0]], 1: greedy[PROMPTS[1]]}
+
+
+def test_echo_with_legacy_logprobs(client, greedy):
+    result = client.completions.create(model=MODEL, prompt=PROMPTS[0], echo=True, logprobs=2, **GREEDY)
+    choice = result.choices[0]
+    lp = choice.logprobs
+    assert choice.text == PROMPTS[0] + greedy[PROMPTS[0]]
+    assert len(lp.tokens) == result.usage.prompt_tokens + 6
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    generated = lp.top_logprobs[-6:]
+    # the sampled (greedy) token is among at most k + 1 entries, and is the most likely one
+    for token, top in zip(lp.tokens[-6:], generated):
+        assert 1 <= len(top) <= 3 and max(top, key=top.get) == token
+
+
+def test_stream_with_echo_and_logprobs(http):
+    body = {"prompt": PROMPTS[0], "echo": True, "logprobs": 1, "stream": True, **GREEDY}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        events = sse_events(response.iter_lines())
+    chunks = events[:-1]
+    assert events[-1] == "[DONE]"
+    assert chunks[0]["choices"][0]["text"] == PROMPTS[0]
+    assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    tokens = [t for c in chunks[1:] for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert len(tokens) == 6
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_string_ends_the_text(client, greedy):
+    full = greedy[PROMPTS[0]]
+    stop = full.strip().split()[1]  # a word from the middle of the greedy continuation
+    cut = client.completions.create(model=MODEL, prompt=PROMPTS[0], stop=[stop], **GREEDY).choices[0]
+    assert cut.finish_reason == "stop" and cut.text == full[: full.index(stop)]
+    kept = client.completions.create(model=MODEL, prompt=PROMPTS[0], stop=stop, **GREEDY,
+                                     extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert kept.text == full[: full.index(stop) + len(stop)]
+    assert kept.model_extra["stop_reason"] == stop
+
+
+def test_seed_reproduces_a_sample(client):
+    def sample(seed: int) -> str:
+        return client.completions.create(model=MODEL, prompt=PROMPTS[5], temperature=1.0, max_tokens=5,
+                                         seed=seed).choices[0].text
+
+    first = sample(7)
+    assert sample(7) == first
+    assert any(sample(s) != first for s in (8, 9))
+
+
+def test_vllm_sampling_extensions(client, http, greedy):
+    token = http.post("/tokenize", json={"prompt": " banana", "add_special_tokens": False}).json()["tokens"][0]
+    text = http.post("/detokenize", json={"tokens": [token]}).json()["prompt"]
+    forced = client.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY,
+                                       logit_bias={str(token): 100}).choices[0]
+    assert text.strip() and forced.text == text * 6
+    first = http.post("/tokenize", json={"prompt": greedy[PROMPTS[0]], "add_special_tokens": False}).json()["tokens"][0]
+    stopped = client.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY,
+                                        extra_body={"stop_token_ids": [first]}).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.model_extra["stop_reason"] == first
+    assert stopped.text == greedy[PROMPTS[0]][: len(stopped.text)]
+    shaped = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0.7, top_p=0.9,
+                                       presence_penalty=0.5, frequency_penalty=0.5,
+                                       extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2,
+                                                   "min_tokens": 4, "ignore_eos": True, "skip_special_tokens": True})
+    assert shaped.usage.completion_tokens == 4
+
+
+def test_prompt_logprobs_in_vllm_shape(client, http):
+    ids = http.post("/tokenize", json={"prompt": PROMPTS[0]}).json()["tokens"]
+    choice = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1,
+                                       extra_body={"prompt_logprobs": 1}).choices[0]
+    entries = choice.model_extra["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    for token_id, entry in zip(ids[1:], entries[1:]):
+        assert str(token_id) in entry and entry[str(token_id)]["logprob"] <= 0
+        assert 1 <= len(entry) <= 2
+
+
+def test_async_client_completions(aclient, greedy):
+    async def both() -> tuple[str, str]:
+        async with aclient() as api:
+            result = await api.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY)
+            stream = await api.completions.create(model=MODEL, prompt=PROMPTS[0], stream=True, **GREEDY)
+            return result.choices[0].text, "".join([c.choices[0].text async for c in stream if c.choices])
+
+    assert asyncio.run(both()) == (greedy[PROMPTS[0]], greedy[PROMPTS[0]])

@@ -1,0 +1,76 @@
+"""/v1/models, /tokenize, /detokenize, /health, /version, /metrics and /reset_prefix_cache."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from pagoda import __version__
+from tests.server.helpers import MODEL, PROMPTS, metric, wait_idle
+
+pytestmark = pytest.mark.slow
+
+# 60+ tokens: several whole KV blocks of 16, so a repeat finds them in the prefix cache
+LONG_PROMPT = " ".join(f"Section {i}: the river bends past the old mill." for i in range(8))
+
+
+def test_models_lists_the_served_model(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].owned_by == "pagoda" and models[0].model_extra["max_model_len"] == 2048
+
+
+def test_tokenize_and_detokenize_round_trip(http):
+    tokens = http.post("/tokenize", json={"prompt": PROMPTS[3]}).json()
+    assert tokens["count"] == len(tokens["tokens"]) > 5 and tokens["max_model_len"] == 2048
+    assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": PROMPTS[3]}
+    templated = http.post("/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[3]}]}).json()
+    assert templated["count"] > tokens["count"]  # the chat template adds its markup
+
+
+def test_health_and_version_need_no_key(server):
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert httpx.get(f"{server.base_url}/version").json() == {"version": __version__}
+
+
+def test_repeated_prompt_hits_the_prefix_cache_and_metrics_count_it(client, http, server):
+    assert http.post("/reset_prefix_cache").status_code == 200
+    before = wait_idle(server.base_url)
+    first = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2, temperature=0)
+    second = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2, temperature=0)
+    prompt_tokens = first.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == (prompt_tokens - 1) // 16 * 16 and cached >= 48
+    after = wait_idle(server.base_url)
+
+    def grew(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, False, **labels)
+
+    assert grew("pagoda:prompt_tokens_total") == 2 * prompt_tokens
+    assert grew("pagoda:generation_tokens_total") == 4
+    assert grew("pagoda:prefix_cache_queries_total") == 2 * prompt_tokens
+    assert grew("pagoda:prefix_cache_hits_total") == cached
+    assert grew("pagoda:request_success_total", finished_reason="length") == 2
+    for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+                      "time_per_output_token_seconds"):
+        assert grew(f"pagoda:{histogram}_count") == 2
+    assert metric(after, "pagoda:prefix_cache_blocks") >= cached // 16
+    assert metric(after, "pagoda:num_preemptions_total") >= 0
+
+
+def test_reset_prefix_cache_empties_it_and_refuses_while_busy(client, http, server):
+    client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=1)
+    assert http.post("/reset_prefix_cache").status_code == 200
+    assert metric(wait_idle(server.base_url), "pagoda:prefix_cache_blocks") == 0
+    again = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=1)
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
+
+    body = {"prompt": LONG_PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()  # kept referenced: a dropped iterator closes the connection
+        assert next(lines).startswith("data: ")  # the request runs
+        refused = http.post("/reset_prefix_cache")
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "requests_running"
+    wait_idle(server.base_url)

@@ -1,0 +1,120 @@
+"""Every refusal over raw HTTP: OpenAI's error body, the right status, the offending param named;
+and the engine keeps serving afterwards."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.helpers import MODEL
+
+pytestmark = pytest.mark.slow
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+COMPLETION = {"prompt": "Hi", "max_tokens": 2}
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/v1/chat/completions", "/reset_prefix_cache"])
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "test-key"}])
+def test_missing_or_wrong_key_is_401(server, path, headers):
+    method = "GET" if path == "/v1/models" else "POST"
+    response = httpx.request(method, server.base_url + path, headers=headers, json=CHAT | COMPLETION)
+    assert error_of(response, 401)["code"] == "invalid_api_key"
+
+
+def test_unknown_model_is_404(http):
+    for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
+        error = error_of(http.post(path, json={**body, "model": "gpt-4"}), 404)
+        assert error["param"] == "model" and "gpt-4" in error["message"] and MODEL in error["message"]
+
+
+def test_unknown_route_is_an_openai_404(http):
+    assert error_of(http.get("/v1/nothing"), 404)["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "auto"),
+    ("functions", [{"name": "f"}]),
+    ("function_call", "auto"),
+    ("response_format", {"type": "json_object"}),
+    ("audio", {"voice": "alloy", "format": "wav"}),
+    ("modalities", ["text", "audio"]),
+])
+def test_unsupported_chat_fields_are_400(http, field, value):
+    error = error_of(http.post("/v1/chat/completions", json={**CHAT, field: value}), 400)
+    assert error["param"] == field and field in error["message"]
+
+
+@pytest.mark.parametrize("field, value", [("suffix", "tail"), ("best_of", 3)])
+def test_unsupported_completion_fields_are_400(http, field, value):
+    assert error_of(http.post("/v1/completions", json={**COMPLETION, field: value}), 400)["param"] == field
+
+
+def test_harmless_values_of_refused_fields_pass(http):
+    ok = {"response_format": {"type": "text"}, "tool_choice": "none", "modalities": ["text"], "unknown_field": 1}
+    assert http.post("/v1/chat/completions", json={**CHAT, **ok}).status_code == 200
+    assert http.post("/v1/completions", json={**COMPLETION, "best_of": 1}).status_code == 200
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {**COMPLETION, "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {**COMPLETION, "temperature": -1}, "temperature"),
+    ("/v1/completions", {**COMPLETION, "n": 0}, "n"),
+    ("/v1/completions", {**COMPLETION, "top_p": 0}, "top_p"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "logprobs": 50}, "logprobs"),
+    ("/v1/completions", {**COMPLETION, "presence_penalty": 3}, "presence_penalty"),
+    ("/v1/completions", {**COMPLETION, "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 500}}, "logit_bias"),
+    ("/v1/completions", {**COMPLETION, "stop_token_ids": [-1]}, "stop_token_ids"),
+    ("/v1/completions", {**COMPLETION, "seed": 2**70}, "seed"),
+    ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/completions", {"prompt": [1, 2, 10**9], "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"prompt": [], "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"prompt": "", "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"max_tokens": 2}, "prompt"),
+    ("/v1/chat/completions", {"max_tokens": 2}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+     "messages[0].content[1].type"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
+    ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+])
+def test_invalid_parameters_are_400_naming_the_param(http, path, body, param):
+    error = error_of(http.post(path, json=body), 400)
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_malformed_json_is_400(http):
+    response = http.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert "JSON" in error_of(response, 400)["message"]
+
+
+def test_too_long_prompt_is_400_with_the_numbers(http):
+    prompt = [42] * 2040
+    error = error_of(http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 100}), 400)
+    assert error["param"] == "prompt"
+    assert ("maximum context length is 2048 tokens. However, you requested 2140 tokens "
+            "(2040 in the prompt, 100 in the completion)") in error["message"]
+    whole = [{"role": "user", "content": "word " * 2100}]  # no max_tokens: the prompt alone is too long
+    error = error_of(http.post("/v1/chat/completions", json={"messages": whole}), 400)
+    assert error["param"] == "messages" and "maximum context length is 2048 tokens" in error["message"]
+
+
+def test_the_engine_still_serves_after_bad_input(http, server):
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert http.post("/v1/completions", json=COMPLETION).json()["usage"]["completion_tokens"] == 2

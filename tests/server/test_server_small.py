@@ -1,0 +1,112 @@
+"""On the small server (one sequence at a time, a waiting queue of one, prompts in log lines):
+503 when the queue is full, --log-prompts, and SIGTERM (last: it ends the server)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server.helpers import SMALL_GRACE_S, metric, sse_events
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def waiting(base_url: str) -> float:
+    return metric(httpx.get(f"{base_url}/metrics").text, "pagoda:num_requests_waiting")
+
+
+def in_thread(work) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_full_queue_is_503_with_retry_after(small_server):
+    base = small_server.base_url
+    long = {"prompt": "Count slowly:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=base, timeout=120) as http, http.stream("POST", "/v1/completions", json=long) as running:
+        lines = running.iter_lines()  # kept referenced: a dropped iterator closes the connection
+        next(lines)  # the first token: this request runs, the only one allowed
+        queued, result = in_thread(lambda: httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                                                      timeout=120))
+        wait_for(lambda: waiting(base) == 1)
+        refused = httpx.post(f"{base}/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+        chat = httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                               "max_tokens": 2, "stream": True})
+    for response in (refused, chat):
+        assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+        assert response.json()["error"]["code"] == "queue_full"
+    queued.join(timeout=120)
+    assert result["value"].status_code == 200 and result["value"].json()["usage"]["completion_tokens"] == 2
+
+
+def test_log_prompts_puts_prompt_text_in_the_log_line(small_server):
+    response = httpx.post(f"{small_server.base_url}/v1/completions", json={"prompt": "ocelot-quince-5521", "max_tokens": 1})
+    request_id = response.json()["id"]
+    wait_for(lambda: request_id in small_server.log(), 10)
+    [line] = [line for line in small_server.log().splitlines() if request_id in line]
+    assert "prompt='ocelot-quince-5521'" in line
+
+
+def decode_rate(base: str) -> float:
+    """Tokens per second of one sequence on this machine now."""
+    body = {"prompt": "Warm up", "max_tokens": 16, "ignore_eos": True}
+    started = time.monotonic()
+    assert httpx.post(f"{base}/v1/completions", json=body, timeout=120).status_code == 200
+    return 16 / (time.monotonic() - started)
+
+
+def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server):
+    """A stream in flight at SIGTERM (sized to take about 3 s here, a quarter of the grace, so a
+    load spike does not push it past the grace) finishes; one that cannot finish within the grace
+    (2000 tokens, queued behind it) is aborted; exit code 0."""
+    base = small_server.base_url
+    short_tokens = max(8, min(400, int(decode_rate(base) * 3)))
+    first_token = threading.Event()
+
+    def stream(prompt: str, max_tokens: int) -> tuple[list, float]:
+        body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120) as response:
+            lines = []
+            for line in response.iter_lines():
+                lines.append(line)
+                first_token.set()
+            return sse_events(lines), time.monotonic()
+
+    short, short_result = in_thread(lambda: stream("Finish me", short_tokens))
+    assert first_token.wait(timeout=60)
+    endless, endless_result = in_thread(lambda: stream("kestrel-endless-9034", 2000))
+    wait_for(lambda: waiting(base) == 1)
+    small_server.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    short.join(timeout=SMALL_GRACE_S + 30)
+    assert "value" in short_result, short_result.get("error")
+    events, finished = short_result["value"]
+    assert finished > signalled  # it was in flight
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{base}/health", timeout=2)  # no longer accepting
+    assert small_server.process.wait(timeout=60) == 0
+    endless.join(timeout=10)
+    assert "error" in endless_result or endless_result["value"][0][-1] != "[DONE]"
+    [line] = [line for line in small_server.log().splitlines() if "kestrel-endless-9034" in line]
+    assert "finish_reason=abort" in line

@@ -1,0 +1,96 @@
+"""The server's pure pieces, without a server: context-length arithmetic, error params, field
+refusals, logprob shapes, the request log writer."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from pagoda.entrypoints.openai.errors import APIError, param_of
+from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs
+from pagoda.entrypoints.openai.params import check_context
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
+from pagoda.entrypoints.openai.request_log import RequestLogWriter
+from pagoda.request import TokenLogprob
+
+
+@pytest.mark.parametrize("prompt, max_tokens, fits", [
+    (2040, 8, True), (2041, 8, False), (1, 2047, True), (1, 2048, False), (2047, None, True), (2048, None, False),
+])
+def test_prompt_plus_max_tokens_must_fit_the_context(prompt, max_tokens, fits):
+    if fits:
+        check_context(prompt, max_tokens, 2048, "prompt")
+        return
+    with pytest.raises(APIError) as raised:
+        check_context(prompt, max_tokens, 2048, "prompt")
+    assert raised.value.status == 400 and raised.value.param == "prompt"
+    assert "maximum context length is 2048 tokens" in raised.value.message
+
+
+def test_empty_prompt_is_refused():
+    with pytest.raises(APIError, match="empty"):
+        check_context(0, 5, 2048, "messages")
+
+
+@pytest.mark.parametrize("loc, param", [
+    (("body", "temperature"), "temperature"),
+    (("body", "messages", 0, "content"), "messages[0].content"),
+    (("body", "prompt", "list[int]", 3), "prompt[3]"),
+    (("body", "prompt", "str"), "prompt"),
+    (("body", "stream_options", "StreamOptions", "include_usage"), "stream_options.include_usage"),
+    (("body",), None),
+])
+def test_param_of_names_the_field_the_client_sent(loc, param):
+    assert param_of(loc) == param
+
+
+def test_unsupported_fields():
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    assert unsupported_fields(ChatCompletionRequest(**chat)) is None
+    assert unsupported_fields(ChatCompletionRequest(**chat, tools=[])) is None
+    assert unsupported_fields(ChatCompletionRequest(**chat, tool_choice="required")) == "tool_choice"
+    assert unsupported_fields(ChatCompletionRequest(**chat, response_format={"type": "json_schema"})) == "response_format"
+    assert unsupported_fields(CompletionRequest(prompt="x", n=2, best_of=2)) is None
+    assert unsupported_fields(CompletionRequest(prompt="x", n=2, best_of=4)) == "best_of"
+
+
+class _Texts:
+    def text(self, token_id: int) -> str:
+        return {1: "Hel", 2: "lo", 3: " there", 4: "!"}[token_id]
+
+
+def test_legacy_logprobs_list_the_sampled_token_among_the_top():
+    lps = [TokenLogprob(3, -0.5, 1, {3: -0.5}), TokenLogprob(4, -2.0, 2, {3: -1.0})]
+    result = completion_logprobs(_Texts(), lps, text_offset=5)
+    assert result == {
+        "tokens": [" there", "!"],
+        "token_logprobs": [-0.5, -2.0],
+        "top_logprobs": [{" there": -0.5}, {" there": -1.0, "!": -2.0}],
+        "text_offset": [5, 11],
+    }
+
+
+def test_echoed_prompt_starts_without_a_logprob():
+    result = echo_logprobs(_Texts(), [1, 2], [None, TokenLogprob(2, -3.0, 4, {3: -0.1})])
+    assert result["tokens"] == ["Hel", "lo"] and result["token_logprobs"] == [None, -3.0]
+    assert result["top_logprobs"] == [None, {" there": -0.1, "lo": -3.0}] and result["text_offset"] == [0, 3]
+
+
+def test_request_log_writes_json_lines(tmp_path):
+    path = tmp_path / "log.jsonl"
+    writer = RequestLogWriter(path)
+    writer.write({"request_id": "a", "body": {"prompt": "é"}})
+    writer.write({"request_id": "b"})
+    writer.close()
+    assert [json.loads(line)["request_id"] for line in path.read_text(encoding="utf-8").splitlines()] == ["a", "b"]
+
+
+def test_request_log_failure_is_logged_once_and_never_raises(tmp_path, caplog):
+    writer = RequestLogWriter(tmp_path / "missing-dir" / "log.jsonl")
+    with caplog.at_level(logging.ERROR):
+        for i in range(3):
+            writer.write({"request_id": str(i)})
+        writer.close()
+    assert len([r for r in caplog.records if "request log" in r.getMessage()]) == 1
