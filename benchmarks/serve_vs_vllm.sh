@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Pagoda's server beside vLLM's CPU build, one after the other on this machine: the same model
+# and dtype (SmolLM2-135M-Instruct, the fp32 HF directory from smollm2-hf.sh), the same context
+# and KV budget, the same client (vLLM's own `vllm bench serve`: random 256 in / 64 out,
+# ignore_eos, seed 0) at concurrency 1, 8 and 32; the prefix cache is reset before each level.
+# Also cold start: process start until the first request is answered.
+#
+#   benchmarks/serve_vs_vllm.sh [OUT_DIR]
+#   env: ENGINES="pagoda vllm" (default both; each runs with the machine to itself),
+#        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
+#        PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048)
+#
+# Needs ../shared/peers (vllm-cpu.sh installs vLLM on first use). Each server runs in its own
+# process group and is stopped (SIGTERM, then SIGKILL) when its half ends, however it ends.
+# Results: OUT_DIR/ENGINE/c{C}.json (vLLM's result files), OUT_DIR/ENGINE/cold_start_s,
+# OUT_DIR/ENGINE/server.log, and the table in OUT_DIR/table.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PEERS=${PEERS:-$(cd .. && pwd)/shared/peers}
+OUT=${1:-/tmp/serve_vs_vllm}
+ENGINES=${ENGINES:-pagoda vllm}
+CONCURRENCY=${CONCURRENCY:-1 8 32}
+PORT=${PORT:-18300}
+export KV_GIB=${KV_GIB:-4} MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+NAME=smollm2
+URL=http://127.0.0.1:$PORT
+MODEL_DIR=$("$PEERS/smollm2-hf.sh")
+mkdir -p "$OUT"
+
+now() { date +%s.%N; }
+
+server_command() {  # the engine's serve command, same model, dtype, context and KV budget
+  case "$1" in
+    pagoda) echo python -m pagoda.entrypoints.cli serve "$MODEL_DIR" --port "$PORT" --dtype float32 \
+              --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
+    vllm) echo "$PEERS/vllm-cpu.sh" serve "$PORT" --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" ;;
+    *) echo "unknown engine $1" >&2; exit 2 ;;
+  esac
+}
+
+SERVER=""
+stop_server() {
+  [ -n "$SERVER" ] || return 0
+  kill -TERM -- "-$SERVER" 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 -- "-$SERVER" 2>/dev/null || { SERVER=""; return 0; }; sleep 1; done
+  kill -KILL -- "-$SERVER" 2>/dev/null || true
+  SERVER=""
+}
+trap stop_server EXIT
+
+first_answer() {  # one completion of one token; fails until the server answers
+  curl -sf -m 60 "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$NAME\", \"prompt\": \"Hello\", \"max_tokens\": 1}" >/dev/null
+}
+
+run_engine() {
+  local engine=$1 dir=$OUT/$1 started
+  mkdir -p "$dir"
+  started=$(now)
+  # shellcheck disable=SC2046 # the command is split into words on purpose
+  setsid $(server_command "$engine") >"$dir/server.log" 2>&1 &
+  SERVER=$!
+  echo "[$engine] starting (log: $dir/server.log)" >&2
+  until first_answer; do
+    kill -0 "$SERVER" 2>/dev/null || { tail -20 "$dir/server.log" >&2; exit 1; }
+    sleep 0.5
+  done
+  python -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$started" "$(now)" \
+    | tee "$dir/cold_start_s" | sed "s/^/[$engine] cold start s: /" >&2
+  for c in $CONCURRENCY; do
+    curl -sf -X POST "$URL/reset_prefix_cache" >/dev/null || echo "[$engine] could not reset the prefix cache" >&2
+    "$PEERS/vllm-cpu.sh" bench --backend openai --base-url "$URL" --model "$NAME" --tokenizer "$MODEL_DIR" \
+      --dataset-name random --random-input-len 256 --random-output-len 64 --ignore-eos \
+      --max-concurrency "$c" --num-prompts "${NUM_PROMPTS:-$((c * 4 > 16 ? c * 4 : 16))}" --seed 0 \
+      --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --disable-tqdm \
+      --save-result --result-dir "$dir" --result-filename "c$c.json" >"$dir/bench-c$c.log" 2>&1 \
+      || { tail -20 "$dir/bench-c$c.log" >&2; exit 1; }
+    echo "[$engine] concurrency $c done" >&2
+  done
+  stop_server
+}
+
+for engine in $ENGINES; do run_engine "$engine"; done
+
+python - "$OUT" "$CONCURRENCY" $ENGINES <<'EOF' | tee "$OUT/table.txt"
+import json, sys
+from pathlib import Path
+
+out, levels, engines = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3:]
+rows = [("cold start s", None, lambda e: float((out / e / "cold_start_s").read_text()))]
+for c in levels:
+    def field(key, c=c):
+        return lambda e: json.loads((out / e / f"c{c}.json").read_text())[key]
+    rows += [("output tok/s", c, field("output_throughput")), ("TTFT p50 ms", c, field("median_ttft_ms")),
+             ("TTFT p99 ms", c, field("p99_ttft_ms")), ("TPOT p50 ms", c, field("median_tpot_ms"))]
+ratio = len(engines) == 2
+print(f"{'metric':<14}{'conc':>5}" + "".join(f"{e:>12}" for e in engines) + (f"{'ratio':>9}" if ratio else ""))
+for label, c, read in rows:
+    values = [read(e) for e in engines]
+    line = f"{label:<14}{c or '':>5}" + "".join(f"{v:>12.1f}" for v in values)
+    print(line + (f"{values[0] / values[1]:>8.2f}x" if ratio and values[1] else ""))
+if ratio:
+    print(f"(ratio: {engines[0]} / {engines[1]}; above 1 is better for tok/s, worse for times)")
+EOF
