@@ -123,6 +123,7 @@ class CUDAGraphRunner:
         fits = inputs.block_tables.shape[1] <= self.block_tables.shape[1]
         return inputs.num_decodes == inputs.num_reqs <= self.max_batch and fits
 
+    @torch.inference_mode()
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         """The hidden states [n, hidden] of a step that `covers` accepts; valid until the next replay."""
         n = inputs.num_reqs
