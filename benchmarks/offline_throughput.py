@@ -68,7 +68,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=getattr(torch, args.dtype)).eval()
     vocab = llm.engine.config.model.vocab_size
     rows = []
-    for label, jobs in (("32 prompts", workload(args.num_prompts, vocab, args.seed)),
+    for label, jobs in ((f"{args.num_prompts} prompts", workload(args.num_prompts, vocab, args.seed)),
                         ("batch 1", [(workload(1, vocab, args.seed + 1)[0][0][:256], 128)])):
         run_pagoda(llm, jobs[:2])  # warm-up
         out_tokens = sum(n for _, n in jobs)
