@@ -2,7 +2,8 @@
 # One-shot device check on a CUDA machine (an H200): correctness first, then timings.
 #
 #   benchmarks/gpu_check.sh            # results and logs in $OUT, else results/gpu_check/
-#   benchmarks/gpu_check.sh --dry-run  # the kernel part on CPU, tiny shapes, Triton's interpreter
+#   benchmarks/gpu_check.sh --dry-run  # on CPU: kernels under Triton's interpreter, the engine parts
+#                                      # with tiny shapes, the torch backend and no CUDA graphs
 #
 # Each part runs under its own time limit; the limits add up to at most 8 minutes. Exits non-zero
 # when any part fails (a correctness failure, a crash, or running out of time), after running all.
@@ -34,8 +35,14 @@ part() { # part NAME LIMIT_SECONDS COMMAND...: one part, its log in $OUT/NAME.lo
 # fresh machine; timing cases still to run at 150 s are skipped (listed in the JSON).
 part gpu_kernels 180 "$PYTHON" benchmarks/gpu_kernels.py --budget 150 "${DRY_RUN[@]}"
 
-# Runtime parts (model runner, CUDA graphs, end-to-end generation) go here, one `part` line each,
-# with limits that keep the sum of all limits at or under 480 seconds (300 are left).
+# Engine: greedy correctness with CUDA graphs on and off (a tiny random Llama against transformers
+# in fp32, graphs against eager in bf16, the FP8 product), then a Llama-3-8B-shaped model with
+# random weights in bf16 and in fp8: batch-1 decode against the HBM roofline, output tokens/s and
+# TTFT at concurrency 1, 16, 64 and 256, graphs on and off. Estimated 30-40 s, then 60-90 s each
+# (imports, profiling, graph capture, waves); a timing part starts no case after its --budget.
+part gpu_engine_correctness 60 "$PYTHON" benchmarks/gpu_engine.py correctness "${DRY_RUN[@]}"
+part gpu_engine_bf16 120 "$PYTHON" benchmarks/gpu_engine.py timing --dtype bf16 --budget 95 "${DRY_RUN[@]}"
+part gpu_engine_fp8 110 "$PYTHON" benchmarks/gpu_engine.py timing --dtype fp8 --budget 85 "${DRY_RUN[@]}"
 
 echo "=== gpu_check: $([ $status -eq 0 ] && echo passed || echo FAILED) in ${SECONDS}s; results in $OUT"
 exit $status
