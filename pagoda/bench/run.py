@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shlex
 import sys
 import time
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -15,7 +17,7 @@ import httpx
 from tqdm import tqdm
 
 from pagoda.bench.client import Target, list_models, make_client, stream_request
-from pagoda.bench.datasets import Prompt, Workload, describe, prefix_share, sessions, take_requests, token_lists
+from pagoda.bench.datasets import Prompt, Session, Workload, describe, prefix_share, sessions, take_requests, token_lists
 from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import launched, wait_until_ready
 from pagoda.bench.memory import MemoryPeak, MemorySampler
@@ -69,7 +71,7 @@ class EngineResult:
 
 def execute(settings: BenchSettings, workload: Workload, name: str) -> EngineResult:
     """Run the benchmark; never raises for the failures a user can cause."""
-    result = EngineResult(name, settings.base_url, " ".join(settings.launch.command) if settings.launch else None)
+    result = EngineResult(name, settings.base_url, shlex.join(settings.launch.command) if settings.launch else None)
     sampler: MemorySampler | None = None
     try:
         with ExitStack() as stack:
@@ -170,9 +172,12 @@ async def _warmup(http: httpx.AsyncClient, target: Target, settings: BenchSettin
 async def _level(http: httpx.AsyncClient, target: Target, settings: BenchSettings, workload: Workload,
                  lazy: LazyTokenizer, result: EngineResult, index: int, concurrency: int) -> None:  # fmt: skip
     label = f"level{index}"
-    stream = sessions(workload, lazy.get() if workload.spec.needs_tokenizer else None, settings.seed, label)
+    stream: Iterable[Session] = sessions(workload, lazy.get() if workload.spec.needs_tokenizer else None,
+                                         settings.seed, label)  # fmt: skip
     if settings.num_prompts:
-        stream = take_requests(stream, settings.num_prompts)
+        # Built before the clock starts: tokenizing inside the level would stall the event loop
+        # and add its time to the measured latencies.
+        stream = list(take_requests(stream, settings.num_prompts))
     load = Load(concurrency, settings.request_rate, settings.burstiness, settings.duration_s)
     before = await scrape(http, settings.metrics_url) if settings.metrics_url else None
     exchanges: list[Exchange] = []

@@ -63,7 +63,7 @@ async def run_level(
     slots = asyncio.Semaphore(load.concurrency)
     start = time.perf_counter()
     deadline = start + load.duration_s if load.duration_s else math.inf
-    indices = itertools.count()
+    sender = _Sender(http, target, itertools.count(), exchanges, on_done, deadline)
     next_start = start
     async with asyncio.TaskGroup() as group:
         for number, session in enumerate(stream):
@@ -72,7 +72,6 @@ async def run_level(
             if time.perf_counter() >= deadline:
                 slots.release()
                 break
-            sender = _Sender(http, target, indices, exchanges, on_done, deadline)
             group.create_task(sender.run(number, session, slots))
             next_start += arrival_gap(rng, load.request_rate, load.burstiness)
     return start

@@ -19,7 +19,7 @@ from pagoda.bench import cli
 from pagoda.bench.metrics import stats
 from pagoda.bench.runner import arrival_gap
 
-SLACK = 0.25  # seconds a loaded machine may add to an injected delay
+SLACK = 0.5  # seconds a loaded machine (other tests, other processes) may add to an injected delay
 EARLY = 0.002  # clock granularity: nothing arrives earlier than injected by more than this
 
 
@@ -54,7 +54,7 @@ def test_metrics_match_the_injected_delays(start_stub, tmp_path: Path, endpoint:
         assert r.tpot_s == pytest.approx((r.latency_s - r.ttft_s) / (tokens - 1))
         assert (r.output_tokens, r.prompt_tokens, r.token_source) == (tokens, words, "usage")
     all_itl = [gap for r in records for gap in r.itl_s]
-    assert itl - EARLY <= sum(all_itl) / len(all_itl) <= itl + SLACK / 2
+    assert itl - EARLY <= sum(all_itl) / len(all_itl) <= itl + SLACK / 4
     assert summary.ttft == stats([r.ttft_s for r in records])
     assert summary.itl == stats(all_itl)
     assert 0.4 - EARLY <= summary.ttft.median <= 0.4 + SLACK  # median of 0.2 and 0.6
@@ -64,7 +64,8 @@ def test_metrics_match_the_injected_delays(start_stub, tmp_path: Path, endpoint:
     assert summary.request_throughput == pytest.approx(4 / duration)
     assert summary.output_throughput == pytest.approx(4 * tokens / duration)
     assert summary.total_token_throughput == pytest.approx(4 * (tokens + words) / duration)
-    assert summary.goodput == pytest.approx(2 / duration)  # TTFT 0.1 and 0.2 meet 400 ms
+    assert summary.goodput == pytest.approx(sum(r.ttft_s <= 0.4 for r in records) / duration)
+    assert records[2].ttft_s > 0.4 and records[3].ttft_s > 0.4  # injected 0.6 and 0.8 never meet it
     assert level.prefix_cache.hit_rate == pytest.approx((words * 50 // 100) / words)
     assert level.prefix_cache.source == "pagoda counters"
 
@@ -145,7 +146,8 @@ def test_request_rate_with_a_duration(start_stub) -> None:
     rng, t, expected = random.Random("0:level0:arrivals"), 0.0, 0
     while t < 1.0:  # the seeded arrival times that fall inside the duration
         expected, t = expected + 1, t + arrival_gap(rng, 20.0, 1.0)
-    assert abs(len(records) - expected) <= 1
+    # None later (a session due after the duration never starts); a few fewer if the machine lags.
+    assert expected - 3 <= len(records) <= expected
     assert all(r.start_s < 1.0 + SLACK for r in records)
 
 
