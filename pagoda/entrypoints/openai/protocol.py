@@ -17,7 +17,8 @@ MAX_N = 128  # OpenAI's own limit on choices per request
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # inf and NaN would reach the sampler's tensors: refused like any other invalid number
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
@@ -31,7 +32,7 @@ class _SamplingFields(_Body):
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: int | None = Field(None, le=INT64_MAX)  # the sampler makes an int64 tensor of it
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0

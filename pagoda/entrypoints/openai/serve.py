@@ -18,8 +18,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pagoda.config import ConfigError
-
 logger = logging.getLogger("pagoda.serve")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -56,6 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def read_chat_template(value: str | None) -> str | None:
     """A file's contents when `value` names a file, else `value` itself (an inline template)."""
+    from pagoda.config import ConfigError
+
     if value is None:
         return None
     path = Path(value)
@@ -70,7 +70,9 @@ def read_chat_template(value: str | None) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv)  # before any heavy import: --help stays instant
+    from pagoda.config import ConfigError
+
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     started = time.monotonic()
     try:
