@@ -14,8 +14,9 @@ timing: batch-1 decode tokens/s against the HBM roofline (bytes of weights read 
 256; 512 random prompt tokens, 128 output tokens, eos ignored), CUDA graphs on and off, through
 the offline LLMEngine. "Graphs off" is the same engine with its graph runner set aside.
 
-Writes $OUT/gpu_engine_<part>.json (or --out) after every case; timing cases still to run when
---budget seconds have passed are skipped and listed. Exits 1 when a correctness case fails.
+Writes $OUT/gpu_engine_{correctness,bf16,fp8}.json (or --out) after every case; timing cases
+still to run when --budget seconds have passed are skipped and listed. Exits 1 when a
+correctness case fails.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    name = args.part if args.part == "correctness" else f"timing_{args.dtype}"
+    name = args.part if args.part == "correctness" else args.dtype
     out = args.out or (Path(os.environ["OUT"]) / f"gpu_engine_{name}.json" if os.environ.get("OUT") else None)
     report = Report(out, args.budget)
     report.results.update(part=name, dry_run=args.dry_run, environment=environment())
@@ -75,7 +76,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="timing: bfloat16, or fp8 weights")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, torch backend, no CUDA graphs")
     parser.add_argument("--budget", type=float, default=1e9, help="seconds after which timing cases are skipped")
-    parser.add_argument("--out", type=Path, help="JSON results path (default: $OUT/gpu_engine_<part>.json)")
+    parser.add_argument("--out", type=Path, help="JSON results path (default: $OUT/gpu_engine_<correctness|dtype>.json)")
     return parser.parse_args()
 
 

@@ -26,6 +26,7 @@ import torch
 from pagoda.attention.backend import AttentionBackend, AttentionInputs
 
 BUCKET_STEP = 16
+MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly: launch costs are small beside their work
 
 
 def capture_sizes(max_batch: int) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ from pagoda.attention.backend import AttentionInputs, get_backend, kv_cache_shap
 from pagoda.config import EngineConfig
 from pagoda.core.scheduler import SchedulerOutput
 from pagoda.model_executor import gpu_memory
-from pagoda.model_executor.cuda_graphs import CUDAGraphRunner, capture_sizes
+from pagoda.model_executor.cuda_graphs import MAX_GRAPH_BATCH, CUDAGraphRunner, capture_sizes
 from pagoda.model_executor.loader import load_model
 from pagoda.model_executor.sampler import sample, token_logprob
 from pagoda.request import Request, TokenLogprob
@@ -72,7 +72,7 @@ class ModelRunner:
     def make_graph_runner(self, capture: bool = True) -> CUDAGraphRunner:
         """A graph runner over the current KV cache, with buckets up to the largest decode batch."""
         s, m = self.config.scheduler, self.config.model
-        sizes = capture_sizes(min(s.max_num_seqs, s.max_num_batched_tokens))
+        sizes = capture_sizes(min(s.max_num_seqs, s.max_num_batched_tokens, MAX_GRAPH_BATCH))
         return CUDAGraphRunner(self.model, self.backend, self.kv_caches, sizes=sizes, max_context=m.max_model_len,
                                block_size=self.block_size, dtype=m.dtype, device=self.device, capture=capture)  # fmt: skip
 
