@@ -40,7 +40,7 @@ NEAR_TIE = 1e-3
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
                  rms_norm_eps=1e-5, initializer_range=0.02, bos_token_id=1, eos_token_id=2)  # fmt: skip
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, initializer_range=0.5,
             bos_token_id=1, eos_token_id=2)  # fmt: skip
 

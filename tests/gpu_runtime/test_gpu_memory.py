@@ -76,3 +76,59 @@ def test_dummy_step_runs_through_the_runner(tiny_llama):
     out = runner.execute(step)
     assert len(out.token_ids) == 8 and all(t is not None for t in out.token_ids)
     assert all(lp is not None and len(lp.top) == 20 for lp in out.logprobs)
+
+
+class FakeCuda:
+    """torch.cuda's memory queries, scripted: `free` drops by what each graph capture costs."""
+
+    def __init__(self, total=80 * GIB, allocated=10 * GIB, peak=13 * GIB, reserved=11 * GIB):
+        self.total, self.free, self.allocated, self.peak, self.reserved = total, total - 12 * GIB, allocated, peak, reserved
+
+    def install(self, monkeypatch):
+        import pagoda.model_executor.gpu_memory as gm
+
+        for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+            monkeypatch.setattr(gm.torch.cuda, name, lambda *a, **k: None)
+        monkeypatch.setattr(gm.torch.cuda, "memory_allocated", lambda *a: self.allocated)
+        monkeypatch.setattr(gm.torch.cuda, "max_memory_allocated", lambda *a: self.peak)
+        monkeypatch.setattr(gm.torch.cuda, "memory_reserved", lambda *a: self.reserved)
+        monkeypatch.setattr(gm.torch.cuda, "mem_get_info", lambda *a: (self.free, self.total))
+
+
+class FakeGraphs:
+    def __init__(self, cuda: FakeCuda, sizes, cost):
+        self.cuda, self.sizes, self.cost = cuda, sizes, cost
+
+    def capture(self, sizes):
+        for size in sizes:
+            self.cuda.free -= self.cost[size]
+
+
+def test_graph_memory_is_the_largest_plus_the_smallest_for_each_other_bucket(monkeypatch):
+    from types import SimpleNamespace
+
+    from pagoda.model_executor.gpu_memory import _graph_memory
+
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+    sizes = (1, 2, 4, 8, 16)
+    runner = SimpleNamespace(device="cuda", make_graph_runner=lambda: FakeGraphs(cuda, sizes, {16: 300, 1: 7}))
+    assert _graph_memory(runner) == 300 + 7 * 4
+
+
+def test_profile_runs_the_dummy_step_and_drops_its_cache(monkeypatch, tiny_llama):
+    from pagoda.engine.args import EngineArgs
+    from pagoda.model_executor import gpu_memory
+    from pagoda.model_executor.model_runner import ModelRunner
+
+    config = EngineArgs(str(tiny_llama), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128).create_config()
+    runner = ModelRunner(config)
+    executed = []
+    execute = runner.execute
+    monkeypatch.setattr(runner, "execute", lambda step: executed.append(step) or execute(step))
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+    profile = gpu_memory.profile(runner)
+    assert len(executed) == 1 and len(executed[0].scheduled) == 4 and executed[0].num_batched_tokens == 32
+    assert runner.kv_caches == []  # the throwaway cache is gone; the real one comes next
+    assert profile == MemoryProfile(total=80 * GIB, weights=10 * GIB, activation_peak=3 * GIB, cuda_graphs=0, non_torch=GIB)
