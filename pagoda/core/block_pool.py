@@ -58,12 +58,13 @@ class BlockPool:
 
     def check_integrity(self, owners: dict[int, int], cached: set[int]) -> None:
         """`owners`: block -> number of requests holding it; `cached`: blocks the prefix cache keeps."""
-        assert len(set(self._free)) == len(self._free), "a block is in the free list twice"
-        assert 0 not in self._free and self.ref_counts[0] == 0, "the null block was handed out"
+        free = set(self._free)  # a set: membership in the deque would make this check quadratic
+        assert len(free) == len(self._free), "a block is in the free list twice"
+        assert 0 not in free and self.ref_counts[0] == 0, "the null block was handed out"
         for block in range(1, self.num_blocks):
             refs = self.ref_counts[block]
             assert refs == owners.get(block, 0), f"block {block}: ref {refs} != owners {owners.get(block, 0)}"
-            assert self._is_free[block] == (block in self._free), f"block {block}: free flag out of sync"
+            assert self._is_free[block] == (block in free), f"block {block}: free flag out of sync"
             if self._is_free[block]:
                 assert refs == 0 and block not in cached, f"block {block} is free but held"
             else:
