@@ -457,3 +457,17 @@ def test_cached_prefix_is_reused_and_counted() -> None:
     c = add(s, "c", tokens(13), max_tokens=1)
     engine.step()
     assert c.num_cached_tokens == 0
+
+
+@pytest.mark.xfail(strict=True, reason="a request keeps its duplicate blocks while locking the tree's copies")
+def test_a_lone_request_with_duplicate_blocks_is_not_preempted() -> None:
+    # a and b compute the same prompt in one step; a finishes first and caches its blocks, so b's
+    # blocks are duplicates. b keeps them and locks a's copies too: 4 blocks for 2 blocks of KV,
+    # and b, alone, preempts itself for a third block although the pool holds 4.
+    s = make_scheduler(5, BS, True, max_model_len=16)
+    engine = FakeEngine(s)
+    add(s, "a", tokens(8), max_tokens=1)
+    b = add(s, "b", tokens(8), max_tokens=7, ignore_eos=True)
+    assert ids(engine.step()) == [("a", 8), ("b", 8)]
+    assert ids(engine.step()) == [("b", 1)]
+    assert b.num_preemptions == 0
