@@ -1,7 +1,7 @@
 """Two real `pagoda serve` processes on free loopback ports, shared by the whole session.
 
 - `server`: the default model with a small KV budget, an API key and a request log; most tests.
-- `small_server`: one sequence at a time and a waiting queue of one (so 503 is reachable), prompt
+- `small_server`: two sequences at a time and a waiting queue of one (so 503 is reachable), prompt
   text in its log lines, a short shutdown grace (SMALL_GRACE_S); the SIGTERM test ends it, so it runs last.
 Both are launched together on first use (their model loads overlap) and killed at the end.
 """
@@ -75,7 +75,7 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
     servers = {
         "main": _launch(folder, "main", "--kv-cache-memory", "0.5", "--max-model-len", "2048",
                         api_key=API_KEY, request_log=folder / "requests.jsonl"),
-        "small": _launch(folder, "small", "--kv-cache-memory", "0.15", "--max-model-len", "2048", "--max-num-seqs", "1",
+        "small": _launch(folder, "small", "--kv-cache-memory", "0.15", "--max-model-len", "2048", "--max-num-seqs", "2",
                          "--max-queue", "1", "--log-prompts", "--shutdown-timeout", str(SMALL_GRACE_S)),
     }
     yield servers

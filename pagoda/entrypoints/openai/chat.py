@@ -80,7 +80,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
-    head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
+    head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}
     if body.stream:
         return event_stream(_chunks(state, body, generation, head), generation)
     outputs = (await state.collect(http, generation))[0]
@@ -99,7 +99,7 @@ def _response(state: ServerState, body: ChatCompletionRequest, head: dict, promp
         }
         for out in outputs
     ]
-    response = {**head, "object": "chat.completion", "choices": choices, "usage": usage([outputs])}
+    response = {**head, "choices": choices, "usage": usage([outputs])}
     if body.prompt_logprobs is not None:
         response["prompt_logprobs"] = vllm_prompt_logprobs(state.token_texts, prompt_ids, outputs[0].prompt_logprobs)
     return response

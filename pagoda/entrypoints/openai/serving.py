@@ -70,7 +70,7 @@ class ServerState:
         await cancel_on_disconnect(http, generation.start())
         return generation
 
-    async def collect(self, http: Request, generation: Generation):
+    async def collect(self, http: Request, generation: Generation) -> list[list[SequenceOutput]]:
         try:
             return await cancel_on_disconnect(http, generation.collect())
         finally:
