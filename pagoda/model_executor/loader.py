@@ -10,13 +10,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from pagoda.config import DTYPES, ModelConfig
+from pagoda.config import ModelConfig
 from pagoda.errors import ConfigError
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
 logger = logging.getLogger(__name__)
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUPPORTED = ", ".join(sorted(ARCHITECTURES))
 _BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 

@@ -459,11 +459,10 @@ def test_cached_prefix_is_reused_and_counted() -> None:
     assert c.num_cached_tokens == 0
 
 
-@pytest.mark.xfail(strict=True, reason="a request keeps its duplicate blocks while locking the tree's copies")
 def test_a_lone_request_with_duplicate_blocks_is_not_preempted() -> None:
-    # a and b compute the same prompt in one step; a finishes first and caches its blocks, so b's
-    # blocks are duplicates. b keeps them and locks a's copies too: 4 blocks for 2 blocks of KV,
-    # and b, alone, preempts itself for a third block although the pool holds 4.
+    # a and b compute the same prompt in one step; a's blocks enter the cache first, so b's are
+    # duplicates. b adopts the cached copies and frees its own, so alone it never needs to
+    # preempt itself for a third block of a pool that holds 4.
     s = make_scheduler(5, BS, True, max_model_len=16)
     engine = FakeEngine(s)
     add(s, "a", tokens(8), max_tokens=1)
