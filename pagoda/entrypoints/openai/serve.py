@@ -41,6 +41,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int, default=None,
                    help="waiting requests beyond this are refused with 503 (default: unbounded)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto (cuda when present, else cpu), cpu or cuda")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="GPU: the share of its memory the engine may use; the KV pool gets what is left")
+    p.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs")
+    p.add_argument("--quantization", default=None, choices=["fp8"], help="GPU (compute capability >= 8.9): fp8 weights")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights of the model's config, for timing without weights")
     p.add_argument("--chat-template", default=None, help="a Jinja chat template: a file path or the template itself")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (also env PAGODA_API_KEY)")
     p.add_argument("--request-log", type=Path, default=None,
@@ -113,6 +120,11 @@ def load_engine(args: argparse.Namespace):
         scheduling_policy=args.scheduling_policy,
         max_queue=args.max_queue,
         seed=args.seed,
+        device=args.device,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        quantization=args.quantization,
+        load_format=args.load_format,
     )
     logger.info("loading %s", args.model or "the default model")
     loaded = time.monotonic()
