@@ -80,7 +80,7 @@ def test_concurrency_1(default_llm, hf_reference, prompts, reference):
 
 
 def test_split_prefill_and_preemption(hf_reference, prompts, reference):
-    llm = LLM(max_model_len=1024, max_num_batched_tokens=48, kv_cache_memory=0.05)
+    llm = LLM(max_model_len=768, max_num_batched_tokens=48, kv_cache_memory=0.036)
     pool_tokens = llm.engine.core.kv.pool.capacity * llm.engine.config.cache.block_size
     assert pool_tokens < sum(len(p) for p in prompts)  # the pool cannot hold them all at once
     outputs = run_checked(llm, prompts, GREEDY)
