@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from pagoda.bench.metrics import RequestRecord, Stats
 from pagoda.bench.run import EngineResult, LevelResult
 
 SECRET_FIELDS = ("api_key",)
+SECRET_OPTION = "--api-key"
+SECRET_IN_TEXT = re.compile(rf"({SECRET_OPTION}(?:=|\s+))(\S+)")
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def environment() -> dict[str, Any]:
 
 
 def plain(value: Any) -> Any:
-    """JSON-ready data: dataclasses as dicts, paths as strings, infinities as "inf", secrets hidden."""
+    """JSON-ready data: dataclasses as dicts, paths as strings, infinities as "inf", and API keys
+    hidden, whether a field or an option in a command line."""
     if isinstance(value, LengthDist):
         return str(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -121,7 +125,10 @@ def plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        items = [plain(v) for v in value]
+        return _hide_option_values(items) if all(isinstance(v, str) for v in items) else items
+    if isinstance(value, str):
+        return SECRET_IN_TEXT.sub(r"\1***", value)
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, float) and not math.isfinite(value):
@@ -129,11 +136,15 @@ def plain(value: Any) -> Any:
     return value
 
 
+def _hide_option_values(argv: list[str]) -> list[str]:
+    return ["***" if i and argv[i - 1] == SECRET_OPTION else arg for i, arg in enumerate(argv)]
+
+
 def results_json(tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult]) -> dict[str, Any]:
     return {
         "tool": tool,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": list(argv),
+        "command": plain(list(argv)),
         "environment": environment(),
         "settings": plain(settings),
         "engines": [plain(result) | {"exit_code": result.exit_code} for result in results],
@@ -167,7 +178,7 @@ def write_results(folder: Path, tool: str, argv: Sequence[str], settings: Any, r
 
 
 def markdown(tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult], plots: Sequence[str]) -> str:
-    lines = [f"# {tool} report", "", f"Command: `{' '.join(argv)}`", "", "## Settings", ""]
+    lines = [f"# {tool} report", "", f"Command: `{' '.join(plain(list(argv)))}`", "", "## Settings", ""]
     lines += [f"- {key}: `{value}`" for key, value in _flat(plain(settings)).items()]
     lines += ["", "## Engines", ""]
     for result in results:

@@ -87,6 +87,17 @@ def test_launch_times_the_cold_start_and_stops_the_server(tmp_path: Path) -> Non
         httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
 
 
+def test_api_keys_stay_out_of_the_results(start_stub, tmp_path: Path) -> None:
+    stub = start_stub("--ttft", "0.01", "--itl", "0.001")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "max_tokens": 2}])
+    assert cli.main(["--base-url", stub.base_url, "--api-key", "s3cret-key", "--dataset", str(data), "--warmup", "0",
+                     "--no-progress", "--output", str(tmp_path / "out")]) == 0  # fmt: skip
+    written = [path.read_text() for path in (tmp_path / "out").iterdir() if path.suffix in (".json", ".md", ".csv")]
+    assert len(written) == 3 and all("s3cret-key" not in text for text in written)
+    results = read_results(tmp_path / "out")
+    assert results["settings"]["api_key"] == "***" and "***" in results["command"]
+
+
 @pytest.mark.parametrize(
     "command, timeout, message",
     [

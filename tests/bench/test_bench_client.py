@@ -102,6 +102,18 @@ def test_request_body_forces_streaming_and_model_and_keeps_replayed_fields() -> 
     assert request_body(Prompt("completions", {"prompt": "x"}), Target("http://h", "m"))["temperature"] == 0.0
 
 
+def test_the_api_key_is_sent_as_a_bearer_token() -> None:
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(401, json={"error": {"message": "bad key"}})
+
+    assert run(handler, api_key="k1").error == "HTTP 401: bad key"
+    run(handler)
+    assert seen == ["Bearer k1", None]
+
+
 def test_root_url_accepts_v1() -> None:
     assert root_url("http://h:1/v1/") == root_url("http://h:1") == "http://h:1"
 
