@@ -12,9 +12,6 @@ from typing import Any
 from pagoda.bench.errors import BenchError
 
 DEFAULT = "default"  # the tokenizer of Pagoda's default model
-# pagoda.model_files.DEFAULT_MODEL_NAME, repeated because importing that module imports torch
-# (a test keeps the two equal).
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 class Tokenizer:
@@ -73,6 +70,8 @@ def resolve_source(explicit: str | None, model: str | None) -> str | None:
         return None
     if Path(model).exists():
         return model
+    from pagoda.model_files import DEFAULT_MODEL_NAME
+
     return DEFAULT if model.rstrip("/").split("/")[-1] == DEFAULT_MODEL_NAME else None
 
 

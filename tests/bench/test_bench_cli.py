@@ -15,7 +15,6 @@ import pytest
 from bench_helpers import free_port, read_results, stub_command, write_jsonl
 
 from pagoda.bench import cli
-from pagoda.bench.tokens import DEFAULT_MODEL_NAME
 
 PAGODA = [sys.executable, "-m", "pagoda.entrypoints.cli"]
 
@@ -28,12 +27,6 @@ def pagoda(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 def test_importing_the_commands_loads_neither_torch_nor_transformers() -> None:
     code = "import sys, pagoda.bench.cli, pagoda.bench.bakeoff; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
-
-
-def test_the_default_model_name_matches_model_files() -> None:
-    from pagoda.model_files import DEFAULT_MODEL_NAME as REAL
-
-    assert DEFAULT_MODEL_NAME == REAL
 
 
 def test_unreachable_server_fails_fast_with_a_clear_message() -> None:

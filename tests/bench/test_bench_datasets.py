@@ -155,3 +155,13 @@ def test_sharegpt_pairs_filter_and_lengths(tmp_path: Path, tokenizer) -> None:
     path.write_text("[{")
     with pytest.raises(BenchError, match="not valid JSON"):
         load_sharegpt(path)
+
+
+def test_which_tokenizer_a_served_model_gets(tmp_path: Path) -> None:
+    from pagoda.bench.tokens import DEFAULT, resolve_source
+
+    assert resolve_source("/some/dir", "anything") == "/some/dir"
+    assert resolve_source(None, str(tmp_path)) == str(tmp_path)  # a local path: the model's own
+    assert resolve_source(None, "SmolLM2-135M-Instruct") == DEFAULT
+    assert resolve_source(None, "HuggingFaceTB/SmolLM2-135M-Instruct") == DEFAULT
+    assert resolve_source(None, "meta-llama/Llama-3-8B") is None
