@@ -15,7 +15,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, sampling_params
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, unsupported_fields
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
 from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.model_files import apply_chat_template
@@ -61,11 +61,7 @@ def render(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
-    state.check_model(body.model)
-    if (field := unsupported_fields(body)) is not None:
-        raise bad_request(f"`{field}` is not supported by this server", field)
-    if body.stream_options is not None and not body.stream:
-        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    state.check_request(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     messages = parse_messages(body.messages)

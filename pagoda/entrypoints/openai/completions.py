@@ -15,7 +15,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params
-from pagoda.entrypoints.openai.protocol import CompletionRequest, unsupported_fields
+from pagoda.entrypoints.openai.protocol import CompletionRequest
 from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
 
@@ -45,11 +45,7 @@ async def prompts_of(state: ServerState, prompt: str | list[str] | list[int] | l
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, http: Request) -> Response:
-    state.check_model(body.model)
-    if (field := unsupported_fields(body)) is not None:
-        raise bad_request(f"`{field}` is not supported by this server", field)
-    if body.stream_options is not None and not body.stream:
-        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    state.check_request(body)
     prompts = await prompts_of(state, body.prompt)
     echo_logprobs_k = body.logprobs if body.echo and body.logprobs is not None else None
     prompt_logprobs = max((k for k in (body.prompt_logprobs, echo_logprobs_k) if k is not None), default=None)

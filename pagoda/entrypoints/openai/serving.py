@@ -15,9 +15,10 @@ from fastapi.responses import StreamingResponse
 
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.engine.outputs import SequenceOutput
-from pagoda.entrypoints.openai.errors import APIError, ClientDisconnected
+from pagoda.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
 from pagoda.entrypoints.openai.logprobs import TokenTexts
 from pagoda.entrypoints.openai.params import ModelLimits
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.sampling_params import SamplingParams
@@ -53,6 +54,14 @@ class ServerState:
         if model is not None and model != self.model_name:
             raise APIError(404, f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
                            "model", "model_not_found")
+
+    def check_request(self, body: CompletionRequest | ChatCompletionRequest) -> None:
+        """What every generation endpoint refuses before reading the prompt."""
+        self.check_model(body.model)
+        if (field := unsupported_fields(body)) is not None:
+            raise bad_request(f"`{field}` is not supported by this server", field)
+        if body.stream_options is not None and not body.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
     async def off_loop(self, work: Callable[..., T], *args, size: int = 0) -> T:
         """Run tokenizer work of `size` characters inline when short, on a thread when long."""
