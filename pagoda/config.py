@@ -68,7 +68,7 @@ class EngineConfig:
     cache: CacheConfig
     scheduler: SchedulerConfig
     device: torch.device
-    attention_backend: str  # "torch" or "triton"
+    attention_backend: str  # "cpu", "torch" or "triton"
     seed: int = 0
     enforce_eager: bool = False  # never replay CUDA graphs
 

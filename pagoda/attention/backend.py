@@ -63,6 +63,14 @@ class AttentionBackend(ABC):
 
 
 def get_backend(name: str) -> AttentionBackend:
+    if name == "cpu":
+        from pagoda.attention import cpu_kernels
+        from pagoda.attention.cpu_backend import CpuAttentionBackend
+
+        lib = cpu_kernels.load()
+        if lib is None:
+            raise ValueError("the cpu attention backend needs its C kernels, which cannot be built here (see the log)")
+        return CpuAttentionBackend(lib)
     if name == "torch":
         from pagoda.attention.torch_backend import TorchAttentionBackend
 
@@ -71,4 +79,4 @@ def get_backend(name: str) -> AttentionBackend:
         from pagoda.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose 'torch' or 'triton'")
+    raise ValueError(f"unknown attention backend {name!r}; choose 'cpu', 'torch' or 'triton'")

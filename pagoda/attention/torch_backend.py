@@ -1,4 +1,5 @@
-"""Reference attention in plain torch: the correctness reference and the CPU serving path.
+"""Reference attention in plain torch: the correctness reference, and the CPU path where the C
+kernels of the `cpu` backend cannot be built.
 
 Decodes are attended in one batched call per layer over block-gathered keys and values;
 prefill chunks, which are few per step, one request at a time.
@@ -24,11 +25,16 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True)
+class DecodeBatch:
+    block_tables: torch.Tensor  # long [num_decodes, max_blocks]
+    mask: torch.Tensor  # additive [num_decodes, 1, 1, max_blocks * block_size]: 0 or -inf
+
+
+@dataclass(frozen=True)
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor
     num_decode_tokens: int
-    decode_block_tables: torch.Tensor | None  # long [num_decodes, max_blocks]
-    decode_mask: torch.Tensor | None  # additive [num_decodes, 1, 1, max_blocks * block_size]: 0 or -inf
+    decodes: object  # what the backend's `decode_attention` reads; None without decodes
     prefills: tuple[PrefillChunk, ...]
 
 
@@ -36,16 +42,8 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def build_metadata(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
-        nd, bs = inputs.num_decodes, inputs.block_size
-        device = inputs.block_tables.device
-        decode_tables = decode_mask = None
-        if nd:
-            max_blocks = -(-max(inputs.seq_lens_cpu[:nd]) // bs)
-            decode_tables = inputs.block_tables[:nd, :max_blocks].long().contiguous()
-            positions = torch.arange(max_blocks * bs, device=device)
-            beyond = positions[None, :] >= inputs.seq_lens[:nd, None]
-            decode_mask = torch.zeros(beyond.shape, dtype=inputs.dtype, device=device)
-            decode_mask = decode_mask.masked_fill_(beyond, float("-inf")).view(nd, 1, 1, -1)
+        nd, bs, device = inputs.num_decodes, inputs.block_size, inputs.block_tables.device
+        decodes = self.decode_metadata(inputs) if nd else None
         prefills = []
         starts = inputs.query_start_loc.tolist()
         for i in range(nd, inputs.num_reqs):
@@ -56,7 +54,32 @@ class TorchAttentionBackend(AttentionBackend):
                 mask = torch.arange(seq_len, device=device)[None, :] <= rows
             block_ids = inputs.block_tables[i, : -(-seq_len // bs)].long()
             prefills.append(PrefillChunk(starts[i], starts[i + 1], seq_len, block_ids, mask))
-        return TorchAttentionMetadata(inputs.slot_mapping, nd, decode_tables, decode_mask, tuple(prefills))
+        return TorchAttentionMetadata(inputs.slot_mapping, nd, decodes, tuple(prefills))
+
+    def decode_metadata(self, inputs: AttentionInputs) -> DecodeBatch:
+        nd, bs, device = inputs.num_decodes, inputs.block_size, inputs.block_tables.device
+        max_blocks = -(-max(inputs.seq_lens_cpu[:nd]) // bs)
+        positions = torch.arange(max_blocks * bs, device=device)
+        beyond = positions[None, :] >= inputs.seq_lens[:nd, None]
+        mask = torch.zeros(beyond.shape, dtype=inputs.dtype, device=device).masked_fill_(beyond, float("-inf"))
+        return DecodeBatch(inputs.block_tables[:nd, :max_blocks].long().contiguous(), mask.view(nd, 1, 1, -1))
+
+    def decode_attention(self, q, k_cache, v_cache, decodes: DecodeBatch, scale: float) -> torch.Tensor:
+        """Decodes batched: q [B, H, D] against each request's gathered blocks."""
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[-2]
+        gathered = (batch, -1, num_kv_heads, head_dim)  # [B, L, Hkv, D]; index_select beats fancy indexing here
+        k = k_cache.index_select(0, decodes.block_tables.flatten()).view(gathered)
+        v = v_cache.index_select(0, decodes.block_tables.flatten()).view(gathered)
+        o = F.scaled_dot_product_attention(
+            q.view(batch, num_heads, 1, head_dim),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=decodes.mask,
+            scale=scale,
+            enable_gqa=num_heads != num_kv_heads,
+        )
+        return o.view(batch, num_heads, head_dim)
 
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale: float):
         k_cache, v_cache = kv_cache[0], kv_cache[1]
@@ -66,7 +89,7 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         nd = metadata.num_decode_tokens
         if nd:
-            out[:nd] = _decode(query[:nd], k_cache, v_cache, metadata, scale)
+            out[:nd] = self.decode_attention(query[:nd], k_cache, v_cache, metadata.decodes, scale)
         for chunk in metadata.prefills:
             q = query[chunk.query_start : chunk.query_end]
             if chunk.causal_mask is None:
@@ -91,22 +114,3 @@ def _attend(q, k, v, mask, scale):
         enable_gqa=True,
     )
     return o.transpose(0, 1)
-
-
-def _decode(q, k_cache, v_cache, metadata: TorchAttentionMetadata, scale):
-    """Decodes batched: q [B, H, D] against each request's gathered blocks."""
-    batch, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[-2]
-    tables = metadata.decode_block_tables
-    gathered = (batch, -1, num_kv_heads, head_dim)  # [B, L, Hkv, D]; index_select beats fancy indexing here
-    k = k_cache.index_select(0, tables.flatten()).view(gathered)
-    v = v_cache.index_select(0, tables.flatten()).view(gathered)
-    o = F.scaled_dot_product_attention(
-        q.view(batch, num_heads, 1, head_dim),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        attn_mask=metadata.decode_mask,
-        scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
-    )
-    return o.view(batch, num_heads, head_dim)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagoda.attention import cpu_backend
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
@@ -41,10 +42,13 @@ class EngineArgs:
         name = self.served_model_name or display_name(self.model)
         model = load_model_config(path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization)
         backend = self.attention_backend
+        cpu_unsupported = cpu_backend.unsupported_reason(device, model.dtype, model.head_dim)
         if backend == "auto":
-            backend = "triton" if device.type == "cuda" else "torch"
-        if backend not in ("torch", "triton"):
-            raise ConfigError(f"Unknown attention backend {backend!r}; choose auto, torch or triton.")
+            backend = "triton" if device.type == "cuda" else ("torch" if cpu_unsupported else "cpu")
+        if backend not in ("cpu", "torch", "triton"):
+            raise ConfigError(f"Unknown attention backend {backend!r}; choose auto, cpu, torch or triton.")
+        if backend == "cpu" and cpu_unsupported:
+            raise ConfigError(cpu_unsupported[0].upper() + cpu_unsupported[1:] + ".")
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.kv_cache_memory, self.enable_prefix_caching, self.gpu_memory_utilization),

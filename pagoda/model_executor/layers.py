@@ -23,6 +23,17 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def replace_linears(model: nn.Module, make) -> int:
+    """Replace every Linear of `model` by `make(linear)`, in place, so each original weight is
+    freed as soon as it is replaced. Returns how many were replaced."""
+    names = [name for name, module in model.named_modules() if isinstance(module, Linear)]
+    for name in names:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, make(getattr(parent, attr)))
+    return len(names)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype, device) -> None:
         super().__init__()
@@ -47,23 +58,20 @@ class RotaryEmbedding(nn.Module):
         inv_freq, scaling = rope_inverse_frequencies(hf_config, head_dim)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :].float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", (emb.cos() * scaling).to(dtype=dtype, device=device), persistent=False)
-        self.register_buffer("sin", (emb.sin() * scaling).to(dtype=dtype, device=device), persistent=False)
+        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
+        self.register_buffer("cos", torch.cat((cos, cos), dim=-1).to(dtype=dtype, device=device), persistent=False)
+        # sin with its first half negated: rotate_half(x) * sin == x.roll(half) * signed_sin, exactly
+        self.register_buffer("signed_sin", torch.cat((-sin, sin), dim=-1).to(dtype=dtype, device=device), persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D] for `positions` [T]; looked up once per step, used by every layer."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos, signed_sin [T, 1, D] for `positions` [T]; looked up once per step, used by every layer."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """q [T, H, D] and k [T, Hkv, D] rotated (the rotate-half convention of HF checkpoints)."""
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] rotated as HF's rotate-half convention does (x * cos + rotate_half(x) * sin),
+    bit for bit: rotate_half(x) = (-x2, x1) = (x2, x1) * (-1, 1), and negation is exact."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def rope_inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:

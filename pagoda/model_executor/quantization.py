@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from pagoda.errors import ConfigError
-from pagoda.model_executor.layers import Linear
+from pagoda.model_executor.layers import Linear, replace_linears
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -92,11 +92,5 @@ def fp8_linear_reference(x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
 
 
 def quantize_linears(model: nn.Module) -> int:
-    """Replace every Linear of `model` by its Fp8Linear, in place; each original weight is freed
-    as soon as it is replaced. Returns how many were replaced."""
-    names = [name for name, module in model.named_modules() if isinstance(module, Linear)]
-    for name in names:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, Fp8Linear(getattr(parent, attr)))
-    return len(names)
+    """Replace every Linear of `model` by its Fp8Linear, in place. Returns how many were replaced."""
+    return replace_linears(model, Fp8Linear)

@@ -84,11 +84,12 @@ def test_quantized_tiny_model_keeps_its_logits(tiny_llama):
     from pagoda.engine.args import EngineArgs
     from pagoda.model_executor.model_runner import ModelRunner
 
-    config = EngineArgs(str(tiny_llama), max_model_len=64).create_config()
+    # bfloat16, as on a GPU: float32 on CPU would have packed the linears for oneDNN already
+    config = EngineArgs(str(tiny_llama), max_model_len=64, dtype="bfloat16").create_config()
     runner = ModelRunner(config)
-    hidden = torch.randn(4, 64)
+    hidden = torch.randn(4, 64, dtype=torch.bfloat16)
     before = runner.model.compute_logits(hidden)
-    x = torch.randn(6, 64)
+    x = torch.randn(6, 64, dtype=torch.bfloat16)
     mlp_before = runner.model.layers[0].mlp(x)
     assert quantize_linears(runner.model) == 2 * 2 * 2  # qkv, o, gate_up, down in 2 layers
     assert isinstance(runner.model.layers[1].self_attn.qkv_proj, Fp8Linear)

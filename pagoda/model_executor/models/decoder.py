@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.attention.backend import AttentionBackend
+from pagoda.model_executor import onednn
 from pagoda.model_executor.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary, empty_param
 
 
@@ -68,13 +69,16 @@ class Attention(nn.Module):
         self.scale = d.head_dim**-0.5
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, attn_metadata):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.d.num_heads, self.d.head_dim)
-        k = k.view(-1, self.d.num_kv_heads, self.d.head_dim)
-        v = v.view(-1, self.d.num_kv_heads, self.d.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+        d = self.d
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size :].view(-1, d.num_kv_heads, d.head_dim)
+        if self.q_norm is None:  # queries and keys rotated in one go: they share each token's angles
+            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim), *rope)
+            q, k = qk[:, : d.num_heads], qk[:, d.num_heads :]
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(-1, d.num_heads, d.head_dim))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, d.num_kv_heads, d.head_dim))
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -113,6 +117,7 @@ class DecoderModel(nn.Module):
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions, dtype, device)
+        self.packed_lm_head: torch.Tensor | None = None  # set by onednn.pack_model on CPU
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
@@ -122,5 +127,7 @@ class DecoderModel(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed_lm_head is not None:
+            return onednn.packed_linear(hidden, self.packed_lm_head)
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
         return F.linear(hidden, weight)

@@ -1,0 +1,104 @@
+"""The cpu backend (C decode kernel reading the paged cache in place) against the torch reference."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pagoda.attention import cpu_kernels
+from pagoda.attention.backend import get_backend
+from pagoda.attention.cpu_backend import CpuAttentionBackend, unsupported_reason
+from pagoda.engine.args import EngineArgs
+from pagoda.errors import ConfigError
+
+from .helpers import Step, make_step, reference, run
+from .test_triton_backend import SCENARIOS
+
+pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
+
+
+def assert_matches_reference(step: Step, tol: float = 1e-5):
+    out, cache = run(get_backend("cpu"), step)
+    ref_out, ref_cache = reference(step)
+    torch.testing.assert_close(out, ref_out, atol=tol, rtol=tol)
+    assert torch.equal(cache, ref_cache)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("block_size,group", [(16, 1), (16, 3), (8, 4), (1, 2)])
+def test_matches_reference(scenario, block_size, group):
+    query_lens, seq_lens = SCENARIOS[scenario]
+    assert_matches_reference(make_step(query_lens, seq_lens, block_size=block_size, group=group))
+
+
+@pytest.mark.parametrize("head_dim", [8, 72, 128])
+def test_other_head_dims(head_dim):
+    assert_matches_reference(make_step(*SCENARIOS["decode"], head_dim=head_dim, group=2))
+
+
+def test_long_contexts_and_many_requests():
+    """Contexts past the prefetch distance and across many blocks; more requests than threads."""
+    lens = [1, 2, 15, 16, 17, 300, 1000, 2049]
+    assert_matches_reference(make_step([1] * len(lens), lens, num_kv_heads=3, group=3))
+
+
+def test_peaked_softmax():
+    """Scores hundreds apart: the exponentials of the losers underflow, the winner's weight is 1."""
+    step = make_step(*SCENARIOS["decode"], group=2, seed=3)
+    assert_matches_reference(dataclasses.replace(step, scale=40.0))
+
+
+def test_strided_query():
+    """Queries are views of the fused qkv projection."""
+    step = make_step(*SCENARIOS["mixed"], group=2)
+    qkv = torch.cat([step.query, step.key, step.value], dim=1)
+    query = qkv[:, : step.query.shape[1]]
+    assert not query.is_contiguous()
+    assert_matches_reference(dataclasses.replace(step, query=query))
+
+
+def test_unsupported_reason():
+    cpu = torch.device("cpu")
+    assert unsupported_reason(cpu, torch.float32, 64) is None
+    assert "float32" in unsupported_reason(cpu, torch.bfloat16, 64)
+    assert "divisible by 8" in unsupported_reason(cpu, torch.float32, 20)
+    assert "CPU only" in unsupported_reason(torch.device("cuda"), torch.float32, 64)
+
+
+def test_engine_args_choose_the_backend():
+    """The default model on CPU: cpu in float32, torch in bfloat16, and cpu refused there."""
+    assert EngineArgs().create_config().attention_backend == "cpu"
+    assert EngineArgs(dtype="bfloat16").create_config().attention_backend == "torch"
+    with pytest.raises(ConfigError, match="needs float32"):
+        EngineArgs(dtype="bfloat16", attention_backend="cpu").create_config()
+
+
+def test_kernels_build_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGODA_CACHE", str(tmp_path))
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is not None
+        built = list((tmp_path / "kernels").glob("cpu_kernels-*.so"))
+        assert len(built) == 1
+        stamp = built[0].stat().st_mtime_ns
+        cpu_kernels.load.cache_clear()
+        assert cpu_kernels.load() is not None and built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
+    finally:
+        cpu_kernels.load.cache_clear()
+
+
+def test_no_compiler_means_no_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGODA_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is None
+        assert "cannot be built" in unsupported_reason(torch.device("cpu"), torch.float32, 64)
+    finally:
+        cpu_kernels.load.cache_clear()
+
+
+def test_get_backend():
+    assert isinstance(get_backend("cpu"), CpuAttentionBackend)
