@@ -64,7 +64,7 @@ class AttentionBackend(ABC):
 
 def get_backend(name: str) -> AttentionBackend:
     if name == "cpu":
-        from pagoda.attention import cpu_kernels
+        from pagoda.kernels import cpu as cpu_kernels
         from pagoda.attention.cpu_backend import CpuAttentionBackend
 
         lib = cpu_kernels.load()

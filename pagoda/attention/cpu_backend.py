@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagoda.attention import cpu_kernels
+from pagoda.kernels import cpu as cpu_kernels
 from pagoda.attention.backend import AttentionInputs
 from pagoda.attention.torch_backend import TorchAttentionBackend
 

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from pagoda.config import ModelConfig
 from pagoda.errors import ConfigError
-from pagoda.model_executor import onednn
+from pagoda.model_executor import cpu_linear
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
@@ -99,8 +99,8 @@ def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderMod
         load_weights(model, config)
     if config.quantization == "fp8":
         quantize_linears(model)
-    elif onednn.supported(config.dtype, device):
-        onednn.pack_model(model)
+    elif cpu_linear.supported(config.dtype, device):
+        cpu_linear.convert_model(model)
     return model.eval()
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from pagoda.attention import cpu_kernels
+from pagoda.kernels import cpu as cpu_kernels
 from pagoda.attention.backend import get_backend
 from pagoda.attention.cpu_backend import CpuAttentionBackend, unsupported_reason
 from pagoda.engine.args import EngineArgs
@@ -73,31 +73,6 @@ def test_engine_args_choose_the_backend():
     assert EngineArgs(dtype="bfloat16").create_config().attention_backend == "torch"
     with pytest.raises(ConfigError, match="needs float32"):
         EngineArgs(dtype="bfloat16", attention_backend="cpu").create_config()
-
-
-def test_kernels_build_once_into_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PAGODA_CACHE", str(tmp_path))
-    cpu_kernels.load.cache_clear()
-    try:
-        assert cpu_kernels.load() is not None
-        built = list((tmp_path / "kernels").glob("cpu_kernels-*.so"))
-        assert len(built) == 1
-        stamp = built[0].stat().st_mtime_ns
-        cpu_kernels.load.cache_clear()
-        assert cpu_kernels.load() is not None and built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
-    finally:
-        cpu_kernels.load.cache_clear()
-
-
-def test_no_compiler_means_no_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("PAGODA_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", "/nonexistent/cc")
-    cpu_kernels.load.cache_clear()
-    try:
-        assert cpu_kernels.load() is None
-        assert "cannot be built" in unsupported_reason(torch.device("cpu"), torch.float32, 64)
-    finally:
-        cpu_kernels.load.cache_clear()
 
 
 def test_get_backend():

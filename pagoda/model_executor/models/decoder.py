@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.attention.backend import AttentionBackend
-from pagoda.model_executor import onednn
 from pagoda.model_executor.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary, empty_param
 
 
@@ -117,7 +116,7 @@ class DecoderModel(nn.Module):
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions, dtype, device)
-        self.packed_lm_head: torch.Tensor | None = None  # set by onednn.pack_model on CPU
+        self.cpu_lm_head: nn.Module | None = None  # set by cpu_linear.convert_model
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
@@ -127,7 +126,7 @@ class DecoderModel(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.packed_lm_head is not None:
-            return onednn.packed_linear(hidden, self.packed_lm_head)
+        if self.cpu_lm_head is not None:
+            return self.cpu_lm_head(hidden)
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
         return F.linear(hidden, weight)

@@ -1,6 +1,6 @@
-"""Builds and binds cpu_kernels.c: compiled once per source version with the system C compiler
-into Pagoda's cache, loaded with ctypes. Where it cannot be built (no compiler, not x86-64 with
-AVX2 and FMA), `load()` returns None and callers keep to plain torch.
+"""Builds and binds cpu.c: compiled once per source version with the system C compiler into
+Pagoda's cache, loaded with ctypes. Where it cannot be built (no compiler, not x86-64 with AVX2 and
+FMA), `load()` returns None and callers keep to plain torch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pagoda.model_files import cache_root
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCE = Path(__file__).with_name("cpu.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 _P, _I64 = ctypes.c_void_p, ctypes.c_long
 
@@ -34,23 +34,25 @@ def load() -> ctypes.CDLL | None:
         return None
     compiler = shutil.which(os.environ.get("CC", "gcc"))
     if compiler is None:
-        logger.warning("No C compiler found: CPU attention kernels disabled (decodes use plain torch).")
+        logger.warning("No C compiler found: Pagoda's CPU kernels are disabled (plain torch serves instead).")
         return None
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"cpu_kernels-{key}.so"
+    target = cache_root() / "kernels" / f"cpu-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
             result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
             if result.returncode != 0:
-                logger.warning("Building the CPU attention kernels failed: %s", result.stderr.strip()[-2000:])
+                logger.warning("Building Pagoda's CPU kernels failed: %s", result.stderr.strip()[-2000:])
                 return None
             os.replace(built, target)  # atomic: concurrent builders all end with one whole file
     lib = ctypes.CDLL(str(target))
     lib.pagoda_paged_decode_attention.argtypes = [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
     lib.pagoda_paged_decode_attention.restype = None
+    lib.pagoda_gemv.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_int]
+    lib.pagoda_gemv.restype = None
     return lib
 
 
@@ -83,4 +85,12 @@ def paged_decode_attention(
         seq_lens.data_ptr(), batch, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],
         scale, torch.get_num_threads(),
     )  # fmt: skip
+    return out
+
+
+def gemv(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [1, K] @ weight[N, K].T (+ bias): float32, contiguous, K % 8 == 0 -> [1, N]."""
+    out = torch.empty(1, weight.shape[0])
+    bias_ptr = None if bias is None else bias.data_ptr()
+    lib.pagoda_gemv(weight.data_ptr(), x.data_ptr(), out.data_ptr(), bias_ptr, weight.shape[0], weight.shape[1], torch.get_num_threads())
     return out
