@@ -114,3 +114,12 @@ def run(backend: AttentionBackend, step: Step) -> tuple[torch.Tensor, torch.Tens
 
 def reference(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
     return run(TorchAttentionBackend(), step)
+
+
+def assert_matches_reference(backend: AttentionBackend, step: Step, tol: float) -> None:
+    """The backend's output within `tol` of the torch reference's, and the same cache bit for bit."""
+    out, cache = run(backend, step)
+    ref_out, ref_cache = reference(step)
+    assert out.dtype == step.query.dtype
+    torch.testing.assert_close(out, ref_out, atol=tol, rtol=tol)
+    assert torch.equal(cache, ref_cache)

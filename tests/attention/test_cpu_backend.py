@@ -7,23 +7,21 @@ import dataclasses
 import pytest
 import torch
 
-from pagoda.kernels import cpu as cpu_kernels
 from pagoda.attention.backend import get_backend
 from pagoda.attention.cpu_backend import CpuAttentionBackend, unsupported_reason
 from pagoda.engine.args import EngineArgs
 from pagoda.errors import ConfigError
+from pagoda.kernels import cpu as cpu_kernels
 
-from .helpers import Step, make_step, reference, run
+from . import helpers
+from .helpers import Step, make_step
 from .test_triton_backend import SCENARIOS
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
 
 
 def assert_matches_reference(step: Step, tol: float = 1e-5):
-    out, cache = run(get_backend("cpu"), step)
-    ref_out, ref_cache = reference(step)
-    torch.testing.assert_close(out, ref_out, atol=tol, rtol=tol)
-    assert torch.equal(cache, ref_cache)
+    helpers.assert_matches_reference(get_backend("cpu"), step, tol)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

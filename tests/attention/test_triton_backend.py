@@ -11,6 +11,7 @@ from pagoda.attention import triton_kernels
 from pagoda.attention.backend import AttentionInputs, get_backend
 from pagoda.attention.triton_backend import TritonAttentionBackend
 
+from . import helpers
 from .helpers import Step, make_step, reference, run
 
 # (query_lens, seq_lens): decodes come first, as the layout contract says.
@@ -24,11 +25,7 @@ SCENARIOS = {
 
 
 def assert_matches_reference(step: Step, backend: TritonAttentionBackend | None = None, tol: float = 1e-4):
-    out, cache = run(backend or TritonAttentionBackend(), step)
-    ref_out, ref_cache = reference(step)
-    assert out.dtype == step.query.dtype
-    torch.testing.assert_close(out, ref_out, atol=tol, rtol=tol)
-    assert torch.equal(cache, ref_cache)
+    helpers.assert_matches_reference(backend or TritonAttentionBackend(), step, tol)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
