@@ -90,21 +90,20 @@ class KVCacheManager:
         full = request.num_computed_tokens // self.block_size
         if full <= self._num_inserted.get(request.request_id, 0):
             return
-        tokens = request.token_ids[: full * self.block_size]
-        node = self.cache.insert(tokens, request.block_ids[:full])
+        node = self.cache.insert(request.token_ids[: full * self.block_size], request.block_ids[:full])
         self.cache.lock(node)
         old = self._locked.pop(request.request_id, None)
         if old is not None:
             self.cache.unlock(old)
         self._locked[request.request_id] = node
-        self._adopt_cached_copies(request, tokens, self._num_inserted.get(request.request_id, 0))
+        self._adopt_cached_copies(request, self.cache.path_blocks(node), self._num_inserted.get(request.request_id, 0))
         self._num_inserted[request.request_id] = full
 
-    def _adopt_cached_copies(self, request: Request, tokens: list[int], start: int) -> None:
-        """Where the tree already held some of these blocks (another request computed the same
-        tokens in the same step), use its copies and free ours: one copy of each prefix in the pool.
-        Safe because block tables are rebuilt every step."""
-        cached, _ = self.cache.match(tokens, len(tokens) // self.block_size)
+    def _adopt_cached_copies(self, request: Request, cached: list[int], start: int) -> None:
+        """`cached`: the tree's blocks for the request's inserted path. Where the tree already held
+        some of them (another request computed the same tokens in the same step), use its copies
+        and free ours: one copy of each prefix in the pool. Safe because block tables are rebuilt
+        every step."""
         for i in range(start, len(cached)):
             mine = request.block_ids[i]
             if cached[i] != mine:

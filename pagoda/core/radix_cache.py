@@ -64,6 +64,14 @@ class RadixCache:
             node = child
         return blocks, node
 
+    def path_blocks(self, node: RadixNode) -> list[int]:
+        """The tree's blocks from the root down to `node`, in token order."""
+        parts = []
+        while node is not self.root:
+            parts.append(node.blocks)
+            node = node.parent
+        return [block for part in reversed(parts) for block in part]
+
     # ---- updates -------------------------------------------------------------------------
     def insert(self, token_ids: list[int], blocks: list[int]) -> RadixNode:
         """Make token_ids (whole blocks, KV in `blocks`) a cached path; returns its deepest node.

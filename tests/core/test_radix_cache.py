@@ -295,3 +295,11 @@ def test_integrity_catches_a_block_index_out_of_sync() -> None:
     cache._block_node[99] = cache.root
     with pytest.raises(AssertionError, match="outside the tree"):
         cache.check_integrity([])
+
+
+def test_path_blocks_are_the_trees_copies_in_token_order():
+    cache = RadixCache(BS)
+    cache.insert(seq(1, 2, 3), [11, 12, 13])
+    node = cache.insert(seq(1, 2, 4, 5), [21, 22, 24, 25])  # shares two blocks, splits the first path
+    assert cache.path_blocks(node) == [11, 12, 24, 25]
+    assert cache.path_blocks(cache.root) == []
