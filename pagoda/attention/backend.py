@@ -64,8 +64,8 @@ class AttentionBackend(ABC):
 
 def get_backend(name: str) -> AttentionBackend:
     if name == "cpu":
-        from pagoda.kernels import cpu as cpu_kernels
         from pagoda.attention.cpu_backend import CpuAttentionBackend
+        from pagoda.kernels import cpu as cpu_kernels
 
         lib = cpu_kernels.load()
         if lib is None:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pagoda.kernels import cpu as cpu_kernels
 from pagoda.attention.backend import AttentionInputs
-from pagoda.attention.torch_backend import TorchAttentionBackend
+from pagoda.attention.torch_backend import TorchAttentionBackend, decode_block_tables
+from pagoda.kernels import cpu as cpu_kernels
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -40,9 +40,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self.lib = lib
 
     def decode_metadata(self, inputs: AttentionInputs) -> PagedDecodes:
-        nd = inputs.num_decodes
-        max_blocks = -(-max(inputs.seq_lens_cpu[:nd]) // inputs.block_size)
-        return PagedDecodes(inputs.block_tables[:nd, :max_blocks].contiguous(), inputs.seq_lens[:nd].contiguous())
+        return PagedDecodes(decode_block_tables(inputs).contiguous(), inputs.seq_lens[: inputs.num_decodes].contiguous())
 
     def decode_attention(self, q, k_cache, v_cache, decodes: PagedDecodes, scale: float) -> torch.Tensor:
         return cpu_kernels.paged_decode_attention(self.lib, q, k_cache, v_cache, decodes.block_tables, decodes.seq_lens, scale)

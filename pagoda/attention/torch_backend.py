@@ -57,12 +57,12 @@ class TorchAttentionBackend(AttentionBackend):
         return TorchAttentionMetadata(inputs.slot_mapping, nd, decodes, tuple(prefills))
 
     def decode_metadata(self, inputs: AttentionInputs) -> DecodeBatch:
-        nd, bs, device = inputs.num_decodes, inputs.block_size, inputs.block_tables.device
-        max_blocks = -(-max(inputs.seq_lens_cpu[:nd]) // bs)
-        positions = torch.arange(max_blocks * bs, device=device)
+        tables = decode_block_tables(inputs)
+        nd, device = inputs.num_decodes, tables.device
+        positions = torch.arange(tables.shape[1] * inputs.block_size, device=device)
         beyond = positions[None, :] >= inputs.seq_lens[:nd, None]
         mask = torch.zeros(beyond.shape, dtype=inputs.dtype, device=device).masked_fill_(beyond, float("-inf"))
-        return DecodeBatch(inputs.block_tables[:nd, :max_blocks].long().contiguous(), mask.view(nd, 1, 1, -1))
+        return DecodeBatch(tables.long().contiguous(), mask.view(nd, 1, 1, -1))
 
     def decode_attention(self, q, k_cache, v_cache, decodes: DecodeBatch, scale: float) -> torch.Tensor:
         """Decodes batched: q [B, H, D] against each request's gathered blocks."""
@@ -100,6 +100,12 @@ class TorchAttentionBackend(AttentionBackend):
                 v = v_cache.index_select(0, chunk.block_ids).flatten(0, 1)[: chunk.seq_len]
             out[chunk.query_start : chunk.query_end] = _attend(q, k, v, chunk.causal_mask, scale)
         return out
+
+
+def decode_block_tables(inputs: AttentionInputs) -> torch.Tensor:
+    """The decodes' rows of the block tables, cut to the blocks of the longest one (a view)."""
+    nd = inputs.num_decodes
+    return inputs.block_tables[:nd, : -(-max(inputs.seq_lens_cpu[:nd]) // inputs.block_size)]
 
 
 def _attend(q, k, v, mask, scale):

@@ -24,8 +24,9 @@ class Linear(nn.Module):
 
 
 def replace_linears(model: nn.Module, make) -> int:
-    """Replace every Linear of `model` by `make(linear)`, in place, so each original weight is
-    freed as soon as it is replaced. Returns how many were replaced."""
+    """Replace every Linear of `model` by `make(linear)`, in place, one at a time, so each original
+    is dropped as soon as its replacement exists (its weight freed unless `make` keeps it).
+    Returns how many were replaced."""
     names = [name for name, module in model.named_modules() if isinstance(module, Linear)]
     for name in names:
         parent_name, _, attr = name.rpartition(".")
