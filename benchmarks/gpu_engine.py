@@ -22,6 +22,7 @@ correctness case fails.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -37,12 +38,33 @@ HBM_BYTES_PER_S = 4.8e12  # H200
 NEAR_TIE = 1e-3
 
 # Llama-3-8B's shapes (no weights: load_format="dummy")
-LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
-                 rms_norm_eps=1e-5, initializer_range=0.02, bos_token_id=1, eos_token_id=2)  # fmt: skip
-TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, initializer_range=0.5,
-            bos_token_id=1, eos_token_id=2)  # fmt: skip
+LLAMA3_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-5,
+    initializer_range=0.02,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    initializer_range=0.5,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def main() -> int:
@@ -71,12 +93,16 @@ def main() -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("part", choices=("correctness", "timing"))
     parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="timing: bfloat16, or fp8 weights")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, torch backend, no CUDA graphs")
     parser.add_argument("--budget", type=float, default=1e9, help="seconds after which timing cases are skipped")
-    parser.add_argument("--out", type=Path, help="JSON results path (default: $OUT/gpu_engine_<correctness|dtype>.json)")
+    parser.add_argument(
+        "--out", type=Path, help="JSON results path (default: $OUT/gpu_engine_<correctness|dtype>.json)"
+    )
     return parser.parse_args()
 
 
@@ -210,15 +236,19 @@ class Correctness:
         self.hf = AutoModelForCausalLM.from_pretrained(self.dir, dtype=torch.float32).to(self.device).eval()
         self.expected = [self.hf_greedy(p) for p in self.prompts]
         fp32 = self.engine(dtype="float32")
-        self.report.check("fp32 vs transformers, graphs on" if not self.dry_run else "fp32 vs transformers (eager)",
-                          lambda: self.against_reference(fp32))  # fmt: skip
+        self.report.check(
+            "fp32 vs transformers, graphs on" if not self.dry_run else "fp32 vs transformers (eager)",
+            functools.partial(self.against_reference, fp32),
+        )
         if self.dry_run:
             return
-        self.report.check("fp32 vs transformers, graphs off", lambda: self.against_reference(fp32, eager=True))
-        self.report.check("fp32 graphs on == graphs off", lambda: self.on_equals_off(fp32, exact=True))
+        off = functools.partial(self.against_reference, fp32, eager=True)
+        self.report.check("fp32 vs transformers, graphs off", off)
+        self.report.check("fp32 graphs on == graphs off", functools.partial(self.on_equals_off, fp32, exact=True))
         del fp32
         bf16 = self.engine(dtype="bfloat16")
-        self.report.check("bf16 graphs on vs off (near-tie rule)", lambda: self.on_equals_off(bf16, exact=False))
+        near = functools.partial(self.on_equals_off, bf16, exact=False)
+        self.report.check("bf16 graphs on vs off (near-tie rule)", near)
         del bf16
         self.report.check("fp8 _scaled_mm vs dequantized reference", self.scaled_mm)
         self.report.check("fp8 model generates through its graphs", self.fp8_generates)
@@ -288,8 +318,11 @@ class Correctness:
             y, ref = fp8(x).float(), fp8_linear_reference(x, fp8)
             errors[f"{tokens}x{n_in}x{n_out}"] = float((y - ref).norm() / ref.norm())
         worst = max(errors.values())
-        return {"ok": worst < 1e-2, "detail": f"worst relative error {worst:.1e} (bf16 output rounding ~4e-3)",
-                "errors": errors}  # fmt: skip
+        return {
+            "ok": worst < 1e-2,
+            "detail": f"worst relative error {worst:.1e} (bf16 output rounding ~4e-3)",
+            "errors": errors,
+        }
 
     def fp8_generates(self) -> dict:
         eng = self.engine(dtype="bfloat16", quantization="fp8")
@@ -313,11 +346,20 @@ class Timing:
 
     def run(self) -> None:
         results = self.report.results
-        results.update(model="tiny" if self.dry_run else "llama3-8b shapes (dummy weights)", dtype=self.dtype,
-                       prompt_tokens=self.prompt_len, output_tokens=self.max_tokens)  # fmt: skip
+        results.update(
+            model="tiny" if self.dry_run else "llama3-8b shapes (dummy weights)",
+            dtype=self.dtype,
+            prompt_tokens=self.prompt_len,
+            output_tokens=self.max_tokens,
+        )
         model_dir = write_model_dir(Path(tempfile.mkdtemp(prefix="pagoda-shapes-")), self.shapes, with_weights=False)
-        settings = dict(load_format="dummy", max_model_len=2048 if not self.dry_run else 256, max_num_seqs=256,
-                        max_num_batched_tokens=8192 if not self.dry_run else 256, enable_prefix_caching=False)  # fmt: skip
+        settings = dict(
+            load_format="dummy",
+            max_model_len=2048 if not self.dry_run else 256,
+            max_num_seqs=256,
+            max_num_batched_tokens=8192 if not self.dry_run else 256,
+            enable_prefix_caching=False,
+        )
         if self.dry_run and self.dtype == "fp8":
             results["fp8"] = self.fp8_refused_on_cpu(model_dir, settings)
             return
@@ -339,8 +381,10 @@ class Timing:
                     continue
                 row = self.wave(eng, concurrency, graphs)
                 results["waves"].append(row)
-                print(f"{case}: {row['output_tokens_per_s']:.0f} output tok/s, TTFT mean {row['ttft_mean_ms']:.0f} ms, "
-                      f"TPOT mean {row['tpot_mean_ms']:.2f} ms")  # fmt: skip
+                print(
+                    f"{case}: {row['output_tokens_per_s']:.0f} output tok/s, TTFT mean {row['ttft_mean_ms']:.0f} ms, "
+                    f"TPOT mean {row['tpot_mean_ms']:.2f} ms"
+                )
                 if concurrency == 1:
                     self.batch1(row, graphs)
                 self.report.save()
@@ -356,21 +400,36 @@ class Timing:
         outs = w["outputs"]
         assert all(len(o.token_ids) == max_tokens for o in outs)
         ttft = [o.first_token_time - o.arrival_time for o in outs]
-        tpot = [(t - o.first_token_time) / (max_tokens - 1) for o, t in zip(outs, w["finished"])] if max_tokens > 1 else [0.0]
+        tpot = (
+            [(t - o.first_token_time) / (max_tokens - 1) for o, t in zip(outs, w["finished"])]
+            if max_tokens > 1
+            else [0.0]
+        )
         wall = w["end"] - w["start"]
-        return {"concurrency": concurrency, "cuda_graphs": graphs, "wall_s": wall,
-                "output_tokens_per_s": concurrency * max_tokens / wall,
-                "ttft_mean_ms": 1e3 * sum(ttft) / len(ttft), "ttft_max_ms": 1e3 * max(ttft),
-                "tpot_mean_ms": 1e3 * sum(tpot) / len(tpot)}  # fmt: skip
+        return {
+            "concurrency": concurrency,
+            "cuda_graphs": graphs,
+            "wall_s": wall,
+            "output_tokens_per_s": concurrency * max_tokens / wall,
+            "ttft_mean_ms": 1e3 * sum(ttft) / len(ttft),
+            "ttft_max_ms": 1e3 * max(ttft),
+            "tpot_mean_ms": 1e3 * sum(tpot) / len(tpot),
+        }
 
     def batch1(self, row: dict, graphs: bool) -> None:
         """Decode tokens/s of one sequence against the time to stream its weights from HBM once."""
         tokens_per_s = 1e3 / row["tpot_mean_ms"]
         roofline = HBM_BYTES_PER_S / self.report.results["engine"]["weight_bytes_read_per_token"]
-        entry = {"decode_tokens_per_s": tokens_per_s, "roofline_tokens_per_s": roofline, "share_of_roofline": tokens_per_s / roofline}
+        entry = {
+            "decode_tokens_per_s": tokens_per_s,
+            "roofline_tokens_per_s": roofline,
+            "share_of_roofline": tokens_per_s / roofline,
+        }
         self.report.results.setdefault("batch1_decode", {})["graphs_on" if graphs else "graphs_off"] = entry
-        print(f"batch-1 decode, graphs {'on' if graphs else 'off'}: {tokens_per_s:.0f} tok/s = "
-              f"{entry['share_of_roofline']:.0%} of the {roofline:.0f} tok/s HBM roofline")  # fmt: skip
+        print(
+            f"batch-1 decode, graphs {'on' if graphs else 'off'}: {tokens_per_s:.0f} tok/s = "
+            f"{entry['share_of_roofline']:.0%} of the {roofline:.0f} tok/s HBM roofline"
+        )
 
     def describe(self, eng, startup_s: float) -> dict:
         import torch
@@ -386,10 +445,12 @@ class Timing:
             "kv_cache_tokens": (eng.core.kv.pool.num_blocks - 1) * eng.config.cache.block_size,
             "max_model_len": eng.config.model.max_model_len,
             "cuda_graph_sizes": list(runner.cuda_graphs.sizes) if runner.cuda_graphs else None,
-            "settings": {"max_num_seqs": eng.config.scheduler.max_num_seqs,
-                         "max_num_batched_tokens": eng.config.scheduler.max_num_batched_tokens,
-                         "gpu_memory_utilization": eng.config.cache.gpu_memory_utilization},
-        }  # fmt: skip
+            "settings": {
+                "max_num_seqs": eng.config.scheduler.max_num_seqs,
+                "max_num_batched_tokens": eng.config.scheduler.max_num_batched_tokens,
+                "gpu_memory_utilization": eng.config.cache.gpu_memory_utilization,
+            },
+        }
         info["max_concurrency_at_max_model_len"] = info["kv_cache_tokens"] / info["max_model_len"]
         if torch.cuda.is_available():
             free, total = torch.cuda.mem_get_info()

@@ -214,8 +214,14 @@ class Check:
         finite = bool(torch.isfinite(out).all())
         max_err = float(err.max())
         ok = max_err <= TOLERANCE[dtype] and cache_ok and finite
-        return {"ok": ok, "max_abs_err": max_err, "mean_abs_err": float(err.mean()), "cache_matches": cache_ok,
-                "finite": finite, "tolerance": TOLERANCE[dtype]}  # fmt: skip
+        return {
+            "ok": ok,
+            "max_abs_err": max_err,
+            "mean_abs_err": float(err.mean()),
+            "cache_matches": cache_ok,
+            "finite": finite,
+            "tolerance": TOLERANCE[dtype],
+        }
 
     # ------------------------------------------------------------------------------------------
     # timings (bf16 on the device; the dry run times fp32 once, only to exercise the code)

@@ -23,7 +23,10 @@ import torch
 
 def workload(num_prompts: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [([rng.randrange(100, vocab) for _ in range(rng.randint(64, 512))], rng.randint(16, 128)) for _ in range(num_prompts)]
+    return [
+        ([rng.randrange(100, vocab) for _ in range(rng.randint(64, 512))], rng.randint(16, 128))
+        for _ in range(num_prompts)
+    ]
 
 
 def run_pagoda(llm, jobs) -> float:
@@ -43,11 +46,13 @@ def run_transformers(model, jobs, pad_id: int) -> float:
     ids = torch.full((len(jobs), longest), pad_id)
     mask = torch.zeros((len(jobs), longest), dtype=torch.long)
     for i, (p, _) in enumerate(jobs):
-        ids[i, longest - len(p):] = torch.tensor(p)
-        mask[i, longest - len(p):] = 1
+        ids[i, longest - len(p) :] = torch.tensor(p)
+        mask[i, longest - len(p) :] = 1
     max_new = max(n for _, n in jobs)
     start = time.perf_counter()
-    model.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, pad_token_id=pad_id)
+    model.generate(
+        ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, pad_token_id=pad_id
+    )
     return time.perf_counter() - start
 
 
@@ -68,18 +73,29 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=getattr(torch, args.dtype)).eval()
     vocab = llm.engine.config.model.vocab_size
     rows = []
-    for label, jobs in ((f"{args.num_prompts} prompts", workload(args.num_prompts, vocab, args.seed)),
-                        ("batch 1", [(workload(1, vocab, args.seed + 1)[0][0][:256], 128)])):
+    for label, jobs in (
+        (f"{args.num_prompts} prompts", workload(args.num_prompts, vocab, args.seed)),
+        ("batch 1", [(workload(1, vocab, args.seed + 1)[0][0][:256], 128)]),
+    ):
         run_pagoda(llm, jobs[:2])  # warm-up
         out_tokens = sum(n for _, n in jobs)
         pagoda_s = run_pagoda(llm, jobs)
         hf_s = run_transformers(model, jobs, pad_id=0)
-        rows.append({"workload": label, "output_tokens": out_tokens,
-                     "pagoda_tok_s": out_tokens / pagoda_s, "transformers_tok_s": out_tokens / hf_s,
-                     "ratio": hf_s / pagoda_s})
+        rows.append(
+            {
+                "workload": label,
+                "output_tokens": out_tokens,
+                "pagoda_tok_s": out_tokens / pagoda_s,
+                "transformers_tok_s": out_tokens / hf_s,
+                "ratio": hf_s / pagoda_s,
+            }
+        )
     print(f"{'workload':<12} {'out tokens':>10} {'pagoda tok/s':>13} {'transformers tok/s':>19} {'ratio':>6}")
     for r in rows:
-        print(f"{r['workload']:<12} {r['output_tokens']:>10} {r['pagoda_tok_s']:>13.1f} {r['transformers_tok_s']:>19.1f} {r['ratio']:>5.2f}x")
+        print(
+            f"{r['workload']:<12} {r['output_tokens']:>10} {r['pagoda_tok_s']:>13.1f} "
+            f"{r['transformers_tok_s']:>19.1f} {r['ratio']:>5.2f}x"
+        )
     if args.output:
         with open(args.output, "w") as f:
             json.dump({"dtype": args.dtype, "threads": torch.get_num_threads(), "rows": rows}, f, indent=2)

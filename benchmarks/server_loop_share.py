@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -108,8 +107,9 @@ async def measure(concurrency: int, max_tokens: int, port: int) -> dict:
     loop0, engine0, process0 = time.thread_time(), thread_cpu(engine._thread), time.process_time()
     wall0, steps0 = time.perf_counter(), engine.stats.num_steps
     tick = asyncio.create_task(ticker())
-    client = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}",
-                                                  str(concurrency), str(max_tokens))
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", str(concurrency), str(max_tokens)
+    )
     await client.wait()
     wall, steps = time.perf_counter() - wall0, engine.stats.num_steps - steps0
     loop_cpu, engine_cpu = time.thread_time() - loop0, thread_cpu(engine._thread) - engine0
@@ -118,7 +118,10 @@ async def measure(concurrency: int, max_tokens: int, port: int) -> dict:
     server.should_exit = True
     await serving
     return {
-        "concurrency": concurrency, "max_tokens": max_tokens, "wall_s": round(wall, 2), "steps": steps,
+        "concurrency": concurrency,
+        "max_tokens": max_tokens,
+        "wall_s": round(wall, 2),
+        "steps": steps,
         "step_ms": round(1000 * wall / steps, 1),
         "loop_cpu_ms_per_step": round(1000 * loop_cpu / steps, 2),
         "engine_thread_cpu_ms_per_step": round(1000 * engine_cpu / steps, 2),

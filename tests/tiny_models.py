@@ -8,8 +8,18 @@ from pathlib import Path
 import torch
 
 ARCH_CONFIGS = {
-    "llama": ("LlamaConfig", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 256})),
+    "llama": (
+        "LlamaConfig",
+        dict(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 256,
+            }
+        ),
+    ),
     "mistral": ("MistralConfig", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", dict()),
     "qwen3": ("Qwen3Config", dict(head_dim=32)),

@@ -80,8 +80,8 @@ def _run(args: argparse.Namespace) -> int:
 def _read_template(value: str | None) -> str | None:
     if value is None:
         return None
-    from pagoda.errors import ConfigError
     from pagoda.entrypoints.openai.serve import read_chat_template  # read as the server reads it
+    from pagoda.errors import ConfigError
 
     try:
         return read_chat_template(value)

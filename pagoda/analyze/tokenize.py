@@ -61,9 +61,9 @@ class PromptTokenizer:
             raise AnalyzeError(f"Cannot load the tokenizer of {self.model or display_name(None)}: {exc}") from None
 
     def _chat_ids(self, tokenizer, messages: list[dict]) -> list[int]:
-        from pagoda.errors import ConfigError
         from pagoda.entrypoints.openai.chat import parse_messages
         from pagoda.entrypoints.openai.errors import APIError
+        from pagoda.errors import ConfigError
         from pagoda.model_files import apply_chat_template
 
         try:

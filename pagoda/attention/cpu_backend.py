@@ -21,7 +21,10 @@ def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) 
     if dtype != torch.float32 or head_dim % 8:
         return f"the cpu attention backend needs float32 and a head_dim divisible by 8 (got {dtype}, {head_dim})"
     if cpu_kernels.load() is None:
-        return "the cpu attention backend's C kernels cannot be built here (they need gcc and an x86-64 CPU with AVX2 and FMA)"
+        return (
+            "the cpu attention backend's C kernels cannot be built here "
+            "(they need gcc and an x86-64 CPU with AVX2 and FMA)"
+        )
     return None
 
 
@@ -40,7 +43,11 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self.lib = lib
 
     def decode_metadata(self, inputs: AttentionInputs) -> PagedDecodes:
-        return PagedDecodes(decode_block_tables(inputs).contiguous(), inputs.seq_lens[: inputs.num_decodes].contiguous())
+        return PagedDecodes(
+            decode_block_tables(inputs).contiguous(), inputs.seq_lens[: inputs.num_decodes].contiguous()
+        )
 
     def decode_attention(self, q, k_cache, v_cache, decodes: PagedDecodes, scale: float) -> torch.Tensor:
-        return cpu_kernels.paged_decode_attention(self.lib, q, k_cache, v_cache, decodes.block_tables, decodes.seq_lens, scale)
+        return cpu_kernels.paged_decode_attention(
+            self.lib, q, k_cache, v_cache, decodes.block_tables, decodes.seq_lens, scale
+        )

@@ -176,9 +176,19 @@ def _find_tile(qsl_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _load_queries(
-    q_ptr, q_start, q_first, q_len, kv_head, stride_qt, stride_qh, head_dim,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_PAD: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    q_start,
+    q_first,
+    q_len,
+    kv_head,
+    stride_qt,
+    stride_qh,
+    head_dim,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
     """The program's rows: query vectors [BLOCK_M, HEAD_PAD], token index within the request,
     token index in the batch, query head, and whether the row is real."""
     rows = tl.arange(0, BLOCK_M)
@@ -194,11 +204,27 @@ def _load_queries(
 
 @triton.jit
 def _attend_keys(
-    acc, m_i, l_i, q, last_key, key_start, key_end,
-    k_cache_ptr, v_cache_ptr, table_ptr, kv_head, scale_log2,
-    stride_cb, stride_co, stride_ch, head_dim,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    acc,
+    m_i,
+    l_i,
+    q,
+    last_key,
+    key_start,
+    key_end,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    kv_head,
+    scale_log2,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    head_dim,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Online softmax over cache positions [key_start, key_end); row r sees positions <= last_key[r].
     m_i is the running maximum of scaled log2 scores, l_i the running sum of 2 ** (score - m_i)."""
     d = tl.arange(0, HEAD_PAD)
@@ -229,12 +255,33 @@ def _attend_keys(
 
 @triton.jit
 def _paged_attention_kernel(
-    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr,
-    num_seqs, scale_log2,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt, head_dim,
-    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
-    TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr, ONE_TILE_PER_SEQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    num_seqs,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_bt,
+    head_dim,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    ONE_TILE_PER_SEQ: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Grid (tiles, num_kv_heads): one tile of a request's query tokens against its whole context."""
     kv_head = tl.program_id(1)
     if ONE_TILE_PER_SEQ:
@@ -257,9 +304,27 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, last_key, 0, key_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, scale_log2,
-        stride_cb, stride_co, stride_ch, head_dim, BLOCK_SIZE, TILE_N, HEAD_PAD, DOT_PRECISION,
-    )  # fmt: skip
+        acc,
+        m_i,
+        l_i,
+        q,
+        last_key,
+        0,
+        key_end,
+        k_cache_ptr,
+        v_cache_ptr,
+        table_ptr,
+        kv_head,
+        scale_log2,
+        stride_cb,
+        stride_co,
+        stride_ch,
+        head_dim,
+        BLOCK_SIZE,
+        TILE_N,
+        HEAD_PAD,
+        DOT_PRECISION,
+    )
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a lane with no keys (seq_len 0) writes zeros
     d = tl.arange(0, HEAD_PAD)
     mask = valid[:, None] & (d < head_dim)[None, :]
@@ -300,14 +365,35 @@ def paged_attention(
     else:
         tiles = num_tokens // block_q + num_seqs
     _paged_attention_kernel[(tiles, num_kv_heads)](
-        out, query, kv_cache[0], kv_cache[1], query_start_loc, seq_lens, block_tables,
-        num_seqs, scale * LOG2E,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0), head_dim,
-        GROUP=group, BLOCK_SIZE=kv_cache.shape[2], BLOCK_M=config.block_m, BLOCK_Q=block_q,
-        TILE_N=config.tile_n, HEAD_PAD=_pow2(head_dim), ONE_TILE_PER_SEQ=config.one_tile_per_seq,
-        DOT_PRECISION=_dot_precision(query.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
+        out,
+        query,
+        kv_cache[0],
+        kv_cache[1],
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        num_seqs,
+        scale * LOG2E,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        head_dim,
+        GROUP=group,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_M=config.block_m,
+        BLOCK_Q=block_q,
+        TILE_N=config.tile_n,
+        HEAD_PAD=_pow2(head_dim),
+        ONE_TILE_PER_SEQ=config.one_tile_per_seq,
+        DOT_PRECISION=_dot_precision(query.dtype),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,12 +402,32 @@ def paged_attention(
 
 @triton.jit
 def _paged_attention_split_kernel(
-    tmp_out_ptr, tmp_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr,
-    num_splits, num_heads, scale_log2,
-    stride_qt, stride_qh, stride_cb, stride_co, stride_ch, stride_bt, head_dim,
-    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
-    TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    tmp_out_ptr,
+    tmp_lse_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    num_splits,
+    num_heads,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_bt,
+    head_dim,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Grid (requests, num_kv_heads, num_splits): one request's tokens against one slice of its
     context. Writes the slice's normalized output and log2-sum-exp to tmp_out [T, H, S, D] and
     tmp_lse [T, H, S]; an empty slice writes -inf."""
@@ -343,9 +449,27 @@ def _paged_attention_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, last_key, key_start, key_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
-        scale_log2, stride_cb, stride_co, stride_ch, head_dim, BLOCK_SIZE, TILE_N, HEAD_PAD, DOT_PRECISION,
-    )  # fmt: skip
+        acc,
+        m_i,
+        l_i,
+        q,
+        last_key,
+        key_start,
+        key_end,
+        k_cache_ptr,
+        v_cache_ptr,
+        table_ptr,
+        kv_head,
+        scale_log2,
+        stride_cb,
+        stride_co,
+        stride_ch,
+        head_dim,
+        BLOCK_SIZE,
+        TILE_N,
+        HEAD_PAD,
+        DOT_PRECISION,
+    )
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -357,9 +481,17 @@ def _paged_attention_split_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    out_ptr, tmp_out_ptr, tmp_lse_ptr, num_splits, num_heads, stride_ot, stride_oh, head_dim,
-    SPLITS_PAD: tl.constexpr, HEAD_PAD: tl.constexpr,
-):  # fmt: skip
+    out_ptr,
+    tmp_out_ptr,
+    tmp_lse_ptr,
+    num_splits,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    head_dim,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
     """Grid (tokens, num_heads): out = sum_s 2^lse_s * out_s / sum_s 2^lse_s."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -404,18 +536,47 @@ def paged_attention_split(
     tmp_out = torch.empty((num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=query.device)
     tmp_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=query.device)
     _paged_attention_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        tmp_out, tmp_lse, query, kv_cache[0], kv_cache[1], query_start_loc, seq_lens, block_tables,
-        num_splits, num_heads, scale * LOG2E,
-        query.stride(0), query.stride(1),
-        kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0), head_dim,
-        GROUP=group, BLOCK_SIZE=kv_cache.shape[2], BLOCK_M=config.block_m, BLOCK_Q=config.block_q(group),
-        TILE_N=config.tile_n, HEAD_PAD=head_pad, DOT_PRECISION=_dot_precision(query.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
+        tmp_out,
+        tmp_lse,
+        query,
+        kv_cache[0],
+        kv_cache[1],
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        num_splits,
+        num_heads,
+        scale * LOG2E,
+        query.stride(0),
+        query.stride(1),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        head_dim,
+        GROUP=group,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_M=config.block_m,
+        BLOCK_Q=config.block_q(group),
+        TILE_N=config.tile_n,
+        HEAD_PAD=head_pad,
+        DOT_PRECISION=_dot_precision(query.dtype),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
     _merge_splits_kernel[(num_tokens, num_heads)](
-        out, tmp_out, tmp_lse, num_splits, num_heads, out.stride(0), out.stride(1), head_dim,
-        SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_PAD=head_pad, num_warps=4 if head_dim >= 128 else 2,
-    )  # fmt: skip
+        out,
+        tmp_out,
+        tmp_lse,
+        num_splits,
+        num_heads,
+        out.stride(0),
+        out.stride(1),
+        head_dim,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_PAD=head_pad,
+        num_warps=4 if head_dim >= 128 else 2,
+    )
 
 
 def choose_decode_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:

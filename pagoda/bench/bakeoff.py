@@ -31,8 +31,18 @@ from pagoda.bench.settings import BenchSettings, parse_settings
 PROG = "pagoda bakeoff"
 ENGINE_KEYS = {"name", "command", "base_url", "model", "env", "ready_timeout", "api_key", "metrics_url"}
 # Options that differ per engine or per run, so a shared [workload] table must not set them.
-NOT_WORKLOAD = {"base_url", "model", "api_key", "launch", "launch_env", "launch_timeout", "server_log", "server_pid",
-                "metrics_url", "output"}  # fmt: skip
+NOT_WORKLOAD = {
+    "base_url",
+    "model",
+    "api_key",
+    "launch",
+    "launch_env",
+    "launch_timeout",
+    "server_log",
+    "server_pid",
+    "metrics_url",
+    "output",
+}
 PER_ENGINE_FIELDS = NOT_WORKLOAD | {"launch"}  # of BenchSettings, left out of the shared settings
 
 
@@ -126,9 +136,13 @@ def _engine(path: Path, number: int, entry: dict[str, Any], workload_argv: list[
     if not isinstance(env, dict):
         raise BenchError(f"{where}: env must be a table of strings")
     options = {k: entry[k] for k in ("base_url", "model", "api_key", "metrics_url") if k in entry}
-    argv = [*workload_argv, *_as_options(options), f"--launch={command}",
-            f"--server-log={folder / 'logs' / (_file_name(str(entry['name'])) + '.log')}",
-            *(f"--launch-env={key}={value}" for key, value in env.items())]  # fmt: skip
+    argv = [
+        *workload_argv,
+        *_as_options(options),
+        f"--launch={command}",
+        f"--server-log={folder / 'logs' / (_file_name(str(entry['name'])) + '.log')}",
+        *(f"--launch-env={key}={value}" for key, value in env.items()),
+    ]
     if "ready_timeout" in entry:
         argv.append(f"--launch-timeout={entry['ready_timeout']}")
     try:
@@ -163,7 +177,9 @@ def _warn_missing_commands(bakeoff: Bakeoff) -> None:
         launch = engine.settings.launch
         program = missing_executable(launch.command) if launch else None
         if program:
-            print(f"{PROG}: warning: engine {engine.name!r}: command not found: {program}; it will fail", file=sys.stderr)
+            print(
+                f"{PROG}: warning: engine {engine.name!r}: command not found: {program}; it will fail", file=sys.stderr
+            )
 
 
 def _write(bakeoff: Bakeoff, argv: list[str], results: list[EngineResult]) -> None:
@@ -171,8 +187,12 @@ def _write(bakeoff: Bakeoff, argv: list[str], results: list[EngineResult]) -> No
         "config": bakeoff.config,
         "workload": bakeoff.workload_table,
         "engines": [
-            {"name": e.name, "launch": shlex.join(e.settings.launch.command) if e.settings.launch else None,
-             "base_url": e.settings.base_url, "model": e.settings.model}  # fmt: skip
+            {
+                "name": e.name,
+                "launch": shlex.join(e.settings.launch.command) if e.settings.launch else None,
+                "base_url": e.settings.base_url,
+                "model": e.settings.model,
+            }
             for e in bakeoff.engines
         ],
         "resolved": {k: v for k, v in plain(bakeoff.engines[0].settings).items() if k not in PER_ENGINE_FIELDS},

@@ -140,7 +140,9 @@ async def stream_request(http: httpx.AsyncClient, target: Target, prompt: Prompt
     try:
         async with asyncio.timeout(target.timeout_s):
             url = target.base_url + PATHS[prompt.endpoint]
-            async with http.stream("POST", url, json=request_body(prompt, target), headers=headers(target.api_key)) as response:
+            async with http.stream(
+                "POST", url, json=request_body(prompt, target), headers=headers(target.api_key)
+            ) as response:
                 if response.status_code >= 400:
                     stream.fail(f"HTTP {response.status_code}: {await _error_text(response)}")
                 else:
@@ -160,7 +162,9 @@ async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | Non
     try:
         response = await http.get(f"{base_url}/v1/models", headers=headers(api_key), timeout=10.0)
     except httpx.HTTPError as exc:
-        raise BenchError(f"cannot reach {base_url}: {type(exc).__name__}: {exc}. Is the server running there?") from None
+        raise BenchError(
+            f"cannot reach {base_url}: {type(exc).__name__}: {exc}. Is the server running there?"
+        ) from None
     if response.status_code != 200:
         return None
     try:

@@ -162,7 +162,11 @@ def sessions(workload: Workload, tokenizer: Tokenizer | None, seed: int, label: 
     assert tokenizer is not None, "every workload but replay needs a tokenizer"
     if spec.kind == "sharegpt":
         return _sharegpt_sessions(workload, tokenizer, rng)
-    builders = {"random": _random_sessions, "shared-prefix": _shared_prefix_sessions, "multi-turn": _multi_turn_sessions}
+    builders = {
+        "random": _random_sessions,
+        "shared-prefix": _shared_prefix_sessions,
+        "multi-turn": _multi_turn_sessions,
+    }
     return builders[spec.kind](spec, tokenizer, rng)
 
 
@@ -191,10 +195,18 @@ def make_prompt(endpoint: Endpoint, tokenizer: Tokenizer, system: str | None, us
 def next_turn(prompt: Prompt, reply: str, follow_up: FollowUp) -> Prompt:
     """The next request of a conversation: the history, the server's reply, the next question."""
     if prompt.endpoint == "chat":
-        messages = [*prompt.body["messages"], {"role": "assistant", "content": reply}, {"role": "user", "content": follow_up.text}]
+        messages = [
+            *prompt.body["messages"],
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": follow_up.text},
+        ]
         body = {**prompt.body, "messages": messages, "max_tokens": follow_up.max_tokens}
     else:
-        body = {**prompt.body, "prompt": f"{prompt.body['prompt']}{reply}\n{follow_up.text}", "max_tokens": follow_up.max_tokens}
+        body = {
+            **prompt.body,
+            "prompt": f"{prompt.body['prompt']}{reply}\n{follow_up.text}",
+            "max_tokens": follow_up.max_tokens,
+        }
     return Prompt(prompt.endpoint, body)
 
 
@@ -212,12 +224,16 @@ def _shared_prefix_sessions(spec: WorkloadSpec, tok: Tokenizer, rng: random.Rand
         systems = [tok.random_text(rng, spec.system_prompt_len) for _ in range(spec.groups)]
         for i in range(spec.groups * spec.prompts_per_group):
             question = tok.random_text(rng, spec.question_len)
-            yield Session(make_prompt(spec.endpoint, tok, systems[i % spec.groups], question, spec.output().sample(rng)))
+            yield Session(
+                make_prompt(spec.endpoint, tok, systems[i % spec.groups], question, spec.output().sample(rng))
+            )
 
 
 def _multi_turn_sessions(spec: WorkloadSpec, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
     while True:
-        turns = [(tok.random_text(rng, spec.input_len.sample(rng)), spec.output().sample(rng)) for _ in range(spec.turns)]
+        turns = [
+            (tok.random_text(rng, spec.input_len.sample(rng)), spec.output().sample(rng)) for _ in range(spec.turns)
+        ]
         first = make_prompt(spec.endpoint, tok, None, turns[0][0], turns[0][1])
         yield Session(first, tuple(FollowUp(text, n) for text, n in turns[1:]), spec.think_time_s)
 
@@ -312,7 +328,9 @@ def load_sharegpt(path: Path) -> list[tuple[str, str]]:
     pairs = []
     for index, item in enumerate(data):
         turns = item.get("conversations") if isinstance(item, dict) else None
-        if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns):
+        if not isinstance(turns, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns
+        ):
             raise BenchError(f"{path}: item {index} has no 'conversations' list of {{'from', 'value'}} objects")
         if len(turns) >= 2:
             pairs.append((turns[0]["value"], turns[1]["value"]))

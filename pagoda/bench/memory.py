@@ -53,7 +53,10 @@ def gpu_used_mib() -> float | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout
         return float(sum(float(line) for line in out.split()))
     except (OSError, subprocess.SubprocessError, ValueError):

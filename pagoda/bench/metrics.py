@@ -69,7 +69,7 @@ class SLO:
 
     @classmethod
     def parse(cls, text: str) -> SLO:
-        """"ttft=500ms,tpot=50ms,e2e=2s"; a bare number is milliseconds, as in vLLM."""
+        """ "ttft=500ms,tpot=50ms,e2e=2s"; a bare number is milliseconds, as in vLLM."""
         values: dict[str, float] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             match = _SLO_ITEM.match(item)

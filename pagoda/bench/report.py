@@ -68,16 +68,32 @@ METRICS = (
         for stat in STATS
     ),
     Metric("goodput", "goodput (requests/s)", _summary("goodput"), 3),
-    Metric("prefix_cache_hit_rate", "prefix cache hit rate",
-           lambda level: level.prefix_cache.hit_rate if level.prefix_cache else None, percent=True),  # fmt: skip
+    Metric(
+        "prefix_cache_hit_rate",
+        "prefix cache hit rate",
+        lambda level: level.prefix_cache.hit_rate if level.prefix_cache else None,
+        percent=True,
+    ),
 )
 BY_KEY = {metric.key: metric for metric in METRICS}
 # The metrics report.md compares engine by engine.
 REPORT_KEYS = (
-    "output_throughput", "request_throughput", "total_token_throughput", "ttft_median_ms", "ttft_p95_ms",
-    "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "itl_median_ms", "itl_p99_ms", "e2e_median_ms",
-    "e2e_p99_ms", "goodput", "failed", "prefix_cache_hit_rate",
-)  # fmt: skip
+    "output_throughput",
+    "request_throughput",
+    "total_token_throughput",
+    "ttft_median_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "tpot_median_ms",
+    "tpot_p99_ms",
+    "itl_median_ms",
+    "itl_p99_ms",
+    "e2e_median_ms",
+    "e2e_p99_ms",
+    "goodput",
+    "failed",
+    "prefix_cache_hit_rate",
+)
 
 
 def fmt(metric: Metric, value: float | None) -> str:
@@ -95,7 +111,10 @@ def terminal_table(result: EngineResult) -> str:
         if any(v is not None for v in values):
             rows.append([metric.label, *(fmt(metric, v) for v in values)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     title = f"{result.name}: {result.model or '?'} at {result.base_url}"
     return "\n".join([title, *lines])
 
@@ -155,13 +174,19 @@ def csv_rows(results: Sequence[EngineResult]) -> list[dict[str, Any]]:
     rows = []
     for result in results:
         for level in result.levels:
-            row: dict[str, Any] = {"engine": result.name, "concurrency": level.concurrency, "interrupted": level.interrupted}
+            row: dict[str, Any] = {
+                "engine": result.name,
+                "concurrency": level.concurrency,
+                "interrupted": level.interrupted,
+            }
             row |= {metric.key: metric.value(level) for metric in METRICS}
             rows.append(row)
     return rows
 
 
-def write_results(folder: Path, tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult]) -> list[Path]:
+def write_results(
+    folder: Path, tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult]
+) -> list[Path]:
     """Write results.json, results.csv, report.md and the plots; returns the files written."""
     from pagoda.bench.plots import write_plots
 
@@ -177,7 +202,9 @@ def write_results(folder: Path, tool: str, argv: Sequence[str], settings: Any, r
     return paths + plots
 
 
-def markdown(tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult], plots: Sequence[str]) -> str:
+def markdown(
+    tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult], plots: Sequence[str]
+) -> str:
     lines = [f"# {tool} report", "", f"Command: `{' '.join(plain(list(argv)))}`", "", "## Settings", ""]
     lines += [f"- {key}: `{value}`" for key, value in _flat(plain(settings)).items()]
     lines += ["", "## Engines", ""]
@@ -237,7 +264,9 @@ def _memory_table(results: Sequence[EngineResult]) -> list[str]:
     lines = ["## Peak memory", "", _row(header), _row(["---"] * 4)]
     for r in results:
         m = r.memory
-        lines.append(_row([r.name, _num(m and m.rss_mib, 0), _num(m and m.gpu_mib, 0), _num(m and m.gpu_baseline_mib, 0)]))
+        lines.append(
+            _row([r.name, _num(m and m.rss_mib, 0), _num(m and m.gpu_mib, 0), _num(m and m.gpu_baseline_mib, 0)])
+        )
     return lines
 
 

@@ -17,7 +17,16 @@ import httpx
 from tqdm import tqdm
 
 from pagoda.bench.client import Target, list_models, make_client, stream_request
-from pagoda.bench.datasets import Prompt, Session, Workload, describe, prefix_share, sessions, take_requests, token_lists
+from pagoda.bench.datasets import (
+    Prompt,
+    Session,
+    Workload,
+    describe,
+    prefix_share,
+    sessions,
+    take_requests,
+    token_lists,
+)
 from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import launched, wait_until_ready
 from pagoda.bench.memory import MemoryPeak, MemorySampler
@@ -97,8 +106,9 @@ def execute(settings: BenchSettings, workload: Workload, name: str) -> EngineRes
     return result
 
 
-async def _bench(settings: BenchSettings, workload: Workload, result: EngineResult,
-                 launched_at: float | None, ready_s: float | None) -> None:  # fmt: skip
+async def _bench(
+    settings: BenchSettings, workload: Workload, result: EngineResult, launched_at: float | None, ready_s: float | None
+) -> None:
     async with make_client(max(settings.concurrency) + settings.warmup, settings.request_timeout_s) as http:
         target = await _target(http, settings)
         result.model = target.model
@@ -121,17 +131,25 @@ async def _target(http: httpx.AsyncClient, settings: BenchSettings) -> Target:
     if model is None:
         raise BenchError(f"{settings.base_url}/v1/models lists no model; pass --model")
     return Target(
-        settings.base_url, model, settings.api_key, settings.request_timeout_s,
-        settings.temperature, settings.ignore_eos, settings.extra_body,
-    )  # fmt: skip
+        settings.base_url,
+        model,
+        settings.api_key,
+        settings.request_timeout_s,
+        settings.temperature,
+        settings.ignore_eos,
+        settings.extra_body,
+    )
 
 
-async def _cold_start(http: httpx.AsyncClient, target: Target, settings: BenchSettings,
-                      launched_at: float, ready_s: float) -> ColdStart:  # fmt: skip
+async def _cold_start(
+    http: httpx.AsyncClient, target: Target, settings: BenchSettings, launched_at: float, ready_s: float
+) -> ColdStart:
     """Time until a first short request completes: servers that compile, capture graphs or
     allocate lazily pay it here, not in the measured levels."""
     text = "Hello! Please introduce yourself."
-    body = {"messages": [{"role": "user", "content": text}]} if settings.workload.endpoint == "chat" else {"prompt": text}
+    body = (
+        {"messages": [{"role": "user", "content": text}]} if settings.workload.endpoint == "chat" else {"prompt": text}
+    )
     probe = await stream_request(http, target, Prompt(settings.workload.endpoint, body | {"max_tokens": PROBE_TOKENS}))
     if probe.error:
         _status(f"warning: the first request after launch failed: {probe.error}")
@@ -155,8 +173,9 @@ def _statement(settings: BenchSettings, workload: Workload, tokenizer: Tokenizer
     )
 
 
-async def _warmup(http: httpx.AsyncClient, target: Target, settings: BenchSettings, workload: Workload,
-                  tokenizer: Tokenizer | None) -> None:  # fmt: skip
+async def _warmup(
+    http: httpx.AsyncClient, target: Target, settings: BenchSettings, workload: Workload, tokenizer: Tokenizer | None
+) -> None:
     """Requests of the same workload under their own seed label, not counted. All of them
     failing means the benchmark would measure nothing: stop with the server's message."""
     exchanges: list[Exchange] = []
@@ -169,11 +188,20 @@ async def _warmup(http: httpx.AsyncClient, target: Target, settings: BenchSettin
         _status(f"warning: {len(errors)} of {len(exchanges)} warm-up requests failed, e.g.: {errors[0]}")
 
 
-async def _level(http: httpx.AsyncClient, target: Target, settings: BenchSettings, workload: Workload,
-                 lazy: LazyTokenizer, result: EngineResult, index: int, concurrency: int) -> None:  # fmt: skip
+async def _level(
+    http: httpx.AsyncClient,
+    target: Target,
+    settings: BenchSettings,
+    workload: Workload,
+    lazy: LazyTokenizer,
+    result: EngineResult,
+    index: int,
+    concurrency: int,
+) -> None:
     label = f"level{index}"
-    stream: Iterable[Session] = sessions(workload, lazy.get() if workload.spec.needs_tokenizer else None,
-                                         settings.seed, label)  # fmt: skip
+    stream: Iterable[Session] = sessions(
+        workload, lazy.get() if workload.spec.needs_tokenizer else None, settings.seed, label
+    )
     if settings.num_prompts:
         # Built before the clock starts: tokenizing inside the level would stall the event loop
         # and add its time to the measured latencies.
@@ -181,12 +209,19 @@ async def _level(http: httpx.AsyncClient, target: Target, settings: BenchSetting
     load = Load(concurrency, settings.request_rate, settings.burstiness, settings.duration_s)
     before = await scrape(http, settings.metrics_url) if settings.metrics_url else None
     exchanges: list[Exchange] = []
-    bar = tqdm(total=workload.requests_per_level(settings.num_prompts), desc=f"concurrency {concurrency}", unit="req",
-               disable=not settings.progress, file=sys.stderr, leave=False)  # fmt: skip
+    bar = tqdm(
+        total=workload.requests_per_level(settings.num_prompts),
+        desc=f"concurrency {concurrency}",
+        unit="req",
+        disable=not settings.progress,
+        file=sys.stderr,
+        leave=False,
+    )
     start = time.perf_counter()
     try:
-        start = await run_level(http, target, stream, load, random.Random(f"{settings.seed}:{label}:arrivals"),
-                                exchanges, bar.update)  # fmt: skip
+        start = await run_level(
+            http, target, stream, load, random.Random(f"{settings.seed}:{label}:arrivals"), exchanges, bar.update
+        )
     except asyncio.CancelledError:
         result.levels.append(_level_result(concurrency, label, exchanges, start, lazy, settings, None, True))
         raise
@@ -199,8 +234,16 @@ async def _level(http: httpx.AsyncClient, target: Target, settings: BenchSetting
     _status(f"{result.name}: {_one_line(level)}")
 
 
-def _level_result(concurrency: int, label: str, exchanges: list[Exchange], start: float, lazy: LazyTokenizer,
-                  settings: BenchSettings, prefix: PrefixCacheStats | None, interrupted: bool) -> LevelResult:  # fmt: skip
+def _level_result(
+    concurrency: int,
+    label: str,
+    exchanges: list[Exchange],
+    start: float,
+    lazy: LazyTokenizer,
+    settings: BenchSettings,
+    prefix: PrefixCacheStats | None,
+    interrupted: bool,
+) -> LevelResult:
     records = tuple(sorted((to_record(x, start, lazy) for x in exchanges), key=lambda r: r.index))
     duration = max((x.finished_at for x in exchanges), default=start) - start
     return LevelResult(concurrency, label, summarize(records, duration, settings.slo), prefix, records, interrupted)

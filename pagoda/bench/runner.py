@@ -88,15 +88,16 @@ class _Sender:
 
     async def run(self, number: int, session: Session, slots: asyncio.Semaphore) -> None:
         try:
-            prompt = session.first
+            prompt, reply = session.first, ""
             for turn in range(session.num_requests):
                 if turn:
                     await asyncio.sleep(session.think_time_s)
                     if time.perf_counter() >= self.deadline:
                         return
-                    prompt = next_turn(prompt, result.text, session.follow_ups[turn - 1])
+                    prompt = next_turn(prompt, reply, session.follow_ups[turn - 1])
                 index = next(self.indices)
                 result = await stream_request(self.http, self.target, prompt)
+                reply = result.text
                 self.exchanges.append(Exchange(index, number, turn, prompt, result, time.perf_counter()))
                 self.on_done()
                 if result.error:
@@ -109,10 +110,20 @@ def to_record(exchange: Exchange, level_start: float, tokenizer: LazyTokenizer) 
     """Timing from the stream; token counts from the server's usage, else the tokenizer, else
     (no tokenizer) one token per text chunk."""
     result = exchange.result
-    common = dict(index=exchange.index, session=exchange.session, turn=exchange.turn, start_s=result.sent_at - level_start)
+    common = dict(
+        index=exchange.index, session=exchange.session, turn=exchange.turn, start_s=result.sent_at - level_start
+    )
     if result.error is not None:
-        return RequestRecord(**common, ttft_s=None, latency_s=None, itl_s=(), prompt_tokens=None,
-                             output_tokens=None, token_source="none", error=result.error)  # fmt: skip
+        return RequestRecord(
+            **common,
+            ttft_s=None,
+            latency_s=None,
+            itl_s=(),
+            prompt_tokens=None,
+            output_tokens=None,
+            token_source="none",
+            error=result.error,
+        )
     times = result.token_times
     output_tokens, source = result.completion_tokens, "usage"
     if output_tokens is None:

@@ -71,14 +71,18 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     target.add_argument("--request-timeout", type=float, default=600.0, metavar="S", help="per request (default 600)")
     target.add_argument("--temperature", type=float, default=0.0, help="unless a replayed request sets one")
     target.add_argument(
-        "--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="send ignore_eos so outputs reach max_tokens (default: on for random, as vLLM does)",
-    )  # fmt: skip
+    )
     target.add_argument("--extra-body", default="{}", metavar="JSON", help="fields added to every request body")
 
     work = parser.add_argument_group("workload (seeded: equal seeds send equal prompts)")
     work.add_argument("--workload", choices=KINDS, help="default: random, or replay/sharegpt from --dataset's suffix")
-    work.add_argument("--dataset", type=Path, help="replay: JSONL (request bodies or a Pagoda request log); sharegpt: JSON")
+    work.add_argument(
+        "--dataset", type=Path, help="replay: JSONL (request bodies or a Pagoda request log); sharegpt: JSON"
+    )
     work.add_argument("--input-len", default="256", metavar="LEN", help="N, LOW:HIGH or normal:MEAN,STD (default 256)")
     work.add_argument("--output-len", metavar="LEN", help="as --input-len (default 64; ShareGPT: the reply's length)")
     work.add_argument("--tokenizer", help="HF directory, .gguf file, or 'default' (default: the served model's)")
@@ -88,21 +92,33 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     work.add_argument("--system-prompt-len", type=int, default=512, help="shared-prefix: tokens (default 512)")
     work.add_argument("--question-len", type=int, default=64, help="shared-prefix: tokens (default 64)")
     work.add_argument("--turns", type=int, default=4, help="multi-turn: turns per session (default 4)")
-    work.add_argument("--think-time", type=float, default=1.0, metavar="S", help="multi-turn: between turns (default 1)")
+    work.add_argument(
+        "--think-time", type=float, default=1.0, metavar="S", help="multi-turn: between turns (default 1)"
+    )
 
     load = parser.add_argument_group("load")
     load.add_argument("--concurrency", default="1", metavar="N[,N...]", help="levels of the sweep (default 1)")
-    load.add_argument("--request-rate", type=float, default=math.inf, metavar="R", help="sessions/s, Poisson (default inf)")
+    load.add_argument(
+        "--request-rate", type=float, default=math.inf, metavar="R", help="sessions/s, Poisson (default inf)"
+    )
     load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (default 1: Poisson)")
-    load.add_argument("--num-prompts", type=int, help="requests per level (default 100; shared-prefix: groups x prompts)")
+    load.add_argument(
+        "--num-prompts", type=int, help="requests per level (default 100; shared-prefix: groups x prompts)"
+    )
     load.add_argument("--duration", type=float, metavar="S", help="stop starting requests after S seconds per level")
-    load.add_argument("--warmup", type=int, default=2, metavar="N", help="requests sent first and not counted (default 2)")
+    load.add_argument(
+        "--warmup", type=int, default=2, metavar="N", help="requests sent first and not counted (default 2)"
+    )
     load.add_argument("--slo", help="goodput targets, e.g. ttft=500ms,tpot=50ms,e2e=5s")
 
     server = parser.add_argument_group("server")
     server.add_argument("--launch", metavar="COMMAND", help="start the server, time its cold start, stop it at the end")
-    server.add_argument("--launch-env", action="append", default=[], metavar="KEY=VALUE", help="for --launch; repeatable")
-    server.add_argument("--launch-timeout", type=float, default=600.0, metavar="S", help="until it answers (default 600)")
+    server.add_argument(
+        "--launch-env", action="append", default=[], metavar="KEY=VALUE", help="for --launch; repeatable"
+    )
+    server.add_argument(
+        "--launch-timeout", type=float, default=600.0, metavar="S", help="until it answers (default 600)"
+    )
     server.add_argument("--server-log", type=Path, help="--launch output (default: OUTPUT/server.log or a temp file)")
     server.add_argument("--server-pid", type=int, help="sample this process tree's peak memory")
     server.add_argument("--metrics-url", help="Prometheus metrics (default: BASE_URL/metrics)")
@@ -150,7 +166,9 @@ def parse_settings(argv: Sequence[str]) -> BenchSettings:
 def _workload(args: argparse.Namespace) -> WorkloadSpec:
     kind = args.workload
     if kind is None:
-        kind = {".jsonl": "replay", ".json": "sharegpt"}.get(args.dataset.suffix, "replay") if args.dataset else "random"
+        kind = (
+            {".jsonl": "replay", ".json": "sharegpt"}.get(args.dataset.suffix, "replay") if args.dataset else "random"
+        )
     if args.dataset is not None and kind not in ("replay", "sharegpt"):
         raise UsageError(f"--dataset is for the replay and sharegpt workloads, not {kind}")
     return WorkloadSpec(

@@ -136,7 +136,9 @@ class KVCacheManager:
         owners: dict[int, int] = {}
         for request in requests:
             assert len(set(request.block_ids)) == len(request.block_ids), "a request holds a block twice"
-            assert len(request.block_ids) >= self.blocks_for(request.num_computed_tokens), "computed tokens without blocks"
+            assert len(request.block_ids) >= self.blocks_for(request.num_computed_tokens), (
+                "computed tokens without blocks"
+            )
             for block in request.block_ids:
                 owners[block] = owners.get(block, 0) + 1
         cached = set(self.cache._block_node) if self.cache else set()

@@ -28,7 +28,9 @@ class EngineArgs:
     device: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0
-    gpu_memory_utilization: float = 0.9  # GPU: share of its memory the engine may use (kv_cache_memory sizes the pool on CPU)
+    gpu_memory_utilization: float = (
+        0.9  # GPU: share of its memory the engine may use (kv_cache_memory sizes the pool on CPU)
+    )
     enforce_eager: bool = False  # GPU: no CUDA graphs
     quantization: str | None = None  # "fp8": linear weights in float8 (compute capability >= 8.9)
     load_format: str = "auto"  # "dummy": random weights of the model's config, to time a model without its weights
@@ -36,11 +38,16 @@ class EngineArgs:
     def create_config(self) -> EngineConfig:
         from pagoda.model_executor.loader import load_model_config
 
-        device = torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
-                              ("cpu" if self.device == "auto" else self.device))
+        device = torch.device(
+            "cuda"
+            if self.device == "auto" and torch.cuda.is_available()
+            else ("cpu" if self.device == "auto" else self.device)
+        )
         path = resolve_model(self.model)
         name = self.served_model_name or display_name(self.model)
-        model = load_model_config(path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization)
+        model = load_model_config(
+            path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization
+        )
         backend = self.attention_backend
         cpu_unsupported = cpu_backend.unsupported_reason(device, model.dtype, model.head_dim)
         if backend == "auto":
@@ -51,7 +58,9 @@ class EngineArgs:
             raise ConfigError(cpu_unsupported[0].upper() + cpu_unsupported[1:] + ".")
         return EngineConfig(
             model=model,
-            cache=CacheConfig(self.block_size, self.kv_cache_memory, self.enable_prefix_caching, self.gpu_memory_utilization),
+            cache=CacheConfig(
+                self.block_size, self.kv_cache_memory, self.enable_prefix_caching, self.gpu_memory_utilization
+            ),
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,

@@ -80,7 +80,9 @@ class AsyncEngine:
         return len(self._queues)
 
     # ---- requests ------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[SequenceOutput]:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[SequenceOutput]:
         """Updates of all n sequences of one request until each has finished. Closing the
         iterator early (a client went away) aborts whatever is still running."""
         if not self.is_alive:
@@ -197,4 +199,3 @@ class AsyncEngine:
     def _fail_all(self, exc: BaseException) -> None:
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(f"the engine stopped: {exc!r}"))
-

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from pagoda.config import EngineConfig
-from pagoda.errors import ConfigError
 from pagoda.core.kv_cache_manager import KVCacheManager
 from pagoda.core.scheduler import Scheduler
 from pagoda.engine.outputs import CoreOutput
+from pagoda.errors import ConfigError
 from pagoda.model_executor.model_runner import ModelRunner
 from pagoda.request import Request
 
@@ -33,8 +33,14 @@ class EngineCore:
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.requests: dict[str, Request] = {}
-        logger.info("KV cache: %d blocks of %d tokens, %d tokens: %.1f sequences of max_model_len=%d at once",
-                    num_blocks - 1, config.cache.block_size, capacity, capacity / max_len, max_len)  # fmt: skip
+        logger.info(
+            "KV cache: %d blocks of %d tokens, %d tokens: %.1f sequences of max_model_len=%d at once",
+            num_blocks - 1,
+            config.cache.block_size,
+            capacity,
+            capacity / max_len,
+            max_len,
+        )
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -63,7 +69,9 @@ class EngineCore:
         result = self.runner.execute(step)
         changed = set(map(id, self.scheduler.update(step, result.token_ids)))
         outputs = []
-        for (request, _), token, logprob, prompt_lp in zip(step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs):
+        for (request, _), token, logprob, prompt_lp in zip(
+            step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs
+        ):
             if id(request) not in changed and prompt_lp is None:
                 continue
             if request.is_finished:

@@ -12,7 +12,9 @@ from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams
 
 
-def make_requests(request_id: str, prompt_ids: list[int], params: SamplingParams, eos_ids, max_model_len: int) -> list[Request]:
+def make_requests(
+    request_id: str, prompt_ids: list[int], params: SamplingParams, eos_ids, max_model_len: int
+) -> list[Request]:
     """The engine requests of one caller request: one per sequence; siblings of n > 1 share the
     prompt through the first one, and seeded siblings get consecutive seeds."""
     first = Request(f"{request_id}#0", prompt_ids, params, frozenset(eos_ids), max_model_len)
@@ -20,7 +22,14 @@ def make_requests(request_id: str, prompt_ids: list[int], params: SamplingParams
     for i in range(1, params.n):
         seed = None if params.seed is None else params.seed + i
         requests.append(
-            Request(f"{request_id}#{i}", prompt_ids, dataclasses.replace(params, seed=seed), frozenset(eos_ids), max_model_len, parent=first)
+            Request(
+                f"{request_id}#{i}",
+                prompt_ids,
+                dataclasses.replace(params, seed=seed),
+                frozenset(eos_ids),
+                max_model_len,
+                parent=first,
+            )
         )
     return requests
 
@@ -49,7 +58,9 @@ class OutputProcessor:
                     num_prompt_tokens=request.num_prompt_tokens,
                     prompt_logprobs=[None] if params.prompt_logprobs is not None else [],
                 ),
-                detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens),
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, request.prompt_token_ids, params.skip_special_tokens
+                ),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
             )
 
@@ -75,7 +86,10 @@ class OutputProcessor:
         out = seq.out
         out.num_cached_tokens = core.num_cached_tokens
         out.arrival_time, out.first_scheduled_time, out.first_token_time = (
-            core.arrival_time, core.first_scheduled_time, core.first_token_time)
+            core.arrival_time,
+            core.first_scheduled_time,
+            core.first_token_time,
+        )
         if core.prompt_logprobs:
             out.prompt_logprobs += core.prompt_logprobs
         out.token_ids_delta = list(core.new_token_ids)

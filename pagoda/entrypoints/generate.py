@@ -12,7 +12,9 @@ from pagoda.errors import ConfigError
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pagoda generate", description="Generate completions offline.")
     p.add_argument("prompts", nargs="*", help="prompt texts (or use --prompts-file)")
-    p.add_argument("--model", default=None, help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--model", default=None, help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+    )
     p.add_argument("--prompts-file", help="a file with one prompt per line")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -40,8 +42,9 @@ def main(argv: list[str]) -> int:
 
     try:
         llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory)
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                seed=args.seed, max_tokens=args.max_tokens)
+        params = SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens
+        )
     except (ConfigError, ValueError) as exc:
         print(f"pagoda generate: {exc}", file=sys.stderr)
         return 1
@@ -53,8 +56,16 @@ def main(argv: list[str]) -> int:
     for prompt, result in zip(prompts, results):
         out = result.outputs[0]
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": out.text, "finish_reason": out.finish_reason,
-                              "output_tokens": len(out.token_ids)}))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": out.text,
+                        "finish_reason": out.finish_reason,
+                        "output_tokens": len(out.token_ids),
+                    }
+                )
+            )
         else:
             print(out.text if not many else f"### {prompt}\n{out.text}\n")
     return 0

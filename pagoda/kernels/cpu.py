@@ -43,7 +43,9 @@ def load() -> ctypes.CDLL | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+            result = subprocess.run(
+                [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True
+            )
             if result.returncode != 0:
                 logger.warning("Building Pagoda's CPU kernels failed: %s", result.stderr.strip()[-2000:])
                 return None
@@ -60,7 +62,9 @@ def _cpu_supported() -> bool:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        ).split()
     except (OSError, StopIteration):
         return False
     return "avx2" in flags and "fma" in flags
@@ -81,10 +85,21 @@ def paged_decode_attention(
     _, block_size, num_kv_heads, _ = k_cache.shape
     out = torch.empty_like(query)
     lib.pagoda_paged_decode_attention(
-        out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-        seq_lens.data_ptr(), batch, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],
-        scale, torch.get_num_threads(),
-    )  # fmt: skip
+        out.data_ptr(),
+        query.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        block_tables.data_ptr(),
+        seq_lens.data_ptr(),
+        batch,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        block_tables.shape[1],
+        scale,
+        torch.get_num_threads(),
+    )
     return out
 
 
@@ -92,5 +107,13 @@ def gemv(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     """x [1, K] @ weight[N, K].T (+ bias): float32, contiguous, K % 8 == 0 -> [1, N]."""
     out = torch.empty(1, weight.shape[0])
     bias_ptr = None if bias is None else bias.data_ptr()
-    lib.pagoda_gemv(weight.data_ptr(), x.data_ptr(), out.data_ptr(), bias_ptr, weight.shape[0], weight.shape[1], torch.get_num_threads())
+    lib.pagoda_gemv(
+        weight.data_ptr(),
+        x.data_ptr(),
+        out.data_ptr(),
+        bias_ptr,
+        weight.shape[0],
+        weight.shape[1],
+        torch.get_num_threads(),
+    )
     return out

@@ -62,7 +62,9 @@ class RotaryEmbedding(nn.Module):
         cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
         self.register_buffer("cos", torch.cat((cos, cos), dim=-1).to(dtype=dtype, device=device), persistent=False)
         # sin with its first half negated: rotate_half(x) * sin == x.roll(half) * signed_sin, exactly
-        self.register_buffer("signed_sin", torch.cat((-sin, sin), dim=-1).to(dtype=dtype, device=device), persistent=False)
+        self.register_buffer(
+            "signed_sin", torch.cat((-sin, sin), dim=-1).to(dtype=dtype, device=device), persistent=False
+        )
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, signed_sin [T, 1, D] for `positions` [T]; looked up once per step, used by every layer."""

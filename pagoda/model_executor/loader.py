@@ -20,7 +20,12 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUPPORTED = ", ".join(sorted(ARCHITECTURES))
-_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -92,7 +97,9 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
 
 
 def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderModel:
-    model = DecoderModel(config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device)
+    model = DecoderModel(
+        config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device
+    )
     if config.load_format == "dummy":
         init_dummy_weights(model, config.hf_config)
     else:
@@ -133,7 +140,9 @@ def load_weights(model: DecoderModel, config: ModelConfig) -> None:
                     if name == "lm_head" and model.lm_head is None:
                         continue  # tied to the embeddings
                     if name not in params:
-                        raise ConfigError(f"{file.name} has weight {key!r}, which this {config.architecture} does not use.")
+                        raise ConfigError(
+                            f"{file.name} has weight {key!r}, which this {config.architecture} does not use."
+                        )
                     tensor = f.get_tensor(key)
                     rows = _slot_rows(slot, model.dims, params[name].shape[0])
                     params[name].data[rows].copy_(tensor)
@@ -144,7 +153,9 @@ def load_weights(model: DecoderModel, config: ModelConfig) -> None:
             raise ConfigError(f"Cannot read weights from {file}: {exc}") from exc
     missing = [name for name, rows in pending.items() if rows]
     if missing:
-        raise ConfigError(f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        raise ConfigError(
+            f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
 
 
 def weight_files(path: Path) -> list[Path]:

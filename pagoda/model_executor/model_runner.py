@@ -73,8 +73,17 @@ class ModelRunner:
         """A graph runner over the current KV cache, with buckets up to the largest decode batch."""
         s, m = self.config.scheduler, self.config.model
         sizes = capture_sizes(min(s.max_num_seqs, s.max_num_batched_tokens, MAX_GRAPH_BATCH))
-        return CUDAGraphRunner(self.model, self.backend, self.kv_caches, sizes=sizes, max_context=m.max_model_len,
-                               block_size=self.block_size, dtype=m.dtype, device=self.device, capture=capture)  # fmt: skip
+        return CUDAGraphRunner(
+            self.model,
+            self.backend,
+            self.kv_caches,
+            sizes=sizes,
+            max_context=m.max_model_len,
+            block_size=self.block_size,
+            dtype=m.dtype,
+            device=self.device,
+            capture=capture,
+        )
 
     def capture_cuda_graphs(self) -> None:
         """After allocate_kv_cache: capture the decode graphs, unless the config runs eagerly."""
@@ -84,8 +93,12 @@ class ModelRunner:
         self.cuda_graphs = self.make_graph_runner()
         self.cuda_graphs.capture()
         used = (free - torch.cuda.mem_get_info(self.device)[0]) / GIB
-        logger.info("CUDA graphs for decode batches %s captured in %.1f s (%.2f GiB)", self.cuda_graphs.sizes,
-                    time.perf_counter() - start, used)  # fmt: skip
+        logger.info(
+            "CUDA graphs for decode batches %s captured in %.1f s (%.2f GiB)",
+            self.cuda_graphs.sizes,
+            time.perf_counter() - start,
+            used,
+        )
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> RunnerOutput:
@@ -99,7 +112,9 @@ class ModelRunner:
             out = sample(logits, sampling)
             for (_, slot), token, lp in zip(batch.samplers, out.token_ids, out.logprobs):
                 tokens[slot], logprobs[slot] = token, lp
-        prompt_logprobs = self._prompt_logprobs(step, batch, hidden) if batch.wants_prompt_logprobs else [None] * len(step.scheduled)
+        prompt_logprobs = (
+            self._prompt_logprobs(step, batch, hidden) if batch.wants_prompt_logprobs else [None] * len(step.scheduled)
+        )
         return RunnerOutput(tokens, logprobs, prompt_logprobs)
 
     def _forward(self, batch: _Batch) -> torch.Tensor:
@@ -137,10 +152,10 @@ class ModelRunner:
             block_size=bs,
             dtype=self.config.model.dtype,
         )
-        samplers = [
-            (request, i) for i, (request, _) in enumerate(step.scheduled) if seq_lens[i] == request.num_tokens
-        ]
-        sample_indices = torch.tensor([int(query_start_loc[i + 1]) - 1 for _, i in samplers], dtype=torch.long, device=device)
+        samplers = [(request, i) for i, (request, _) in enumerate(step.scheduled) if seq_lens[i] == request.num_tokens]
+        sample_indices = torch.tensor(
+            [int(query_start_loc[i + 1]) - 1 for _, i in samplers], dtype=torch.long, device=device
+        )
         return _Batch(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
             positions=torch.from_numpy(positions).to(device),
@@ -149,10 +164,14 @@ class ModelRunner:
             samplers=samplers,
             sample_indices=sample_indices,
             query_start_loc=query_start_loc,
-            wants_prompt_logprobs=any(r.sampling_params.prompt_logprobs is not None and r.is_prefilling for r, _ in step.scheduled),
+            wants_prompt_logprobs=any(
+                r.sampling_params.prompt_logprobs is not None and r.is_prefilling for r, _ in step.scheduled
+            ),
         )
 
-    def _prompt_logprobs(self, step: SchedulerOutput, batch: _Batch, hidden: torch.Tensor) -> list[list[TokenLogprob] | None]:
+    def _prompt_logprobs(
+        self, step: SchedulerOutput, batch: _Batch, hidden: torch.Tensor
+    ) -> list[list[TokenLogprob] | None]:
         """For each prompt token computed this step but the last, the logprob of the token after it."""
         result: list[list[TokenLogprob] | None] = []
         for i, (request, n) in enumerate(step.scheduled):

@@ -33,10 +33,13 @@ def check_fp8_support(device: torch.device, dtype: torch.dtype) -> None:
 
 def fp8_unsupported_reason(capability: tuple[int, int], dtype: torch.dtype) -> str | None:
     if capability < MIN_CAPABILITY:
-        return (f"quantization='fp8' needs compute capability >= 8.9 (Ada or Hopper); this GPU has "
-                f"{capability[0]}.{capability[1]}. Leave quantization unset.")  # fmt: skip
+        return (
+            f"quantization='fp8' needs compute capability >= 8.9 (Ada or Hopper); this GPU has "
+            f"{capability[0]}.{capability[1]}. Leave quantization unset."
+        )
     if dtype != torch.bfloat16:
-        return f"quantization='fp8' computes in bfloat16; dtype is {str(dtype).removeprefix('torch.')}. Use dtype auto or bfloat16."
+        dtype_name = str(dtype).removeprefix("torch.")
+        return f"quantization='fp8' computes in bfloat16; dtype is {dtype_name}. Use dtype auto or bfloat16."
     return None
 
 

@@ -61,7 +61,9 @@ def filtered_probs(logits: torch.Tensor, params: Sequence) -> torch.Tensor:
         sorted_probs = sorted_logits.softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         p = torch.tensor(top_p, device=device)
-        sorted_logits = sorted_logits.masked_fill(mass_before >= p[:, None], float("-inf"))  # the top token always stays
+        sorted_logits = sorted_logits.masked_fill(
+            mass_before >= p[:, None], float("-inf")
+        )  # the top token always stays
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     probs = logits.softmax(dim=-1)
     min_p = [p.min_p for p in params]
@@ -119,7 +121,9 @@ def _exponential_noise(probs: torch.Tensor, requests: Sequence[Request]) -> torc
     return noise
 
 
-def _logprobs(raw: torch.Tensor | None, token_ids: torch.Tensor, requests: Sequence[Request]) -> list[TokenLogprob | None]:
+def _logprobs(
+    raw: torch.Tensor | None, token_ids: torch.Tensor, requests: Sequence[Request]
+) -> list[TokenLogprob | None]:
     if raw is None:
         return [None] * len(requests)
     return [

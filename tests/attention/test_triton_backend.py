@@ -101,9 +101,17 @@ def test_kernel_with_small_tiles():
     out = torch.full_like(step.query, float("nan"))
     config = triton_kernels.TileConfig(block_m=16, tile_n=16, one_tile_per_seq=False)
     triton_kernels.paged_attention(
-        out, step.query, cache, inputs.query_start_loc, inputs.seq_lens, inputs.block_tables, step.scale,
-        num_tokens=out.shape[0], max_query_len=max(inputs.query_lens_cpu), config=config,
-    )  # fmt: skip
+        out,
+        step.query,
+        cache,
+        inputs.query_start_loc,
+        inputs.seq_lens,
+        inputs.block_tables,
+        step.scale,
+        num_tokens=out.shape[0],
+        max_query_len=max(inputs.query_lens_cpu),
+        config=config,
+    )
     torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
 
 

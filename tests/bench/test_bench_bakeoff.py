@@ -56,9 +56,17 @@ def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path) -> None
     csv_rows = (out / "results.csv").read_text().splitlines()
     assert [row.split(",")[:2] for row in csv_rows[1:]] == [["fast", "1"], ["fast", "2"], ["slow", "1"], ["slow", "2"]]
     report = (out / "report.md").read_text()
-    for text in ("### output tokens/s", "| concurrency | fast | slow | slow / fast |", "## Cold start",
-                 "## Peak memory", "ghost", "command not found", "random: input 12 tokens",
-                 "![throughput_vs_concurrency.png]", "![ttft_vs_concurrency.png]"):  # fmt: skip
+    for text in (
+        "### output tokens/s",
+        "| concurrency | fast | slow | slow / fast |",
+        "## Cold start",
+        "## Peak memory",
+        "ghost",
+        "command not found",
+        "random: input 12 tokens",
+        "![throughput_vs_concurrency.png]",
+        "![ttft_vs_concurrency.png]",
+    ):
         assert text in report
     for name in ("throughput_vs_concurrency.png", "ttft_vs_concurrency.png"):
         width, height = png_size(out / name)
@@ -75,14 +83,23 @@ def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path) -> None
         ("[workload]\n", "list the engines as [[engine]] tables"),
         ('[[engine]]\nname = "a"\ncommand = "x"\n', "engine 1 ('a'): missing 'base_url'"),
         ('[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\nport = 3\n', "unknown keys ['port']"),
-        ('[workload]\nbase_url = "http://h:1"\n[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n',
-         "[workload] cannot set ['base_url']"),
-        ('[workload]\nconcurrency = "many"\n[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n',
-         "[workload]: --concurrency wants integers"),
-        ('[workload]\nfrobnicate = 1\n[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n',
-         "unrecognized arguments: --frobnicate=1"),
-        ('[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n[[engine]]\nname = "a"\ncommand = "y"\n'
-         'base_url = "http://h:2"\n', "engine names must differ"),
+        (
+            '[workload]\nbase_url = "http://h:1"\n[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n',
+            "[workload] cannot set ['base_url']",
+        ),
+        (
+            '[workload]\nconcurrency = "many"\n[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n',
+            "[workload]: --concurrency wants integers",
+        ),
+        (
+            '[workload]\nfrobnicate = 1\n[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n',
+            "unrecognized arguments: --frobnicate=1",
+        ),
+        (
+            '[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n[[engine]]\nname = "a"\ncommand = "y"\n'
+            'base_url = "http://h:2"\n',
+            "engine names must differ",
+        ),
         ('[[engine]]\nname = "a"\ncommand = "x \'open"\nbase_url = "http://h:1"\n', "cannot parse launch command"),
     ],
 )

@@ -25,8 +25,13 @@ def pagoda(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 def test_importing_the_commands_loads_neither_torch_nor_transformers() -> None:
-    code = "import sys, pagoda.bench.cli, pagoda.bench.bakeoff; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    code = (
+        "import sys, pagoda.bench.cli, pagoda.bench.bakeoff; "
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )
 
 
 def test_unreachable_server_fails_fast_with_a_clear_message() -> None:
@@ -68,8 +73,24 @@ def test_launch_times_the_cold_start_and_stops_the_server(tmp_path: Path) -> Non
     port = free_port()
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a b", "max_tokens": 3}] * 2)
     launch = " ".join(stub_command("--startup-delay", "0.5", "--ttft", "0.01", "--itl", "0.001", port=port))
-    assert cli.main(["--launch", launch, "--base-url", f"http://127.0.0.1:{port}", "--dataset", str(data),
-                     "--output", str(tmp_path), "--no-progress", "--warmup", "1"]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "--launch",
+                launch,
+                "--base-url",
+                f"http://127.0.0.1:{port}",
+                "--dataset",
+                str(data),
+                "--output",
+                str(tmp_path),
+                "--no-progress",
+                "--warmup",
+                "1",
+            ]
+        )
+        == 0
+    )
     engine = read_results(tmp_path)["engines"][0]
     cold = engine["cold_start"]
     assert 0.5 <= cold["ready_s"] < cold["first_request_s"] < 30
@@ -83,8 +104,24 @@ def test_launch_times_the_cold_start_and_stops_the_server(tmp_path: Path) -> Non
 def test_api_keys_stay_out_of_the_results(start_stub, tmp_path: Path) -> None:
     stub = start_stub("--ttft", "0.01", "--itl", "0.001")
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "max_tokens": 2}])
-    assert cli.main(["--base-url", stub.base_url, "--api-key", "s3cret-key", "--dataset", str(data), "--warmup", "0",
-                     "--no-progress", "--output", str(tmp_path / "out")]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "--base-url",
+                stub.base_url,
+                "--api-key",
+                "s3cret-key",
+                "--dataset",
+                str(data),
+                "--warmup",
+                "0",
+                "--no-progress",
+                "--output",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     written = [path.read_text() for path in (tmp_path / "out").iterdir() if path.suffix in (".json", ".md", ".csv")]
     assert len(written) == 3 and all("s3cret-key" not in text for text in written)
     results = read_results(tmp_path / "out")
@@ -96,13 +133,26 @@ def test_api_keys_stay_out_of_the_results(start_stub, tmp_path: Path) -> None:
     [
         ("no-such-server-xyz --port 1", "30", "command not found: no-such-server-xyz"),
         (f"{sys.executable} -c \"print('boom'); raise SystemExit(3)\"", "30", "exited with code 3 before it answered"),
-        (f"{sys.executable} -c \"import time; time.sleep(60)\"", "1", "did not answer GET"),
+        (f'{sys.executable} -c "import time; time.sleep(60)"', "1", "did not answer GET"),
     ],
 )
-def test_launch_failures_are_clear_and_bounded(tmp_path: Path, capsys, command: str, timeout: str, message: str) -> None:
+def test_launch_failures_are_clear_and_bounded(
+    tmp_path: Path, capsys, command: str, timeout: str, message: str
+) -> None:
     began = time.monotonic()
-    code = cli.main(["--launch", command, "--launch-timeout", timeout, "--base-url", f"http://127.0.0.1:{free_port()}",
-                     "--no-progress", "--output", str(tmp_path)])  # fmt: skip
+    code = cli.main(
+        [
+            "--launch",
+            command,
+            "--launch-timeout",
+            timeout,
+            "--base-url",
+            f"http://127.0.0.1:{free_port()}",
+            "--no-progress",
+            "--output",
+            str(tmp_path),
+        ]
+    )
     assert code == 2 and message in capsys.readouterr().err
     assert time.monotonic() - began < 20
     if "boom" in command:
@@ -114,10 +164,22 @@ def test_ctrl_c_writes_the_requests_that_finished(start_stub, tmp_path: Path) ->
     stub = start_stub("--ttft", "0.2", "--itl", "0.001")
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "max_tokens": 2}] * 40)
     process = subprocess.Popen(
-        [*PAGODA, "bench", "--base-url", stub.base_url, "--dataset", str(data), "--warmup", "0", "--no-progress",
-         "--output", str(tmp_path / "out")],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            *PAGODA,
+            "bench",
+            "--base-url",
+            stub.base_url,
+            "--dataset",
+            str(data),
+            "--warmup",
+            "0",
+            "--no-progress",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in process.stderr:  # type: ignore[union-attr]
         if "replay of" in line:  # the run has started
             break

@@ -42,9 +42,15 @@ def streaming(chunks: list[bytes], status: int = 200) -> Callable[[httpx.Request
 
 
 def test_role_only_and_finish_only_chunks_are_not_tokens() -> None:
-    chunks = sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, delta("Hel"), b": ping\n\n",
-                 delta("lo"), delta(None, "stop"), {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}},
-                 b"data: [DONE]\n\n")  # fmt: skip
+    chunks = sse(
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        delta("Hel"),
+        b": ping\n\n",
+        delta("lo"),
+        delta(None, "stop"),
+        {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}},
+        b"data: [DONE]\n\n",
+    )
     result = run(streaming(chunks))
     assert result.error is None
     assert result.text == "Hello" and len(result.token_times) == 2
@@ -52,7 +58,9 @@ def test_role_only_and_finish_only_chunks_are_not_tokens() -> None:
 
 
 def test_completions_text_chunks() -> None:
-    chunks = sse({"choices": [{"index": 0, "text": "a"}]}, {"choices": [{"index": 0, "text": "b", "finish_reason": "length"}]})
+    chunks = sse(
+        {"choices": [{"index": 0, "text": "a"}]}, {"choices": [{"index": 0, "text": "b", "finish_reason": "length"}]}
+    )
     result = run(streaming(chunks), Prompt("completions", {"prompt": "x"}))
     assert result.error is None and result.text == "ab" and result.completion_tokens is None
 
@@ -97,8 +105,16 @@ def test_the_request_timeout_bounds_a_silent_server() -> None:
 def test_request_body_forces_streaming_and_model_and_keeps_replayed_fields() -> None:
     prompt = Prompt("completions", {"prompt": "x", "max_tokens": 5, "temperature": 0.7, "n": 3, "model": "old"})
     body = request_body(prompt, Target("http://h", "new", ignore_eos=True, extra_body={"top_k": 5}))
-    assert body == {"prompt": "x", "max_tokens": 5, "temperature": 0.7, "model": "new", "stream": True,
-                    "stream_options": {"include_usage": True}, "ignore_eos": True, "top_k": 5}  # fmt: skip
+    assert body == {
+        "prompt": "x",
+        "max_tokens": 5,
+        "temperature": 0.7,
+        "model": "new",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "top_k": 5,
+    }
     assert request_body(Prompt("completions", {"prompt": "x"}), Target("http://h", "m"))["temperature"] == 0.0
 
 

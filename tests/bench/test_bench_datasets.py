@@ -11,15 +11,37 @@ import pytest
 from bench_helpers import write_jsonl
 
 from pagoda.bench.datasets import (
-    FollowUp, LengthDist, Prompt, Session, Workload, WorkloadSpec, load_replay, load_sharegpt, load_workload,
-    next_turn, prefix_share, sessions, take_requests,
-)  # fmt: skip
+    FollowUp,
+    LengthDist,
+    Prompt,
+    Session,
+    Workload,
+    WorkloadSpec,
+    load_replay,
+    load_sharegpt,
+    load_workload,
+    next_turn,
+    prefix_share,
+    sessions,
+    take_requests,
+)
 from pagoda.bench.errors import BenchError
 
 
 def spec(kind: str = "random", endpoint: str = "completions", **changes: object) -> WorkloadSpec:
-    base = dict(kind=kind, endpoint=endpoint, input_len=LengthDist.parse("32"), output_len=None, groups=2,
-                prompts_per_group=3, system_prompt_len=40, question_len=8, turns=3, think_time_s=0.0, dataset=None)  # fmt: skip
+    base = dict(
+        kind=kind,
+        endpoint=endpoint,
+        input_len=LengthDist.parse("32"),
+        output_len=None,
+        groups=2,
+        prompts_per_group=3,
+        system_prompt_len=40,
+        question_len=8,
+        turns=3,
+        think_time_s=0.0,
+        dataset=None,
+    )
     return WorkloadSpec(**(base | changes))  # type: ignore[arg-type]
 
 
@@ -42,7 +64,9 @@ def test_random_prompts_have_the_asked_lengths_and_follow_the_seed(tokenizer) ->
     workload = Workload(spec(input_len=LengthDist.parse("16:64"), output_len=LengthDist.parse("5")))
     prompts = first_prompts(workload, tokenizer, 8)
     assert all(16 <= len(tokenizer.encode(p.body["prompt"])) <= 64 for p in prompts)
-    assert all(p.body["max_tokens"] == 5 and len(p.token_ids) == len(tokenizer.encode(p.body["prompt"])) for p in prompts)
+    assert all(
+        p.body["max_tokens"] == 5 and len(p.token_ids) == len(tokenizer.encode(p.body["prompt"])) for p in prompts
+    )
     assert first_prompts(workload, tokenizer, 8) == prompts  # same seed and label: same prompts
     assert first_prompts(workload, tokenizer, 8, label="level1") != prompts
     assert first_prompts(workload, tokenizer, 8, seed=1) != prompts
@@ -89,22 +113,37 @@ def test_take_requests_cuts_sessions_to_the_count() -> None:
 
 
 def test_replay_understands_every_line_format(tmp_path: Path) -> None:
-    log_record = {"timestamp": 1.5, "endpoint": "/v1/chat/completions", "request_id": "r1",
-                  "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7},
-                  "prompt_token_ids": [1, 2, 3], "prompt_tokens": 3, "cached_tokens": 0, "output_tokens": 7,
-                  "ttft_s": 0.1, "latency_s": 0.5}  # fmt: skip
-    path = write_jsonl(tmp_path / "r.jsonl", [
-        {"model": "x", "messages": [{"role": "user", "content": "chat body"}], "max_tokens": 3},
-        {"model": "x", "prompt": "completion body", "max_tokens": 4, "echo": False},
-        {"prompt": "plain line", "max_tokens": 5, "temperature": 0.5},
-        log_record,
-    ])  # fmt: skip
+    log_record = {
+        "timestamp": 1.5,
+        "endpoint": "/v1/chat/completions",
+        "request_id": "r1",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7},
+        "prompt_token_ids": [1, 2, 3],
+        "prompt_tokens": 3,
+        "cached_tokens": 0,
+        "output_tokens": 7,
+        "ttft_s": 0.1,
+        "latency_s": 0.5,
+    }
+    path = write_jsonl(
+        tmp_path / "r.jsonl",
+        [
+            {"model": "x", "messages": [{"role": "user", "content": "chat body"}], "max_tokens": 3},
+            {"model": "x", "prompt": "completion body", "max_tokens": 4, "echo": False},
+            {"prompt": "plain line", "max_tokens": 5, "temperature": 0.5},
+            log_record,
+        ],
+    )
     as_completions = load_replay(path, "completions")
     assert [p.endpoint for p in as_completions] == ["chat", "completions", "completions", "chat"]
     assert as_completions[2].body == {"prompt": "plain line", "max_tokens": 5, "temperature": 0.5}
     assert as_completions[3].token_ids == (1, 2, 3) and as_completions[3].body["max_tokens"] == 7
     as_chat = load_replay(path, "chat")
-    assert as_chat[2].body == {"messages": [{"role": "user", "content": "plain line"}], "max_tokens": 5, "temperature": 0.5}
+    assert as_chat[2].body == {
+        "messages": [{"role": "user", "content": "plain line"}],
+        "max_tokens": 5,
+        "temperature": 0.5,
+    }
     assert as_chat[1].endpoint == "completions"  # a completions body keeps its endpoint
 
 
@@ -138,11 +177,19 @@ def test_missing_dataset_file(tmp_path: Path) -> None:
 def test_sharegpt_pairs_filter_and_lengths(tmp_path: Path, tokenizer) -> None:
     long_reply = "This is a reasonably long reply with many words in it. " * 3
     data = [
-        {"id": "a", "conversations": [{"from": "human", "value": "Tell me about lighthouses please."},
-                                      {"from": "gpt", "value": long_reply}]},
-        {"id": "b", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},  # too short
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "human", "value": "Tell me about lighthouses please."},
+                {"from": "gpt", "value": long_reply},
+            ],
+        },
+        {
+            "id": "b",
+            "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}],
+        },  # too short
         {"id": "c", "conversations": [{"from": "human", "value": "only a question"}]},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(data))
     workload = load_workload(spec("sharegpt", dataset=path))

@@ -15,7 +15,9 @@ from pagoda.bench.runner import Exchange, to_record
 from pagoda.bench.tokens import LazyTokenizer
 
 
-def record(index: int, ttft: float, itls: list[float], out: int, prompt: int = 10, error: str | None = None) -> RequestRecord:
+def record(
+    index: int, ttft: float, itls: list[float], out: int, prompt: int = 10, error: str | None = None
+) -> RequestRecord:
     if error:
         return RequestRecord(index, index, 0, 0.0, None, None, (), None, None, "none", error)
     return RequestRecord(index, index, 0, 0.0, ttft, ttft + sum(itls), tuple(itls), prompt, out, "usage")

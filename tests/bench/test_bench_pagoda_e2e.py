@@ -23,12 +23,37 @@ pytestmark = [
 def test_bench_launches_and_measures_a_pagoda_server(tmp_path: Path) -> None:
     port = free_port()
     launch = f"{sys.executable} -m pagoda.entrypoints.cli serve --host 127.0.0.1 --port {port}"
-    code = cli.main([
-        "--launch", launch, "--launch-timeout", "600", "--base-url", f"http://127.0.0.1:{port}",
-        "--endpoint", "chat", "--workload", "shared-prefix", "--groups", "2", "--prompts-per-group", "3",
-        "--system-prompt-len", "64", "--question-len", "8", "--output-len", "8",
-        "--concurrency", "1,3", "--warmup", "1", "--output", str(tmp_path), "--no-progress",
-    ])  # fmt: skip
+    code = cli.main(
+        [
+            "--launch",
+            launch,
+            "--launch-timeout",
+            "600",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--endpoint",
+            "chat",
+            "--workload",
+            "shared-prefix",
+            "--groups",
+            "2",
+            "--prompts-per-group",
+            "3",
+            "--system-prompt-len",
+            "64",
+            "--question-len",
+            "8",
+            "--output-len",
+            "8",
+            "--concurrency",
+            "1,3",
+            "--warmup",
+            "1",
+            "--output",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     engine = read_results(tmp_path)["engines"][0]
     assert code == 0, engine["error"] or engine["levels"]
     assert engine["model"] == "SmolLM2-135M-Instruct" and engine["tokenizer"] == "default"

@@ -40,8 +40,9 @@ def test_metrics_match_the_injected_delays(start_stub, tmp_path: Path, endpoint:
     stub = start_stub("--hit-percent", "50")
     delays, itl, tokens = [0.1, 0.2, 0.6, 0.8], 0.03, 6
     data = directive_file(tmp_path / "d.jsonl", delays, itl, tokens, chat=endpoint == "chat")
-    result = run_bench(stub.base_url, "--dataset", str(data), "--endpoint", endpoint, "--concurrency", "4",
-                       "--slo", "ttft=400ms")  # fmt: skip
+    result = run_bench(
+        stub.base_url, "--dataset", str(data), "--endpoint", endpoint, "--concurrency", "4", "--slo", "ttft=400ms"
+    )
     assert result.status == "ok"
     level = result.levels[0]
     records, summary = level.records, level.summary
@@ -72,8 +73,13 @@ def test_metrics_match_the_injected_delays(start_stub, tmp_path: Path, endpoint:
 
 def test_errors_are_counted_with_samples_and_results_kept(start_stub, tmp_path: Path, capsys) -> None:
     stub = start_stub()
-    rows = [{"prompt": "ok one", "max_tokens": 3}, {"prompt": "fail"}, {"prompt": "ok two", "max_tokens": 3},
-            {"prompt": "fail again"}, {"prompt": "cut here", "max_tokens": 3}]  # fmt: skip
+    rows = [
+        {"prompt": "ok one", "max_tokens": 3},
+        {"prompt": "fail"},
+        {"prompt": "ok two", "max_tokens": 3},
+        {"prompt": "fail again"},
+        {"prompt": "cut here", "max_tokens": 3},
+    ]
     data = write_jsonl(tmp_path / "e.jsonl", rows)
     assert bench(stub.base_url, tmp_path, "--dataset", str(data)) == 1
     summary = read_results(tmp_path)["engines"][0]["levels"][0]["summary"]
@@ -87,23 +93,53 @@ def test_errors_are_counted_with_samples_and_results_kept(start_stub, tmp_path: 
 
 def test_random_workload_without_usage_counts_with_the_tokenizer(start_stub, tokenizer) -> None:
     stub = start_stub("--no-usage", "--ttft", "0.01", "--itl", "0.005")
-    result = run_bench(stub.base_url, "--tokenizer", "default", "--input-len", "16", "--output-len", "4",
-                       "--num-prompts", "3", "--seed", "7")  # fmt: skip
+    result = run_bench(
+        stub.base_url,
+        "--tokenizer",
+        "default",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--num-prompts",
+        "3",
+        "--seed",
+        "7",
+    )
     records = result.levels[0].records
     expected = len(tokenizer.encode("tok0 tok1 tok2 tok3 "))
     assert [(r.output_tokens, r.token_source) for r in records] == [(expected, "tokenizer")] * 3
     assert all(r.prompt_tokens == 16 for r in records)  # the generated prompt's own ids
     sent = httpx.get(f"{stub.base_url}/stub/requests").json()
     assert all(b["stream"] and b["stream_options"] == {"include_usage": True} for b in sent)
-    assert all(b["model"] == "stub-model" and b["max_tokens"] == 4 and b["ignore_eos"] and b["temperature"] == 0
-               for b in sent)  # fmt: skip
+    assert all(
+        b["model"] == "stub-model" and b["max_tokens"] == 4 and b["ignore_eos"] and b["temperature"] == 0 for b in sent
+    )
 
 
 def test_multi_turn_sends_the_history_after_the_think_time(start_stub) -> None:
     stub = start_stub("--ttft", "0.01", "--itl", "0.005")
-    result = run_bench(stub.base_url, "--workload", "multi-turn", "--endpoint", "chat", "--tokenizer", "default",
-                       "--turns", "3", "--think-time", "0.2", "--num-prompts", "6", "--concurrency", "2",
-                       "--input-len", "8", "--output-len", "3")  # fmt: skip
+    result = run_bench(
+        stub.base_url,
+        "--workload",
+        "multi-turn",
+        "--endpoint",
+        "chat",
+        "--tokenizer",
+        "default",
+        "--turns",
+        "3",
+        "--think-time",
+        "0.2",
+        "--num-prompts",
+        "6",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "3",
+    )
     records = result.levels[0].records
     assert sorted((r.session, r.turn) for r in records) == [(s, t) for s in (0, 1) for t in (0, 1, 2)]
     for session in (0, 1):
@@ -117,8 +153,10 @@ def test_multi_turn_sends_the_history_after_the_think_time(start_stub) -> None:
     assert all(m[1] == {"role": "assistant", "content": "tok0 tok1 tok2 "} for m in third_turns)
 
 
-@pytest.mark.parametrize("style, source, rate", [("vllm", "vllm counters", 0.25), ("sglang", "sglang gauge after the run", 0.25),
-                                                 ("none", None, None)])  # fmt: skip
+@pytest.mark.parametrize(
+    "style, source, rate",
+    [("vllm", "vllm counters", 0.25), ("sglang", "sglang gauge after the run", 0.25), ("none", None, None)],
+)
 def test_prefix_cache_rate_from_each_servers_metrics(start_stub, tmp_path: Path, style, source, rate) -> None:
     stub = start_stub("--metrics-style", style, "--hit-percent", "25", "--ttft", "0.01", "--itl", "0.001")
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a b c d", "max_tokens": 2}] * 2)
@@ -140,8 +178,21 @@ def test_arrival_gaps_have_the_asked_rate_and_burstiness() -> None:
 
 def test_request_rate_with_a_duration(start_stub) -> None:
     stub = start_stub("--ttft", "0.01", "--itl", "0.001")
-    result = run_bench(stub.base_url, "--tokenizer", "default", "--input-len", "4", "--output-len", "2",
-                       "--request-rate", "20", "--duration", "1", "--concurrency", "50")  # fmt: skip
+    result = run_bench(
+        stub.base_url,
+        "--tokenizer",
+        "default",
+        "--input-len",
+        "4",
+        "--output-len",
+        "2",
+        "--request-rate",
+        "20",
+        "--duration",
+        "1",
+        "--concurrency",
+        "50",
+    )
     records = result.levels[0].records
     rng, t, expected = random.Random("0:level0:arrivals"), 0.0, 0
     while t < 1.0:  # the seeded arrival times that fall inside the duration

@@ -87,7 +87,7 @@ def test_max_num_seqs_bounds_the_running_set() -> None:
     s = make_scheduler(64, BS, max_num_seqs=2)
     engine = FakeEngine(s, sample=constant(7))
     a = add(s, "a", tokens(3), max_tokens=1)
-    b = add(s, "b", tokens(3, start=10), max_tokens=3)
+    add(s, "b", tokens(3, start=10), max_tokens=3)
     c = add(s, "c", tokens(3, start=20), max_tokens=1)
     assert ids(engine.step()) == [("a", 3), ("b", 3)]
     assert a.is_finished and c.status is RequestStatus.WAITING
@@ -152,7 +152,7 @@ def test_the_request_that_cannot_grow_preempts_itself_when_it_is_the_newest() ->
 def test_no_admission_in_a_step_that_preempted_and_the_preempted_go_first() -> None:
     s = make_scheduler(5, BS, False, max_model_len=16, max_num_batched_tokens=8)
     engine = FakeEngine(s, sample=constant(7))
-    a = add(s, "a", tokens(4), ignore_eos=True, max_tokens=10)
+    add(s, "a", tokens(4), ignore_eos=True, max_tokens=10)
     b = add(s, "b", tokens(8, start=50), ignore_eos=True, max_tokens=3)
     assert ids(engine.step()) == [("a", 4), ("b", 4)]
     assert ids(engine.step()) == [("a", 1), ("b", 4)]

@@ -30,7 +30,9 @@ def test_strided_input():
     for rows in (1, 5):
         x = torch.randn(rows, 128)[:, ::2]
         assert not x.is_contiguous()
-        torch.testing.assert_close(cpu_linear.CpuLinear(weight, None, LIBS[-1])(x), F.linear(x, weight), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            cpu_linear.CpuLinear(weight, None, LIBS[-1])(x), F.linear(x, weight), atol=1e-4, rtol=1e-5
+        )
 
 
 def test_plain_weight_kept_only_for_the_gemv():
@@ -51,7 +53,11 @@ def test_the_default_model_is_converted(default_llm):
     """Every projection and the tied LM head are CpuLinear; the embeddings stay plain for lookups."""
     model = default_llm.engine.core.runner.model
     assert not any(isinstance(m, Linear) for m in model.modules())
-    assert sum(isinstance(m, cpu_linear.CpuLinear) for m in model.modules()) == 4 * model.dims.num_layers + 1  # + LM head
+    assert (
+        sum(isinstance(m, cpu_linear.CpuLinear) for m in model.modules()) == 4 * model.dims.num_layers + 1
+    )  # + LM head
     for rows in (1, 2):
         hidden = torch.randn(rows, model.dims.hidden)
-        torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, model.embed_tokens), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            model.compute_logits(hidden), F.linear(hidden, model.embed_tokens), atol=1e-4, rtol=1e-5
+        )

@@ -40,8 +40,9 @@ def test_stop_string_is_cut_and_reported(default_llm, chat_prompt):
     out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64, stop=["Paris"]).outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == "Paris"
     assert out.text == full[: full.index("Paris")]
-    kept = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64, stop=["Paris"],
-                        include_stop_str_in_output=True).outputs[0]
+    kept = generate_one(
+        default_llm, chat_prompt, temperature=0.0, max_tokens=64, stop=["Paris"], include_stop_str_in_output=True
+    ).outputs[0]
     assert kept.text == full[: full.index("Paris") + len("Paris")]
 
 
@@ -92,7 +93,9 @@ def test_n_samples_share_the_prompt_blocks(default_llm, chat_prompt):
 
 
 def test_logprobs_and_prompt_logprobs(default_llm, chat_prompt):
-    out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=5, logprobs=3, prompt_logprobs=2).outputs[0]
+    out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=5, logprobs=3, prompt_logprobs=2).outputs[
+        0
+    ]
     assert len(out.logprobs) == 5
     for token, lp in zip(out.token_ids, out.logprobs):
         assert lp.token_id == token and lp.rank == 1 and len(lp.top) == 3 and lp.logprob <= 0

@@ -25,8 +25,12 @@ def build_prompts(tokenizer) -> list[list[int]]:
 
     prompts = [tokenizer.encode(t) for t in TEXTS]
     prompts += [apply_chat_template(tokenizer, [{"role": "user", "content": t}]) for t in TEXTS[:3]]
-    story = tokenizer.encode(" ".join(f"Chapter {i}: the travellers walked on through the valley of {w}." for i, w in
-                                      enumerate(["rain", "stone", "glass", "salt", "ash", "fire", "ice"] * 12)))
+    story = tokenizer.encode(
+        " ".join(
+            f"Chapter {i}: the travellers walked on through the valley of {w}."
+            for i, w in enumerate(["rain", "stone", "glass", "salt", "ash", "fire", "ice"] * 12)
+        )
+    )
     # block-boundary lengths (block 16) and prompts longer than a prefill chunk
     prompts += [story[:n] for n in (15, 16, 17, 32, 33, 130, 400, 700)]
     return prompts

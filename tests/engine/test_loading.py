@@ -36,7 +36,9 @@ def test_sharded_safetensors_with_index(tiny_llama, tmp_path):
     shutil.copy(tiny_llama / "tokenizer_config.json", sharded)
     assert (sharded / "model.safetensors.index.json").is_file() and len(list(sharded.glob("*.safetensors"))) > 1
     prompt = list(range(10, 40))
-    out = LLM(str(sharded), kv_cache_memory=0.01).generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    out = LLM(str(sharded), kv_cache_memory=0.01).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    )
     assert out[0].outputs[0].token_ids == hf_greedy(reference.eval(), prompt, 8)
 
 

@@ -30,8 +30,13 @@ def tiny(tmp_path_factory):
     # a few requests at a time; the rest wait, get preempted or evict the cache
     block_bytes = 2 * 16 * 2 * 16 * 4 * 2
     engines = {
-        cache: LLM(str(path), max_model_len=MAX_MODEL_LEN, kv_cache_memory=24 * block_bytes / 2**30,
-                   max_num_batched_tokens=64, enable_prefix_caching=cache)
+        cache: LLM(
+            str(path),
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_memory=24 * block_bytes / 2**30,
+            max_num_batched_tokens=64,
+            enable_prefix_caching=cache,
+        )
         for cache in (True, False)
     }
     return engines, reference
@@ -67,12 +72,16 @@ def workloads(draw):
     for _ in range(count):
         prompt = rng.choice(prefixes) + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 40))]
         prompts.append(prompt)
-        params.append(SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24), ignore_eos=True, n=rng.choice([1, 1, 2])))
+        params.append(
+            SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24), ignore_eos=True, n=rng.choice([1, 1, 2]))
+        )
     aborts = {i: rng.randint(1, 6) for i in range(count) if rng.random() < 0.2}
     return prompts, params, aborts
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(workload=workloads())
 def test_cache_on_equals_cache_off(tiny, workload):
     (engines, reference), (prompts, params, aborts) = tiny, workload

@@ -102,9 +102,20 @@ def test_logprobs_of_raw_logits_with_rank():
     assert set(lp.top) == {1, 2} and lp.top[2] == pytest.approx(math.log(0.3), abs=1e-6)
 
 
-@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
-                                         ("min_p", 2.0), ("max_tokens", 0), ("n", 0), ("presence_penalty", 3.0),
-                                         ("logprobs", 21)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -1),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("min_p", 2.0),
+        ("max_tokens", 0),
+        ("n", 0),
+        ("presence_penalty", 3.0),
+        ("logprobs", 21),
+    ],
+)
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(SamplingParamsError) as info:
         SamplingParams(**{field: value})

@@ -37,9 +37,14 @@ def test_bucket_padding_is_bounded():
 
 @pytest.mark.parametrize(
     "device,backend,eager,expected",
-    [("cuda", "triton", False, True), ("cuda", "triton", True, False), ("cuda", "torch", False, False),
-     ("cpu", "triton", False, False), ("cpu", "torch", False, False)],
-)  # fmt: skip
+    [
+        ("cuda", "triton", False, True),
+        ("cuda", "triton", True, False),
+        ("cuda", "torch", False, False),
+        ("cpu", "triton", False, False),
+        ("cpu", "torch", False, False),
+    ],
+)
 def test_graphs_only_on_gpu_with_triton_unless_eager(device, backend, eager, expected):
     config = EngineConfig(None, CacheConfig(), SchedulerConfig(), torch.device(device), backend, enforce_eager=eager)
     assert config.use_cuda_graphs is expected
@@ -63,16 +68,30 @@ def decode_step(block_tables: list[list[int]], seq_lens: list[int]) -> Attention
     tables = torch.tensor(block_tables, dtype=torch.int32)
     slots = torch.tensor([t[(s - 1) // bs] * bs + (s - 1) % bs for t, s in zip(block_tables, seq_lens)])
     return AttentionInputs(
-        query_start_loc=torch.arange(n + 1, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=tables, slot_mapping=slots, num_decodes=n, query_lens_cpu=(1,) * n,
-        seq_lens_cpu=tuple(seq_lens), block_size=bs,
-    )  # fmt: skip
+        query_start_loc=torch.arange(n + 1, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=tables,
+        slot_mapping=slots,
+        num_decodes=n,
+        query_lens_cpu=(1,) * n,
+        seq_lens_cpu=tuple(seq_lens),
+        block_size=bs,
+    )
 
 
 @pytest.fixture
 def runner():
-    graphs = CUDAGraphRunner(EchoModel(), RecordingBackend(), [], sizes=(1, 2, 4, 8), max_context=40, block_size=4,
-                             dtype=torch.float32, device=torch.device("cpu"), capture=False)  # fmt: skip
+    graphs = CUDAGraphRunner(
+        EchoModel(),
+        RecordingBackend(),
+        [],
+        sizes=(1, 2, 4, 8),
+        max_context=40,
+        block_size=4,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        capture=False,
+    )
     graphs.capture()
     return graphs
 

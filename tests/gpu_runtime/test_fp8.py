@@ -105,9 +105,14 @@ def test_dimensions_not_divisible_by_16_are_refused():
 
 @pytest.mark.parametrize(
     "capability,dtype,refused",
-    [((8, 0), torch.bfloat16, "compute capability >= 8.9"), ((8, 6), torch.bfloat16, "8.6"),
-     ((8, 9), torch.bfloat16, None), ((9, 0), torch.bfloat16, None), ((9, 0), torch.float32, "bfloat16")],
-)  # fmt: skip
+    [
+        ((8, 0), torch.bfloat16, "compute capability >= 8.9"),
+        ((8, 6), torch.bfloat16, "8.6"),
+        ((8, 9), torch.bfloat16, None),
+        ((9, 0), torch.bfloat16, None),
+        ((9, 0), torch.float32, "bfloat16"),
+    ],
+)
 def test_fp8_needs_ada_or_hopper_and_bfloat16(capability, dtype, refused):
     reason = fp8_unsupported_reason(capability, dtype)
     assert reason is None if refused is None else refused in reason

@@ -12,7 +12,9 @@ GIB = 1 << 30
 
 
 def test_blocks_are_what_utilization_leaves():
-    profile = MemoryProfile(total=100 * GIB, weights=16 * GIB, activation_peak=2 * GIB, cuda_graphs=GIB // 2, non_torch=GIB)
+    profile = MemoryProfile(
+        total=100 * GIB, weights=16 * GIB, activation_peak=2 * GIB, cuda_graphs=GIB // 2, non_torch=GIB
+    )
     block = 2 * 16 * 8 * 128 * 2 * 32  # Llama-3-8B, bf16, 16 tokens: 2 MiB
     assert kv_cache_num_blocks(profile, 0.9, block) == int(70.5 * GIB) // block
     assert kv_cache_num_blocks(profile, 1.0, block) == int(80.5 * GIB) // block
@@ -82,7 +84,13 @@ class FakeCuda:
     """torch.cuda's memory queries, scripted: `free` drops by what each graph capture costs."""
 
     def __init__(self, total=80 * GIB, allocated=10 * GIB, peak=13 * GIB, reserved=11 * GIB):
-        self.total, self.free, self.allocated, self.peak, self.reserved = total, total - 12 * GIB, allocated, peak, reserved
+        self.total, self.free, self.allocated, self.peak, self.reserved = (
+            total,
+            total - 12 * GIB,
+            allocated,
+            peak,
+            reserved,
+        )
 
     def install(self, monkeypatch):
         import pagoda.model_executor.gpu_memory as gm
@@ -131,4 +139,6 @@ def test_profile_runs_the_dummy_step_and_drops_its_cache(monkeypatch, tiny_llama
     profile = gpu_memory.profile(runner)
     assert len(executed) == 1 and len(executed[0].scheduled) == 4 and executed[0].num_batched_tokens == 32
     assert runner.kv_caches == []  # the throwaway cache is gone; the real one comes next
-    assert profile == MemoryProfile(total=80 * GIB, weights=10 * GIB, activation_peak=3 * GIB, cuda_graphs=0, non_torch=GIB)
+    assert profile == MemoryProfile(
+        total=80 * GIB, weights=10 * GIB, activation_peak=3 * GIB, cuda_graphs=0, non_torch=GIB
+    )

@@ -38,8 +38,14 @@ def generate(llm: LLM, prompts) -> list[list[int]]:
 
 def test_graph_runner_matches_eager_and_transformers(tiny_llama, prompts, reference):
     # small token budget: prefills are chunked beside running decodes, so mixed steps run eagerly
-    llm = LLM(str(tiny_llama), attention_backend="triton", kv_cache_memory=0.01, max_model_len=512,
-              max_num_seqs=8, max_num_batched_tokens=24)  # fmt: skip
+    llm = LLM(
+        str(tiny_llama),
+        attention_backend="triton",
+        kv_cache_memory=0.01,
+        max_model_len=512,
+        max_num_seqs=8,
+        max_num_batched_tokens=24,
+    )
     eager = generate(llm, prompts)
 
     runner = llm.engine.core.runner

@@ -47,5 +47,3 @@ def test_no_compiler_means_no_kernels(tmp_path, monkeypatch):
         assert "cannot be built" in unsupported_reason(torch.device("cpu"), torch.float32, 64)
     finally:
         cpu_kernels.load.cache_clear()
-
-

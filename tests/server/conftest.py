@@ -57,7 +57,17 @@ class Server:
 def _launch(folder: Path, name: str, *args: str, api_key: str | None = None, request_log: Path | None = None) -> Server:
     port = free_port()
     log_path = folder / f"{name}.log"
-    command = [sys.executable, "-m", "pagoda.entrypoints.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "pagoda.entrypoints.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *args,
+    ]
     if api_key:
         command += ["--api-key", api_key]
     if request_log:
@@ -73,10 +83,31 @@ def _launch(folder: Path, name: str, *args: str, api_key: str | None = None, req
 def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
     folder = tmp_path_factory.mktemp("servers")
     servers = {
-        "main": _launch(folder, "main", "--kv-cache-memory", "0.5", "--max-model-len", "2048",
-                        api_key=API_KEY, request_log=folder / "requests.jsonl"),
-        "small": _launch(folder, "small", "--kv-cache-memory", "0.15", "--max-model-len", "2048", "--max-num-seqs", "2",
-                         "--max-queue", "1", "--log-prompts", "--shutdown-timeout", str(SMALL_GRACE_S)),
+        "main": _launch(
+            folder,
+            "main",
+            "--kv-cache-memory",
+            "0.5",
+            "--max-model-len",
+            "2048",
+            api_key=API_KEY,
+            request_log=folder / "requests.jsonl",
+        ),
+        "small": _launch(
+            folder,
+            "small",
+            "--kv-cache-memory",
+            "0.15",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "2",
+            "--max-queue",
+            "1",
+            "--log-prompts",
+            "--shutdown-timeout",
+            str(SMALL_GRACE_S),
+        ),
     }
     yield servers
     for server in servers.values():

@@ -50,7 +50,9 @@ def wait_idle(base_url: str, timeout_s: float = 30.0) -> str:
     deadline = time.monotonic() + timeout_s
     while True:
         text = httpx.get(f"{base_url}/metrics", timeout=10).text
-        busy = [metric(text, f"pagoda:{n}") for n in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")]
+        busy = [
+            metric(text, f"pagoda:{n}") for n in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+        ]
         if busy == [0, 0, 0] or time.monotonic() > deadline:
             return text
         time.sleep(0.05)
@@ -61,6 +63,6 @@ def sse_events(lines) -> list[dict | str]:
     events: list[dict | str] = []
     for line in lines:
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events

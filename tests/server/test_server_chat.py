@@ -70,8 +70,17 @@ def test_logprobs_and_top_logprobs(client, greedy):
 
 def test_n_seed_stop_and_penalties(client, greedy):
     def sample(**kwargs):
-        return client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=1.0, max_tokens=6, n=2,
-                                              seed=11, presence_penalty=0.5, frequency_penalty=0.3, **kwargs)
+        return client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            temperature=1.0,
+            max_tokens=6,
+            n=2,
+            seed=11,
+            presence_penalty=0.5,
+            frequency_penalty=0.3,
+            **kwargs,
+        )
 
     first, again = sample(), sample()
     assert [c.index for c in first.choices] == [0, 1]
@@ -103,6 +112,7 @@ def test_streaming_n_choices_each_finish(client):
 def test_async_client_chat(aclient, greedy):
     async def run() -> list[str]:
         async with aclient() as api:
+
             async def streamed() -> str:
                 stream = await api.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, **GREEDY)
                 return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])

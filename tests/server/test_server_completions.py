@@ -31,8 +31,11 @@ def test_completion_text_usage_and_finish(client, greedy):
 
 
 def test_stream_matches_non_stream(client, greedy):
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[1], stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=PROMPTS[1], stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == greedy[PROMPTS[1]]
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -101,16 +104,20 @@ def test_stop_string_ends_the_text(client, greedy):
     stop = full.strip().split()[1]  # a word from the middle of the greedy continuation
     cut = client.completions.create(model=MODEL, prompt=PROMPTS[0], stop=[stop], **GREEDY).choices[0]
     assert cut.finish_reason == "stop" and cut.text == full[: full.index(stop)]
-    kept = client.completions.create(model=MODEL, prompt=PROMPTS[0], stop=stop, **GREEDY,
-                                     extra_body={"include_stop_str_in_output": True}).choices[0]
+    kept = client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], stop=stop, **GREEDY, extra_body={"include_stop_str_in_output": True}
+    ).choices[0]
     assert kept.text == full[: full.index(stop) + len(stop)]
     assert kept.model_extra["stop_reason"] == stop
 
 
 def test_seed_reproduces_a_sample(client):
     def sample(seed: int) -> str:
-        return client.completions.create(model=MODEL, prompt=PROMPTS[5], temperature=1.0, max_tokens=5,
-                                         seed=seed).choices[0].text
+        return (
+            client.completions.create(model=MODEL, prompt=PROMPTS[5], temperature=1.0, max_tokens=5, seed=seed)
+            .choices[0]
+            .text
+        )
 
     first = sample(7)
     assert sample(7) == first
@@ -120,25 +127,41 @@ def test_seed_reproduces_a_sample(client):
 def test_vllm_sampling_extensions(client, http, greedy):
     token = http.post("/tokenize", json={"prompt": " banana", "add_special_tokens": False}).json()["tokens"][0]
     text = http.post("/detokenize", json={"tokens": [token]}).json()["prompt"]
-    forced = client.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY,
-                                       logit_bias={str(token): 100}).choices[0]
+    forced = client.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY, logit_bias={str(token): 100}).choices[
+        0
+    ]
     assert text.strip() and forced.text == text * 6
     first = http.post("/tokenize", json={"prompt": greedy[PROMPTS[0]], "add_special_tokens": False}).json()["tokens"][0]
-    stopped = client.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY,
-                                        extra_body={"stop_token_ids": [first]}).choices[0]
+    stopped = client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], **GREEDY, extra_body={"stop_token_ids": [first]}
+    ).choices[0]
     assert stopped.finish_reason == "stop" and stopped.model_extra["stop_reason"] == first
     assert stopped.text == greedy[PROMPTS[0]][: len(stopped.text)]
-    shaped = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0.7, top_p=0.9,
-                                       presence_penalty=0.5, frequency_penalty=0.5,
-                                       extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2,
-                                                   "min_tokens": 4, "ignore_eos": True, "skip_special_tokens": True})
+    shaped = client.completions.create(
+        model=MODEL,
+        prompt=PROMPTS[0],
+        max_tokens=4,
+        temperature=0.7,
+        top_p=0.9,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        extra_body={
+            "top_k": 5,
+            "min_p": 0.05,
+            "repetition_penalty": 1.2,
+            "min_tokens": 4,
+            "ignore_eos": True,
+            "skip_special_tokens": True,
+        },
+    )
     assert shaped.usage.completion_tokens == 4
 
 
 def test_prompt_logprobs_in_vllm_shape(client, http):
     ids = http.post("/tokenize", json={"prompt": PROMPTS[0]}).json()["tokens"]
-    choice = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1,
-                                       extra_body={"prompt_logprobs": 1}).choices[0]
+    choice = client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], max_tokens=1, extra_body={"prompt_logprobs": 1}
+    ).choices[0]
     entries = choice.model_extra["prompt_logprobs"]
     assert len(entries) == len(ids) and entries[0] is None
     for token_id, entry in zip(ids[1:], entries[1:]):

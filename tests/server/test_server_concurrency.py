@@ -26,8 +26,9 @@ def test_32_concurrent_streams_equal_sequential_greedy(client, aclient):
     assert len({text for text, _ in baseline.values()}) == len(DISTINCT)  # distinct, so a mix-up would show
 
     async def stream(api, prompt: str) -> tuple[str, str | None]:
-        chunks = await api.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=MAX_TOKENS,
-                                              stream=True)
+        chunks = await api.completions.create(
+            model=MODEL, prompt=prompt, temperature=0, max_tokens=MAX_TOKENS, stream=True
+        )
         text, finish = "", None
         async for chunk in chunks:
             text += chunk.choices[0].text
@@ -60,8 +61,10 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
             assert running == 1 and usage > 0
     after = wait_idle(server.base_url, timeout_s=10)
     assert _held(server.base_url) == (0, 0)
-    assert metric(after, "pagoda:request_success_total", finished_reason="abort") == \
-        metric(before, "pagoda:request_success_total", False, finished_reason="abort") + 1
+    assert (
+        metric(after, "pagoda:request_success_total", finished_reason="abort")
+        == metric(before, "pagoda:request_success_total", False, finished_reason="abort") + 1
+    )
     assert metric(after, "pagoda:generation_tokens_total") - metric(before, "pagoda:generation_tokens_total") < 100
 
 
@@ -73,5 +76,7 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer(server):
         httpx.post(f"{server.base_url}/v1/completions", json=body, headers=server.headers, timeout=1.5)
     after = wait_idle(server.base_url, timeout_s=10)
     assert _held(server.base_url) == (0, 0) and time.monotonic() - started < 12
-    assert metric(after, "pagoda:request_success_total", finished_reason="abort") == \
-        metric(before, "pagoda:request_success_total", False, finished_reason="abort") + 1
+    assert (
+        metric(after, "pagoda:request_success_total", finished_reason="abort")
+        == metric(before, "pagoda:request_success_total", False, finished_reason="abort") + 1
+    )

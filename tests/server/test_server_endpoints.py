@@ -24,7 +24,9 @@ def test_tokenize_and_detokenize_round_trip(http):
     tokens = http.post("/tokenize", json={"prompt": PROMPTS[3]}).json()
     assert tokens["count"] == len(tokens["tokens"]) > 5 and tokens["max_model_len"] == 2048
     assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": PROMPTS[3]}
-    templated = http.post("/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[3]}]}).json()
+    templated = http.post(
+        "/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[3]}]}
+    ).json()
     assert templated["count"] > tokens["count"]  # the chat template adds its markup
 
 
@@ -52,8 +54,12 @@ def test_repeated_prompt_hits_the_prefix_cache_and_metrics_count_it(client, http
     assert grew("pagoda:prefix_cache_queries_total") == 2 * prompt_tokens
     assert grew("pagoda:prefix_cache_hits_total") == cached
     assert grew("pagoda:request_success_total", finished_reason="length") == 2
-    for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-                      "time_per_output_token_seconds"):
+    for histogram in (
+        "time_to_first_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "time_per_output_token_seconds",
+    ):
         assert grew(f"pagoda:{histogram}_count") == 2
     assert metric(after, "pagoda:prefix_cache_blocks") >= cached // 16
     assert metric(after, "pagoda:num_preemptions_total") >= 0

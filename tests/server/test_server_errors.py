@@ -41,15 +41,18 @@ def test_unknown_route_is_an_openai_404(http):
     assert error_of(http.get("/v1/nothing"), 404)["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"),
-    ("functions", [{"name": "f"}]),
-    ("function_call", "auto"),
-    ("response_format", {"type": "json_object"}),
-    ("audio", {"voice": "alloy", "format": "wav"}),
-    ("modalities", ["text", "audio"]),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "auto"),
+        ("functions", [{"name": "f"}]),
+        ("function_call", "auto"),
+        ("response_format", {"type": "json_object"}),
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("modalities", ["text", "audio"]),
+    ],
+)
 def test_unsupported_chat_fields_are_400(http, field, value):
     error = error_of(http.post("/v1/chat/completions", json={**CHAT, field: value}), 400)
     assert error["param"] == field and field in error["message"]
@@ -66,39 +69,55 @@ def test_harmless_values_of_refused_fields_pass(http):
     assert http.post("/v1/completions", json={**COMPLETION, "best_of": 1}).status_code == 200
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", {**COMPLETION, "temperature": "hot"}, "temperature"),
-    ("/v1/completions", {**COMPLETION, "temperature": -1}, "temperature"),
-    ("/v1/completions", {**COMPLETION, "n": 0}, "n"),
-    ("/v1/completions", {**COMPLETION, "top_p": 0}, "top_p"),
-    ("/v1/completions", {**COMPLETION, "max_tokens": 0}, "max_tokens"),
-    ("/v1/completions", {**COMPLETION, "logprobs": 50}, "logprobs"),
-    ("/v1/completions", {**COMPLETION, "presence_penalty": 3}, "presence_penalty"),
-    ("/v1/completions", {**COMPLETION, "logit_bias": {"99999999": 1}}, "logit_bias"),
-    ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 500}}, "logit_bias"),
-    ("/v1/completions", {**COMPLETION, "stop_token_ids": [-1]}, "stop_token_ids"),
-    ("/v1/completions", {**COMPLETION, "seed": 2**70}, "seed"),
-    ("/v1/completions", {**COMPLETION, "top_k": 2**70}, "top_k"),
-    ("/v1/completions", {**COMPLETION, "temperature": float("inf")}, "temperature"),
-    ("/v1/completions", {**COMPLETION, "repetition_penalty": float("nan")}, "repetition_penalty"),
-    ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": True}}, "stream_options"),
-    ("/v1/completions", {"prompt": [1, 2, 10**9], "max_tokens": 2}, "prompt"),
-    ("/v1/completions", {"prompt": [], "max_tokens": 2}, "prompt"),
-    ("/v1/completions", {"prompt": "", "max_tokens": 2}, "prompt"),
-    ("/v1/completions", {"max_tokens": 2}, "prompt"),
-    ("/v1/chat/completions", {"max_tokens": 2}, "messages"),
-    ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]},
-     "messages[0].content[1].type"),
-    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
-    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
-    ("/detokenize", {"tokens": [10**9]}, "tokens"),
-    ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", {**COMPLETION, "temperature": "hot"}, "temperature"),
+        ("/v1/completions", {**COMPLETION, "temperature": -1}, "temperature"),
+        ("/v1/completions", {**COMPLETION, "n": 0}, "n"),
+        ("/v1/completions", {**COMPLETION, "top_p": 0}, "top_p"),
+        ("/v1/completions", {**COMPLETION, "max_tokens": 0}, "max_tokens"),
+        ("/v1/completions", {**COMPLETION, "logprobs": 50}, "logprobs"),
+        ("/v1/completions", {**COMPLETION, "presence_penalty": 3}, "presence_penalty"),
+        ("/v1/completions", {**COMPLETION, "logit_bias": {"99999999": 1}}, "logit_bias"),
+        ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 500}}, "logit_bias"),
+        ("/v1/completions", {**COMPLETION, "stop_token_ids": [-1]}, "stop_token_ids"),
+        ("/v1/completions", {**COMPLETION, "seed": 2**70}, "seed"),
+        ("/v1/completions", {**COMPLETION, "top_k": 2**70}, "top_k"),
+        ("/v1/completions", {**COMPLETION, "temperature": float("inf")}, "temperature"),
+        ("/v1/completions", {**COMPLETION, "repetition_penalty": float("nan")}, "repetition_penalty"),
+        ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": True}}, "stream_options"),
+        ("/v1/completions", {"prompt": [1, 2, 10**9], "max_tokens": 2}, "prompt"),
+        ("/v1/completions", {"prompt": [], "max_tokens": 2}, "prompt"),
+        ("/v1/completions", {"prompt": "", "max_tokens": 2}, "prompt"),
+        ("/v1/completions", {"max_tokens": 2}, "prompt"),
+        ("/v1/chat/completions", {"max_tokens": 2}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        (
+            "/v1/chat/completions",
+            {
+                **CHAT,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "hi"},
+                            {"type": "image_url", "image_url": {"url": "http://x"}},
+                        ],
+                    }
+                ],
+            },
+            "messages[0].content[1].type",
+        ),
+        ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens"),
+        ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+    ],
+)
 def test_invalid_parameters_are_400_naming_the_param(http, path, body, param):
     content = json.dumps(body)  # Python's json writes Infinity and NaN, as some clients do
     error = error_of(http.post(path, content=content, headers={"Content-Type": "application/json"}), 400)
@@ -114,8 +133,10 @@ def test_too_long_prompt_is_400_with_the_numbers(http):
     prompt = [42] * 2040
     error = error_of(http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 100}), 400)
     assert error["param"] == "prompt"
-    assert ("maximum context length is 2048 tokens. However, you requested 2140 tokens "
-            "(2040 in the prompt, 100 in the completion)") in error["message"]
+    assert (
+        "maximum context length is 2048 tokens. However, you requested 2140 tokens "
+        "(2040 in the prompt, 100 in the completion)"
+    ) in error["message"]
     whole = [{"role": "user", "content": "word " * 2100}]  # no max_tokens: the prompt alone is too long
     error = error_of(http.post("/v1/chat/completions", json={"messages": whole}), 400)
     assert error["param"] == "messages" and "maximum context length is 2048 tokens" in error["message"]

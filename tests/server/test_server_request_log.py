@@ -14,8 +14,20 @@ from tests.server.helpers import MODEL
 pytestmark = pytest.mark.slow
 
 MARKER = "zebra-marmalade-7731"  # appears only in these prompts
-FIELDS = {"timestamp", "endpoint", "request_id", "body", "prompt_token_ids", "prompt_tokens", "cached_tokens",
-          "output_tokens", "output_token_ids", "finish_reason", "ttft_s", "latency_s"}
+FIELDS = {
+    "timestamp",
+    "endpoint",
+    "request_id",
+    "body",
+    "prompt_token_ids",
+    "prompt_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "output_token_ids",
+    "finish_reason",
+    "ttft_s",
+    "latency_s",
+}
 
 
 def records_for(server, request_id: str, count: int, timeout_s: float = 10.0) -> list[dict]:
@@ -40,8 +52,10 @@ def test_chat_request_is_logged_with_its_body_and_tokens(client, http, server):
     assert record["prompt_tokens"] == result.usage.prompt_tokens
     assert record["cached_tokens"] == result.usage.prompt_tokens_details.cached_tokens
     assert record["output_tokens"] == len(record["output_token_ids"]) == result.usage.completion_tokens
-    assert http.post("/detokenize", json={"tokens": record["output_token_ids"]}).json()["prompt"] == \
-        result.choices[0].message.content
+    assert (
+        http.post("/detokenize", json={"tokens": record["output_token_ids"]}).json()["prompt"]
+        == result.choices[0].message.content
+    )
     assert record["finish_reason"] == "length"
     assert 0 < record["ttft_s"] <= record["latency_s"] and started <= record["timestamp"] <= time.time()
     [entry] = parse_line(json.dumps(record).encode(), 1)  # pagoda analyze reads it
@@ -65,7 +79,13 @@ def test_log_line_per_request_without_prompt_text(client, server):
         time.sleep(0.05)
     [line] = [line for line in server.log().splitlines() if result.id in line]
     prompt_tokens = result.usage.prompt_tokens
-    for part in (f"prompt_tokens={prompt_tokens}", "cached_tokens=", "output_tokens=2", "ttft=", "e2e=",
-                 "finish_reason=length"):
+    for part in (
+        f"prompt_tokens={prompt_tokens}",
+        "cached_tokens=",
+        "output_tokens=2",
+        "ttft=",
+        "e2e=",
+        "finish_reason=length",
+    ):
         assert part in line
     assert MARKER not in server.log()

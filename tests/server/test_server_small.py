@@ -43,18 +43,23 @@ def in_thread(work) -> tuple[threading.Thread, dict]:
 def test_full_queue_is_503_with_retry_after(small_server):
     base = small_server.base_url
     long = {"prompt": "Count slowly:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-    with httpx.Client(base_url=base, timeout=120) as http, \
-            http.stream("POST", "/v1/completions", json=long) as first, \
-            http.stream("POST", "/v1/completions", json=long) as second:
+    with (
+        httpx.Client(base_url=base, timeout=120) as http,
+        http.stream("POST", "/v1/completions", json=long) as first,
+        http.stream("POST", "/v1/completions", json=long) as second,
+    ):
         lines = [first.iter_lines(), second.iter_lines()]  # kept referenced: a dropped iterator closes the connection
         for stream in lines:
             next(stream)  # its first token: both run, as many as are allowed
-        queued, result = in_thread(lambda: httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
-                                                      timeout=120))
+        queued, result = in_thread(
+            lambda: httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
+        )
         wait_for(lambda: waiting(base) == 1)
         refused = httpx.post(f"{base}/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
-        chat = httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
-                                                               "max_tokens": 2, "stream": True})
+        chat = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True},
+        )
     for response in (refused, chat):
         assert response.status_code == 503 and response.headers["Retry-After"] == "1"
         assert response.json()["error"]["code"] == "queue_full"
@@ -63,7 +68,9 @@ def test_full_queue_is_503_with_retry_after(small_server):
 
 
 def test_log_prompts_puts_prompt_text_in_the_log_line(small_server):
-    response = httpx.post(f"{small_server.base_url}/v1/completions", json={"prompt": "ocelot-quince-5521", "max_tokens": 1})
+    response = httpx.post(
+        f"{small_server.base_url}/v1/completions", json={"prompt": "ocelot-quince-5521", "max_tokens": 1}
+    )
     request_id = response.json()["id"]
     wait_for(lambda: request_id in small_server.log(), 10)
     [line] = [line for line in small_server.log().splitlines() if request_id in line]

@@ -16,9 +16,17 @@ from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.request import TokenLogprob
 
 
-@pytest.mark.parametrize("prompt, max_tokens, fits", [
-    (2040, 8, True), (2041, 8, False), (1, 2047, True), (1, 2048, False), (2047, None, True), (2048, None, False),
-])
+@pytest.mark.parametrize(
+    "prompt, max_tokens, fits",
+    [
+        (2040, 8, True),
+        (2041, 8, False),
+        (1, 2047, True),
+        (1, 2048, False),
+        (2047, None, True),
+        (2048, None, False),
+    ],
+)
 def test_prompt_plus_max_tokens_must_fit_the_context(prompt, max_tokens, fits):
     if fits:
         check_context(prompt, max_tokens, 2048, "prompt")
@@ -34,14 +42,17 @@ def test_empty_prompt_is_refused():
         check_context(0, 5, 2048, "messages")
 
 
-@pytest.mark.parametrize("loc, param", [
-    (("body", "temperature"), "temperature"),
-    (("body", "messages", 0, "content"), "messages[0].content"),
-    (("body", "prompt", "list[int]", 3), "prompt[3]"),
-    (("body", "prompt", "str"), "prompt"),
-    (("body", "stream_options", "StreamOptions", "include_usage"), "stream_options.include_usage"),
-    (("body",), None),
-])
+@pytest.mark.parametrize(
+    "loc, param",
+    [
+        (("body", "temperature"), "temperature"),
+        (("body", "messages", 0, "content"), "messages[0].content"),
+        (("body", "prompt", "list[int]", 3), "prompt[3]"),
+        (("body", "prompt", "str"), "prompt"),
+        (("body", "stream_options", "StreamOptions", "include_usage"), "stream_options.include_usage"),
+        (("body",), None),
+    ],
+)
 def test_param_of_names_the_field_the_client_sent(loc, param):
     assert param_of(loc) == param
 
@@ -51,7 +62,9 @@ def test_unsupported_fields():
     assert unsupported_fields(ChatCompletionRequest(**chat)) is None
     assert unsupported_fields(ChatCompletionRequest(**chat, tools=[])) is None
     assert unsupported_fields(ChatCompletionRequest(**chat, tool_choice="required")) == "tool_choice"
-    assert unsupported_fields(ChatCompletionRequest(**chat, response_format={"type": "json_schema"})) == "response_format"
+    assert (
+        unsupported_fields(ChatCompletionRequest(**chat, response_format={"type": "json_schema"})) == "response_format"
+    )
     assert unsupported_fields(CompletionRequest(prompt="x", n=2, best_of=2)) is None
     assert unsupported_fields(CompletionRequest(prompt="x", n=2, best_of=4)) == "best_of"
 

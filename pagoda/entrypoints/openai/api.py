@@ -81,8 +81,9 @@ def _require_key(api_key: str | None):
             return
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise APIError(401, "Missing or incorrect API key: send `Authorization: Bearer KEY`.",
-                           code="invalid_api_key")
+            raise APIError(
+                401, "Missing or incorrect API key: send `Authorization: Bearer KEY`.", code="invalid_api_key"
+            )
 
     return check
 
@@ -93,8 +94,14 @@ def _v1_routes(state: ServerState) -> APIRouter:
 
     @router.get("/models")
     async def models() -> dict:
-        card = {"id": state.model_name, "object": "model", "created": created, "owned_by": "pagoda",
-                "root": state.model_name, "max_model_len": state.limits.max_model_len}
+        card = {
+            "id": state.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "pagoda",
+            "root": state.model_name,
+            "max_model_len": state.limits.max_model_len,
+        }
         return {"object": "list", "data": [card]}
 
     @router.post("/completions")
@@ -114,8 +121,9 @@ def _admin_routes(state: ServerState) -> APIRouter:
     @router.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> Response:
         if not state.engine.reset_prefix_cache():
-            raise APIError(409, "Requests are running; reset the prefix cache when the server is idle.",
-                           code="requests_running")
+            raise APIError(
+                409, "Requests are running; reset the prefix cache when the server is idle.", code="requests_running"
+            )
         return JSONResponse({"status": "ok"})
 
     return router
@@ -158,5 +166,6 @@ async def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
         messages = chat.parse_messages(body.messages)
         return await state.off_loop(chat.render, state, messages, size=sum(len(m["content"]) for m in messages))
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
-    return await state.off_loop(lambda: state.tokenizer.encode(body.prompt, add_special_tokens=add_special),
-                                size=len(body.prompt))
+    return await state.off_loop(
+        lambda: state.tokenizer.encode(body.prompt, add_special_tokens=add_special), size=len(body.prompt)
+    )

@@ -46,7 +46,9 @@ def _content(content: object, i: int) -> str:
         param = f"messages[{i}].content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text":
-            raise bad_request(f"{param}.type {kind!r} is not supported: this server takes text parts only", f"{param}.type")
+            raise bad_request(
+                f"{param}.type {kind!r} is not supported: this server takes text parts only", f"{param}.type"
+            )
         if not isinstance(part.get("text"), str):
             raise bad_request(f"{param}.text must be a string", f"{param}.text")
         texts.append(part["text"])
@@ -69,10 +71,14 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     prompt_ids = await state.off_loop(render, state, messages, size=size)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = sampling_params(body, state.limits, max_tokens=max_tokens,
-                             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-                             prompt_logprobs=body.prompt_logprobs,
-                             renames={"logprobs": "top_logprobs", "max_tokens": max_param})
+    params = sampling_params(
+        body,
+        state.limits,
+        max_tokens=max_tokens,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        prompt_logprobs=body.prompt_logprobs,
+        renames={"logprobs": "top_logprobs", "max_tokens": max_param},
+    )
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
@@ -83,13 +89,16 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     return JSONResponse(_response(state, body, head, prompt_ids, outputs))
 
 
-def _response(state: ServerState, body: ChatCompletionRequest, head: dict, prompt_ids: list[int],
-              outputs: list[SequenceOutput]) -> dict:
+def _response(
+    state: ServerState, body: ChatCompletionRequest, head: dict, prompt_ids: list[int], outputs: list[SequenceOutput]
+) -> dict:
     choices = [
         {
             "index": out.index,
             "message": {"role": "assistant", "content": out.text},
-            "logprobs": chat_logprobs(state.token_texts, out.logprobs, body.top_logprobs or 0) if body.logprobs else None,
+            "logprobs": chat_logprobs(state.token_texts, out.logprobs, body.top_logprobs or 0)
+            if body.logprobs
+            else None,
             "finish_reason": out.finish_reason,
             "stop_reason": out.stop_reason,
         }
@@ -101,7 +110,9 @@ def _response(state: ServerState, body: ChatCompletionRequest, head: dict, promp
     return response
 
 
-async def _chunks(state: ServerState, body: ChatCompletionRequest, generation: Generation, head: dict) -> AsyncIterator[str]:
+async def _chunks(
+    state: ServerState, body: ChatCompletionRequest, generation: Generation, head: dict
+) -> AsyncIterator[str]:
     """OpenAI's chunk sequence per choice: the role with empty content, content deltas, a chunk
     with only finish_reason; then the usage chunk (choices []) when asked, then [DONE]."""
     include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -111,17 +122,36 @@ async def _chunks(state: ServerState, body: ChatCompletionRequest, generation: G
         return sse({**base, "choices": [choice], **({"usage": None} if include_usage else {})})
 
     for index in range(body.n):
-        yield chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
+        yield chunk(
+            {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        )
     final: dict[int, SequenceOutput] = {}
     async for _, update in generation.updates():
         if update.text_delta or (body.logprobs and update.logprobs_delta):
-            logprobs = chat_logprobs(state.token_texts, update.logprobs_delta, body.top_logprobs or 0) if body.logprobs else None
-            yield chunk({"index": update.index, "delta": {"content": update.text_delta}, "logprobs": logprobs,
-                         "finish_reason": None})
+            logprobs = (
+                chat_logprobs(state.token_texts, update.logprobs_delta, body.top_logprobs or 0)
+                if body.logprobs
+                else None
+            )
+            yield chunk(
+                {
+                    "index": update.index,
+                    "delta": {"content": update.text_delta},
+                    "logprobs": logprobs,
+                    "finish_reason": None,
+                }
+            )
         if update.finished:
             final[update.index] = update
-            yield chunk({"index": update.index, "delta": {}, "logprobs": None, "finish_reason": update.finish_reason,
-                         "stop_reason": update.stop_reason})
+            yield chunk(
+                {
+                    "index": update.index,
+                    "delta": {},
+                    "logprobs": None,
+                    "finish_reason": update.finish_reason,
+                    "stop_reason": update.stop_reason,
+                }
+            )
     if include_usage:
         yield sse({**base, "choices": [], "usage": usage([[final[k] for k in sorted(final)]])})
     yield DONE

@@ -49,8 +49,14 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     prompts = await prompts_of(state, body.prompt)
     echo_logprobs_k = body.logprobs if body.echo and body.logprobs is not None else None
     prompt_logprobs = max((k for k in (body.prompt_logprobs, echo_logprobs_k) if k is not None), default=None)
-    params = sampling_params(body, state.limits, max_tokens=body.max_tokens, logprobs=body.logprobs,
-                             prompt_logprobs=prompt_logprobs, renames={})
+    params = sampling_params(
+        body,
+        state.limits,
+        max_tokens=body.max_tokens,
+        logprobs=body.logprobs,
+        prompt_logprobs=prompt_logprobs,
+        renames={},
+    )
     for p in prompts:
         check_context(len(p.ids), body.max_tokens, state.limits.max_model_len, "prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -59,8 +65,11 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     if body.stream:
         return event_stream(_chunks(state, body, prompts, generation, head), generation)
     outputs = await state.collect(http, generation)
-    choices = [_choice(state, body, i, prompt, out, _prompt_logprobs(outs))
-               for i, (prompt, outs) in enumerate(zip(prompts, outputs)) for out in outs]
+    choices = [
+        _choice(state, body, i, prompt, out, _prompt_logprobs(outs))
+        for i, (prompt, outs) in enumerate(zip(prompts, outputs))
+        for out in outs
+    ]
     return JSONResponse({**head, "choices": choices, "usage": usage(outputs)})
 
 
@@ -73,8 +82,9 @@ def _echo(state: ServerState, prompt: Prompt) -> str:
     return prompt.text if prompt.text is not None else state.tokenizer.decode(prompt.ids)
 
 
-def _choice(state: ServerState, body: CompletionRequest, i: int, prompt: Prompt, out: SequenceOutput,
-            prompt_logprobs: list) -> dict:
+def _choice(
+    state: ServerState, body: CompletionRequest, i: int, prompt: Prompt, out: SequenceOutput, prompt_logprobs: list
+) -> dict:
     prefix = _echo(state, prompt) if body.echo else ""
     choice = {
         "index": i * body.n + out.index,
@@ -93,8 +103,9 @@ def _choice(state: ServerState, body: CompletionRequest, i: int, prompt: Prompt,
     return choice
 
 
-async def _chunks(state: ServerState, body: CompletionRequest, prompts: list[Prompt], generation: Generation,
-                  head: dict) -> AsyncIterator[str]:
+async def _chunks(
+    state: ServerState, body: CompletionRequest, prompts: list[Prompt], generation: Generation, head: dict
+) -> AsyncIterator[str]:
     """Per choice: the echoed prompt first (when asked), then text deltas; the chunk that ends a
     choice carries its finish_reason. Then the usage chunk when asked, then [DONE].
     Updates that bring no token (a prefill chunk's prompt logprobs) send nothing; by a choice's
@@ -128,8 +139,15 @@ async def _chunks(state: ServerState, body: CompletionRequest, prompts: list[Pro
         if update.finished:
             final[i][update.index] = update
         if update.text_delta or update.finished or logprobs is not None:
-            yield chunk({"index": index, "text": update.text_delta, "logprobs": logprobs,
-                         "finish_reason": update.finish_reason, "stop_reason": update.stop_reason})
+            yield chunk(
+                {
+                    "index": index,
+                    "text": update.text_delta,
+                    "logprobs": logprobs,
+                    "finish_reason": update.finish_reason,
+                    "stop_reason": update.stop_reason,
+                }
+            )
     if include_usage:
         yield sse({**head, "choices": [], "usage": usage([[outs[k] for k in sorted(outs)] for outs in final])})
     yield DONE

@@ -17,8 +17,14 @@ STATUS_CLIENT_CLOSED = 499  # nginx's convention; nobody reads it
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -43,8 +49,12 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 
 def queue_full(message: str) -> APIError:
-    return APIError(503, f"The server is busy: {message}. Retry later.", code="queue_full",
-                    headers={"Retry-After": str(RETRY_AFTER_S)})
+    return APIError(
+        503,
+        f"The server is busy: {message}. Retry later.",
+        code="queue_full",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def error_response(error: APIError) -> JSONResponse:

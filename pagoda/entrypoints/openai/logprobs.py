@@ -28,9 +28,7 @@ def _chat_entry(texts: TokenTexts, lp: TokenLogprob, num_top: int) -> dict:
         "token": token,
         "logprob": lp.logprob,
         "bytes": list(token.encode()),
-        "top_logprobs": [
-            {"token": texts.text(t), "logprob": v, "bytes": list(texts.text(t).encode())} for t, v in top
-        ],
+        "top_logprobs": [{"token": texts.text(t), "logprob": v, "bytes": list(texts.text(t).encode())} for t, v in top],
     }
 
 
@@ -65,7 +63,9 @@ def join_logprobs(a: dict, b: dict) -> dict:
     return {key: a[key] + b[key] for key in a}
 
 
-def vllm_prompt_logprobs(texts: TokenTexts, prompt_ids: Sequence[int], prompt_logprobs: Sequence[TokenLogprob | None]) -> list:
+def vllm_prompt_logprobs(
+    texts: TokenTexts, prompt_ids: Sequence[int], prompt_logprobs: Sequence[TokenLogprob | None]
+) -> list:
     """vLLM's shape: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}}."""
     result: list[dict | None] = []
     for token_id, lp in zip(prompt_ids, prompt_logprobs):
@@ -73,8 +73,10 @@ def vllm_prompt_logprobs(texts: TokenTexts, prompt_ids: Sequence[int], prompt_lo
             result.append(None)
             continue
         ranked = sorted(lp.top.items(), key=lambda kv: -kv[1])
-        entries = {str(t): {"logprob": v, "rank": rank, "decoded_token": texts.text(t)}
-                   for rank, (t, v) in enumerate(ranked, start=1)}
+        entries = {
+            str(t): {"logprob": v, "rank": rank, "decoded_token": texts.text(t)}
+            for rank, (t, v) in enumerate(ranked, start=1)
+        }
         entries[str(token_id)] = {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": texts.text(token_id)}
         result.append(entries)
     return result

@@ -18,12 +18,74 @@ from pagoda.engine.async_engine import EngineStats
 from pagoda.engine.outputs import SequenceOutput
 
 # vLLM's buckets, so dashboards built for it read the same
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -37,8 +99,11 @@ class _EngineStatsCollector(Collector):
         gauges = [
             ("num_requests_running", "Sequences in the running batch.", s.num_running),
             ("num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting),
-            ("kv_cache_usage_perc", "Fraction of KV blocks held by requests (idle cached blocks count as free), 0..1.",
-             s.kv_usage),
+            (
+                "kv_cache_usage_perc",
+                "Fraction of KV blocks held by requests (idle cached blocks count as free), 0..1.",
+                s.kv_usage,
+            ),
             ("prefix_cache_blocks", "KV blocks held by the prefix cache.", s.prefix_cache_blocks),
         ]
         counters = [
@@ -73,10 +138,15 @@ class ServerMetrics:
         self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
         self._success = counter("request_success", "Finished sequences by finish reason.", ("finished_reason",))
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS).labels(model_name)
-        self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token after the first, per sequence.",
-                              TPOT_BUCKETS).labels(model_name)
-        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS).labels(model_name)
-        self.queue = histogram("request_queue_time_seconds", "Arrival to first scheduled.", LATENCY_BUCKETS).labels(model_name)
+        self.tpot = histogram(
+            "time_per_output_token_seconds", "Mean time per output token after the first, per sequence.", TPOT_BUCKETS
+        ).labels(model_name)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS).labels(
+            model_name
+        )
+        self.queue = histogram("request_queue_time_seconds", "Arrival to first scheduled.", LATENCY_BUCKETS).labels(
+            model_name
+        )
 
     def count_finished(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()

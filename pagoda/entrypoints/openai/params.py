@@ -19,9 +19,15 @@ class ModelLimits:
     generation_defaults: dict  # temperature / top_p / top_k from generation_config.json (vLLM does the same)
 
 
-def sampling_params(request: CompletionRequest | ChatCompletionRequest, limits: ModelLimits, *,
-                    max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
-                    renames: dict[str, str]) -> SamplingParams:
+def sampling_params(
+    request: CompletionRequest | ChatCompletionRequest,
+    limits: ModelLimits,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None,
+    renames: dict[str, str],
+) -> SamplingParams:
     """`renames` maps SamplingParams' names to the body's where they differ (chat: top_logprobs)."""
     defaults = limits.generation_defaults
     check_token_ids(request.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
@@ -72,7 +78,9 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
         except ValueError:
             raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
         if not 0 <= token < vocab_size:
-            raise bad_request(f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias")
+            raise bad_request(
+                f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias"
+            )
         if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
             raise bad_request(f"logit_bias values must be in [-100, 100], got {value}", "logit_bias")
         result[token] = value
@@ -95,10 +103,14 @@ def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {max_model_len} tokens. However, you requested "
                 f"{num_prompt_tokens} tokens in the {param}, which leaves no room for a completion. "
-                f"Please reduce the length of the {param}.", param)
+                f"Please reduce the length of the {param}.",
+                param,
+            )
         return
     if num_prompt_tokens + max_tokens > max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {param}, {max_tokens} in the "
-            f"completion). Please reduce the length of the {param} or completion.", param)
+            f"completion). Please reduce the length of the {param} or completion.",
+            param,
+        )

@@ -28,8 +28,15 @@ class RecordSinks:
 class RequestRecorder:
     """The Observer of one HTTP request's Generation (see streams.py)."""
 
-    def __init__(self, sinks: RecordSinks, endpoint: str, engine_ids: list[str], prompts: list[list[int]], n: int,
-                 body: dict | None) -> None:
+    def __init__(
+        self,
+        sinks: RecordSinks,
+        endpoint: str,
+        engine_ids: list[str],
+        prompts: list[list[int]],
+        n: int,
+        body: dict | None,
+    ) -> None:
         self.sinks = sinks
         self.endpoint = endpoint
         self.engine_ids = engine_ids
@@ -69,8 +76,15 @@ class RequestRecorder:
             text = f" prompt={self.sinks.tokenizer.decode(self.prompts[prompt])!r}"
         logger.info(
             "%s %s: prompt_tokens=%d cached_tokens=%d output_tokens=%d ttft=%s e2e=%s finish_reason=%s%s",
-            self.engine_ids[prompt], self.endpoint, len(self.prompts[prompt]), s.cached_tokens, s.output_tokens,
-            _seconds(s.ttft_s), _seconds(s.latency_s), reasons, text,
+            self.engine_ids[prompt],
+            self.endpoint,
+            len(self.prompts[prompt]),
+            s.cached_tokens,
+            s.output_tokens,
+            _seconds(s.ttft_s),
+            _seconds(s.latency_s),
+            reasons,
+            text,
         )
 
     def _record(self, prompt: int, outs: list[SequenceOutput], s: _Summary, reasons: str) -> dict:

@@ -25,8 +25,12 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pagoda serve", description="Serve a model over the OpenAI API.")
-    p.add_argument("model", nargs="?", default=None,
-                   help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: from the path)")
@@ -38,24 +42,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "lpm"])
-    p.add_argument("--max-queue", type=int, default=None,
-                   help="waiting requests beyond this are refused with 503 (default: unbounded)")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="waiting requests beyond this are refused with 503 (default: unbounded)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (cuda when present, else cpu), cpu or cuda")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="GPU: the share of its memory the engine may use; the KV pool gets what is left")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="GPU: the share of its memory the engine may use; the KV pool gets what is left",
+    )
     p.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs")
     p.add_argument("--quantization", default=None, choices=["fp8"], help="GPU (compute capability >= 8.9): fp8 weights")
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="dummy: random weights of the model's config, for timing without weights")
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy"],
+        help="dummy: random weights of the model's config, for timing without weights",
+    )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template: a file path or the template itself")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (also env PAGODA_API_KEY)")
-    p.add_argument("--request-log", type=Path, default=None,
-                   help="append one JSON line per finished request to this file (holds users' prompts)")
+    p.add_argument(
+        "--request-log",
+        type=Path,
+        default=None,
+        help="append one JSON line per finished request to this file (holds users' prompts)",
+    )
     p.add_argument("--log-prompts", action="store_true", help="put prompt text in the per-request log line")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--shutdown-timeout", type=float, default=10.0,
-                   help="seconds in-flight requests may take to finish after SIGTERM before they are aborted")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests may take to finish after SIGTERM before they are aborted",
+    )
     return p.parse_args(argv)
 
 
@@ -130,16 +154,29 @@ def load_engine(args: argparse.Namespace):
     loaded = time.monotonic()
     engine = AsyncEngine(engine_args)
     m = engine.config.model
-    logger.info("loaded %s (%s, %s, max_model_len %d) in %.1f s", m.name, m.architecture, str(m.dtype).removeprefix("torch."),
-                m.max_model_len, time.monotonic() - loaded)
+    logger.info(
+        "loaded %s (%s, %s, max_model_len %d) in %.1f s",
+        m.name,
+        m.architecture,
+        str(m.dtype).removeprefix("torch."),
+        m.max_model_len,
+        time.monotonic() - loaded,
+    )
     return engine
 
 
 async def _serve(app, args: argparse.Namespace, model_name: str, started: float) -> int:
     import uvicorn
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
-                            log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        access_log=False,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout,
+    )
     server = uvicorn.Server(config)
     announce = asyncio.create_task(_announce_ready(server, args, model_name, started))
     with _absorb_reraised_signals():
@@ -151,8 +188,13 @@ async def _serve(app, args: argparse.Namespace, model_name: str, started: float)
 async def _announce_ready(server, args: argparse.Namespace, model_name: str, started: float) -> None:
     while not server.started:
         await asyncio.sleep(0.05)
-    logger.info("ready: serving %s at http://%s:%d (started in %.1f s)", model_name, args.host, args.port,
-                time.monotonic() - started)
+    logger.info(
+        "ready: serving %s at http://%s:%d (started in %.1f s)",
+        model_name,
+        args.host,
+        args.port,
+        time.monotonic() - started,
+    )
 
 
 @contextlib.contextmanager

@@ -52,8 +52,12 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
-                           "model", "model_not_found")
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
+                "model",
+                "model_not_found",
+            )
 
     def check_request(self, body: CompletionRequest | ChatCompletionRequest) -> None:
         """What every generation endpoint refuses before reading the prompt."""
@@ -69,8 +73,9 @@ class ServerState:
             return work(*args)
         return await asyncio.to_thread(work, *args)
 
-    async def launch(self, http: Request, endpoint: str, request_id: str, prompts: list[list[int]],
-                     params: SamplingParams) -> Generation:
+    async def launch(
+        self, http: Request, endpoint: str, request_id: str, prompts: list[list[int]], params: SamplingParams
+    ) -> Generation:
         """Submit the prompts; returns once the engine has accepted all of them."""
         body = await http.json() if self.sinks.request_log is not None else None
         engine_ids = Generation.engine_ids_for(request_id, len(prompts))
@@ -125,8 +130,9 @@ def event_stream(events: AsyncIterator[str], generation: Generation) -> Streamin
         finally:
             generation.close()
 
-    return StreamingResponse(framed(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        framed(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 def usage(outputs: list[list[SequenceOutput]]) -> dict:

@@ -39,8 +39,14 @@ def engine_error(exc: Exception) -> APIError:
 
 
 class Generation:
-    def __init__(self, engine: AsyncEngine, engine_ids: list[str], prompts: list[list[int]], params: SamplingParams,
-                 observer: Observer) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        engine_ids: list[str],
+        prompts: list[list[int]],
+        params: SamplingParams,
+        observer: Observer,
+    ) -> None:
         self.engine = engine
         self.engine_ids = engine_ids
         self.prompts = prompts

@@ -72,7 +72,9 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(-1, d.num_kv_heads, d.head_dim)
         if self.q_norm is None:  # queries and keys rotated in one go: they share each token's angles
-            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim), *rope)
+            qk = apply_rotary(
+                qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim), *rope
+            )
             q, k = qk[:, : d.num_heads], qk[:, d.num_heads :]
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(-1, d.num_heads, d.head_dim))
@@ -114,7 +116,9 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(d, spec, backend, dtype, device) for _ in range(d.num_layers))
         self.norm = RMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
+        self.lm_head = (
+            None if self.tie_word_embeddings else empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
+        )
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions, dtype, device)
         self.cpu_lm_head: nn.Module | None = None  # set by cpu_linear.convert_model
 
