@@ -1,41 +1,116 @@
-"""Everything a user can set, and turning it into a validated EngineConfig."""
+"""Everything a user can set, and turning it into a validated EngineConfig.
+
+Each field's metadata carries its help, and its choices where there are few: `add_cli_args`
+makes every field a flag of `pagoda serve` and `pagoda generate` from them, so an option added
+here is at once a keyword of `LLM(...)` and a flag of both commands. This module imports no torch
+(`pagoda serve --help` stays instant); `create_config` imports it when it runs.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import typing
+from dataclasses import dataclass, field, fields
 
-import torch
-
-from pagoda.attention import cpu_backend
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
 
+def option(default: object, help: str, *, choices: list[str] | None = None, default_text: str | None = None):
+    """A field of EngineArgs with what its flag's --help shows: `help`, then `(default: ...)`,
+    where `default_text` says what a None default means (the value itself is shown otherwise)."""
+    metadata = {"help": help, "choices": choices, "default_text": default_text}
+    return field(default=default, metadata=metadata)
+
+
 @dataclass(frozen=True)
 class EngineArgs:
-    model: str | None = None  # None: the embedded default model
-    served_model_name: str | None = None
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 1024
-    kv_cache_memory: float = 2.0  # GiB
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    scheduling_policy: str = "fcfs"
-    max_queue: int | None = None
-    device: str = "auto"
-    attention_backend: str = "auto"
-    seed: int = 0
-    gpu_memory_utilization: float = (
-        0.9  # GPU: share of its memory the engine may use (kv_cache_memory sizes the pool on CPU)
+    model: str | None = option(
+        None, "a Hugging Face directory or a .gguf file", default_text="the embedded SmolLM2-135M-Instruct"
     )
-    enforce_eager: bool = False  # GPU: no CUDA graphs
-    quantization: str | None = None  # "fp8": linear weights in float8 (compute capability >= 8.9)
-    load_format: str = "auto"  # "dummy": random weights of the model's config, to time a model without its weights
+    served_model_name: str | None = option(
+        None, "the model id clients send and /v1/models lists", default_text="from the path"
+    )
+    dtype: str = option(
+        "auto",
+        "auto: float32 on CPU; on GPU the model's own half type, else bfloat16",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
+    max_model_len: int | None = option(
+        None, "longest prompt + output; a longer prompt is rejected", default_text="the model's"
+    )
+    max_num_seqs: int = option(256, "requests running at once")
+    max_num_batched_tokens: int = option(1024, "tokens per step: decodes plus prefill chunks")
+    kv_cache_memory: float = option(
+        2.0, "KV pool size in GiB on CPU; must hold at least one max_model_len sequence; a GPU ignores it"
+    )
+    block_size: int = option(16, "tokens per KV block")
+    enable_prefix_caching: bool = option(True, "the radix prefix cache")
+    scheduling_policy: str = option(
+        "fcfs",
+        "lpm: longest cached prefix first, no request passed over more than 16 times",
+        choices=["fcfs", "lpm"],
+    )
+    max_queue: int | None = option(
+        None, "waiting requests beyond this are refused; the server answers 503", default_text="unbounded"
+    )
+    device: str = option("auto", "auto: cuda when present, else cpu")
+    attention_backend: str = option(
+        "auto",
+        "auto: cpu on CPU (a C decode kernel built with gcc on first use; torch where it cannot be built), "
+        "triton on CUDA",
+        choices=["auto", "cpu", "torch", "triton"],
+    )
+    seed: int = option(0, "the engine's seed; a request's own seed overrides it for that request")
+    gpu_memory_utilization: float = option(
+        0.9, "GPU: the share of its memory for weights, activations, CUDA graphs and the KV pool"
+    )
+    enforce_eager: bool = option(False, "GPU: no CUDA graphs for decode steps")
+    quantization: str | None = option(
+        None,
+        "fp8: float8 linear weights with per-channel scales (GPU, compute capability >= 8.9)",
+        choices=["fp8"],
+        default_text="none",
+    )
+    load_format: str = option(
+        "auto",
+        "dummy: random weights of the model's config, to time a model without its weights",
+        choices=["auto", "dummy"],
+    )
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, *, positional_model: bool) -> None:
+        """One flag per field, `--kebab-case`, typed from the annotation, in an "engine options"
+        group of `parser`; a boolean that defaults to True gets `--no-...` too. `positional_model`:
+        the model is the command's first argument (`pagoda serve MODEL`), else `--model`."""
+        group = parser.add_argument_group("engine options", "the same as the keywords of LLM(...)")
+        annotations = typing.get_type_hints(cls)
+        for f in fields(cls):
+            help_text = f"{f.metadata['help']} (default: {f.metadata['default_text'] or '%(default)s'})"
+            if f.name == "model" and positional_model:
+                group.add_argument("model", nargs="?", default=f.default, help=help_text)
+            elif annotations[f.name] is bool:
+                action = argparse.BooleanOptionalAction if f.default else "store_true"
+                group.add_argument(cli_flag(f.name), action=action, default=f.default, help=help_text)
+            else:
+                group.add_argument(
+                    cli_flag(f.name),
+                    type=value_type(annotations[f.name]),
+                    default=f.default,
+                    choices=f.metadata["choices"],
+                    help=help_text,
+                )
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """The engine's fields out of a namespace that may hold a command's own flags too."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
     def create_config(self) -> EngineConfig:
+        import torch
+
+        from pagoda.attention import cpu_backend
         from pagoda.model_executor.loader import load_model_config
 
         device = torch.device(
@@ -73,3 +148,14 @@ class EngineArgs:
             seed=self.seed,
             enforce_eager=self.enforce_eager,
         )
+
+
+def cli_flag(name: str) -> str:
+    """The flag of an EngineArgs field: `max_model_len` is `--max-model-len`."""
+    return "--" + name.replace("_", "-")
+
+
+def value_type(annotation: object) -> type:
+    """What a flag's value converts to: `int | None` is `int`."""
+    (kind,) = [t for t in typing.get_args(annotation) if t is not type(None)] or [annotation]
+    return kind

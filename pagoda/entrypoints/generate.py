@@ -3,34 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
+from pagoda.engine.args import EngineArgs
 from pagoda.errors import ConfigError
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pagoda generate", description="Generate completions offline.")
     p.add_argument("prompts", nargs="*", help="prompt texts (or use --prompts-file)")
+    p.add_argument("--prompts-file", default=None, help="a file with one prompt per line (default: none)")
     p.add_argument(
-        "--model", default=None, help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+        "--chat",
+        action="store_true",
+        help="wrap each prompt as a user message in the chat template (default: %(default)s)",
     )
-    p.add_argument("--prompts-file", help="a file with one prompt per line")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--kv-cache-memory", type=float, default=2.0, help="KV cache size in GiB")
-    p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
-    return p.parse_args(argv)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="0: no top-k (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt (default: %(default)s)")
+    EngineArgs.add_cli_args(p, positional_model=False)
+    return p
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     prompts = list(args.prompts)
     if args.prompts_file:
         with open(args.prompts_file, encoding="utf-8") as f:
@@ -41,9 +41,9 @@ def main(argv: list[str]) -> int:
     from pagoda import LLM, SamplingParams
 
     try:
-        llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory)
+        llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
         params = SamplingParams(
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens
         )
     except (ConfigError, ValueError) as exc:
         print(f"pagoda generate: {exc}", file=sys.stderr)

@@ -24,6 +24,7 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, model: str | None = None, **engine_args) -> None:
+        """`engine_args`: the other fields of EngineArgs; one it lacks is a TypeError that names it."""
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
 

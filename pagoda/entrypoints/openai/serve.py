@@ -1,4 +1,5 @@
-"""`pagoda serve [MODEL]`: the OpenAI-compatible server. Flags are spelled as vLLM's.
+"""`pagoda serve [MODEL]`: the OpenAI-compatible server. Flags are spelled as vLLM's; the engine's
+come from EngineArgs.
 
 Startup: load the model (the port is not open yet), start uvicorn, whose lifespan starts the
 engine thread, then log "ready" once the socket accepts. SIGTERM or Ctrl-C: stop accepting, let
@@ -23,64 +24,46 @@ logger = logging.getLogger("pagoda.serve")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    from pagoda.engine.args import EngineArgs  # imports no torch
+
     p = argparse.ArgumentParser(prog="pagoda serve", description="Serve a model over the OpenAI API.")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on (default: %(default)s)")
     p.add_argument(
-        "model",
-        nargs="?",
+        "--chat-template",
         default=None,
-        help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+        help="a Jinja chat template: a file path or the template itself (default: the model's)",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="the model id clients use (default: from the path)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch")
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024, help="tokens in one step")
-    p.add_argument("--kv-cache-memory", type=float, default=2.0, help="KV cache size in GiB")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "lpm"])
     p.add_argument(
-        "--max-queue",
-        type=int,
+        "--api-key",
         default=None,
-        help="waiting requests beyond this are refused with 503 (default: unbounded)",
+        help="require `Authorization: Bearer KEY` (default: env PAGODA_API_KEY, else none)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto (cuda when present, else cpu), cpu or cuda")
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="GPU: the share of its memory the engine may use; the KV pool gets what is left",
-    )
-    p.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs")
-    p.add_argument("--quantization", default=None, choices=["fp8"], help="GPU (compute capability >= 8.9): fp8 weights")
-    p.add_argument(
-        "--load-format",
-        default="auto",
-        choices=["auto", "dummy"],
-        help="dummy: random weights of the model's config, for timing without weights",
-    )
-    p.add_argument("--chat-template", default=None, help="a Jinja chat template: a file path or the template itself")
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (also env PAGODA_API_KEY)")
     p.add_argument(
         "--request-log",
         type=Path,
         default=None,
-        help="append one JSON line per finished request to this file (holds users' prompts)",
+        help="append one JSON line per finished request to this file; it holds users' prompts (default: off)",
     )
-    p.add_argument("--log-prompts", action="store_true", help="put prompt text in the per-request log line")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-prompts", action="store_true", help="put prompt text in the per-request log line (default: %(default)s)"
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log record shown (default: %(default)s)",
+    )
     p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=10.0,
-        help="seconds in-flight requests may take to finish after SIGTERM before they are aborted",
+        help="seconds in-flight requests may take to finish after SIGTERM before they are aborted "
+        "(default: %(default)s)",
     )
-    return p.parse_args(argv)
+    EngineArgs.add_cli_args(p, positional_model=True)
+    return p
 
 
 def read_chat_template(value: str | None) -> str | None:
@@ -101,7 +84,7 @@ def read_chat_template(value: str | None) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)  # before any heavy import: --help stays instant
+    args = build_parser().parse_args(argv)  # before any heavy import: --help stays instant
     from pagoda.config import ConfigError
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
@@ -131,25 +114,7 @@ def load_engine(args: argparse.Namespace):
     from pagoda.engine.args import EngineArgs
     from pagoda.engine.async_engine import AsyncEngine
 
-    engine_args = EngineArgs(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_memory=args.kv_cache_memory,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-        scheduling_policy=args.scheduling_policy,
-        max_queue=args.max_queue,
-        seed=args.seed,
-        device=args.device,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        quantization=args.quantization,
-        load_format=args.load_format,
-    )
+    engine_args = EngineArgs.from_cli_args(args)
     logger.info("loading %s", args.model or "the default model")
     loaded = time.monotonic()
     engine = AsyncEngine(engine_args)
