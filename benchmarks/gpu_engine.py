@@ -410,9 +410,9 @@ class Timing:
             w = run_wave(eng, prompts, max_tokens)
         outs = w["outputs"]
         assert all(len(o.token_ids) == max_tokens for o in outs)
-        ttft = [o.first_token_time - o.arrival_time for o in outs]
+        ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
         tpot = (
-            [(t - o.first_token_time) / (max_tokens - 1) for o, t in zip(outs, w["finished"])]
+            [(t - o.metrics.first_token_time) / (max_tokens - 1) for o, t in zip(outs, w["finished"])]
             if max_tokens > 1
             else [0.0]
         )
@@ -453,7 +453,7 @@ class Timing:
             "model_dtype": str(eng.config.model.dtype).removeprefix("torch."),
             "weight_bytes": sum(params.values()),
             "weight_bytes_read_per_token": sum(params.values()) - embed,
-            "kv_cache_tokens": (eng.core.kv.pool.num_blocks - 1) * eng.config.cache.block_size,
+            "kv_cache_tokens": (eng.core.scheduler.kv.pool.num_blocks - 1) * eng.config.cache.block_size,
             "max_model_len": eng.config.model.max_model_len,
             "cuda_graph_sizes": list(runner.cuda_graphs.sizes) if runner.cuda_graphs else None,
             "settings": {

@@ -1,4 +1,4 @@
-"""Request state as the scheduler and engine see it. Pure Python: no torch."""
+"""Request state, written by the scheduler and read by the model runner. Pure Python: no torch."""
 
 from __future__ import annotations
 
@@ -47,7 +47,6 @@ class Request:
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.num_prompt_logprobs = 0  # prompt positions whose logprobs were handed out (kept across preemption)
         self.num_preemptions = 0
-        self.generator = None  # the sampler's torch.Generator for a seeded request
         self.num_skips = 0  # times the longest-prefix-match policy admitted a later request first
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

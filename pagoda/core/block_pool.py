@@ -8,6 +8,7 @@ cache, evictable). Block 0 is the null block and is never handed out.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 
 
 class BlockPool:
@@ -36,11 +37,11 @@ class BlockPool:
             self.ref_counts[block] = 1
         return blocks
 
-    def take_ref(self, blocks: list[int]) -> None:
+    def take_ref(self, blocks: Sequence[int]) -> None:
         for block in blocks:
             self.ref_counts[block] += 1
 
-    def drop_ref(self, blocks: list[int], is_cached) -> None:
+    def drop_ref(self, blocks: Sequence[int], is_cached: Callable[[int], bool]) -> None:
         """Release one reference to each block; blocks nobody holds and the cache does not keep
         return to the free list."""
         for block in blocks:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+
+from pagoda.core.prefix_cache import PrefixMatch
 
 
 class RadixNode:
@@ -47,33 +49,44 @@ class RadixCache:
     def is_cached(self, block: int) -> bool:
         return block in self._block_node
 
-    def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[int], RadixNode]:
-        """Blocks of the longest cached prefix of `token_ids`, at most `max_blocks` of them, and the
-        deepest node they end in (split so that the match ends exactly at a node boundary)."""
-        node, blocks = self.root, []
-        stamp = next(self._clock)
+    def cached_blocks(self) -> set[int]:
+        return set(self._block_node)
+
+    def find(self, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch[RadixNode]:
+        """The longest cached prefix of `token_ids`, at most `max_blocks` blocks. A pure query: the
+        tree is neither split nor stamped (a policy may peek at many waiting requests)."""
+        node, blocks, in_node = self.root, list[int](), 0
         while len(blocks) < max_blocks:
             child = node.children.get(self._block_key(token_ids, len(blocks)))
             if child is None:
                 break
-            matched = self._matched_blocks(child, token_ids, len(blocks), max_blocks - len(blocks))
-            if matched < len(child.blocks):
-                child = self._split(child, matched)
-            child.last_access = stamp
-            blocks += child.blocks
+            in_node = self._matched_blocks(child, token_ids, len(blocks), max_blocks - len(blocks))
+            blocks += child.blocks[:in_node]
             node = child
-        return blocks, node
+            if in_node < len(child.blocks):
+                break
+        return PrefixMatch(tuple(blocks), node if blocks else None, in_node)
+
+    def touch(self, match: PrefixMatch[RadixNode]) -> RadixNode:
+        """Take a hit found by `find` (the tree unchanged since): split its last node so that the
+        hit ends at a node boundary, and stamp its path as the most recently used. Returns the
+        deepest node of the hit, for the caller to lock."""
+        node = match.node
+        assert node is not None, "touching a miss"
+        if match.num_node_blocks < len(node.blocks):
+            node = self._split(node, match.num_node_blocks)
+        stamp = next(self._clock)
+        for upper in _path_up(node):
+            upper.last_access = stamp
+        return node
 
     def path_blocks(self, node: RadixNode) -> list[int]:
         """The tree's blocks from the root down to `node`, in token order."""
-        parts = []
-        while node is not self.root:
-            parts.append(node.blocks)
-            node = node.parent
+        parts = [upper.blocks for upper in _path_up(node)]
         return [block for part in reversed(parts) for block in part]
 
     # ---- updates -------------------------------------------------------------------------
-    def insert(self, token_ids: list[int], blocks: list[int]) -> RadixNode:
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int]) -> RadixNode:
         """Make token_ids (whole blocks, KV in `blocks`) a cached path; returns its deepest node.
         Where a prefix is cached already, the tree keeps its own blocks and the given duplicates
         are not cached (their owner frees them)."""
@@ -99,19 +112,19 @@ class RadixCache:
         return node
 
     def lock(self, node: RadixNode) -> None:
-        while node is not None:
-            if node.lock_ref == 0:
-                self.num_evictable_blocks -= len(node.blocks)
-            node.lock_ref += 1
-            node = node.parent
+        for upper in _path_up(node):
+            if upper.lock_ref == 0:
+                self.num_evictable_blocks -= len(upper.blocks)
+            upper.lock_ref += 1
+        self.root.lock_ref += 1
 
     def unlock(self, node: RadixNode) -> None:
-        while node is not None:
-            node.lock_ref -= 1
-            assert node.lock_ref >= 0
-            if node.lock_ref == 0:
-                self.num_evictable_blocks += len(node.blocks)
-            node = node.parent
+        for upper in _path_up(node):
+            upper.lock_ref -= 1
+            assert upper.lock_ref >= 0
+            if upper.lock_ref == 0:
+                self.num_evictable_blocks += len(upper.blocks)
+        self.root.lock_ref -= 1
 
     def evict(self, num_blocks: int, is_unreferenced: Callable[[int], bool]) -> list[int]:
         """Remove up to num_blocks unlocked blocks, least recently used leaves first, trimming
@@ -132,7 +145,7 @@ class RadixCache:
             self.num_evictable_blocks -= take
             evicted += removed
             if not leaf.blocks:
-                parent = leaf.parent
+                parent = _parent(leaf)
                 del parent.children[first_block]
                 if parent is not self.root and not parent.children and parent.lock_ref == 0:
                     heapq.heappush(heap, (parent.last_access, id(parent), parent))
@@ -153,9 +166,8 @@ class RadixCache:
         """`locked_nodes`: each request's deepest locked node (one entry per request)."""
         expected: dict[int, int] = {}
         for node in locked_nodes:
-            while node is not None:
-                expected[id(node)] = expected.get(id(node), 0) + 1
-                node = node.parent
+            for upper in [*_path_up(node), self.root]:
+                expected[id(upper)] = expected.get(id(upper), 0) + 1
         seen_blocks, evictable = 0, 0
         stack = [self.root]
         while stack:
@@ -175,11 +187,11 @@ class RadixCache:
         assert evictable == self.num_evictable_blocks, f"evictable count {self.num_evictable_blocks} != {evictable}"
 
     # ---- helpers -------------------------------------------------------------------------
-    def _block_key(self, token_ids: list[int], block_index: int) -> tuple[int, ...]:
+    def _block_key(self, token_ids: Sequence[int], block_index: int) -> tuple[int, ...]:
         start = block_index * self.block_size
         return tuple(token_ids[start : start + self.block_size])
 
-    def _matched_blocks(self, node: RadixNode, token_ids: list[int], start_block: int, limit: int) -> int:
+    def _matched_blocks(self, node: RadixNode, token_ids: Sequence[int], start_block: int, limit: int) -> int:
         bs, offset = self.block_size, start_block * self.block_size
         matched = 0
         for i in range(min(len(node.blocks), limit)):
@@ -191,9 +203,9 @@ class RadixCache:
     def _split(self, node: RadixNode, num_blocks: int) -> RadixNode:
         """Cut `node` after num_blocks blocks; returns the new upper part (the lower keeps `node`)."""
         split_at = num_blocks * self.block_size
-        upper = RadixNode(node.key[:split_at], node.blocks[:num_blocks], node.parent)
+        upper = RadixNode(node.key[:split_at], node.blocks[:num_blocks], _parent(node))
         upper.lock_ref, upper.last_access = node.lock_ref, node.last_access
-        node.parent.children[node.key[: self.block_size]] = upper
+        _parent(node).children[node.key[: self.block_size]] = upper
         node.key, node.blocks, node.parent = node.key[split_at:], node.blocks[num_blocks:], upper
         upper.children[node.key[: self.block_size]] = node
         for block in upper.blocks:
@@ -209,3 +221,16 @@ class RadixCache:
             else:
                 leaves.append(node)
         return leaves
+
+
+def _path_up(node: RadixNode) -> Iterator[RadixNode]:
+    """`node` and its ancestors below the root, deepest first (nothing for the root)."""
+    upper = node
+    while upper.parent is not None:
+        yield upper
+        upper = upper.parent
+
+
+def _parent(node: RadixNode) -> RadixNode:
+    assert node.parent is not None, "the root has no parent"
+    return node.parent

@@ -5,17 +5,28 @@ a chunk for a prefill) in arrival order, then waiting requests are admitted whil
 `max_num_seqs` and the KV pool allow. When a running request cannot grow, the newest running
 request is preempted by recompute: its blocks are released (what it computed stays in the prefix
 cache) and it waits at the head of the queue, its output so far kept.
+
+The scheduler owns every request's state (status, computed tokens, blocks, outputs); the KV cache
+manager hands it blocks and the model runner reads the step it is given.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from pagoda.config import SchedulerConfig
 from pagoda.core.kv_cache_manager import KVCacheManager
-from pagoda.request import Request, RequestStatus
+from pagoda.core.outputs import (
+    CoreOutput,
+    ModelRunnerOutput,
+    RequestMetrics,
+    SchedulerOutput,
+    SchedulerStats,
+    StepOutputs,
+)
+from pagoda.core.prefix_cache import PrefixMatch
+from pagoda.request import Request, RequestStatus, TokenLogprob
 
 LPM_WINDOW = 128  # waiting requests the longest-prefix-match policy looks at
 LPM_MAX_SKIPS = 16  # a request passed over this often is admitted next (no starvation)
@@ -25,25 +36,18 @@ class QueueFullError(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class SchedulerOutput:
-    """The requests of one step and how many new tokens each computes; decodes (1 token) first."""
-
-    scheduled: tuple[tuple[Request, int], ...]
-    num_batched_tokens: int
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         self.config = config
         self.kv = kv
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.num_preemptions = 0
+        self._finished_ids: list[str] = []  # ended since the last step handed to the runner
+        self._num_preemptions = 0
+        self._num_steps = 0
+        self._prefix_queries = 0
+        self._prefix_hits = 0
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -57,19 +61,41 @@ class Scheduler:
         if self.config.max_queue is not None and len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the waiting queue is full ({self.config.max_queue} requests)")
         self.waiting.append(request)
+        self.requests[request.request_id] = request
 
-    def abort(self, request: Request) -> None:
-        if request.is_finished:
-            return
-        if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
-        else:
-            self.waiting.remove(request)
-        self._finish(request, "abort")
+    def finish_requests(self, request_ids: list[str], reason: str, stop_reason: int | str | None = None) -> None:
+        """End requests from outside the step: "abort" (the client went away) or "stop" (a stop
+        string matched in the text). Unknown or already finished ids are ignored."""
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status is RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.stop_reason = stop_reason
+            self._finish(request, reason)
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache; refused (False) while any request is unfinished."""
+        return not self.num_unfinished and self.kv.reset_prefix_cache()
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_usage=self.kv.usage,
+            num_preemptions=self._num_preemptions,
+            prefix_cache_queries=self._prefix_queries,
+            prefix_cache_hits=self._prefix_hits,
+            prefix_cache_blocks=self.kv.cache.num_cached_blocks,
+            num_steps=self._num_steps,
+        )
 
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -80,54 +106,52 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.kv.grow(request, num_new):
+            while (blocks := self.kv.grow(request, num_new)) is None:
                 self._preempt(self.running.pop())
                 preempted = True
                 if index >= len(self.running):
                     break
             else:
+                request.block_ids += blocks
                 scheduled.append((request, num_new))
                 budget -= num_new
                 index += 1
         if not preempted:
             budget = self._admit_waiting(scheduled, budget)
+        if not scheduled:
+            return SchedulerOutput((), 0)
         scheduled.sort(key=lambda item: item[1] != 1)  # decodes first, as the attention backends expect
-        return SchedulerOutput(tuple(scheduled), self.config.max_num_batched_tokens - budget)
+        finished, self._finished_ids = frozenset(self._finished_ids), []
+        return SchedulerOutput(tuple(scheduled), self.config.max_num_batched_tokens - budget, finished)
 
-    def update(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
+    def update(self, step: SchedulerOutput, result: ModelRunnerOutput) -> StepOutputs:
         """Apply a step's results: computed tokens advance and sampled tokens are appended.
-        Returns the requests that got a token or finished, in the step's order."""
+        Returns the progress of every request that got a token, finished or got prompt logprobs,
+        in the step's order, with the counters after the step."""
         now = time.monotonic()
-        changed = []
-        for (request, num_new), token in zip(output.scheduled, sampled):
-            if request.is_finished:  # aborted while the step ran
+        outputs = []
+        for (request, num_new), token, logprob, prompt_logprobs in zip(
+            step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs
+        ):
+            if request.is_finished:  # ended from outside while the step ran
                 continue
             request.num_computed_tokens += num_new
-            if token is None:
-                self.kv.cache_computed_blocks(request)
-                continue
-            request.append_token(token)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            reason = request.check_stop()
-            if reason is None:
-                self.kv.cache_computed_blocks(request)
-            else:
-                self.running.remove(request)
-                self._finish(request, reason)
-            changed.append(request)
-        return changed
-
-    def finish(self, request: Request, reason: str, stop_reason: int | str | None = None) -> None:
-        """End a running request from outside the step (a stop string matched in its text)."""
-        if request.is_finished:
-            return
-        request.stop_reason = stop_reason
-        if request in self.running:
-            self.running.remove(request)
-        else:
-            self.waiting.remove(request)
-        self._finish(request, reason)
+            if prompt_logprobs:
+                request.num_prompt_logprobs += len(prompt_logprobs)
+            if token is not None:
+                request.append_token(token)
+                if request.first_token_time is None:
+                    request.first_token_time = now
+                reason = request.check_stop()
+                if reason is not None:
+                    self.running.remove(request)
+                    self._finish(request, reason)
+            if not request.is_finished:
+                request.block_ids = self.kv.cache_blocks(request)
+            if token is not None or prompt_logprobs is not None:
+                outputs.append(_core_output(request, token, logprob, prompt_logprobs))
+        self._num_steps += 1
+        return StepOutputs(outputs, self.stats())
 
     # ---- helpers ---------------------------------------------------------------------------
     def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> int:
@@ -135,19 +159,39 @@ class Scheduler:
             request, passed_over = self._next_waiting()
             if request is None:
                 break
-            num_new = self.kv.admit(request, budget)
-            if num_new is None:
+            prefix = self._reusable_prefix(request)
+            num_reused = len(prefix.blocks) * self.kv.block_size
+            num_new = min(request.num_tokens - num_reused, budget)
+            blocks = self.kv.admit(request.request_id, prefix, num_reused + num_new)
+            if blocks is None:
                 break
             for earlier in passed_over:
                 earlier.num_skips += 1
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
+            request.block_ids = blocks
+            request.num_computed_tokens = num_reused
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
+                request.num_cached_tokens = num_reused
+                self._prefix_queries += request.num_prompt_tokens
+                self._prefix_hits += num_reused
             self.running.append(request)
             scheduled.append((request, num_new))
             budget -= num_new
         return budget
+
+    def _reusable_prefix(self, request: Request) -> PrefixMatch[object]:
+        """KV blocks a waiting request can start from: a prefix-cache hit, else (caching off) the
+        prompt blocks its n > 1 sibling computed."""
+        if request.sampling_params.prompt_logprobs is not None:
+            return PrefixMatch(())  # every prompt position must be computed to score it
+        hit = self.kv.find_prefix(request.token_ids)
+        parent = request.parent
+        if hit.blocks or parent is None or not parent.block_ids or request.num_preemptions:
+            return hit
+        shareable = min(parent.num_computed_tokens, request.num_prompt_tokens - 1) // self.kv.block_size
+        return PrefixMatch(tuple(parent.block_ids[:shareable]))
 
     def _next_waiting(self) -> tuple[Request | None, list[Request]]:
         """The request to admit next, and the earlier arrivals it would pass over (whose skips
@@ -158,21 +202,48 @@ class Scheduler:
         if self.config.policy == "fcfs" or ready[0].num_skips >= LPM_MAX_SKIPS:
             return ready[0], []
         window = ready[:LPM_WINDOW]
-        best = max(window, key=lambda r: (self.kv.lookup(r), -window.index(r)))
+        best = max(window, key=lambda r: (len(self.kv.find_prefix(r.token_ids).blocks), -window.index(r)))
         return best, [r for r in window if r is not best and r.arrival_time < best.arrival_time]
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        request.block_ids = []
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
-        self.num_preemptions += 1
+        self._num_preemptions += 1
 
     def _finish(self, request: Request, reason: str) -> None:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.kv.free(request)
+        request.block_ids = []
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
+
+
+def _core_output(
+    request: Request,
+    token: int | None,
+    logprob: TokenLogprob | None,
+    prompt_logprobs: list[TokenLogprob] | None,
+) -> CoreOutput:
+    return CoreOutput(
+        request_id=request.request_id,
+        new_token_ids=[] if token is None else [token],
+        new_logprobs=[] if token is None or logprob is None else [logprob],
+        finish_reason=request.finish_reason,
+        stop_reason=request.stop_reason,
+        metrics=RequestMetrics(
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+        ),
+        prompt_logprobs=prompt_logprobs,
+    )
 
 
 def _ready(request: Request) -> bool:

@@ -1,8 +1,9 @@
 """The engine for the server: the EngineCore steps on a thread of its own; the asyncio side
 tokenizes, detokenizes and streams, so none of that ever delays a model step.
 
-Commands (add, abort, finish) cross to the engine thread through a locked inbox; step results
-cross back with `loop.call_soon_threadsafe`. The thread owns all scheduler and KV state.
+Commands (add, abort, finish, reset the prefix cache) cross to the engine thread through a locked
+inbox; step results and counters cross back with `loop.call_soon_threadsafe`. The thread owns all
+scheduler and KV state: the event loop reads only what the thread publishes (`stats`).
 """
 
 from __future__ import annotations
@@ -10,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
+from pagoda.core.outputs import CoreOutput
 from pagoda.engine.args import EngineArgs
-from pagoda.engine.core import EngineCore
-from pagoda.engine.output_processor import OutputProcessor, make_requests
-from pagoda.engine.outputs import CoreOutput, SequenceOutput
-from pagoda.model_files import load_tokenizer
+from pagoda.engine.base import EngineBase
+from pagoda.engine.outputs import SequenceOutput
 from pagoda.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -27,30 +27,14 @@ class EngineDeadError(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot the engine thread publishes after every step (read by /metrics)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prefix_cache_blocks: int = 0
-    num_steps: int = 0
-
-
-class AsyncEngine:
+class AsyncEngine(EngineBase):
     def __init__(self, args: EngineArgs, on_finished: Callable[[SequenceOutput], None] | None = None) -> None:
-        self.config = args.create_config()
-        self.tokenizer = load_tokenizer(self.config.model.path)
-        self.core = EngineCore(self.config)
-        self.outputs = OutputProcessor(self.tokenizer)
-        self.stats = EngineStats()
+        super().__init__(args)
+        self.stats = self.core.stats()  # the engine thread's latest counters, published after each change
         self._on_finished = on_finished
         self._queues: dict[str, asyncio.Queue] = {}
         self._engine_ids: dict[str, list[str]] = {}
+        self._resets: deque[asyncio.Future[bool]] = deque()  # prefix-cache resets the engine thread has yet to answer
         self._inbox: list[tuple[str, object]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -87,10 +71,9 @@ class AsyncEngine:
         iterator early (a client went away) aborts whatever is still running."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
-        m = self.config.model
-        requests = make_requests(request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len)
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        requests = self._new_requests(request_id, prompt_ids, params)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._engine_ids[request_id] = [r.request_id for r in requests]
@@ -112,13 +95,15 @@ class AsyncEngine:
             self._queues.pop(request_id, None)
             self._engine_ids.pop(request_id, None)
 
-    def reset_prefix_cache(self) -> bool:
-        """Only while nothing runs (the engine thread is then idle waiting for work)."""
-        with self._lock:
-            if self.core.has_unfinished or self._inbox or not self.core.kv.reset_prefix_cache():
-                return False
-            self._publish_stats(self.stats.num_steps)
-            return True
+    async def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache, on the engine thread after the commands sent before; refused
+        (False) while any request is unfinished."""
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine is not running: {self._error!r}")
+        answer = asyncio.get_running_loop().create_future()
+        self._resets.append(answer)
+        self._send("reset", None)
+        return await answer
 
     # ---- engine thread -------------------------------------------------------------------
     def _send(self, kind: str, payload) -> None:
@@ -136,13 +121,13 @@ class AsyncEngine:
                 if rejected:
                     self._loop.call_soon_threadsafe(self._reject, rejected)
                 if inbox:  # an abort frees blocks without a step: the stats must say so at once
-                    self._publish_stats(self.stats.num_steps)
+                    self.stats = self.core.stats()
                 if not self.core.has_unfinished:
                     self._wake.wait(timeout=1.0)
                     continue
-                outputs = self.core.step()
-                self._publish_stats(self.stats.num_steps + 1)
-                self._loop.call_soon_threadsafe(self._dispatch, outputs)
+                step = self.core.step()
+                self.stats = step.stats
+                self._loop.call_soon_threadsafe(self._dispatch, step.outputs)
         except BaseException as exc:  # noqa: BLE001 - a bug must not leave clients hanging
             logger.exception("engine loop died")
             self._error = exc
@@ -157,26 +142,16 @@ class AsyncEngine:
                     for request in requests:
                         self.core.add_request(request)
                 except Exception as exc:  # noqa: BLE001 - queue full or too long: the caller is told
-                    self.core.abort([r.request_id for r in requests])
+                    self.core.finish_requests([r.request_id for r in requests], "abort")
                     rejected.append((request_id, exc))
             elif kind == "abort":
-                self.core.abort(payload)
+                self.core.finish_requests(payload, "abort")
             elif kind == "finish":
-                self.core.finish(*payload)
+                engine_id, stop_string = payload
+                self.core.finish_requests([engine_id], "stop", stop_string)
+            elif kind == "reset":
+                self._loop.call_soon_threadsafe(self._answer_reset, self.core.reset_prefix_cache())
         return rejected
-
-    def _publish_stats(self, num_steps: int) -> None:
-        kv, scheduler = self.core.kv, self.core.scheduler
-        self.stats = EngineStats(
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            kv_usage=kv.usage,
-            num_preemptions=scheduler.num_preemptions,
-            prefix_cache_queries=kv.prefix_queries,
-            prefix_cache_hits=kv.prefix_hits,
-            prefix_cache_blocks=kv.cache.num_cached_blocks if kv.cache else 0,
-            num_steps=num_steps,
-        )
 
     # ---- event loop side -----------------------------------------------------------------
     def _dispatch(self, outputs: list[CoreOutput]) -> None:
@@ -196,6 +171,11 @@ class AsyncEngine:
             if queue is not None:
                 queue.put_nowait(exc)
 
+    def _answer_reset(self, done: bool) -> None:
+        self._resets.popleft().set_result(done)
+
     def _fail_all(self, exc: BaseException) -> None:
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(f"the engine stopped: {exc!r}"))
+        while self._resets:
+            self._resets.popleft().set_exception(EngineDeadError(f"the engine stopped: {exc!r}"))

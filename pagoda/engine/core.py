@@ -6,8 +6,8 @@ import logging
 
 from pagoda.config import EngineConfig
 from pagoda.core.kv_cache_manager import KVCacheManager
+from pagoda.core.outputs import SchedulerStats, StepOutputs
 from pagoda.core.scheduler import Scheduler
-from pagoda.engine.outputs import CoreOutput
 from pagoda.errors import ConfigError
 from pagoda.model_executor.model_runner import ModelRunner
 from pagoda.request import Request
@@ -30,9 +30,8 @@ class EngineCore:
             )
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_cuda_graphs()
-        self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.requests: dict[str, Request] = {}
+        kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, kv)
         logger.info(
             "KV cache: %d blocks of %d tokens, %d tokens: %.1f sequences of max_model_len=%d at once",
             num_blocks - 1,
@@ -44,56 +43,26 @@ class EngineCore:
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
-        self.requests[request.request_id] = request
 
-    def abort(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            request = self.requests.pop(request_id, None)
-            if request is not None:
-                self.scheduler.abort(request)
-
-    def finish(self, request_id: str, stop_reason: str) -> None:
-        """End a request whose text hit a stop string."""
-        request = self.requests.pop(request_id, None)
-        if request is not None:
-            self.scheduler.finish(request, "stop", stop_reason)
+    def finish_requests(self, request_ids: list[str], reason: str, stop_reason: int | str | None = None) -> None:
+        """End requests from outside a step: "abort", or "stop" with the stop string that matched."""
+        self.scheduler.finish_requests(request_ids, reason, stop_reason)
 
     @property
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
 
-    def step(self) -> list[CoreOutput]:
+    def step(self) -> StepOutputs:
         step = self.scheduler.schedule()
         if step.is_empty:
-            return []
-        result = self.runner.execute(step)
-        changed = set(map(id, self.scheduler.update(step, result.token_ids)))
-        outputs = []
-        for (request, _), token, logprob, prompt_lp in zip(
-            step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs
-        ):
-            if id(request) not in changed and prompt_lp is None:
-                continue
-            if request.is_finished:
-                self.requests.pop(request.request_id, None)
-            if prompt_lp:
-                request.num_prompt_logprobs += len(prompt_lp)
-            outputs.append(
-                CoreOutput(
-                    request_id=request.request_id,
-                    new_token_ids=[token] if id(request) in changed else [],
-                    new_logprobs=[logprob] if logprob is not None and id(request) in changed else [],
-                    finish_reason=request.finish_reason,
-                    stop_reason=request.stop_reason,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    num_cached_tokens=request.num_cached_tokens,
-                    prompt_logprobs=prompt_lp,
-                    arrival_time=request.arrival_time,
-                    first_scheduled_time=request.first_scheduled_time,
-                    first_token_time=request.first_token_time,
-                )
-            )
-        return outputs
+            return StepOutputs([], self.scheduler.stats())
+        return self.scheduler.update(step, self.runner.execute(step))
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
 
     def check_integrity(self) -> None:
-        self.kv.check_integrity(self.scheduler.running)
+        self.scheduler.kv.check_integrity(self.scheduler.running)

@@ -6,19 +6,14 @@ from __future__ import annotations
 import itertools
 
 from pagoda.engine.args import EngineArgs
-from pagoda.engine.core import EngineCore
-from pagoda.engine.output_processor import OutputProcessor, make_requests
+from pagoda.engine.base import EngineBase
 from pagoda.engine.outputs import SequenceOutput
-from pagoda.model_files import load_tokenizer
 from pagoda.sampling_params import SamplingParams
 
 
-class LLMEngine:
+class LLMEngine(EngineBase):
     def __init__(self, args: EngineArgs) -> None:
-        self.config = args.create_config()
-        self.tokenizer = load_tokenizer(self.config.model.path)
-        self.core = EngineCore(self.config)
-        self.outputs = OutputProcessor(self.tokenizer)
+        super().__init__(args)
         self._ids = itertools.count()
 
     def encode(self, prompt: str) -> list[int]:
@@ -29,17 +24,16 @@ class LLMEngine:
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        m = self.config.model
-        requests = make_requests(request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len)
+        requests = self._new_requests(request_id, prompt_ids, params)
         for request in requests:
             self.core.add_request(request)
         self.outputs.add(request_id, requests)
         return request_id
 
     def step(self) -> list[SequenceOutput]:
-        updates, stopped = self.outputs.process(self.core.step())
+        updates, stopped = self.outputs.process(self.core.step().outputs)
         for engine_id, stop_string in stopped:
-            self.core.finish(engine_id, stop_string)
+            self.core.finish_requests([engine_id], "stop", stop_string)
         return updates
 
     @property

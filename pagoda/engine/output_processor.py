@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from pagoda.core.outputs import CoreOutput, RequestMetrics
 from pagoda.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from pagoda.engine.outputs import CoreOutput, SequenceOutput
+from pagoda.engine.outputs import SequenceOutput
 from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams
 
@@ -55,7 +56,7 @@ class OutputProcessor:
                 out=SequenceOutput(
                     request_id=request_id,
                     index=index,
-                    num_prompt_tokens=request.num_prompt_tokens,
+                    metrics=RequestMetrics(num_prompt_tokens=request.num_prompt_tokens),
                     prompt_logprobs=[None] if params.prompt_logprobs is not None else [],
                 ),
                 detokenizer=IncrementalDetokenizer(
@@ -84,12 +85,7 @@ class OutputProcessor:
 
     def _apply(self, seq: _Sequence, core: CoreOutput) -> str | None:
         out = seq.out
-        out.num_cached_tokens = core.num_cached_tokens
-        out.arrival_time, out.first_scheduled_time, out.first_token_time = (
-            core.arrival_time,
-            core.first_scheduled_time,
-            core.first_token_time,
-        )
+        out.metrics = core.metrics
         if core.prompt_logprobs:
             out.prompt_logprobs += core.prompt_logprobs
         out.token_ids_delta = list(core.new_token_ids)

@@ -1,31 +1,12 @@
-"""What the engine hands out: per-step core updates, and per-sequence text updates."""
+"""What the engine hands its callers: per-sequence text updates. (The engine core's per-step
+updates, `CoreOutput`, live in pagoda.core.outputs.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagoda.core.outputs import RequestMetrics
 from pagoda.request import TokenLogprob
-
-
-@dataclass(frozen=True)
-class CoreOutput:
-    """One request's progress in one step, copied out of the scheduler's live state."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[TokenLogprob]
-    finish_reason: str | None
-    stop_reason: int | str | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    prompt_logprobs: list[TokenLogprob] | None = None
-    arrival_time: float = 0.0
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 @dataclass
@@ -43,11 +24,7 @@ class SequenceOutput:
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    arrival_time: float = 0.0
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property
     def finished(self) -> bool:

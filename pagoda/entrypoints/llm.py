@@ -50,7 +50,7 @@ class LLM:
                         done[update.request_id][update.index] = update
                         bar.update(1)
         return [
-            RequestOutput(i, p, [done[i][k] for k in sorted(done[i])], done[i][0].num_cached_tokens)
+            RequestOutput(i, p, [done[i][k] for k in sorted(done[i])], done[i][0].metrics.num_cached_tokens)
             for i, p in zip(ids, prompt_ids)
         ]
 

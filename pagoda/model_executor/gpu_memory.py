@@ -84,7 +84,7 @@ def profile(runner) -> MemoryProfile:
 def dummy_step(config):
     """The largest step the scheduler can form, as fresh prompts, and the KV blocks it needs
     (block 0 included). Returns (SchedulerOutput, num_blocks)."""
-    from pagoda.core.scheduler import SchedulerOutput
+    from pagoda.core.outputs import SchedulerOutput
 
     s, bs = config.scheduler, config.cache.block_size
     max_prompt = config.model.max_model_len - 1

@@ -1,7 +1,7 @@
 """Runs one scheduled step: builds the packed batch tensors, runs the model, samples.
 
 The runner owns the model, the paged KV cache tensors and the attention backend; the scheduler
-owns which blocks belong to whom. Data flows one way: SchedulerOutput in, RunnerOutput out.
+owns which blocks belong to whom. Data flows one way: SchedulerOutput in, ModelRunnerOutput out.
 """
 
 from __future__ import annotations
@@ -15,26 +15,16 @@ import torch
 
 from pagoda.attention.backend import AttentionInputs, get_backend, kv_cache_shape
 from pagoda.config import EngineConfig
-from pagoda.core.scheduler import SchedulerOutput
+from pagoda.core.outputs import ModelRunnerOutput, SchedulerOutput
 from pagoda.model_executor import gpu_memory
 from pagoda.model_executor.cuda_graphs import MAX_GRAPH_BATCH, CUDAGraphRunner, capture_sizes
 from pagoda.model_executor.loader import load_model
-from pagoda.model_executor.sampler import sample, token_logprob
+from pagoda.model_executor.sampler import Sampler, token_logprob
 from pagoda.request import Request, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class RunnerOutput:
-    """Per scheduled request, in the step's order: the sampled token (None while its prefill is
-    unfinished), its logprobs, and prompt logprobs computed this step."""
-
-    token_ids: list[int | None]
-    logprobs: list[TokenLogprob | None]
-    prompt_logprobs: list[list[TokenLogprob] | None]
 
 
 class ModelRunner:
@@ -45,6 +35,7 @@ class ModelRunner:
         self.backend = get_backend(config.attention_backend)
         torch.manual_seed(config.seed)
         self.model = load_model(config.model, self.backend, self.device)
+        self.sampler = Sampler()
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None  # set by capture_cuda_graphs
 
@@ -101,7 +92,8 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput) -> RunnerOutput:
+    def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        self.sampler.drop(step.finished_request_ids)
         batch = self._prepare(step)
         hidden = self._forward(batch)
         sampling = [r for r, _ in batch.samplers]
@@ -109,13 +101,13 @@ class ModelRunner:
         logprobs: list[TokenLogprob | None] = [None] * len(step.scheduled)
         if sampling:
             logits = self.model.compute_logits(hidden[batch.sample_indices])
-            out = sample(logits, sampling)
+            out = self.sampler.sample(logits, sampling)
             for (_, slot), token, lp in zip(batch.samplers, out.token_ids, out.logprobs):
                 tokens[slot], logprobs[slot] = token, lp
         prompt_logprobs = (
             self._prompt_logprobs(step, batch, hidden) if batch.wants_prompt_logprobs else [None] * len(step.scheduled)
         )
-        return RunnerOutput(tokens, logprobs, prompt_logprobs)
+        return ModelRunnerOutput(tokens, logprobs, prompt_logprobs)
 
     def _forward(self, batch: _Batch) -> torch.Tensor:
         """A pure-decode step that fits a bucket replays that bucket's CUDA graph; the rest run eagerly."""

@@ -3,12 +3,13 @@ top-p, min-p, and sampling, batched over rows without per-token Python loops.
 
 Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)), which draws exactly from p.
 A seeded request draws its noise from its own generator, so its tokens do not depend on what
-else is in the batch.
+else is in the batch. The `Sampler` owns those generators: one per seeded request, made at its
+first sampled token, kept across preemption, dropped when the scheduler says it finished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +23,33 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]
 
 
-def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
-    """logits [B, V] for the requests' next tokens, in order."""
+class Sampler:
+    def __init__(self) -> None:
+        self._generators: dict[str, torch.Generator] = {}  # request id -> its seeded generator
+
+    def sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
+        """logits [B, V] for the requests' next tokens, in order."""
+        return sample(logits, requests, self._generator)
+
+    def drop(self, request_ids: Iterable[str]) -> None:
+        """Forget finished requests' generators."""
+        for request_id in request_ids:
+            self._generators.pop(request_id, None)
+
+    def _generator(self, request: Request, device: torch.device) -> torch.Generator:
+        generator = self._generators.get(request.request_id)
+        if generator is None:
+            seed = request.sampling_params.seed
+            generator = self._generators[request.request_id] = torch.Generator(device=device).manual_seed(seed)
+        return generator
+
+
+GeneratorOf = Callable[[Request, torch.device], torch.Generator]
+
+
+def sample(logits: torch.Tensor, requests: Sequence[Request], generator_of: GeneratorOf) -> SamplerOutput:
+    """logits [B, V] for the requests' next tokens, in order; `generator_of` gives a seeded
+    request's random generator."""
     params = [r.sampling_params for r in requests]
     wants_logprobs = any(p.logprobs is not None for p in params)
     if all(p.greedy and _plain(p) for p in params) and not any(_min_tokens_active(r) for r in requests):
@@ -41,7 +67,7 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
         probs = filtered_probs(logits[rows], [params[i] for i in random_rows])
-        noise = _exponential_noise(probs, [requests[i] for i in random_rows])
+        noise = _exponential_noise(probs, [requests[i] for i in random_rows], generator_of)
         token_ids[rows] = (probs / noise).argmax(dim=-1)
     return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
 
@@ -106,7 +132,7 @@ def _apply_bias_and_min_tokens(logits: torch.Tensor, requests: Sequence[Request]
             logits[i, torch.tensor(sorted(banned), dtype=torch.long, device=logits.device)] = float("-inf")
 
 
-def _exponential_noise(probs: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+def _exponential_noise(probs: torch.Tensor, requests: Sequence[Request], generator_of: GeneratorOf) -> torch.Tensor:
     noise = torch.empty_like(probs)
     unseeded = [i for i, r in enumerate(requests) if r.sampling_params.seed is None]
     if len(unseeded) == len(requests):
@@ -115,9 +141,7 @@ def _exponential_noise(probs: torch.Tensor, requests: Sequence[Request]) -> torc
         if r.sampling_params.seed is None:
             noise[i].exponential_()
         else:
-            if r.generator is None:
-                r.generator = torch.Generator(device=probs.device).manual_seed(r.sampling_params.seed)
-            noise[i].exponential_(generator=r.generator)
+            noise[i].exponential_(generator=generator_of(r, probs.device))
     return noise
 
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 
 from pagoda.config import SchedulerConfig
 from pagoda.core.kv_cache_manager import KVCacheManager
-from pagoda.core.scheduler import Scheduler, SchedulerOutput
+from pagoda.core.outputs import ModelRunnerOutput, SchedulerOutput, StepOutputs
+from pagoda.core.radix_cache import RadixCache
+from pagoda.core.scheduler import Scheduler
 from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams
 
@@ -88,6 +90,7 @@ class FakeEngine:
     sample: Callable[[Request], int] = lambda request: fake_token(request.token_ids)
     slots: dict[int, list[int | None]] = field(default_factory=dict)  # block -> token in each slot
     steps: int = 0
+    last_outputs: StepOutputs = field(default_factory=StepOutputs)
 
     @property
     def kv(self) -> KVCacheManager:
@@ -98,8 +101,9 @@ class FakeEngine:
         self.check_output(output)
         sampled = [self.run_model(request, num_new) for request, num_new in output.scheduled]
         for request in abort_mid_step:  # the step is "on the device" while the client goes away
-            self.scheduler.abort(request)
-        self.scheduler.update(output, sampled)
+            self.scheduler.finish_requests([request.request_id], "abort")
+        none = [None] * len(sampled)
+        self.last_outputs = self.scheduler.update(output, ModelRunnerOutput(sampled, none, none))
         self.kv.check_integrity(self.scheduler.running)
         self.steps += 1
         return output
@@ -150,9 +154,9 @@ class FakeEngine:
         pool, cache = self.kv.pool, self.kv.cache
         self.kv.check_integrity([])
         assert pool.ref_counts == [0] * pool.num_blocks
-        assert not self.kv._locked
-        num_cached = cache.num_cached_blocks if cache else 0
+        assert not self.kv._locked and not self.scheduler.requests
+        num_cached = cache.num_cached_blocks
         assert pool.num_free + num_cached == pool.capacity
-        if cache is not None:
-            assert cache.num_evictable_blocks == num_cached
+        assert cache.num_evictable_blocks == num_cached
+        if isinstance(cache, RadixCache):
             assert cache.root.lock_ref == 1

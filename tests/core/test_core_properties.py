@@ -127,7 +127,7 @@ def run_workload(w: Workload, caching: bool, num_blocks: int | None = None) -> t
                 if spec.abort_mid_step:
                     mid_step.append(group[0])
                 else:
-                    scheduler.abort(group[0])
+                    scheduler.finish_requests([group[0].request_id], "abort")
                     engine.kv.check_integrity(scheduler.running)
         engine.step(tuple(mid_step))
         assert engine.steps < max_steps, "the scheduler did not finish its requests (livelock?)"

@@ -4,6 +4,8 @@ import pytest
 
 from pagoda.core.radix_cache import RadixCache, RadixNode
 
+from .helpers import take
+
 BS = 4
 
 
@@ -44,13 +46,13 @@ def test_match_returns_the_longest_whole_block_prefix() -> None:
     cache = RadixCache(BS)
     leaf = cache.insert(seq(1, 2), [11, 12])
     # A partial trailing block never matches; a longer query matches what is there.
-    assert cache.match(seq(1, 2, 3), 10) == ([11, 12], leaf)
-    assert cache.match(seq(1, 2)[:7], 10)[0] == [11]
-    assert cache.match(seq(5, 1, 2), 10) == ([], cache.root)
+    assert take(cache, seq(1, 2, 3), 10) == ([11, 12], leaf)
+    assert take(cache, seq(1, 2)[:7], 10)[0] == [11]
+    assert take(cache, seq(5, 1, 2), 10) == ([], cache.root)
     # The first token of the second block differs: one block.
     tokens = seq(1, 2)
     tokens[BS] += 1
-    blocks, node = cache.match(tokens, 10)
+    blocks, node = take(cache, tokens, 10)
     assert blocks == [11] and node.blocks == [11]
     cache.check_integrity([])
 
@@ -58,13 +60,13 @@ def test_match_returns_the_longest_whole_block_prefix() -> None:
 def test_match_capped_by_max_blocks_splits_the_node() -> None:
     cache = RadixCache(BS)
     leaf = cache.insert(seq(1, 2, 3), [11, 12, 13])
-    blocks, node = cache.match(seq(1, 2, 3), 2)
+    blocks, node = take(cache, seq(1, 2, 3), 2)
     assert blocks == [11, 12]
     assert node.key == tuple(seq(1, 2)) and node.blocks == [11, 12]
     assert shape(cache.root) == [[], [[11, 12], [[13]]]]
     # The lower part keeps its identity (a request locking it stays valid).
     assert leaf.parent is node and leaf.blocks == [13] and leaf.key == tuple(seq(3))
-    assert cache.match(seq(1, 2, 3), 0) == ([], cache.root)
+    assert take(cache, seq(1, 2, 3), 0) == ([], cache.root)
     assert cache.num_evictable_blocks == 3
     cache.check_integrity([])
 
@@ -72,7 +74,7 @@ def test_match_capped_by_max_blocks_splits_the_node() -> None:
 def test_match_diverging_in_the_middle_of_a_node_splits_it() -> None:
     cache = RadixCache(BS)
     cache.insert(seq(1, 2, 3, 4), [11, 12, 13, 14])
-    blocks, node = cache.match(seq(1, 2, 9), 10)
+    blocks, node = take(cache, seq(1, 2, 9), 10)
     assert blocks == [11, 12] and node.blocks == [11, 12]
     assert shape(cache.root) == [[], [[11, 12], [[13, 14]]]]
     cache.check_integrity([])
@@ -147,7 +149,7 @@ def test_split_of_a_locked_node_keeps_lock_counts() -> None:
     cache = RadixCache(BS)
     leaf = cache.insert(seq(1, 2, 3), [11, 12, 13])
     cache.lock(leaf)
-    blocks, upper = cache.match(seq(1, 2, 7), 10)
+    blocks, upper = take(cache, seq(1, 2, 7), 10)
     assert blocks == [11, 12] and upper.lock_ref == 1 and leaf.lock_ref == 1
     assert cache.num_evictable_blocks == 0
     cache.check_integrity([leaf])
@@ -166,7 +168,7 @@ def test_eviction_takes_the_least_recently_used_leaf_from_its_tail() -> None:
     a = cache.insert(seq(1, 2, 3), [11, 12, 13])
     cache.insert(seq(4, 5), [14, 15])
     cache.insert(seq(6), [16])
-    cache.match(seq(1), 10)  # touches only a's first block: a splits, its tail stays old
+    take(cache, seq(1), 10)  # touches only a's first block: a splits, its tail stays old
     assert cache.evict(1, unreferenced) == [13]
     assert a.blocks == [12] and a.key == tuple(seq(2))
     assert cache.evict(2, unreferenced) == [12, 15]  # then a's remaining tail; b's tail next
@@ -182,8 +184,8 @@ def test_eviction_follows_match_recency() -> None:
     cache.insert(seq(1), [11])
     cache.insert(seq(2), [12])
     cache.insert(seq(3), [13])
-    cache.match(seq(1), 10)
-    cache.match(seq(2), 10)
+    take(cache, seq(1), 10)
+    take(cache, seq(2), 10)
     assert cache.evict(1, unreferenced) == [13]
     assert cache.evict(1, unreferenced) == [11]
 
@@ -245,12 +247,12 @@ def test_split_match_insert_evict_at_other_block_sizes(bs: int) -> None:
     cache = RadixCache(bs)
     leaf = cache.insert(seq(1, 2, 3, bs=bs), [11, 12, 13])
     assert len(leaf.key) == 3 * bs
-    blocks, node = cache.match(seq(1, 2, 9, bs=bs), 10)
+    blocks, node = take(cache, seq(1, 2, 9, bs=bs), 10)
     assert blocks == [11, 12] and len(node.key) == 2 * bs
     other = cache.insert(seq(1, 2, 8, 7, bs=bs), [21, 22, 23, 24])
     assert other.blocks == [23, 24] and other.parent is node
     partial = seq(1, 2, 8, bs=bs)[:-1]  # the third block is incomplete
-    assert cache.match(partial, 10)[0] == [11, 12]
+    assert take(cache, partial, 10)[0] == [11, 12]
     cache.lock(other)
     assert cache.evict(10, unreferenced) == [13]
     cache.check_integrity([other])
@@ -260,10 +262,10 @@ def test_block_size_one_matches_token_by_token() -> None:
     cache = RadixCache(1)
     cache.insert([5, 6, 7], [1, 2, 3])
     cache.insert([5, 6, 8], [1, 2, 4])
-    assert cache.match([5, 6, 8, 9], 10)[0] == [1, 2, 4]
-    assert cache.match([5, 6, 8, 9], 2)[0] == [1, 2]
+    assert take(cache, [5, 6, 8, 9], 10)[0] == [1, 2, 4]
+    assert take(cache, [5, 6, 8, 9], 2)[0] == [1, 2]
     assert shape(cache.root) == [[], [[1, 2], [[3]], [[4]]]]
-    assert cache.match([5, 9], 10)[0] == [1]  # splits [1, 2]
+    assert take(cache, [5, 9], 10)[0] == [1]  # splits [1, 2]
     assert shape(cache.root) == [[], [[1], [[2], [[3]], [[4]]]]]
     cache.check_integrity([])
 
@@ -303,3 +305,21 @@ def test_path_blocks_are_the_trees_copies_in_token_order():
     node = cache.insert(seq(1, 2, 4, 5), [21, 22, 24, 25])  # shares two blocks, splits the first path
     assert cache.path_blocks(node) == [11, 12, 24, 25]
     assert cache.path_blocks(cache.root) == []
+
+
+def test_find_is_a_pure_query_and_touch_takes_the_hit() -> None:
+    cache = RadixCache(BS)
+    leaf = cache.insert(seq(1, 2, 3), [11, 12, 13])
+    other = cache.insert(seq(4), [14])
+    stamps = (leaf.last_access, other.last_access)
+    hit = cache.find(seq(1, 2, 9), 10)
+    assert hit.blocks == (11, 12) and hit.node is leaf and hit.num_node_blocks == 2
+    # Nothing split, nothing stamped: a policy may peek at many waiting requests.
+    assert shape(cache.root) == [[], [[11, 12, 13]], [[14]]]
+    assert (leaf.last_access, other.last_access) == stamps
+    assert cache.find(seq(7), 10).blocks == () and cache.find(seq(7), 10).node is None
+    node = cache.touch(hit)
+    assert node.blocks == [11, 12] and leaf.parent is node and leaf.blocks == [13]
+    assert node.last_access > stamps[1] and leaf.last_access == stamps[0]  # the hit is newest, the tail is not
+    assert cache.evict(1, unreferenced) == [13]
+    cache.check_integrity([])

@@ -12,6 +12,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pagoda.core.radix_cache import RadixCache, RadixNode
 
+from .helpers import take
+
 LABELS = st.lists(st.integers(0, 3), min_size=0, max_size=6)  # few labels: many shared prefixes
 
 
@@ -59,7 +61,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
     @rule(labels=LABELS, extra=st.integers(0, 15), max_blocks=st.integers(0, 7), lock=st.booleans())
     def match(self, labels: list[int], extra: int, max_blocks: int, lock: bool) -> None:
         tokens = self.tokens(labels) + [99] * (extra % self.bs)  # maybe a partial last block
-        blocks, node = self.cache.match(tokens, max_blocks)
+        blocks, node = take(self.cache, tokens, max_blocks)
         assert blocks == self.expected_match(tokens, max_blocks)
         assert (node is self.cache.root) == (not blocks)
         if blocks:

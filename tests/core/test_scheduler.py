@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagoda.core.scheduler import LPM_MAX_SKIPS, QueueFullError, Scheduler, SchedulerOutput
+from pagoda.core.outputs import SchedulerOutput
+from pagoda.core.scheduler import LPM_MAX_SKIPS, QueueFullError, Scheduler
 from pagoda.request import Request, RequestStatus
 
 from .fake_engine import FakeEngine, make_request, make_scheduler, reference_output
@@ -23,6 +24,11 @@ def add(scheduler: Scheduler, request_id: str, prompt: list[int], **kwargs) -> R
     request = make_request(request_id, prompt, **kwargs)
     scheduler.add_request(request)
     return request
+
+
+def lookup(scheduler: Scheduler, request: Request) -> int:
+    """Prompt tokens the prefix cache holds for `request`."""
+    return len(scheduler.kv.find_prefix(request.token_ids).blocks) * scheduler.kv.block_size
 
 
 def constant(token: int):
@@ -110,23 +116,23 @@ def test_the_newest_request_is_preempted_and_resumes(caching: bool) -> None:
     assert ids(engine.step()) == [("a", 6), ("b", 6)]
     assert ids(engine.step()) == [("a", 1), ("b", 1)]  # position 6: still in the second block
     assert ids(engine.step()) == [("a", 1), ("b", 1)]  # position 7
-    assert s.kv.pool.num_free == 0 and s.num_preemptions == 0
+    assert s.kv.pool.num_free == 0 and s.stats().num_preemptions == 0
     out = engine.step()  # position 8 needs a third block each: b (newest) goes
     assert ids(out) == [("a", 1)]
-    assert s.num_preemptions == 1 and b.num_preemptions == 1 and a.num_preemptions == 0
+    assert s.stats().num_preemptions == 1 and b.num_preemptions == 1 and a.num_preemptions == 0
     assert b.status is RequestStatus.WAITING and list(s.waiting) == [b] and s.running == [a]
     assert b.block_ids == [] and b.num_computed_tokens == 0
     assert b.output_token_ids == reference_output(tokens(6, start=20), b.sampling_params, frozenset(), 16)[0][:3]
     if caching:
         # b's two full computed blocks were cached; a's growth evicted one of them.
-        assert s.kv.lookup(b) == 4
+        assert lookup(s, b) == 4
     else:
         assert s.kv.pool.num_free == 1
     engine.run_until_done()
     for request in (a, b):
         expected = reference_output(request.prompt_token_ids, request.sampling_params, frozenset(), 16)[0]
         assert request.output_token_ids == expected
-    assert s.num_preemptions == b.num_preemptions
+    assert s.stats().num_preemptions == b.num_preemptions
     engine.check_all_released()
 
 
@@ -173,17 +179,17 @@ def test_a_preempted_request_resumes_from_its_cached_blocks() -> None:
     a = add(s, "a", tokens(12), ignore_eos=True, max_tokens=4)
     b = add(s, "b", tokens(11, start=50), ignore_eos=True, max_tokens=3)
     assert ids(engine.step()) == [("a", 12), ("b", 11)]
-    hits = s.kv.prefix_hits
+    hits = s.stats().prefix_cache_hits
     assert ids(engine.step()) == [("a", 1)]  # a needs a fourth block: b is preempted
     assert b.num_preemptions == 1 and b.num_tokens == 12
-    assert s.kv.lookup(b) == 8  # its two full computed blocks stay cached
+    assert lookup(s, b) == 8  # its two full computed blocks stay cached
     # b's cached blocks would have to be locked and one more block found: it waits for a.
     assert ids(engine.step()) == [("a", 1)]
     assert ids(engine.step()) == [("a", 1)]
     assert a.finish_reason == "length"
     assert ids(engine.step()) == [("b", 4)]  # 8 tokens from the cache: 3 prompt + 1 output left
     assert b.num_computed_tokens == 12 and b.num_output_tokens == 2
-    assert b.num_cached_tokens == 0 and s.kv.prefix_hits == hits  # counted at first admission only
+    assert b.num_cached_tokens == 0 and s.stats().prefix_cache_hits == hits  # counted at first admission only
     engine.run_until_done()
     for request in (a, b):
         expected = reference_output(request.prompt_token_ids, request.sampling_params, frozenset(), 24)[0]
@@ -200,9 +206,9 @@ def test_abort_a_waiting_request() -> None:
     add(s, "a", tokens(5), max_tokens=3)
     b = add(s, "b", tokens(5, start=9), max_tokens=3)
     engine.step()
-    s.abort(b)
+    s.finish_requests([b.request_id], "abort")
     assert b.finish_reason == "abort" and b.is_finished and list(s.waiting) == []
-    s.abort(b)  # a second abort is a no-op
+    s.finish_requests([b.request_id], "abort")  # a second abort is a no-op
     assert b.finish_reason == "abort"
     engine.run_until_done()
     engine.check_all_released()
@@ -216,7 +222,7 @@ def test_abort_a_running_request_frees_its_blocks_at_once(caching: bool) -> None
     engine.step()
     engine.step()
     assert len(a.block_ids) == 3 and s.kv.pool.num_free == 7
-    s.abort(a)
+    s.finish_requests([a.request_id], "abort")
     assert a.finish_reason == "abort" and a.block_ids == [] and s.running == []
     assert s.kv.num_available == 10
     assert s.kv.pool.num_free == (8 if caching else 10)  # two full computed blocks stay cached
@@ -231,7 +237,7 @@ def test_abort_mid_prefill_and_mid_step() -> None:
     b = add(s, "b", tokens(3, start=30), max_tokens=2)
     engine.step()
     assert a.is_prefilling and a.num_computed_tokens == 8
-    s.abort(a)
+    s.finish_requests([a.request_id], "abort")
     assert a.block_ids == [] and a.finish_reason == "abort"
     assert s.kv.cache.num_cached_blocks == 2  # its two computed blocks
     s.kv.check_integrity(s.running)
@@ -295,11 +301,11 @@ def test_finish_from_outside() -> None:
     a = add(s, "a", tokens(9), max_tokens=10, ignore_eos=True)
     b = add(s, "b", tokens(5, start=40), max_tokens=10)
     engine.step()
-    s.finish(a, "stop", "###")  # the engine matched a stop string in a's text
+    s.finish_requests([a.request_id], "stop", "###")  # the engine matched a stop string in a's text
     assert (a.finish_reason, a.stop_reason, a.block_ids, s.running) == ("stop", "###", [], [])
-    s.finish(b, "stop", "!!")
+    s.finish_requests([b.request_id], "stop", "!!")
     assert b.is_finished and list(s.waiting) == []
-    s.finish(a, "length")  # already finished: no-op
+    s.finish_requests([a.request_id], "length")  # already finished: no-op
     assert a.finish_reason == "stop"
     s.kv.check_integrity(s.running)
     engine.check_all_released()
@@ -354,7 +360,7 @@ def test_siblings_wait_for_the_parents_prompt_then_share_its_blocks(caching: boo
     assert s1.block_ids[:2] == shared and s2.block_ids[:2] == shared
     assert [s.kv.pool.ref_counts[b] for b in shared] == [3, 3]
     assert s1.num_cached_tokens == s2.num_cached_tokens == 8
-    assert s.kv.prefix_hits == 16
+    assert s.stats().prefix_cache_hits == 16
     engine.run_until_done()
     for request in (p, s1, s2):
         assert request.output_token_ids == reference_output(tokens(10), request.sampling_params, frozenset(), 64)[0]
@@ -367,7 +373,7 @@ def test_a_sibling_of_an_aborted_parent_runs_on_its_own() -> None:
     p = add(s, "p", tokens(10), max_tokens=3)
     sib = add(s, "s", tokens(10), parent=p, max_tokens=3)
     engine.step()
-    s.abort(p)
+    s.finish_requests([p.request_id], "abort")
     assert ids(engine.step()) == [("s", 4)]
     engine.run_until_done()
     assert sib.finish_reason != "abort"
@@ -450,7 +456,7 @@ def test_cached_prefix_is_reused_and_counted() -> None:
     b = add(s, "b", tokens(13), max_tokens=1)
     assert ids(engine.step()) == [("b", 1)]
     assert (a.num_cached_tokens, b.num_cached_tokens) == (0, 12)
-    assert (s.kv.prefix_queries, s.kv.prefix_hits) == (26, 12)
+    assert (s.stats().prefix_cache_queries, s.stats().prefix_cache_hits) == (26, 12)
     assert b.output_token_ids == a.output_token_ids
     engine.check_all_released()
     assert s.kv.reset_prefix_cache()
@@ -470,3 +476,56 @@ def test_a_lone_request_with_duplicate_blocks_is_not_preempted() -> None:
     assert ids(engine.step()) == [("a", 8), ("b", 8)]
     assert ids(engine.step()) == [("b", 1)]
     assert b.num_preemptions == 0
+
+
+def test_a_preempted_sibling_does_not_borrow_the_parents_blocks() -> None:
+    s = make_scheduler(10, BS, False)
+    p = add(s, "p", tokens(10), max_tokens=3)
+    sib = add(s, "s", tokens(10), parent=p, max_tokens=3)
+    FakeEngine(s).step()
+    sib.num_preemptions = 1  # its output so far would follow the prompt: nothing of the parent fits it
+    assert s._reusable_prefix(sib).blocks == ()
+    sib.num_preemptions = 0
+    assert s._reusable_prefix(sib).blocks == tuple(p.block_ids[:2])
+
+
+def test_prompt_logprobs_reuse_nothing() -> None:
+    s = make_scheduler(64, BS, max_num_seqs=1)
+    engine = FakeEngine(s, sample=constant(7))
+    add(s, "warm", tokens(12), max_tokens=1)
+    engine.run_until_done()
+    scored = add(s, "scored", tokens(12), max_tokens=1, prompt_logprobs=0)
+    assert lookup(s, scored) == 8
+    assert ids(engine.step()) == [("scored", 12)]  # every prompt position computed, to score it
+    assert scored.num_cached_tokens == 0
+
+
+def test_update_returns_the_steps_outputs_with_the_counters() -> None:
+    s = make_scheduler(64, BS, max_num_batched_tokens=6)
+    engine = FakeEngine(s, sample=constant(7))
+    a = add(s, "a", tokens(8), max_tokens=2)
+    engine.step()  # a's first chunk: no token yet, no output
+    assert engine.last_outputs.outputs == [] and engine.last_outputs.stats.num_running == 1
+    engine.step()
+    (out,) = engine.last_outputs.outputs
+    assert (out.request_id, out.new_token_ids, out.finish_reason) == ("a", [7], None)
+    assert out.metrics.num_prompt_tokens == 8 and out.metrics.first_token_time is not None
+    engine.step()
+    (out,) = engine.last_outputs.outputs
+    assert out.finish_reason == "length" and a.is_finished
+    stats = engine.last_outputs.stats
+    assert (stats.num_running, stats.num_waiting, stats.num_steps, stats.prefix_cache_queries) == (0, 0, 3, 8)
+    assert stats.prefix_cache_blocks == 2 and stats.kv_usage == 0.0
+
+
+def test_the_runner_hears_of_finished_requests_in_the_next_step() -> None:
+    s = make_scheduler(64, BS)
+    engine = FakeEngine(s, sample=constant(7))
+    add(s, "a", tokens(4), max_tokens=1)
+    b = add(s, "b", tokens(4, start=10), max_tokens=3)
+    assert engine.step().finished_request_ids == frozenset()  # a finishes in this step
+    s.finish_requests([b.request_id], "abort")
+    assert s.schedule().is_empty  # an empty step keeps the news for the next real one
+    c = add(s, "c", tokens(4, start=20), max_tokens=1)
+    assert engine.step().finished_request_ids == {"a", "b"}
+    assert c.is_finished

@@ -73,21 +73,22 @@ def test_abort_frees_blocks_at_once(default_llm, chat_prompt):
     engine.step()
     engine.step()
     assert engine.core.scheduler.running
-    engine.core.abort([f"{rid}#0"])
+    engine.core.finish_requests([f"{rid}#0"], "abort")
     engine.core.check_integrity()
-    assert not engine.core.scheduler.running and engine.core.kv.usage == 0.0
+    assert not engine.core.scheduler.running and engine.core.scheduler.kv.usage == 0.0
     engine.outputs.drop(f"{rid}#0")
 
 
 def test_n_samples_share_the_prompt_blocks(default_llm, chat_prompt):
-    kv = default_llm.engine.core.kv
-    kv.reset_prefix_cache()
-    hits_before = kv.prefix_hits
+    core = default_llm.engine.core
+    assert core.reset_prefix_cache()
+    hits_before = core.stats().prefix_cache_hits
     result = generate_one(default_llm, chat_prompt, temperature=1.0, seed=3, n=4, max_tokens=12)
     assert len(result.outputs) == 4 and [o.index for o in result.outputs] == [0, 1, 2, 3]
     assert len({tuple(o.token_ids) for o in result.outputs}) > 1  # different samples
-    shared = (len(chat_prompt) - 1) // kv.block_size * kv.block_size
-    assert kv.prefix_hits - hits_before == 3 * shared  # siblings 1..3 took the prompt from sibling 0
+    block_size = core.scheduler.kv.block_size
+    shared = (len(chat_prompt) - 1) // block_size * block_size
+    assert core.stats().prefix_cache_hits - hits_before == 3 * shared  # siblings 1..3 took the prompt from sibling 0
     again = generate_one(default_llm, chat_prompt, temperature=1.0, seed=3, n=4, max_tokens=12)
     assert [o.token_ids for o in again.outputs] == [o.token_ids for o in result.outputs]  # seeded
 

@@ -85,15 +85,15 @@ def test_concurrency_1(default_llm, hf_reference, prompts, reference):
 
 def test_split_prefill_and_preemption(hf_reference, prompts, reference):
     llm = LLM(max_model_len=768, max_num_batched_tokens=48, kv_cache_memory=0.036)
-    pool_tokens = llm.engine.core.kv.pool.capacity * llm.engine.config.cache.block_size
+    pool_tokens = llm.engine.core.scheduler.kv.pool.capacity * llm.engine.config.cache.block_size
     assert pool_tokens < sum(len(p) for p in prompts)  # the pool cannot hold them all at once
     outputs = run_checked(llm, prompts, GREEDY)
     check_all(hf_reference, prompts, reference, outputs)
-    assert llm.engine.core.scheduler.num_preemptions > 0
+    assert llm.engine.core.stats().num_preemptions > 0
 
 
 def test_split_prefill_without_prefix_cache(hf_reference, prompts, reference):
     llm = LLM(max_model_len=768, max_num_batched_tokens=96, kv_cache_memory=0.036, enable_prefix_caching=False)
     outputs = run_checked(llm, prompts, GREEDY)
     check_all(hf_reference, prompts, reference, outputs)
-    assert llm.engine.core.scheduler.num_preemptions > 0
+    assert llm.engine.core.stats().num_preemptions > 0

@@ -55,11 +55,11 @@ def run(llm: LLM, prompts, params, abort_at: dict[int, int]) -> dict[int, list[i
         step += 1
         for i, at in abort_at.items():
             if at == step:
-                engine.core.abort([f"{ids[i]}#{k}" for k in range(params[i].n)])
+                engine.core.finish_requests([f"{ids[i]}#{k}" for k in range(params[i].n)], "abort")
                 for k in range(params[i].n):
                     engine.outputs.drop(f"{ids[i]}#{k}")
         engine.core.check_integrity()
-    assert engine.core.kv.usage == 0.0
+    assert engine.core.scheduler.kv.usage == 0.0
     return {i: seqs for i, seqs in outputs.items() if i not in abort_at}
 
 
@@ -93,5 +93,5 @@ def test_cache_on_equals_cache_off(tiny, workload):
         if i in with_cache:
             for expected, actual in zip(seqs, with_cache[i]):
                 assert_greedy_match(reference, prompts[i], expected, actual, report)
-    preemptions = engines[True].engine.core.scheduler.num_preemptions
+    preemptions = engines[True].engine.core.stats().num_preemptions
     print(f"preemptions so far {preemptions}; {report}")

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from pagoda.model_executor.sampler import apply_penalties, filtered_probs, sample
+from pagoda.model_executor.sampler import Sampler, apply_penalties, filtered_probs
 from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams, SamplingParamsError
 
+_ids = itertools.count()
+
 
 def req(prompt=(1, 2), outputs=(), **params) -> Request:
-    r = Request("r", list(prompt), SamplingParams(**params), frozenset({0}), 100)
+    r = Request(f"r{next(_ids)}", list(prompt), SamplingParams(**params), frozenset({0}), 100)
     for t in outputs:
         r.append_token(t)
     return r
@@ -64,11 +67,11 @@ def test_penalties_against_hand_computation():
 def test_logit_bias_and_min_tokens():
     logits = torch.zeros(1, 5)
     logits[0, 0] = 10.0  # eos is the clear favourite
-    out = sample(logits.clone(), [req(temperature=0.0, logit_bias={4: 20.0})])
+    out = Sampler().sample(logits.clone(), [req(temperature=0.0, logit_bias={4: 20.0})])
     assert out.token_ids == [4]
-    out = sample(logits.clone(), [req(temperature=0.0, min_tokens=2)])
+    out = Sampler().sample(logits.clone(), [req(temperature=0.0, min_tokens=2)])
     assert out.token_ids != [0]  # eos banned before min_tokens outputs
-    out = sample(logits.clone(), [req(outputs=(3, 3), temperature=0.0, min_tokens=2)])
+    out = Sampler().sample(logits.clone(), [req(outputs=(3, 3), temperature=0.0, min_tokens=2)])
     assert out.token_ids == [0]
 
 
@@ -77,8 +80,9 @@ def test_seeded_rows_do_not_depend_on_the_batch():
     logits = torch.randn(4, 50)
 
     def draws(batch_extra: list[Request]) -> list[int]:
-        seeded = req(temperature=1.0, seed=7)
-        return [sample(logits[: 1 + len(batch_extra)].clone(), [seeded] + batch_extra).token_ids[0] for _ in range(20)]
+        seeded, sampler = req(temperature=1.0, seed=7), Sampler()
+        rows = logits[: 1 + len(batch_extra)]
+        return [sampler.sample(rows.clone(), [seeded] + batch_extra).token_ids[0] for _ in range(20)]
 
     alone = draws([])
     crowded = draws([req(temperature=1.0), req(temperature=1.0, seed=99), req(temperature=0.0)])
@@ -89,14 +93,14 @@ def test_seeded_rows_do_not_depend_on_the_batch():
 def test_sampling_follows_the_distribution():
     torch.manual_seed(0)
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).repeat(4000, 1)
-    tokens = sample(logits, [req(temperature=1.0)] * 4000).token_ids
+    tokens = Sampler().sample(logits, [req(temperature=1.0)] * 4000).token_ids
     freq = [tokens.count(i) / 4000 for i in range(3)]
     assert freq == pytest.approx([0.7, 0.2, 0.1], abs=0.03)
 
 
 def test_logprobs_of_raw_logits_with_rank():
     logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))
-    out = sample(logits.clone(), [req(temperature=0.0, logprobs=2)])
+    out = Sampler().sample(logits.clone(), [req(temperature=0.0, logprobs=2)])
     lp = out.logprobs[0]
     assert lp.token_id == 1 and lp.rank == 1 and lp.logprob == pytest.approx(math.log(0.6), abs=1e-6)
     assert set(lp.top) == {1, 2} and lp.top[2] == pytest.approx(math.log(0.3), abs=1e-6)
@@ -120,3 +124,14 @@ def test_invalid_params_name_the_field(field, value):
     with pytest.raises(SamplingParamsError) as info:
         SamplingParams(**{field: value})
     assert info.value.param == field
+
+
+def test_a_seeded_generator_lives_until_the_request_is_dropped():
+    logits = torch.zeros(1, 1000)
+    seeded, sampler = req(temperature=1.0, seed=3), Sampler()
+    first = [sampler.sample(logits.clone(), [seeded]).token_ids[0] for _ in range(5)]
+    fresh = Sampler()
+    assert [fresh.sample(logits.clone(), [seeded]).token_ids[0] for _ in range(5)] == first
+    sampler.drop([seeded.request_id])  # finished: the next request of that id starts from its seed again
+    assert sampler.sample(logits.clone(), [seeded]).token_ids[0] == first[0]
+    assert len(set(first)) > 1

@@ -120,7 +120,7 @@ def _admin_routes(state: ServerState) -> APIRouter:
 
     @router.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> Response:
-        if not state.engine.reset_prefix_cache():
+        if not await state.engine.reset_prefix_cache():
             raise APIError(
                 409, "Requests are running; reset the prefix cache when the server is idle.", code="requests_running"
             )

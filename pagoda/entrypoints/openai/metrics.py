@@ -2,7 +2,7 @@
 own (never prometheus_client's global one, so several apps can live in one process).
 
 Engine state (running, waiting, KV usage, prefix-cache counters, preemptions) is read from the
-engine's latest EngineStats at scrape time; request counters and latency histograms are updated
+engine's latest SchedulerStats at scrape time; request counters and latency histograms are updated
 by the request handlers as sequences finish. One sequence (one of n) counts as one request.
 """
 
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pagoda.engine.async_engine import EngineStats
+from pagoda.core.outputs import SchedulerStats
 from pagoda.engine.outputs import SequenceOutput
 
 # vLLM's buckets, so dashboards built for it read the same
@@ -90,7 +90,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _EngineStatsCollector(Collector):
-    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], SchedulerStats], model_name: str) -> None:
         self.stats = stats
         self.model_name = model_name
 
@@ -122,7 +122,7 @@ class _EngineStatsCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], SchedulerStats], model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(stats, model_name))
         self.model_name = model_name
@@ -154,14 +154,15 @@ class ServerMetrics:
     def finished(self, out: SequenceOutput, finish_reason: str, now: float) -> None:
         """Record one sequence at its end; `now` is time.monotonic() (the engine's clock)."""
         self.count_finished(finish_reason)
-        if out.first_scheduled_time is not None:
-            self.queue.observe(out.first_scheduled_time - out.arrival_time)
-        if out.first_token_time is None:
+        m = out.metrics
+        if m.first_scheduled_time is not None:
+            self.queue.observe(m.first_scheduled_time - m.arrival_time)
+        if m.first_token_time is None:
             return
-        self.e2e.observe(now - out.arrival_time)
-        self.ttft.observe(out.first_token_time - out.arrival_time)
+        self.e2e.observe(now - m.arrival_time)
+        self.ttft.observe(m.first_token_time - m.arrival_time)
         if len(out.token_ids) > 1:
-            self.tpot.observe((now - out.first_token_time) / (len(out.token_ids) - 1))
+            self.tpot.observe((now - m.first_token_time) / (len(out.token_ids) - 1))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -49,7 +49,7 @@ class RequestRecorder:
         metrics = self.sinks.metrics
         if prompt not in self._admitted:
             self._admitted.add(prompt)
-            metrics.prompt_tokens.inc(update.num_prompt_tokens)
+            metrics.prompt_tokens.inc(update.metrics.num_prompt_tokens)
         metrics.generation_tokens.inc(len(update.token_ids_delta))
         if update.finished:
             metrics.finished(update, update.finish_reason, time.monotonic())
@@ -115,10 +115,10 @@ class _Summary:
     def of(cls, outs: list[SequenceOutput], now: float) -> _Summary:
         if not outs:
             return cls(0, 0, None, None)
-        arrival = min(out.arrival_time for out in outs)
-        firsts = [out.first_token_time for out in outs if out.first_token_time is not None]
+        arrival = min(out.metrics.arrival_time for out in outs)
+        firsts = [out.metrics.first_token_time for out in outs if out.metrics.first_token_time is not None]
         return cls(
-            cached_tokens=outs[0].num_cached_tokens,
+            cached_tokens=outs[0].metrics.num_cached_tokens,
             output_tokens=sum(len(out.token_ids) for out in outs),
             ttft_s=round(min(firsts) - arrival, 6) if firsts else None,
             latency_s=round(now - arrival, 6),

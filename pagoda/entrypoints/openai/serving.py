@@ -137,8 +137,8 @@ def event_stream(events: AsyncIterator[str], generation: Generation) -> Streamin
 
 def usage(outputs: list[list[SequenceOutput]]) -> dict:
     """OpenAI usage over every prompt (counted once) and every sequence."""
-    prompt = sum(outs[0].num_prompt_tokens for outs in outputs if outs)
-    cached = sum(outs[0].num_cached_tokens for outs in outputs if outs)
+    prompt = sum(outs[0].metrics.num_prompt_tokens for outs in outputs if outs)
+    cached = sum(outs[0].metrics.num_cached_tokens for outs in outputs if outs)
     completion = sum(len(out.token_ids) for outs in outputs for out in outs)
     return {
         "prompt_tokens": prompt,

@@ -1,0 +1,84 @@
+"""What crosses the seams around the scheduler, in the order data flows: the scheduler's step
+(`SchedulerOutput`) to the model runner, the runner's results (`ModelRunnerOutput`) back to the
+scheduler, and the step's per-request progress with the engine's counters (`StepOutputs`) out to
+whoever drives the engine. Pure Python: the model runner imports this module, not the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagoda.request import Request, TokenLogprob
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """The requests of one step, in the scheduler's order, and how many new tokens each computes.
+    `finished_request_ids`: requests that ended since the previous step (the runner drops their
+    per-request state, such as a seeded request's random generator)."""
+
+    scheduled: tuple[tuple[Request, int], ...]
+    num_batched_tokens: int
+    finished_request_ids: frozenset[str] = frozenset()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """Per scheduled request, in the step's order: the sampled token (None while its prefill is
+    unfinished), its logprobs, and the prompt logprobs computed this step."""
+
+    token_ids: list[int | None]
+    logprobs: list[TokenLogprob | None]
+    prompt_logprobs: list[list[TokenLogprob] | None]
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """A request's sizes and times (time.monotonic()), as its outputs report them."""
+
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens reused (prefix cache or an n > 1 sibling) at first admission
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+
+
+@dataclass(frozen=True)
+class CoreOutput:
+    """One request's progress in one step, copied out of the scheduler's live state."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob]
+    finish_reason: str | None
+    stop_reason: int | str | None
+    metrics: RequestMetrics
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The engine's counters after a step (the server's /metrics and logs read these)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up at first admission
+    prefix_cache_hits: int = 0  # of which reused
+    prefix_cache_blocks: int = 0
+    num_steps: int = 0
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    outputs: list[CoreOutput] = field(default_factory=list)
+    stats: SchedulerStats = field(default_factory=SchedulerStats)
