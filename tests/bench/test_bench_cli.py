@@ -157,7 +157,9 @@ def test_launch_failures_are_clear_and_bounded(
     assert time.monotonic() - began < 20
     if "boom" in command:
         assert "boom" in (tmp_path / "server.log").read_text()
-    assert read_results(tmp_path)["engines"][0]["status"] == "failed"
+    results = read_results(tmp_path)
+    assert results["engines"][0]["status"] == "failed"
+    assert results["settings"]["launch"]["log_path"] == "server.log"  # relative to the report
 
 
 def test_ctrl_c_writes_the_requests_that_finished(start_stub, tmp_path: Path) -> None:
