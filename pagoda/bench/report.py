@@ -210,16 +210,16 @@ def write_results(
 def machine_neutral(text: str, folder: Path) -> str:
     """`text` with each absolute path to something on this machine rewritten, so that a report
     shows no machine's layout (home, temp or checkout folders): relative to the report `folder`
-    when inside it, else `.../` and its last part. Absolute paths that name nothing here (API
+    when inside it, else `.../` and its last part. Other absolute paths that name nothing here (API
     routes in error messages) stay as they are."""
     root = folder.resolve()
 
     def rewrite(match: re.Match[str]) -> str:
         path = Path(match.group())
-        if not path.exists():
-            return match.group()
         resolved = path.resolve()
-        return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else f".../{path.name}"
+        if resolved.is_relative_to(root):  # a file to come (a server log), too
+            return str(resolved.relative_to(root))
+        return f".../{path.name}" if path.exists() else match.group()
 
     return ABSOLUTE_PATH.sub(rewrite, text)
 
