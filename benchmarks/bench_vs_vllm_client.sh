@@ -7,7 +7,7 @@
 # earlier round would make later rounds faster. Output tok/s and TTFT p50 of the two clients
 # should agree within 15%.
 #
-#   benchmarks/bench_vs_vllm_client.sh [PORT] [OUT_DIR] [ROUNDS]
+#   benchmarks/bench_vs_vllm_client.sh [PORT] [OUT_DIR] [ROUNDS]   # default OUT_DIR benchmarks/results/bench_vs_vllm_client
 #
 # Needs ../shared/peers (vllm-cpu.sh install, once). The server is stopped on exit (its whole
 # process group). Figures are written to OUT_DIR/comparison.txt; see the bottom of this file
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PEERS=${PEERS:-$(cd .. && pwd)/shared/peers}
 PORT=${1:-18100}
-OUT=${2:-/tmp/bench_vs_vllm_client}
+OUT=${2:-$PWD/benchmarks/results/bench_vs_vllm_client}
 ROUNDS=${3:-4}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p "$OUT"

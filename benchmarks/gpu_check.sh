@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot device check on a CUDA machine (an H200): correctness first, then timings.
 #
-#   benchmarks/gpu_check.sh            # results and logs in $OUT, else results/gpu_check/
+#   benchmarks/gpu_check.sh            # results and logs in $OUT, else benchmarks/results/gpu_check/
 #   benchmarks/gpu_check.sh --dry-run  # on CPU: kernels under Triton's interpreter, the engine parts
 #                                      # with tiny shapes, the torch backend and no CUDA graphs
 #
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OUT=${OUT:-$PWD/results/gpu_check}
+export OUT=${OUT:-$PWD/benchmarks/results/gpu_check}
 mkdir -p "$OUT"
 DRY_RUN=()
 [ "${1:-}" = "--dry-run" ] && DRY_RUN=(--dry-run)

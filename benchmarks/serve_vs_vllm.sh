@@ -5,7 +5,7 @@
 # ignore_eos, seed 0) at concurrency 1, 8 and 32; the prefix cache is reset before each level.
 # Also cold start: process start until the first request is answered.
 #
-#   benchmarks/serve_vs_vllm.sh [OUT_DIR]
+#   benchmarks/serve_vs_vllm.sh [OUT_DIR]    # default benchmarks/results/serve_vs_vllm
 #   env: ENGINES="pagoda vllm" (default both; each runs with the machine to itself),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
 #        PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048)
@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEERS=${PEERS:-$(cd .. && pwd)/shared/peers}
-OUT=${1:-/tmp/serve_vs_vllm}
+OUT=${1:-$PWD/benchmarks/results/serve_vs_vllm}
 ENGINES=${ENGINES:-pagoda vllm}
 CONCURRENCY=${CONCURRENCY:-1 8 32}
 PORT=${PORT:-18300}

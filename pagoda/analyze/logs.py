@@ -9,7 +9,6 @@ concurrent requests can appear out of order).
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pagoda.analyze.errors import AnalyzeError
+from pagoda.jsonl import BadLine, decode, json_object, numbered_lines
 
 Messages = tuple[dict, ...]  # chat messages, handed to the chat template as the server does
 Prompt = np.ndarray | Messages | str  # token ids (int32), chat messages, or completion text
@@ -54,10 +54,6 @@ class Malformed:
     reason: str
 
 
-class _Invalid(ValueError):
-    """A line that cannot be read as a request; the message is the reason."""
-
-
 def read_log(path: Path, on_bytes: Callable[[int], None]) -> Iterator[LogEntry | Malformed]:
     """Entries of the log at `path` in file order; `on_bytes` hears how much has been read."""
     try:
@@ -65,16 +61,14 @@ def read_log(path: Path, on_bytes: Callable[[int], None]) -> Iterator[LogEntry |
     except OSError as exc:
         raise AnalyzeError(f"Cannot read {path}: {exc.strerror or exc}") from None
     with handle:
-        for number, raw in enumerate(handle, start=1):
-            on_bytes(len(raw))
-            if not raw.isspace():
-                yield from parse_line(raw, number)
+        for number, raw in numbered_lines(handle, on_bytes):
+            yield from parse_line(raw, number)
 
 
 def parse_line(raw: bytes, line: int) -> list[LogEntry] | list[Malformed]:
     try:
-        return _entries(_decode(raw), line)
-    except _Invalid as exc:
+        return _entries(_object(raw), line)
+    except BadLine as exc:
         return [Malformed(line, str(exc))]
 
 
@@ -102,11 +96,9 @@ def in_arrival_order(
 # ---- one line -----------------------------------------------------------------------------
 
 
-def _decode(raw: bytes) -> dict:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _Invalid(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+def _object(raw: bytes) -> dict:
+    """The line's JSON object, its token-id arrays (`_ID_KEYS`) read by numpy."""
+    text = decode(raw)
     spans: list[tuple[int, int]] = []
     lifted: dict[str, np.ndarray] = {}
     for key in _ID_KEYS:
@@ -115,18 +107,18 @@ def _decode(raw: bytes) -> dict:
             spans.append(found[0])
             lifted[key] = found[1]
     if not lifted:
-        return _json(text)
+        return json_object(text)
     spans.sort()
     pieces, done = [], 0
     for start, end in spans:
         pieces += [text[done:start], _PLACEHOLDER_JSON]
         done = end
     try:
-        obj = _json("".join(pieces) + text[done:])
-    except _Invalid:
-        return _json(text)  # for the error's true column
+        obj = json_object("".join(pieces) + text[done:])
+    except BadLine:
+        return json_object(text)  # for the error's true column
     if any(obj.get(key) != _PLACEHOLDER for key in lifted):
-        return _json(text)  # the first match sat inside a nested object: read the line plainly
+        return json_object(text)  # the first match sat inside a nested object: read the line plainly
     obj.update(lifted)
     return obj
 
@@ -149,16 +141,6 @@ def _id_array(text: str, key: str) -> tuple[tuple[int, int], np.ndarray] | None:
     return (opening.end() - 1, closing + 1), ids
 
 
-def _json(text: str) -> dict:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _Invalid(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(obj, dict):
-        raise _Invalid(f"a JSON {type(obj).__name__}, not an object")
-    return obj
-
-
 def _entries(obj: dict, line: int) -> list[LogEntry]:
     output_ids = _optional_ids(obj, "output_token_ids")
     output_tokens = _optional_count(obj, "output_tokens")
@@ -178,7 +160,7 @@ def _entries(obj: dict, line: int) -> list[LogEntry]:
         return [LogEntry(prompt=_messages(body["messages"]), **common)]
     if "prompt" in body:
         return [LogEntry(prompt=prompt, **common) for prompt in _prompts(body["prompt"])]
-    raise _Invalid('no "prompt_token_ids", "messages" or "prompt"')
+    raise BadLine('no "prompt_token_ids", "messages" or "prompt"')
 
 
 def _ids(value: object, name: str) -> np.ndarray:
@@ -187,11 +169,11 @@ def _ids(value: object, name: str) -> np.ndarray:
     elif isinstance(value, list) and all(type(t) is int for t in value):
         ids = np.array(value, dtype=np.int64)
     else:
-        raise _Invalid(f"{name} must be a list of integers")
+        raise BadLine(f"{name} must be a list of integers")
     if len(ids) == 0:
-        raise _Invalid(f"{name} is empty")
+        raise BadLine(f"{name} is empty")
     if ids.view(np.uint64).max() > MAX_TOKEN_ID:  # negative ids wrap to huge ones
-        raise _Invalid(f"{name} holds an id outside 0..{MAX_TOKEN_ID}")
+        raise BadLine(f"{name} holds an id outside 0..{MAX_TOKEN_ID}")
     return ids.astype(np.int32)
 
 
@@ -207,7 +189,7 @@ def _optional_count(obj: dict, name: str) -> int | None:
     if value is None:
         return None
     if type(value) is not int or value < 0:
-        raise _Invalid(f"{name} must be a non-negative integer, got {value!r}")
+        raise BadLine(f"{name} must be a non-negative integer, got {value!r}")
     return value
 
 
@@ -216,16 +198,16 @@ def _timestamp(obj: dict) -> float | None:
     if value is None:
         return None
     if type(value) not in (int, float) or not math.isfinite(value):
-        raise _Invalid(f"timestamp must be a number, got {value!r}")
+        raise BadLine(f"timestamp must be a number, got {value!r}")
     return float(value)
 
 
 def _messages(value: object) -> Messages:
     """Checked only for shape here; the server's own reading of them comes with tokenizing."""
     if not isinstance(value, list) or not value:
-        raise _Invalid("messages must be a non-empty list")
+        raise BadLine("messages must be a non-empty list")
     if not all(isinstance(message, dict) for message in value):
-        raise _Invalid("each message must be a JSON object")
+        raise BadLine("each message must be a JSON object")
     return tuple(value)
 
 
@@ -238,8 +220,8 @@ def _prompts(value: object) -> list[np.ndarray | str]:
 def _prompt(value: object) -> np.ndarray | str:
     if isinstance(value, str):
         if not value:
-            raise _Invalid("prompt is empty")
+            raise BadLine("prompt is empty")
         return value
     if isinstance(value, list):
         return _ids(value, "prompt")
-    raise _Invalid("prompt must be text, token ids, or a non-empty list of either")
+    raise BadLine("prompt must be text, token ids, or a non-empty list of either")

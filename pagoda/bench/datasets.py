@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from pagoda import jsonl
 from pagoda.bench.errors import BenchError
 from pagoda.bench.tokens import Tokenizer
 
@@ -258,23 +259,17 @@ def load_replay(path: Path, endpoint: Endpoint) -> list[Prompt]:
     request-log records; every line is checked before any is sent. Bodies keep their endpoint
     (messages: chat, prompt and model: completions); bare prompt lines take `endpoint`."""
     prompts = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                prompts.append(_replay_line(_json_object(line, path, number), endpoint, f"{path}:{number}"))
+    with path.open("rb") as lines:
+        for number, raw in jsonl.numbered_lines(lines):
+            where = f"{path}:{number}"
+            try:
+                obj = jsonl.json_object(jsonl.decode(raw))
+            except jsonl.BadLine as exc:
+                raise BenchError(f"{where}: {exc}") from None
+            prompts.append(_replay_line(obj, endpoint, where))
     if not prompts:
         raise BenchError(f"{path}: no requests in the file")
     return prompts
-
-
-def _json_object(line: str, path: Path, number: int) -> dict[str, Any]:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise BenchError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-    if not isinstance(value, dict):
-        raise BenchError(f"{path}:{number}: expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _replay_line(obj: dict[str, Any], endpoint: Endpoint, where: str) -> Prompt:

@@ -2,6 +2,8 @@
 
 One schema serves `pagoda bench` (one engine) and `pagoda bakeoff` (several): results.json
 holds the settings, the environment and, per engine, every level with its per-request records.
+The files name no machine's paths: an absolute one is written relative to the report folder when
+inside it, else as `.../NAME`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pagoda.bench.run import EngineResult, LevelResult
 SECRET_FIELDS = ("api_key",)
 SECRET_OPTION = "--api-key"
 SECRET_IN_TEXT = re.compile(rf"({SECRET_OPTION}(?:=|\s+))(\S+)")
+# An absolute path in a string: not inside a URL (after "//host" or a word) and up to a space, quote or bracket.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/[^\s'\"`,;:=()\[\]{}<>|]+")
 
 
 @dataclass(frozen=True)
@@ -192,14 +196,43 @@ def write_results(
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / "results.json", folder / "results.csv", folder / "report.md"]
-    paths[0].write_text(json.dumps(results_json(tool, argv, settings, results), indent=1) + "\n")
+    data = _neutral(results_json(tool, argv, settings, results), folder)
+    paths[0].write_text(json.dumps(data, indent=1) + "\n")
     with paths[1].open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["engine", "concurrency", "interrupted", *BY_KEY])
         writer.writeheader()
         writer.writerows(csv_rows(results))
     plots = write_plots(folder, results)
-    paths[2].write_text(markdown(tool, argv, settings, results, [p.name for p in plots]))
+    paths[2].write_text(machine_neutral(markdown(tool, argv, settings, results, [p.name for p in plots]), folder))
     return paths + plots
+
+
+def machine_neutral(text: str, folder: Path) -> str:
+    """`text` with each absolute path to something on this machine rewritten, so that a report
+    shows no machine's layout (home, temp or checkout folders): relative to the report `folder`
+    when inside it, else `.../` and its last part. Other absolute paths that name nothing here (API
+    routes in error messages) stay as they are."""
+    root = folder.resolve()
+
+    def rewrite(match: re.Match[str]) -> str:
+        path = Path(match.group())
+        resolved = path.resolve()
+        if resolved.is_relative_to(root):  # a file to come (a server log), too
+            return str(resolved.relative_to(root))
+        return f".../{path.name}" if path.exists() else match.group()
+
+    return ABSOLUTE_PATH.sub(rewrite, text)
+
+
+def _neutral(data: Any, folder: Path) -> Any:
+    """`machine_neutral` over every string of JSON-ready data."""
+    if isinstance(data, str):
+        return machine_neutral(data, folder)
+    if isinstance(data, dict):
+        return {key: _neutral(value, folder) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_neutral(value, folder) for value in data]
+    return data
 
 
 def markdown(

@@ -14,16 +14,9 @@ from pagoda.analyze.pipeline import analyze_log
 from pagoda.analyze.tokenize import PromptTokenizer
 from pagoda.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.slow
+from .conftest import STORY, SYSTEM
 
-SYSTEM = (
-    "You are a careful assistant for a travel agency. Answer in one short sentence, name the city "
-    "first, and never invent facts. If you are unsure, say so plainly and suggest where to check."
-)
-STORY = (
-    "Once upon a time, in a harbour town where the fog rolled in every evening, an old lighthouse "
-    "keeper kept a logbook of every ship that passed. One night he wrote down a ship that"
-)
+pytestmark = pytest.mark.slow
 
 
 def test_predicted_cached_tokens_match_the_engine(default_llm, default_tokenizer, tmp_path):

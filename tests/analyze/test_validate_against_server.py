@@ -24,17 +24,11 @@ from pagoda.analyze.cli import main
 from pagoda.analyze.pipeline import analyze_log
 from pagoda.analyze.tokenize import PromptTokenizer
 
+from .conftest import STORY, SYSTEM
+
 pytestmark = pytest.mark.slow
 
 STARTUP_TIMEOUT_S = 300
-SYSTEM = (
-    "You are a careful assistant for a travel agency. Answer in one short sentence, name the city "
-    "first, and never invent facts. If you are unsure, say so plainly and suggest where to check."
-)
-STORY = (
-    "Once upon a time, in a harbour town where the fog rolled in every evening, an old lighthouse "
-    "keeper kept a logbook of every ship that passed. One night he wrote down a ship that"
-)
 
 
 def free_port() -> int:

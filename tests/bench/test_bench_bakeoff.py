@@ -74,6 +74,9 @@ def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path) -> None
         pixels = imread(out / name)
         assert pixels.std() > 0.01  # drawn, not blank
     assert (out / "logs" / "fast.log").exists() and (out / "logs" / "slow.log").exists()
+    # No machine's paths: the report folder is ".", other folders are left out.
+    assert str(tmp_path) not in report + (out / "results.json").read_text()
+    assert "`pagoda bakeoff .../b.toml --output . --no-progress`" in report
 
 
 @pytest.mark.parametrize(

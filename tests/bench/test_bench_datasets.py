@@ -151,7 +151,7 @@ def test_replay_understands_every_line_format(tmp_path: Path) -> None:
     "lines, message",
     [
         (['{"prompt": "a"}', "{not json"], "r.jsonl:2: not valid JSON"),
-        (["[1, 2]"], "r.jsonl:1: expected a JSON object"),
+        (["[1, 2]"], "r.jsonl:1: a JSON list, not an object"),
         (['{"text": "a"}'], "r.jsonl:1: expected an OpenAI request body"),
         (['{"messages": []}'], "'messages' must be a non-empty list"),
         (['{"prompt": "a", "max_tokens": -1}'], "'max_tokens' must be a positive integer"),
@@ -164,6 +164,13 @@ def test_malformed_replay_files_name_the_line(tmp_path: Path, lines: list[str], 
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(BenchError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        load_replay(path, "completions")
+
+
+def test_a_replay_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "\xff"}\n')
+    with pytest.raises(BenchError, match="r.jsonl:2: not UTF-8 text"):
         load_replay(path, "completions")
 
 
