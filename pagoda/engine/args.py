@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pagoda.attention import cpu_backend
+from pagoda.attention.selector import select_backend
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig
-from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
 
@@ -48,14 +47,7 @@ class EngineArgs:
         model = load_model_config(
             path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization
         )
-        backend = self.attention_backend
-        cpu_unsupported = cpu_backend.unsupported_reason(device, model.dtype, model.head_dim)
-        if backend == "auto":
-            backend = "triton" if device.type == "cuda" else ("torch" if cpu_unsupported else "cpu")
-        if backend not in ("cpu", "torch", "triton"):
-            raise ConfigError(f"Unknown attention backend {backend!r}; choose auto, cpu, torch or triton.")
-        if backend == "cpu" and cpu_unsupported:
-            raise ConfigError(cpu_unsupported[0].upper() + cpu_unsupported[1:] + ".")
+        backend = select_backend(self.attention_backend, device, model.dtype, model.head_dim)
         return EngineConfig(
             model=model,
             cache=CacheConfig(
@@ -69,7 +61,8 @@ class EngineArgs:
                 max_queue=self.max_queue,
             ),
             device=device,
-            attention_backend=backend,
+            attention_backend=backend.name,
+            attention_cuda_graphs=backend.support.cuda_graphs,
             seed=self.seed,
             enforce_eager=self.enforce_eager,
         )

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pagoda.attention.backend import AttentionInputs, get_backend, kv_cache_shape
+from pagoda.attention.backend import AttentionInputs, kv_cache_shape
+from pagoda.attention.selector import create_backend
 from pagoda.config import EngineConfig
 from pagoda.core.scheduler import SchedulerOutput
 from pagoda.model_executor import gpu_memory
@@ -42,7 +43,7 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         self.block_size = config.cache.block_size
-        self.backend = get_backend(config.attention_backend)
+        self.backend = create_backend(config.attention_backend)
         torch.manual_seed(config.seed)
         self.model = load_model(config.model, self.backend, self.device)
         self.kv_caches: list[torch.Tensor] = []
@@ -194,7 +195,7 @@ class _Batch:
     input_ids: torch.Tensor
     positions: torch.Tensor
     attn_inputs: AttentionInputs
-    attn_metadata: object
+    attn_metadata: object  # the backend's own type, opaque to the runner
     samplers: list[tuple[Request, int]]  # requests that sample this step, with their slot in the step
     sample_indices: torch.Tensor
     query_start_loc: np.ndarray
