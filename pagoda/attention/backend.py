@@ -6,7 +6,7 @@ at offset `t % block_size`, i.e. slot `block * block_size + offset`. Block 0 is 
 a request: padded lanes (CUDA graphs) may point at it and write garbage there.
 
 A batch packs the query tokens of all its requests back to back. Requests with exactly one query
-token (decodes) come first; `num_decodes` says how many.
+token (decodes) come first; `num_decodes` says how many. The model runner lays its batches out so.
 
 Each backend declares what it can serve (`BackendSupport`); `selector.py` picks and creates one.
 This module imports no concrete backend.

@@ -91,7 +91,6 @@ class Scheduler:
                 index += 1
         if not preempted:
             budget = self._admit_waiting(scheduled, budget)
-        scheduled.sort(key=lambda item: item[1] != 1)  # decodes first, as the attention backends expect
         return SchedulerOutput(tuple(scheduled), self.config.max_num_batched_tokens - budget)
 
     def update(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
