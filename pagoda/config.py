@@ -68,12 +68,13 @@ class EngineConfig:
     cache: CacheConfig
     scheduler: SchedulerConfig
     device: torch.device
-    attention_backend: str  # "cpu", "torch" or "triton"
+    attention_backend: str  # the name the selector chose (pagoda/attention/selector.py)
+    attention_cuda_graphs: bool  # whether that backend's forward can be captured (BackendSupport.cuda_graphs)
     seed: int = 0
     enforce_eager: bool = False  # never replay CUDA graphs
 
     @property
     def use_cuda_graphs(self) -> bool:
-        """Decode steps replay CUDA graphs: on a GPU, with the Triton backend (the torch backend's
-        metadata reads the device), unless eager execution is enforced."""
-        return self.device.type == "cuda" and self.attention_backend == "triton" and not self.enforce_eager
+        """Decode steps replay CUDA graphs: on a GPU, with a backend that can be captured, unless
+        eager execution is enforced."""
+        return self.device.type == "cuda" and self.attention_cuda_graphs and not self.enforce_eager

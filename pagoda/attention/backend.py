@@ -6,13 +6,17 @@ at offset `t % block_size`, i.e. slot `block * block_size + offset`. Block 0 is 
 a request: padded lanes (CUDA graphs) may point at it and write garbage there.
 
 A batch packs the query tokens of all its requests back to back. Requests with exactly one query
-token (decodes) come first; `num_decodes` says how many.
+token (decodes) come first; `num_decodes` says how many. The model runner lays its batches out so.
+
+Each backend declares what it can serve (`BackendSupport`); `selector.py` picks and creates one.
+This module imports no concrete backend.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar, Generic, TypeVar
 
 import torch
 
@@ -40,13 +44,32 @@ def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim
     return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
 
-class AttentionBackend(ABC):
+@dataclass(frozen=True)
+class BackendSupport:
+    """What a backend can serve: the selector checks a model against it before creating one."""
+
+    devices: tuple[str, ...]  # torch device types
+    dtypes: tuple[torch.dtype, ...]  # the model's activation dtype, which is also the KV cache's
+    head_dim_multiple: int = 1  # head_dim must be divisible by it
+    cuda_graphs: bool = False  # build_metadata reads only host values and forward never syncs: capturable
+
+
+M = TypeVar("M")  # a backend's per-step metadata
+
+
+class AttentionBackend(ABC, Generic[M]):
     """Writes a step's keys and values into the paged cache and attends over it."""
 
-    name: str
+    name: ClassVar[str]
+    support: ClassVar[BackendSupport]
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        """Why the backend cannot run on `device` in this installation (beyond `support`), or None."""
+        return None
 
     @abstractmethod
-    def build_metadata(self, inputs: AttentionInputs) -> object:
+    def build_metadata(self, inputs: AttentionInputs) -> M:
         """Per-step metadata, built once and shared by all layers."""
 
     @abstractmethod
@@ -56,27 +79,7 @@ class AttentionBackend(ABC):
         key: torch.Tensor,  # [T, num_kv_heads, head_dim]
         value: torch.Tensor,  # [T, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # kv_cache_shape(...)
-        metadata: object,
+        metadata: M,
         scale: float,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store key/value at the step's slots, then causal attention over each request's cache."""
-
-
-def get_backend(name: str) -> AttentionBackend:
-    if name == "cpu":
-        from pagoda.attention.cpu_backend import CpuAttentionBackend
-        from pagoda.kernels import cpu as cpu_kernels
-
-        lib = cpu_kernels.load()
-        if lib is None:
-            raise ValueError("the cpu attention backend needs its C kernels, which cannot be built here (see the log)")
-        return CpuAttentionBackend(lib)
-    if name == "torch":
-        from pagoda.attention.torch_backend import TorchAttentionBackend
-
-        return TorchAttentionBackend()
-    if name == "triton":
-        from pagoda.attention.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose 'cpu', 'torch' or 'triton'")

@@ -1,31 +1,18 @@
 """The CPU serving path: decodes read their keys and values in place from the paged cache through
-a compiled C kernel (no gather copy); prefill chunks run as in the torch backend.
+a compiled C kernel (no gather copy); prefill chunks run through torch's SDPA as in the torch
+backend (sdpa.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import torch
 
-from pagoda.attention.backend import AttentionInputs
-from pagoda.attention.torch_backend import TorchAttentionBackend, decode_block_tables
+from pagoda.attention.backend import AttentionBackend, AttentionInputs, BackendSupport
+from pagoda.attention.sdpa import PrefillChunk, attend_prefills, decode_block_tables, prefill_chunks, store_kv
+from pagoda.errors import ConfigError
 from pagoda.kernels import cpu as cpu_kernels
-
-
-def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why the cpu backend cannot serve this model here, or None when it can."""
-    if device.type != "cpu":
-        return f"the cpu attention backend runs on the CPU only, not on {device.type}"
-    if dtype != torch.float32 or head_dim % 8:
-        return f"the cpu attention backend needs float32 and a head_dim divisible by 8 (got {dtype}, {head_dim})"
-    if cpu_kernels.load() is None:
-        return (
-            "the cpu attention backend's C kernels cannot be built here "
-            "(they need gcc and an x86-64 CPU with AVX2 and FMA)"
-        )
-    return None
 
 
 @dataclass(frozen=True)
@@ -34,20 +21,45 @@ class PagedDecodes:
     seq_lens: torch.Tensor  # int32 [num_decodes]
 
 
-class CpuAttentionBackend(TorchAttentionBackend):
-    """Needs float32 caches and head_dim % 8 == 0 (see unsupported_reason)."""
+@dataclass(frozen=True)
+class CpuAttentionMetadata:
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    decodes: PagedDecodes | None  # None without decodes
+    prefills: tuple[PrefillChunk, ...]
 
+
+_NO_KERNELS = "its C kernels cannot be built here (they need gcc and an x86-64 CPU with AVX2 and FMA)"
+
+
+class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
     name = "cpu"
+    support = BackendSupport(devices=("cpu",), dtypes=(torch.float32,), head_dim_multiple=8)  # the C kernel's
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        return _NO_KERNELS if cpu_kernels.load() is None else None
+
+    def __init__(self) -> None:
+        lib = cpu_kernels.load()
+        if lib is None:
+            raise ConfigError(f"The cpu attention backend is unavailable: {_NO_KERNELS}.")
         self.lib = lib
 
-    def decode_metadata(self, inputs: AttentionInputs) -> PagedDecodes:
-        return PagedDecodes(
-            decode_block_tables(inputs).contiguous(), inputs.seq_lens[: inputs.num_decodes].contiguous()
-        )
+    def build_metadata(self, inputs: AttentionInputs) -> CpuAttentionMetadata:
+        nd = inputs.num_decodes
+        decodes = None
+        if nd:
+            decodes = PagedDecodes(decode_block_tables(inputs).contiguous(), inputs.seq_lens[:nd].contiguous())
+        return CpuAttentionMetadata(inputs.slot_mapping, nd, decodes, prefill_chunks(inputs))
 
-    def decode_attention(self, q, k_cache, v_cache, decodes: PagedDecodes, scale: float) -> torch.Tensor:
-        return cpu_kernels.paged_decode_attention(
-            self.lib, q, k_cache, v_cache, decodes.block_tables, decodes.seq_lens, scale
-        )
+    def forward(self, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float):
+        store_kv(key, value, kv_cache, metadata.slot_mapping)
+        out = torch.empty_like(query)
+        nd, decodes = metadata.num_decodes, metadata.decodes
+        if decodes is not None:
+            out[:nd] = cpu_kernels.paged_decode_attention(
+                self.lib, query[:nd], kv_cache[0], kv_cache[1], decodes.block_tables, decodes.seq_lens, scale
+            )
+        attend_prefills(out, query, key, value, kv_cache, metadata.prefills, scale)
+        return out

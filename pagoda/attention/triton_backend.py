@@ -13,9 +13,10 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from pagoda.attention import triton_kernels as kernels
-from pagoda.attention.backend import AttentionBackend, AttentionInputs
+from pagoda.attention.backend import AttentionBackend, AttentionInputs, BackendSupport
 
 _SMS_WITHOUT_CUDA = 132  # an H100/H200; only the split-KV heuristic reads it
 
@@ -39,8 +40,18 @@ class TritonAttentionMetadata:
     others: RequestRange | None  # the rest
 
 
-class TritonAttentionBackend(AttentionBackend):
+class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
     name = "triton"
+    # any head_dim: the kernels pad it to a power of two and mask the rest
+    support = BackendSupport(
+        devices=("cuda", "cpu"), dtypes=(torch.float32, torch.bfloat16, torch.float16), cuda_graphs=True
+    )
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        if device.type == "cpu" and not triton.knobs.runtime.interpret:
+            return "on the CPU it runs only under Triton's interpreter (TRITON_INTERPRET=1: tests, dry runs)"
+        return None
 
     def __init__(self, decode_splits: int | None = None):
         """decode_splits: slices per decode context for split-KV; None chooses per step, 1 never splits."""

@@ -353,46 +353,21 @@ def paged_attention(
     if num_seqs == 0:
         return
     query = _rows_contiguous(query)
-    _check_cache(kv_cache)
-    num_heads, head_dim = query.shape[1:]
-    num_kv_heads = kv_cache.shape[3]
-    group = num_heads // num_kv_heads
-    config = config or choose_config(group, head_dim, query.dtype, max_query_len)
+    group = _group(query, kv_cache)
+    config = config or choose_config(group, query.shape[2], query.dtype, max_query_len)
     block_q = config.block_q(group)
     if config.one_tile_per_seq:
         assert max_query_len <= block_q, "one_tile_per_seq needs every request within one tile"
         tiles = num_seqs
     else:
         tiles = num_tokens // block_q + num_seqs
-    _paged_attention_kernel[(tiles, num_kv_heads)](
-        out,
-        query,
-        kv_cache[0],
-        kv_cache[1],
-        query_start_loc,
-        seq_lens,
-        block_tables,
-        num_seqs,
-        scale * LOG2E,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        block_tables.stride(0),
-        head_dim,
-        GROUP=group,
-        BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_M=config.block_m,
-        BLOCK_Q=block_q,
-        TILE_N=config.tile_n,
-        HEAD_PAD=_pow2(head_dim),
+    _paged_attention_kernel[(tiles, kv_cache.shape[3])](
+        out_ptr=out,
+        num_seqs=num_seqs,
+        stride_ot=out.stride(0),
+        stride_oh=out.stride(1),
         ONE_TILE_PER_SEQ=config.one_tile_per_seq,
-        DOT_PRECISION=_dot_precision(query.dtype),
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        **_attention_args(query, kv_cache, query_start_loc, seq_lens, block_tables, scale, config),
     )
 
 
@@ -527,42 +502,16 @@ def paged_attention_split(
     if num_seqs == 0:
         return
     query = _rows_contiguous(query)
-    _check_cache(kv_cache)
+    config = config or choose_split_config(_group(query, kv_cache), query.dtype)
     num_heads, head_dim = query.shape[1:]
-    num_kv_heads = kv_cache.shape[3]
-    group = num_heads // num_kv_heads
-    config = config or choose_split_config(group, query.dtype)
-    head_pad = _pow2(head_dim)
     tmp_out = torch.empty((num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=query.device)
     tmp_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=query.device)
-    _paged_attention_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        tmp_out,
-        tmp_lse,
-        query,
-        kv_cache[0],
-        kv_cache[1],
-        query_start_loc,
-        seq_lens,
-        block_tables,
-        num_splits,
-        num_heads,
-        scale * LOG2E,
-        query.stride(0),
-        query.stride(1),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        block_tables.stride(0),
-        head_dim,
-        GROUP=group,
-        BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_M=config.block_m,
-        BLOCK_Q=config.block_q(group),
-        TILE_N=config.tile_n,
-        HEAD_PAD=head_pad,
-        DOT_PRECISION=_dot_precision(query.dtype),
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+    _paged_attention_split_kernel[(num_seqs, kv_cache.shape[3], num_splits)](
+        tmp_out_ptr=tmp_out,
+        tmp_lse_ptr=tmp_lse,
+        num_splits=num_splits,
+        num_heads=num_heads,
+        **_attention_args(query, kv_cache, query_start_loc, seq_lens, block_tables, scale, config),
     )
     _merge_splits_kernel[(num_tokens, num_heads)](
         out,
@@ -574,8 +523,52 @@ def paged_attention_split(
         out.stride(1),
         head_dim,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
-        HEAD_PAD=head_pad,
+        HEAD_PAD=_pow2(head_dim),
         num_warps=4 if head_dim >= 128 else 2,
+    )
+
+
+def _group(query: torch.Tensor, kv_cache: torch.Tensor) -> int:
+    """Query heads per KV head."""
+    return query.shape[1] // kv_cache.shape[3]
+
+
+def _attention_args(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    config: TileConfig,
+) -> dict:
+    """The arguments both attention kernels take, by name: the inputs, their strides and the tiling."""
+    _check_cache(kv_cache)
+    group, head_dim = _group(query, kv_cache), query.shape[2]
+    return dict(
+        q_ptr=query,
+        k_cache_ptr=kv_cache[0],
+        v_cache_ptr=kv_cache[1],
+        qsl_ptr=query_start_loc,
+        seq_lens_ptr=seq_lens,
+        block_tables_ptr=block_tables,
+        scale_log2=scale * LOG2E,
+        stride_qt=query.stride(0),
+        stride_qh=query.stride(1),
+        stride_cb=kv_cache.stride(1),
+        stride_co=kv_cache.stride(2),
+        stride_ch=kv_cache.stride(3),
+        stride_bt=block_tables.stride(0),
+        head_dim=head_dim,
+        GROUP=group,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_M=config.block_m,
+        BLOCK_Q=config.block_q(group),
+        TILE_N=config.tile_n,
+        HEAD_PAD=_pow2(head_dim),
+        DOT_PRECISION=_dot_precision(query.dtype),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
 
 

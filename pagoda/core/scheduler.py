@@ -120,7 +120,6 @@ class Scheduler:
             budget = self._admit_waiting(scheduled, budget)
         if not scheduled:
             return SchedulerOutput((), 0)
-        scheduled.sort(key=lambda item: item[1] != 1)  # decodes first, as the attention backends expect
         finished, self._finished_ids = frozenset(self._finished_ids), []
         return SchedulerOutput(tuple(scheduled), self.config.max_num_batched_tokens - budget, finished)
 

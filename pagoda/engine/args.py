@@ -13,7 +13,6 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig
-from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
 
@@ -58,8 +57,8 @@ class EngineArgs:
     device: str = option("auto", "auto: cuda when present, else cpu")
     attention_backend: str = option(
         "auto",
-        "auto: cpu on CPU (a C decode kernel built with gcc on first use; torch where it cannot be built), "
-        "triton on CUDA",
+        "auto: on CPU cpu (a C decode kernel built with gcc on first use), else torch; on CUDA triton, "
+        "else torch; a named backend that cannot serve the model is refused with the reason",
         choices=["auto", "cpu", "torch", "triton"],
     )
     seed: int = option(0, "the engine's seed; a request's own seed overrides it for that request")
@@ -110,7 +109,7 @@ class EngineArgs:
     def create_config(self) -> EngineConfig:
         import torch
 
-        from pagoda.attention import cpu_backend
+        from pagoda.attention.selector import select_backend
         from pagoda.model_executor.loader import load_model_config
 
         device = torch.device(
@@ -123,14 +122,7 @@ class EngineArgs:
         model = load_model_config(
             path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization
         )
-        backend = self.attention_backend
-        cpu_unsupported = cpu_backend.unsupported_reason(device, model.dtype, model.head_dim)
-        if backend == "auto":
-            backend = "triton" if device.type == "cuda" else ("torch" if cpu_unsupported else "cpu")
-        if backend not in ("cpu", "torch", "triton"):
-            raise ConfigError(f"Unknown attention backend {backend!r}; choose auto, cpu, torch or triton.")
-        if backend == "cpu" and cpu_unsupported:
-            raise ConfigError(cpu_unsupported[0].upper() + cpu_unsupported[1:] + ".")
+        backend = select_backend(self.attention_backend, device, model.dtype, model.head_dim)
         return EngineConfig(
             model=model,
             cache=CacheConfig(
@@ -144,7 +136,8 @@ class EngineArgs:
                 max_queue=self.max_queue,
             ),
             device=device,
-            attention_backend=backend,
+            attention_backend=backend.name,
+            attention_cuda_graphs=backend.support.cuda_graphs,
             seed=self.seed,
             enforce_eager=self.enforce_eager,
         )

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pagoda.attention.backend import AttentionInputs, get_backend, kv_cache_shape
+from pagoda.attention.backend import AttentionInputs, kv_cache_shape
+from pagoda.attention.selector import create_backend
 from pagoda.config import EngineConfig
 from pagoda.core.outputs import ModelRunnerOutput, SchedulerOutput
 from pagoda.model_executor import gpu_memory
@@ -32,7 +33,7 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         self.block_size = config.cache.block_size
-        self.backend = get_backend(config.attention_backend)
+        self.backend = create_backend(config.attention_backend)
         torch.manual_seed(config.seed)
         self.model = load_model(config.model, self.backend, self.device)
         self.sampler = Sampler()
@@ -116,17 +117,21 @@ class ModelRunner:
         return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
 
     def _prepare(self, step: SchedulerOutput) -> _Batch:
+        """The batch's rows are the step's requests reordered decodes first (`order`); everything
+        handed back is indexed by the step's order."""
         bs = self.block_size
-        starts = [r.num_computed_tokens for r, _ in step.scheduled]
-        query_lens = [n for _, n in step.scheduled]
+        order = _decodes_first([n for _, n in step.scheduled])
+        scheduled = [step.scheduled[i] for i in order]
+        starts = [r.num_computed_tokens for r, _ in scheduled]
+        query_lens = [n for _, n in scheduled]
         seq_lens = [s + n for s, n in zip(starts, query_lens)]
         token_ids: list[int] = []
-        for (request, n), start in zip(step.scheduled, starts):
+        for (request, n), start in zip(scheduled, starts):
             token_ids += request.token_ids[start : start + n]
         positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, query_lens)])
-        max_blocks = max(len(r.block_ids) for r, _ in step.scheduled)
-        tables = np.zeros((len(step.scheduled), max_blocks), dtype=np.int32)
-        for i, (request, _) in enumerate(step.scheduled):
+        max_blocks = max(len(r.block_ids) for r, _ in scheduled)
+        tables = np.zeros((len(scheduled), max_blocks), dtype=np.int32)
+        for i, (request, _) in enumerate(scheduled):
             tables[i, : len(request.block_ids)] = request.block_ids
         row_of_token = np.repeat(np.arange(len(query_lens)), query_lens)
         slots = tables[row_of_token, positions // bs].astype(np.int64) * bs + positions % bs
@@ -144,18 +149,20 @@ class ModelRunner:
             block_size=bs,
             dtype=self.config.model.dtype,
         )
-        samplers = [(request, i) for i, (request, _) in enumerate(step.scheduled) if seq_lens[i] == request.num_tokens]
+        sampling_rows = [i for i, (request, _) in enumerate(scheduled) if seq_lens[i] == request.num_tokens]
         sample_indices = torch.tensor(
-            [int(query_start_loc[i + 1]) - 1 for _, i in samplers], dtype=torch.long, device=device
+            [int(query_start_loc[i + 1]) - 1 for i in sampling_rows], dtype=torch.long, device=device
         )
+        query_starts = np.empty(len(order), dtype=np.int32)
+        query_starts[order] = query_start_loc[:-1]
         return _Batch(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
             positions=torch.from_numpy(positions).to(device),
             attn_inputs=inputs,
             attn_metadata=self.backend.build_metadata(inputs),
-            samplers=samplers,
+            samplers=[(scheduled[i][0], order[i]) for i in sampling_rows],
             sample_indices=sample_indices,
-            query_start_loc=query_start_loc,
+            query_starts=query_starts,
             wants_prompt_logprobs=any(
                 r.sampling_params.prompt_logprobs is not None and r.is_prefilling for r, _ in step.scheduled
             ),
@@ -174,7 +181,7 @@ class ModelRunner:
             if num_top is None or end <= start:
                 result.append(None)
                 continue
-            q0 = int(batch.query_start_loc[i]) + start - request.num_computed_tokens
+            q0 = int(batch.query_starts[i]) + start - request.num_computed_tokens
             logprobs = torch.log_softmax(self.model.compute_logits(hidden[q0 : q0 + end - start]).float(), dim=-1)
             nexts = request.token_ids[start + 1 : end + 1]
             result.append([token_logprob(logprobs[j], t, num_top) for j, t in enumerate(nexts)])
@@ -186,8 +193,14 @@ class _Batch:
     input_ids: torch.Tensor
     positions: torch.Tensor
     attn_inputs: AttentionInputs
-    attn_metadata: object
+    attn_metadata: object  # the backend's own type, opaque to the runner
     samplers: list[tuple[Request, int]]  # requests that sample this step, with their slot in the step
-    sample_indices: torch.Tensor
-    query_start_loc: np.ndarray
+    sample_indices: torch.Tensor  # the samplers' last query tokens, in the order of `samplers`
+    query_starts: np.ndarray  # per request, in the step's order: the batch row of its first query token
     wants_prompt_logprobs: bool
+
+
+def _decodes_first(query_lens: list[int]) -> list[int]:
+    """The step's indices with its decodes (one query token) first, each group in the step's order:
+    the batch order AttentionInputs' contract asks for."""
+    return sorted(range(len(query_lens)), key=lambda i: query_lens[i] != 1)

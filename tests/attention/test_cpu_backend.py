@@ -7,10 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from pagoda.attention.backend import get_backend
-from pagoda.attention.cpu_backend import CpuAttentionBackend, unsupported_reason
-from pagoda.engine.args import EngineArgs
-from pagoda.errors import ConfigError
+from pagoda.attention.cpu_backend import CpuAttentionBackend
 from pagoda.kernels import cpu as cpu_kernels
 
 from . import helpers
@@ -21,7 +18,7 @@ pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernel
 
 
 def assert_matches_reference(step: Step, tol: float = 1e-5):
-    helpers.assert_matches_reference(get_backend("cpu"), step, tol)
+    helpers.assert_matches_reference(CpuAttentionBackend(), step, tol)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -55,23 +52,3 @@ def test_strided_query():
     query = qkv[:, : step.query.shape[1]]
     assert not query.is_contiguous()
     assert_matches_reference(dataclasses.replace(step, query=query))
-
-
-def test_unsupported_reason():
-    cpu = torch.device("cpu")
-    assert unsupported_reason(cpu, torch.float32, 64) is None
-    assert "float32" in unsupported_reason(cpu, torch.bfloat16, 64)
-    assert "divisible by 8" in unsupported_reason(cpu, torch.float32, 20)
-    assert "CPU only" in unsupported_reason(torch.device("cuda"), torch.float32, 64)
-
-
-def test_engine_args_choose_the_backend():
-    """The default model on CPU: cpu in float32, torch in bfloat16, and cpu refused there."""
-    assert EngineArgs().create_config().attention_backend == "cpu"
-    assert EngineArgs(dtype="bfloat16").create_config().attention_backend == "torch"
-    with pytest.raises(ConfigError, match="needs float32"):
-        EngineArgs(dtype="bfloat16", attention_backend="cpu").create_config()
-
-
-def test_get_backend():
-    assert isinstance(get_backend("cpu"), CpuAttentionBackend)

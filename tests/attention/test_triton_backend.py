@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pagoda.attention import triton_kernels
-from pagoda.attention.backend import AttentionInputs, get_backend
+from pagoda.attention.backend import AttentionInputs
 from pagoda.attention.triton_backend import TritonAttentionBackend
 
 from . import helpers
@@ -122,11 +122,6 @@ def test_decode_splits_heuristic():
     assert choose(num_decodes=8, num_kv_heads=8, max_seq_len=8192, num_sms=132) == 4
     assert choose(num_decodes=1, num_kv_heads=8, max_seq_len=300, num_sms=132) == 1  # too short to split
     assert choose(num_decodes=64, num_kv_heads=8, max_seq_len=8192, num_sms=132) == 1  # GPU already full
-
-
-def test_get_backend():
-    backend = get_backend("triton")
-    assert isinstance(backend, TritonAttentionBackend) and backend.name == "triton"
 
 
 def drop_padding(step: Step, lanes: int) -> Step:

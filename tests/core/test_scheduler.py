@@ -73,7 +73,8 @@ def test_a_budget_of_one_token_still_makes_progress() -> None:
     engine.check_all_released()
 
 
-def test_decodes_come_first_in_the_output() -> None:
+def test_running_requests_come_first_then_admissions_in_order() -> None:
+    """No decodes-first sort: the model runner orders its batch for the attention backends."""
     s = make_scheduler(64, BS, max_num_batched_tokens=100)
     engine = FakeEngine(s, sample=constant(7))
     add(s, "warm", tokens(9), max_tokens=1)
@@ -83,7 +84,7 @@ def test_decodes_come_first_in_the_output() -> None:
     add(s, "q", tokens(5, start=200), max_tokens=1)
     hit = add(s, "hit", tokens(9), max_tokens=1)  # 8 tokens cached: one token to compute
     out = engine.step()
-    assert ids(out) == [("d", 1), ("hit", 1), ("q", 5)]
+    assert ids(out) == [("d", 1), ("q", 5), ("hit", 1)]
     assert hit.num_cached_tokens == 8
     engine.run_until_done()
     assert d.output_token_ids == [7] * 5
@@ -355,7 +356,7 @@ def test_siblings_wait_for_the_parents_prompt_then_share_its_blocks(caching: boo
     assert ids(engine.step()) == [("p", 4)]
     assert ids(engine.step()) == [("p", 4)]
     assert ids(engine.step()) == [("p", 2)]  # the siblings are not ready yet: budget left unused
-    assert ids(engine.step()) == [("p", 1), ("s2", 1), ("s1", 2)]
+    assert ids(engine.step()) == [("p", 1), ("s1", 2), ("s2", 1)]
     shared = p.block_ids[:2]
     assert s1.block_ids[:2] == shared and s2.block_ids[:2] == shared
     assert [s.kv.pool.ref_counts[b] for b in shared] == [3, 3]

@@ -36,17 +36,19 @@ def test_bucket_padding_is_bounded():
 
 
 @pytest.mark.parametrize(
-    "device,backend,eager,expected",
+    "device,capturable,eager,expected",
     [
-        ("cuda", "triton", False, True),
-        ("cuda", "triton", True, False),
-        ("cuda", "torch", False, False),
-        ("cpu", "triton", False, False),
-        ("cpu", "torch", False, False),
+        ("cuda", True, False, True),
+        ("cuda", True, True, False),
+        ("cuda", False, False, False),
+        ("cpu", True, False, False),
+        ("cpu", False, False, False),
     ],
 )
-def test_graphs_only_on_gpu_with_triton_unless_eager(device, backend, eager, expected):
-    config = EngineConfig(None, CacheConfig(), SchedulerConfig(), torch.device(device), backend, enforce_eager=eager)
+def test_graphs_only_on_gpu_with_a_capturable_backend_unless_eager(device, capturable, eager, expected):
+    config = EngineConfig(
+        None, CacheConfig(), SchedulerConfig(), torch.device(device), "any", capturable, enforce_eager=eager
+    )
     assert config.use_cuda_graphs is expected
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagoda.attention.cpu_backend import unsupported_reason
+from pagoda.attention.selector import unsupported_reason
 from pagoda.kernels import cpu as cpu_kernels
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
@@ -44,6 +44,6 @@ def test_no_compiler_means_no_kernels(tmp_path, monkeypatch):
     cpu_kernels.load.cache_clear()
     try:
         assert cpu_kernels.load() is None
-        assert "cannot be built" in unsupported_reason(torch.device("cpu"), torch.float32, 64)
+        assert "cannot be built" in unsupported_reason("cpu", torch.device("cpu"), torch.float32, 64)
     finally:
         cpu_kernels.load.cache_clear()

@@ -1,0 +1,58 @@
+"""The model runner lays each batch out decodes first, as the attention backends' contract asks,
+whatever the scheduler's order, and hands every result back in the step's order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagoda import LLM, SamplingParams
+from tests.reference import assert_greedy_match, hf_greedy
+from tests.tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from pagoda.model_files import load_tokenizer
+
+    return write_tiny_model("llama", tmp_path_factory.mktemp("runner") / "llama", load_tokenizer(None))
+
+
+def test_a_prefill_scheduled_before_a_decode_runs_after_it(tiny_llama):
+    llm = LLM(str(tiny_llama), block_size=4, kv_cache_memory=0.01, max_model_len=64, max_num_batched_tokens=100)
+    engine, runner = llm.engine, llm.engine.core.runner
+    steps, batches = [], []
+    execute, build = runner.execute, runner.backend.build_metadata
+    runner.execute = lambda step: steps.append([n for _, n in step.scheduled]) or execute(step)
+    runner.backend.build_metadata = lambda inputs: batches.append(inputs) or build(inputs)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompts = {"warm": list(range(10, 19)), "d": [50, 51, 52], "q": list(range(200, 205)), "hit": list(range(10, 19))}
+
+    engine.add_request(prompts["warm"], SamplingParams(temperature=0.0, max_tokens=1), "warm")
+    engine.add_request(prompts["d"], greedy, "d")
+    results = {u.request_id: u for u in engine.step() if u.finished}  # warm done and cached, d decoding
+    engine.add_request(prompts["q"], SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=1), "q")
+    engine.add_request(prompts["hit"], greedy, "hit")  # 8 of its 9 prompt tokens cached: one to compute
+    while engine.has_unfinished:
+        results.update({u.request_id: u for u in engine.step() if u.finished})
+
+    mixed = steps.index([1, 5, 1])  # d decodes; q's prompt, then hit's last prompt token
+    assert batches[mixed].query_lens_cpu == (1, 1, 5) and batches[mixed].num_decodes == 2
+    assert all(set(b.query_lens_cpu[: b.num_decodes]) <= {1} for b in batches)
+    assert all(1 not in b.query_lens_cpu[b.num_decodes :] for b in batches)
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    for name, prompt in prompts.items():
+        want = hf_greedy(model, prompt, len(results[name].token_ids))
+        assert_greedy_match(model, prompt, want, results[name].token_ids, [])
+    with torch.inference_mode():
+        expected = torch.log_softmax(model(torch.tensor([prompts["q"]])).logits[0, :-1], dim=-1)
+    got = results["q"].prompt_logprobs[1:]
+    assert [p.token_id for p in got] == prompts["q"][1:]
+    torch.testing.assert_close(
+        torch.tensor([p.logprob for p in got]), expected[range(4), prompts["q"][1:]], atol=1e-4, rtol=1e-4
+    )
