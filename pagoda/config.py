@@ -72,6 +72,7 @@ class EngineConfig:
     attention_cuda_graphs: bool  # whether that backend's forward can be captured (BackendSupport.cuda_graphs)
     seed: int = 0
     enforce_eager: bool = False  # never replay CUDA graphs
+    grammar_compile_timeout: float = 10.0  # seconds a structured-output constraint may take to compile
 
     @property
     def use_cuda_graphs(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pagoda.sampling_params import SamplingParams
 
@@ -25,6 +26,15 @@ class TokenLogprob:
     top: dict[int, float]
 
 
+class Grammar(Protocol):
+    """A structured-output constraint's state for one request (pagoda.structured.RequestGrammar):
+    the scheduler advances it with each sampled token and ends the request when it is complete."""
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -35,6 +45,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     # Requests of one n>1 group share the prompt: all but the first wait for its prefill.
     parent: Request | None = None
+    grammar: Grammar | None = None  # the output's constraint, if the request has one
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)  # prompt, then outputs
@@ -78,6 +89,8 @@ class Request:
         """Finish reason implied by the last appended token, or None to go on."""
         params = self.sampling_params
         last = self.token_ids[-1]
+        if self.grammar is not None and self.grammar.is_terminated():
+            return "stop"  # the constrained output is complete (its stop token accepted, if any)
         num_out = self.num_output_tokens
         if num_out >= params.min_tokens:
             if not params.ignore_eos and last in self.eos_token_ids:

@@ -2,7 +2,58 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on the output: exactly one of a JSON schema, any JSON object, a regular
+    expression, a choice among strings, or an EBNF grammar (vLLM's `structured_outputs`)."""
+
+    json: dict[str, Any] | None = None  # a JSON schema (JSON text is parsed on construction)
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None  # EBNF, as xgrammar and llama.cpp's GBNF read it
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            object.__setattr__(self, "choice", tuple(self.choice))
+        if isinstance(self.json, str):
+            try:
+                object.__setattr__(self, "json", json.loads(self.json))
+            except ValueError as exc:
+                raise SamplingParamsError("structured_outputs", f"the JSON schema is not valid JSON: {exc}") from None
+        if self.json is not None and not isinstance(self.json, dict):
+            raise SamplingParamsError("structured_outputs", "a JSON schema must be a JSON object")
+        set_ = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        set_ += ["json_object"] if self.json_object else []
+        if len(set_) != 1:
+            raise SamplingParamsError(
+                "structured_outputs",
+                "structured_outputs takes exactly one of json, json_object, regex, choice, grammar; "
+                f"got {set_ or 'none'}",
+            )
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
+            raise SamplingParamsError(
+                "structured_outputs", "structured_outputs.choice must be a non-empty list of strings"
+            )
+
+    @property
+    def kind(self) -> str:
+        return (
+            "json_object"
+            if self.json_object
+            else next(name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None)
+        )
+
+    @property
+    def key(self) -> str:
+        """The constraint as one canonical text: equal constraints have equal keys."""
+        value = {"json": self.json, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}.get(self.kind)
+        return f"{self.kind}\n{json.dumps(value, sort_keys=True, separators=(',', ':'), ensure_ascii=False)}"
 
 
 @dataclass(frozen=True)
@@ -26,6 +77,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives besides the sampled token
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -141,7 +141,8 @@ class Scheduler:
                 request.append_token(token)
                 if request.first_token_time is None:
                     request.first_token_time = now
-                reason = request.check_stop()
+                refused = request.grammar is not None and not request.grammar.accept_token(token)
+                reason = "stop" if refused else request.check_stop()  # refused: only when min_tokens bans all
                 if reason is not None:
                     self.running.remove(request)
                     self._finish(request, reason)

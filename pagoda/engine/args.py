@@ -77,6 +77,11 @@ class EngineArgs:
         "dummy: random weights of the model's config, to time a model without its weights",
         choices=["auto", "dummy"],
     )
+    grammar_compile_timeout: float = option(
+        10.0,
+        "seconds a structured-output constraint (JSON schema, regex, choice, grammar) may take to compile; "
+        "past it the compile is abandoned and the request refused",
+    )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, *, positional_model: bool) -> None:
@@ -140,6 +145,7 @@ class EngineArgs:
             attention_cuda_graphs=backend.support.cuda_graphs,
             seed=self.seed,
             enforce_eager=self.enforce_eager,
+            grammar_compile_timeout=self.grammar_compile_timeout,
         )
 
 

@@ -54,6 +54,7 @@ class AsyncEngine(EngineBase):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.close()
 
     @property
     def is_alive(self) -> bool:
@@ -73,7 +74,9 @@ class AsyncEngine(EngineBase):
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        requests = self._new_requests(request_id, prompt_ids, params)
+        constraint = params.structured_outputs
+        grammar = None if constraint is None else await asyncio.to_thread(self.compile_grammar, constraint)
+        requests = self._new_requests(request_id, prompt_ids, params, grammar)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._engine_ids[request_id] = [r.request_id for r in requests]

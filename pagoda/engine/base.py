@@ -4,12 +4,18 @@ updates into text updates."""
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING, Any
+
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.core import EngineCore
 from pagoda.engine.output_processor import OutputProcessor, make_requests
-from pagoda.model_files import load_tokenizer
+from pagoda.model_files import cache_root, load_tokenizer
 from pagoda.request import Request
-from pagoda.sampling_params import SamplingParams
+from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from pagoda.structured.compiler import GrammarCompiler
 
 
 class EngineBase:
@@ -18,8 +24,33 @@ class EngineBase:
         self.tokenizer = load_tokenizer(self.config.model.path)
         self.core = EngineCore(self.config)
         self.outputs = OutputProcessor(self.tokenizer)
+        self._grammars: GrammarCompiler | None = None  # made at the first constrained request
 
-    def _new_requests(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Request]:
-        """The engine requests of one caller request, one per sequence of n."""
+    def compile_grammar(self, constraint: StructuredOutputsParams) -> Any:
+        """The compiled grammar of a structured-output constraint (cached); GrammarError if none.
+        Blocks up to the compile time limit: the server calls it from a worker thread."""
+        if self._grammars is None:
+            from pagoda.structured.compiler import GrammarCompiler
+
+            m = self.config.model
+            self._grammars = GrammarCompiler(
+                self.tokenizer, m.vocab_size, m.eos_token_ids, self.config.grammar_compile_timeout, cache_root()
+            )
+        return self._grammars.compile(constraint)
+
+    def close(self) -> None:
+        if self._grammars is not None:
+            self._grammars.close()
+
+    def _new_requests(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, grammar: Any = None
+    ) -> list[Request]:
+        """The engine requests of one caller request, one per sequence of n; `grammar`: the
+        compiled grammar of its constraint, if it has one."""
         m = self.config.model
-        return make_requests(request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len)
+        new_grammar = None
+        if grammar is not None:
+            from pagoda.structured.grammar import RequestGrammar
+
+            new_grammar = functools.partial(RequestGrammar, grammar)
+        return make_requests(request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len, new_grammar)

@@ -24,7 +24,9 @@ class LLMEngine(EngineBase):
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        requests = self._new_requests(request_id, prompt_ids, params)
+        constraint = params.structured_outputs
+        grammar = self.compile_grammar(constraint) if constraint is not None else None
+        requests = self._new_requests(request_id, prompt_ids, params, grammar)
         for request in requests:
             self.core.add_request(request)
         self.outputs.add(request_id, requests)

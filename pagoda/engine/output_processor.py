@@ -4,32 +4,39 @@ callers. Runs beside the engine core (in the server, on the event loop, not the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagoda.core.outputs import CoreOutput, RequestMetrics
 from pagoda.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from pagoda.engine.outputs import SequenceOutput
-from pagoda.request import Request
+from pagoda.request import Grammar, Request
 from pagoda.sampling_params import SamplingParams
 
 
 def make_requests(
-    request_id: str, prompt_ids: list[int], params: SamplingParams, eos_ids, max_model_len: int
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    eos_ids,
+    max_model_len: int,
+    new_grammar: Callable[[], Grammar] | None = None,
 ) -> list[Request]:
     """The engine requests of one caller request: one per sequence; siblings of n > 1 share the
-    prompt through the first one, and seeded siblings get consecutive seeds."""
-    first = Request(f"{request_id}#0", prompt_ids, params, frozenset(eos_ids), max_model_len)
-    requests = [first]
-    for i in range(1, params.n):
-        seed = None if params.seed is None else params.seed + i
+    prompt through the first one, seeded siblings get consecutive seeds, and a constrained
+    request's sequences each get a grammar state of their own from `new_grammar`."""
+    requests: list[Request] = []
+    for i in range(params.n):
+        seed = None if params.seed is None or i == 0 else params.seed + i
         requests.append(
             Request(
                 f"{request_id}#{i}",
                 prompt_ids,
-                dataclasses.replace(params, seed=seed),
+                params if i == 0 else dataclasses.replace(params, seed=seed),
                 frozenset(eos_ids),
                 max_model_len,
-                parent=first,
+                parent=requests[0] if requests else None,
+                grammar=new_grammar() if new_grammar is not None else None,
             )
         )
     return requests

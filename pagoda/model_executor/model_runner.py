@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ from pagoda.model_executor.cuda_graphs import MAX_GRAPH_BATCH, CUDAGraphRunner, 
 from pagoda.model_executor.loader import load_model
 from pagoda.model_executor.sampler import Sampler, token_logprob
 from pagoda.request import Request, TokenLogprob
+
+if TYPE_CHECKING:
+    from pagoda.structured.grammar import TokenBitmask
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +106,21 @@ class ModelRunner:
         logprobs: list[TokenLogprob | None] = [None] * len(step.scheduled)
         if sampling:
             logits = self.model.compute_logits(hidden[batch.sample_indices])
-            out = self.sampler.sample(logits, sampling)
+            out = self.sampler.sample(logits, sampling, self._grammar_bitmask(sampling))
             for (_, slot), token, lp in zip(batch.samplers, out.token_ids, out.logprobs):
                 tokens[slot], logprobs[slot] = token, lp
         prompt_logprobs = (
             self._prompt_logprobs(step, batch, hidden) if batch.wants_prompt_logprobs else [None] * len(step.scheduled)
         )
         return ModelRunnerOutput(tokens, logprobs, prompt_logprobs)
+
+    def _grammar_bitmask(self, requests: list[Request]) -> TokenBitmask | None:
+        """The allowed tokens of this step's constrained requests (None when none is)."""
+        if all(request.grammar is None for request in requests):
+            return None
+        from pagoda.structured.grammar import step_bitmask  # xgrammar: only once a request is constrained
+
+        return step_bitmask(requests, self.config.model.vocab_size)
 
     def _forward(self, batch: _Batch) -> torch.Tensor:
         """A pure-decode step that fits a bucket replays that bucket's CUDA graph; the rest run eagerly."""

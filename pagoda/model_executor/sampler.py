@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagoda.request import Request, TokenLogprob
+
+if TYPE_CHECKING:  # xgrammar is imported only where a request is constrained
+    from pagoda.structured.grammar import TokenBitmask
 
 
 @dataclass(frozen=True)
@@ -27,9 +31,12 @@ class Sampler:
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}  # request id -> its seeded generator
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
-        """logits [B, V] for the requests' next tokens, in order."""
-        return sample(logits, requests, self._generator)
+    def sample(
+        self, logits: torch.Tensor, requests: Sequence[Request], bitmask: TokenBitmask | None = None
+    ) -> SamplerOutput:
+        """logits [B, V] for the requests' next tokens, in order; `bitmask`: the allowed tokens
+        of constrained requests (structured outputs)."""
+        return sample(logits, requests, self._generator, bitmask)
 
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget finished requests' generators."""
@@ -47,18 +54,24 @@ class Sampler:
 GeneratorOf = Callable[[Request, torch.device], torch.Generator]
 
 
-def sample(logits: torch.Tensor, requests: Sequence[Request], generator_of: GeneratorOf) -> SamplerOutput:
+def sample(
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    generator_of: GeneratorOf,
+    bitmask: TokenBitmask | None = None,
+) -> SamplerOutput:
     """logits [B, V] for the requests' next tokens, in order; `generator_of` gives a seeded
-    request's random generator."""
+    request's random generator. Returned logprobs are the model's, before any mask (as vLLM's)."""
     params = [r.sampling_params for r in requests]
     wants_logprobs = any(p.logprobs is not None for p in params)
+    raw = torch.log_softmax(logits.float(), dim=-1) if wants_logprobs else None
+    if bitmask is not None:  # first: penalties, bias and sampling see only allowed tokens
+        logits = logits.float()
+        bitmask.apply(logits)
     if all(p.greedy and _plain(p) for p in params) and not any(_min_tokens_active(r) for r in requests):
         token_ids = logits.argmax(dim=-1)
-        raw = torch.log_softmax(logits.float(), dim=-1) if wants_logprobs else None
         return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
-    logits = logits.float()
-    raw = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
-    logits = logits.clone()
+    logits = logits.float().clone()
     if any(p.uses_penalties for p in params):
         apply_penalties(logits, requests)
     _apply_bias_and_min_tokens(logits, requests)

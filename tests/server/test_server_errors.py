@@ -48,7 +48,6 @@ def test_unknown_route_is_an_openai_404(http):
         ("tool_choice", "auto"),
         ("functions", [{"name": "f"}]),
         ("function_call", "auto"),
-        ("response_format", {"type": "json_object"}),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
     ],

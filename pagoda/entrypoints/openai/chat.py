@@ -80,6 +80,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         renames={"logprobs": "top_logprobs", "max_tokens": max_param},
     )
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages")
+    await state.check_constraint(body, params)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}

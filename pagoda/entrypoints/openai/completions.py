@@ -59,6 +59,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     )
     for p in prompts:
         check_context(len(p.ids), body.max_tokens, state.limits.max_model_len, "prompt")
+    await state.check_constraint(body, params)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params)
     head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}

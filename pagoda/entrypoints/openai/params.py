@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from pagoda.sampling_params import SamplingParams, SamplingParamsError
+from pagoda.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0
 
@@ -52,10 +52,66 @@ def sampling_params(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=request.skip_special_tokens,
+            structured_outputs=structured_outputs(request),
         )
     except SamplingParamsError as exc:
         param = renames.get(exc.param, exc.param)
         raise bad_request(str(exc).replace(exc.param, param, 1), param) from None
+
+
+GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def constraint_field(request: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The body field that holds the request's output constraint; 400 when there are several."""
+    fields = [name for name in GUIDED_FIELDS if getattr(request, name) is not None]
+    if request.structured_outputs is not None:
+        fields.insert(0, "structured_outputs")
+    if request.response_format not in (None, {"type": "text"}):
+        fields.insert(0, "response_format")
+    if len(fields) > 1:
+        raise bad_request(f"A request takes at most one output constraint; got {', '.join(fields)}", fields[1])
+    return fields[0] if fields else None
+
+
+def structured_outputs(request: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
+    """The request's output constraint, from whichever spelling it used (one at most)."""
+    field = constraint_field(request)
+    try:
+        if field is None:
+            return None
+        if field == "response_format":
+            return _response_format(request.response_format)
+        if field == "structured_outputs":
+            body = request.structured_outputs
+            assert body is not None
+            return StructuredOutputsParams(
+                json=body.json,
+                json_object=bool(body.json_object),
+                regex=body.regex,
+                choice=body.choice,
+                grammar=body.grammar,
+            )
+        return StructuredOutputsParams(**{GUIDED_FIELDS[field]: getattr(request, field)})
+    except SamplingParamsError as exc:
+        raise bad_request(f"{field}: {exc}", field) from None
+
+
+def _response_format(value: object) -> StructuredOutputsParams:
+    """OpenAI's response_format: json_object, or json_schema with its schema (`strict` is accepted
+    either way, as vLLM does: the output follows the schema)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind != "json_schema":
+        raise bad_request(
+            f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"
+        )
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise bad_request("response_format.json_schema.schema must be a JSON schema object", "response_format")
+    return StructuredOutputsParams(json=schema)
 
 
 def _pick(value, model_default, api_default):

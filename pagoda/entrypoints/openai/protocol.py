@@ -2,7 +2,7 @@
 
 Unknown fields are ignored (as vLLM does), so clients that send newer fields still work. Fields
 Pagoda cannot honour are declared here only so that `unsupported_fields` can name them in a 400:
-silently ignoring `tools` or `response_format` would hand back an answer the client did not ask for.
+silently ignoring `tools` would hand back an answer the client did not ask for.
 Responses are plain dicts built by chat.py and completions.py.
 """
 
@@ -23,6 +23,16 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+
+
+class StructuredOutputsBody(_Body):
+    """vLLM's `structured_outputs` object: one constraint (checked in params.py)."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
 
 
 class _SamplingFields(_Body):
@@ -49,6 +59,13 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_*
+    response_format: Any = None
+    structured_outputs: StructuredOutputsBody | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -73,7 +90,6 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -105,8 +121,6 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
             return name
     if request.tool_choice not in (None, "none"):
         return "tool_choice"
-    if request.response_format not in (None, {"type": "text"}):
-        return "response_format"
     if request.modalities not in (None, ["text"]):
         return "modalities"
     return None

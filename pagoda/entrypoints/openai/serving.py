@@ -17,11 +17,12 @@ from pagoda.engine.async_engine import AsyncEngine
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
 from pagoda.entrypoints.openai.logprobs import TokenTexts
-from pagoda.entrypoints.openai.params import ModelLimits
+from pagoda.entrypoints.openai.params import ModelLimits, constraint_field
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.sampling_params import SamplingParams
+from pagoda.structured.compiler import GrammarError
 
 T = TypeVar("T")
 
@@ -66,6 +67,18 @@ class ServerState:
             raise bad_request(f"`{field}` is not supported by this server", field)
         if body.stream_options is not None and not body.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+
+    async def check_constraint(self, body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
+        """Compile the request's output constraint now, on a worker thread (the result is cached for
+        the engine), so that one the library refuses, or that compiles too slowly, is a 400 naming
+        the field that held it."""
+        if params.structured_outputs is None:
+            return
+        try:
+            await asyncio.to_thread(self.engine.compile_grammar, params.structured_outputs)
+        except GrammarError as exc:
+            field = constraint_field(body)
+            raise bad_request(f"{field}: {exc}", field) from None
 
     async def off_loop(self, work: Callable[..., T], *args, size: int = 0) -> T:
         """Run tokenizer work of `size` characters inline when short, on a thread when long."""

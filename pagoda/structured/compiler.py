@@ -1,0 +1,216 @@
+"""Constraints compiled into grammars for one tokenizer, off the engine thread.
+
+A compile looks in memory (an LRU of compiled grammars), then on disk (`$PAGODA_CACHE/grammars/`,
+keyed by the constraint, the tokenizer and xgrammar's version, so a restart does not compile a
+constraint it has seen), and only then asks the worker process (`worker.py`). One compile runs at
+a time. A compile that passes its time limit is abandoned by killing the worker, which the next
+compile starts anew; the request that asked gets a GrammarError, and nothing else waited on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from pagoda.sampling_params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+WORKER_START_TIMEOUT_S = 120.0  # importing xgrammar (and torch) in a fresh process, on a busy machine
+MEMORY_CACHE_SIZE = 256  # compiled grammars kept in memory
+
+
+class GrammarError(ValueError):
+    """A constraint that cannot be compiled: invalid, unsupported by the library, or too slow."""
+
+
+class GrammarCompiler:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        timeout_s: float,
+        cache_dir: Path | None,
+    ) -> None:
+        import xgrammar
+
+        self._xgrammar = xgrammar
+        self.timeout_s = timeout_s
+        self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids)
+        )
+        self._info_json = self.tokenizer_info.serialize_json()
+        version = importlib.metadata.version("xgrammar")
+        identity = hashlib.sha256(f"{version}\n{self._info_json}".encode()).hexdigest()[:16]
+        self._disk = cache_dir / "grammars" / identity if cache_dir is not None else None
+        self._lock = threading.Lock()  # one compile at a time; guards everything below
+        self._memory: OrderedDict[str, Any] = OrderedDict()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+
+    def compile(self, constraint: StructuredOutputsParams) -> Any:
+        """The xgrammar CompiledGrammar of `constraint`; GrammarError with the reason if none."""
+        if constraint.json is not None:
+            check_json_schema(constraint.json)
+            check_supported(constraint.json)
+        key = constraint.key
+        with self._lock:
+            compiled = self._memory.get(key)
+            if compiled is None:
+                compiled = self._load(key) or self._compile_in_worker(constraint, key)
+            self._memory[key] = compiled
+            self._memory.move_to_end(key)
+            while len(self._memory) > MEMORY_CACHE_SIZE:
+                self._memory.popitem(last=False)
+            return compiled
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_worker()
+
+    # ---- the disk cache --------------------------------------------------------------------
+    def _path(self, key: str) -> Path | None:
+        if self._disk is None:
+            return None
+        return self._disk / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+    def _load(self, key: str) -> Any | None:
+        path = self._path(key)
+        if path is None or not path.is_file():
+            return None
+        try:
+            return self._xgrammar.CompiledGrammar.deserialize_json(path.read_text(), self.tokenizer_info)
+        except Exception as exc:  # noqa: BLE001 - a stale or damaged entry is compiled again
+            logger.warning("grammar cache entry %s unreadable (%s); compiling again", path.name, exc)
+            return None
+
+    def _store(self, key: str, serialized: str) -> None:
+        path = self._path(key)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(serialized)
+            partial.replace(path)  # atomic: a reader sees the whole entry or none
+        except OSError as exc:
+            logger.warning("cannot write the grammar cache %s: %s", path.parent, exc)
+
+    # ---- the worker process ----------------------------------------------------------------
+    def _compile_in_worker(self, constraint: StructuredOutputsParams, key: str) -> Any:
+        conn = self._worker()
+        value = constraint.choice if constraint.kind == "choice" else getattr(constraint, constraint.kind)
+        started = time.monotonic()
+        conn.send((constraint.kind, value))
+        if not conn.poll(self.timeout_s):
+            self._stop_worker()
+            raise GrammarError(
+                f"compiling the {constraint.kind} constraint took longer than {self.timeout_s:g} s "
+                "(--grammar-compile-timeout); it was abandoned"
+            )
+        try:
+            status, payload = conn.recv()
+        except (EOFError, OSError):
+            self._stop_worker()
+            raise GrammarError(f"the grammar compiler's worker died on this {constraint.kind} constraint") from None
+        if status != "ok":
+            raise GrammarError(re.sub(r"\[[0-9:]+\] \S+:[0-9]+: ", "", payload).strip())  # no C++ source places
+        logger.info("compiled a %s constraint in %.2f s", constraint.kind, time.monotonic() - started)
+        self._store(key, payload)
+        return self._xgrammar.CompiledGrammar.deserialize_json(payload, self.tokenizer_info)
+
+    def _worker(self) -> Connection:
+        if self._process is not None and self._process.poll() is None and self._conn is not None:
+            return self._conn
+        self._stop_worker()
+        ours, theirs = socket.socketpair()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pagoda.structured.worker", str(theirs.fileno())], pass_fds=[theirs.fileno()]
+        )
+        theirs.close()
+        conn = Connection(ours.detach())
+        self._process, self._conn = process, conn
+        conn.send(self._info_json)
+        if not conn.poll(WORKER_START_TIMEOUT_S) or conn.recv() != "ready":
+            self._stop_worker()
+            raise GrammarError("the grammar compiler's worker process did not start")
+        return conn
+
+    def _stop_worker(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        self._process = self._conn = None
+
+
+def check_json_schema(schema: dict[str, Any]) -> None:
+    """Refuse a schema that is not valid JSON Schema, with the validator's reason."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise GrammarError(f"invalid JSON schema{f' at {where}' if where else ''}: {exc.message}") from None
+
+
+# Keywords xgrammar would silently ignore (the output could then break the schema): refused.
+UNSUPPORTED_KEYWORDS = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "multipleOf",
+        "propertyNames",
+        "patternProperties",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+    }
+)
+SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keywords whose values are name -> schema
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # keywords whose values are lists of schemas
+SCHEMA_VALUES = ("items", "additionalProperties")  # keywords whose value is a schema
+
+
+def check_supported(schema: Any, where: str = "") -> None:
+    """Refuse a schema using a keyword that xgrammar cannot enforce, or a reference to another
+    document, naming the keyword and its place."""
+    if not isinstance(schema, dict):
+        return
+    place = f" at {where}" if where else ""
+    for keyword in sorted(UNSUPPORTED_KEYWORDS & schema.keys()):
+        raise GrammarError(f"the JSON schema uses `{keyword}`{place}, which structured outputs cannot enforce")
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        raise GrammarError(f"the JSON schema refers to another document ({ref}){place}; only local $refs work")
+    prefix = f"{where}/" if where else ""
+    for key in SCHEMA_MAPS:
+        for name, sub in (schema.get(key) or {}).items():
+            check_supported(sub, f"{prefix}{key}/{name}")
+    for key in SCHEMA_LISTS:
+        for i, sub in enumerate(schema.get(key) or []):
+            check_supported(sub, f"{prefix}{key}/{i}")
+    for key in SCHEMA_VALUES:
+        check_supported(schema.get(key), f"{prefix}{key}")

@@ -1,0 +1,166 @@
+"""Structured outputs through a real server: OpenAI's response_format, vLLM's structured_outputs
+and guided_* spellings, the official client's `parse`, LangChain, streaming, and bad input."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+
+import httpx
+import jsonschema
+import pydantic
+import pytest
+
+from tests.server.helpers import API_KEY, MODEL
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+    },
+    "required": ["city", "population"],
+}
+ASK = [{"role": "user", "content": "Give one city and its population as JSON."}]
+
+
+class City(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=16)
+    population: int = pydantic.Field(ge=0, le=100_000_000)
+
+
+def chat(http: httpx.Client, **body) -> httpx.Response:
+    return http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 80, "temperature": 0} | body)
+
+
+def text_of(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def test_response_format_json_schema_and_json_object(http):
+    schema_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
+    jsonschema.validate(json.loads(text_of(chat(http, response_format=schema_format))), SCHEMA)
+    not_strict = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": False}}
+    jsonschema.validate(json.loads(text_of(chat(http, response_format=not_strict))), SCHEMA)
+    assert isinstance(json.loads(text_of(chat(http, response_format={"type": "json_object"}))), dict)
+
+
+def test_completions_take_response_format_too(http):
+    body = {"prompt": "A city as JSON:", "max_tokens": 80, "temperature": 0}
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+    response = http.post("/v1/completions", json=body | {"response_format": response_format})
+    jsonschema.validate(json.loads(text_of(response)), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "body, check",
+    [
+        ({"structured_outputs": {"regex": "[A-Z][a-z]{2,8}"}}, lambda t: re.fullmatch("[A-Z][a-z]{2,8}", t)),
+        ({"structured_outputs": {"choice": ["Paris", "Rome"]}}, lambda t: t in ("Paris", "Rome")),
+        (
+            {"structured_outputs": {"grammar": 'root ::= "city: " [a-z]+ "."'}},
+            lambda t: re.fullmatch("city: [a-z]+[.]", t),
+        ),
+        ({"structured_outputs": {"json": SCHEMA}}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+        ({"structured_outputs": {"json_object": True}}, lambda t: isinstance(json.loads(t), dict)),
+        ({"guided_json": SCHEMA}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+        ({"guided_regex": "[0-9]{4}"}, lambda t: re.fullmatch("[0-9]{4}", t)),
+        ({"guided_choice": ["yes", "no"]}, lambda t: t in ("yes", "no")),
+        ({"guided_grammar": 'root ::= "a" | "b"'}, lambda t: t in ("a", "b")),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else "",
+)
+def test_vllm_spellings(http, body, check):
+    text = text_of(chat(http, **body))
+    assert check(text), text
+
+
+def test_streaming_equals_non_streaming_and_n_gives_valid_outputs(client):
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+    kwargs = dict(model=MODEL, messages=ASK, max_tokens=80, temperature=1.0, seed=11, response_format=response_format)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(**kwargs, stream=True) if c.choices
+    )
+    assert streamed == whole
+    jsonschema.validate(json.loads(whole), SCHEMA)
+    many = client.chat.completions.create(**(kwargs | {"n": 3})).choices
+    assert len(many) == 3
+    for choice in many:
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_openai_client_parse_with_a_pydantic_model(client):
+    completion = client.chat.completions.parse(
+        model=MODEL, messages=ASK, response_format=City, max_tokens=80, temperature=0
+    )
+    parsed = completion.choices[0].message.parsed
+    assert isinstance(parsed, City) and parsed.city
+
+
+@pytest.mark.parametrize("method", ["json_schema", "json_mode"])
+def test_langchain_with_structured_output(server, method):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(
+        model=MODEL, base_url=f"{server.base_url}/v1", api_key=API_KEY, temperature=0, max_tokens=80, max_retries=0
+    )
+    structured = llm.with_structured_output(City if method == "json_schema" else SCHEMA, method=method)
+    result = structured.invoke("Give one city and its population as JSON with keys city and population.")
+    if method == "json_schema":
+        assert isinstance(result, City)
+    else:
+        assert isinstance(result, dict)
+
+
+BAD = [
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+        "response_format",
+        "invalid JSON schema",
+    ),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
+    ({"structured_outputs": {"regex": "([a-z]"}}, "structured_outputs", "parenthesis is not closed"),
+    ({"structured_outputs": {"grammar": "root ::= undefined_rule"}}, "structured_outputs", "is not defined"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs", "choice"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
+    ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+    ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "at most one"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex", "at most one"),
+    (
+        {"guided_json": {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}},
+        "guided_json",
+        "uniqueItems",
+    ),
+    ({"guided_json": {"$ref": "https://example.com/schema.json"}}, "guided_json", "another document"),
+    ({"guided_regex": "\\p{L}+"}, "guided_regex", "not supported"),
+]
+
+
+@pytest.mark.parametrize("body, param, reason", BAD, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD)])
+def test_bad_constraints_are_400_naming_the_field(http, body, param, reason):
+    response = chat(http, **body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and reason in error["message"], error
+
+
+def test_bad_constraints_amid_good_streams_leave_them_unaffected(http, client):
+    kwargs = dict(model=MODEL, messages=ASK, max_tokens=40, temperature=0)
+    alone = client.chat.completions.create(**kwargs).choices[0].message.content
+
+    def good() -> str:
+        stream = client.chat.completions.create(**kwargs, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        goods = [pool.submit(good) for _ in range(3)]
+        bads = [pool.submit(chat, http, **body) for body, _, _ in BAD]
+        assert all(f.result().status_code == 400 for f in bads)
+        assert [f.result() for f in goods] == [alone] * 3

@@ -1,0 +1,85 @@
+"""The grammar compiler: its disk cache survives a restart, and a compile past its time limit is
+abandoned (its worker killed) without breaking the compiles after it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pagoda.model_files import load_tokenizer
+from pagoda.sampling_params import StructuredOutputsParams
+from pagoda.structured.compiler import GrammarCompiler, GrammarError, check_json_schema, check_supported
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    return load_tokenizer(default_model_dir)
+
+
+def compiler(tokenizer, tmp_path, timeout_s: float = 60.0) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id], timeout_s, tmp_path)
+
+
+def test_compiled_grammars_are_cached_on_disk_across_restarts(tokenizer, tmp_path) -> None:
+    first = compiler(tokenizer, tmp_path)
+    try:
+        first.compile(StructuredOutputsParams(json=SCHEMA))
+        assert first._process is not None  # compiled by the worker
+        assert len(list((tmp_path / "grammars").rglob("*.json"))) == 1
+    finally:
+        first.close()
+    second = compiler(tokenizer, tmp_path)
+    # The same schema, keys in another order: the same canonical constraint, read from disk.
+    reordered = {"required": ["city"], "properties": SCHEMA["properties"], "type": "object"}
+    assert second.compile(StructuredOutputsParams(json=reordered)) is not None
+    assert second._process is None  # no worker was needed
+    second.close()
+
+
+def test_a_compile_past_its_time_limit_is_abandoned_and_the_next_one_works(tokenizer, tmp_path) -> None:
+    grammars = compiler(tokenizer, tmp_path, timeout_s=0.001)
+    try:
+        with pytest.raises(GrammarError, match="took longer than 0.001 s"):
+            grammars.compile(StructuredOutputsParams(regex="[a-z]{1,40}@[a-z]{1,40}"))
+        assert grammars._process is None  # the worker was killed
+        grammars.timeout_s = 60.0
+        assert grammars.compile(StructuredOutputsParams(choice=["left", "right"])) is not None
+        assert grammars._process is not None and grammars._process.poll() is None
+    finally:
+        grammars.close()
+
+
+@pytest.mark.parametrize(
+    "schema, where",
+    [
+        ({"type": "strnig"}, "type"),
+        ({"type": "object", "properties": {"a": {"minLength": -1}}}, "properties/a/minLength"),
+        ({"type": "array", "items": 3}, "items"),
+    ],
+)
+def test_invalid_json_schemas_are_refused_with_the_place(schema, where) -> None:
+    with pytest.raises(GrammarError, match=f"invalid JSON schema at {where}"):
+        check_json_schema(schema)
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        ({"type": "array", "uniqueItems": True}, "uses `uniqueItems`, which"),
+        ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}, "`multipleOf` at properties/n"),
+        ({"anyOf": [{"type": "string"}, {"not": {"type": "null"}}]}, "`not` at anyOf/1"),
+        ({"$defs": {"a": {"if": {}, "then": {}}}, "$ref": "#/$defs/a"}, "`if` at $defs/a"),
+        ({"type": "array", "items": {"contains": {"type": "integer"}}}, "`contains` at items"),
+        ({"$ref": "https://example.com/s.json"}, "another document"),
+    ],
+)
+def test_keywords_xgrammar_would_ignore_are_refused(schema, message) -> None:
+    with pytest.raises(GrammarError, match=re.escape(message)):
+        check_supported(schema)
+
+
+def test_a_property_named_like_a_keyword_is_fine() -> None:
+    check_supported({"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"}}})
