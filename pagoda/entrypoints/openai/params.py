@@ -86,7 +86,7 @@ def structured_outputs(request: CompletionRequest | ChatCompletionRequest) -> St
             body = request.structured_outputs
             assert body is not None
             return StructuredOutputsParams(
-                json=body.json,
+                json=body.json_schema,
                 json_object=bool(body.json_object),
                 regex=body.regex,
                 choice=body.choice,

@@ -28,7 +28,7 @@ class StreamOptions(_Body):
 class StructuredOutputsBody(_Body):
     """vLLM's `structured_outputs` object: one constraint (checked in params.py)."""
 
-    json: dict[str, Any] | str | None = None
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")  # `json` would shadow BaseModel.json
     json_object: bool | None = None
     regex: str | None = None
     choice: list[str] | None = None
