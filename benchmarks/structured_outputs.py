@@ -165,7 +165,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                 level["tpot_ratio"] = round(level["tpot_ms_constrained"] / level["tpot_ms_unconstrained"], 3)
                 results["levels"].append(level)
                 print(json.dumps(level))
-        fresh = {**SCHEMAS[0], "properties": {**SCHEMAS[0]["properties"], f"f{uuid.uuid4().hex[:8]}": {"type": "boolean"}}}
+        new_property = {f"f{uuid.uuid4().hex[:8]}": {"type": "boolean"}}
+        fresh = {**SCHEMAS[0], "properties": {**SCHEMAS[0]["properties"], **new_property}}
         cold = await stream(http, request_body(model, 0, fresh, 8))
         warm = await stream(http, request_body(model, 0, fresh, 8))
         results["new_schema_ttft_ms"] = round(cold["ttft_s"] * 1000, 1)
