@@ -240,6 +240,8 @@ class Correctness:
             "fp32 vs transformers, graphs on" if not self.dry_run else "fp32 vs transformers (eager)",
             functools.partial(self.against_reference, fp32),
         )
+        self.report.check("structured outputs: the bitmask on the device", self.bitmask_on_device)
+        self.report.check("structured outputs: a regex holds", functools.partial(self.regex_holds, fp32))
         if self.dry_run:
             return
         off = functools.partial(self.against_reference, fp32, eager=True)
@@ -252,6 +254,40 @@ class Correctness:
         del bf16
         self.report.check("fp8 _scaled_mm vs dequantized reference", self.scaled_mm)
         self.report.check("fp8 model generates through its graphs", self.fp8_generates)
+
+    def bitmask_on_device(self) -> dict:
+        """xgrammar's kernel on the device masks exactly the tokens the CPU reference masks."""
+        from pagoda.structured.grammar import TokenBitmask
+
+        torch = self.torch
+        vocab = TINY["vocab_size"]
+        gen = torch.Generator().manual_seed(0)
+        bits = torch.randint(-(2**31), 2**31 - 1, (4, (vocab + 31) // 32), dtype=torch.int32, generator=gen)
+        logits = torch.randn(4, vocab, generator=gen)
+        masked = {}
+        for device in {"cpu", str(self.device)}:
+            rows = logits.to(device)
+            TokenBitmask(bits, [0, 2, 3], vocab).apply(rows)
+            masked[device] = torch.isinf(rows).cpu()
+        allowed = (bits[:, :, None] >> torch.arange(32)).flatten(1)[:, :vocab] & 1 == 1
+        want = ~allowed
+        want[1] = False  # row 1 is not constrained
+        ok = all(torch.equal(m, want) for m in masked.values())
+        return {"ok": ok, "detail": f"{int(want.sum())} tokens masked on {sorted(masked)}"}
+
+    def regex_holds(self, eng) -> dict:
+        """Sampled tokens under a regex of the tiny vocabulary's words stay inside it."""
+        from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
+
+        constraint = StructuredOutputsParams(regex="(<1[0-9]>)+")
+        params = SamplingParams(temperature=1.0, seed=3, max_tokens=12, structured_outputs=constraint)
+        ids = [eng.add_request(p, params) for p in self.prompts]
+        done = {}
+        while eng.has_unfinished:
+            done.update({u.request_id: u for u in eng.step() if u.finished})
+        tokens = [t for i in ids for t in done[i].token_ids]
+        ok = bool(tokens) and all(10 <= t <= 19 or t == TINY["eos_token_id"] for t in tokens)
+        return {"ok": ok, "detail": f"{len(tokens)} tokens, all in <10>..<19> or eos: {ok}"}
 
     def engine(self, **settings):
         """A tiny engine: buckets 1..16 (7 prompts replay bucket 8 with a padded lane); little memory.
