@@ -44,6 +44,8 @@ class StreamResult:
     prompt_tokens: int | None  # from the server's usage, when it sent one
     completion_tokens: int | None
     error: str | None
+    answer: str = ""  # `text` without the reasoning deltas: what a structured output is graded on
+    finish_reason: str | None = None
 
 
 def root_url(base_url: str) -> str:
@@ -81,6 +83,8 @@ class _Stream:
         self.sent_at = sent_at
         self.times: list[float] = []
         self.pieces: list[str] = []
+        self.answer: list[str] = []
+        self.finish_reason: str | None = None
         self.usage: dict[str, Any] = {}
         self.finished = False
         self.error: str | None = None
@@ -109,11 +113,15 @@ class _Stream:
         if choice is None:
             return
         delta = choice.get("delta") or {}
-        piece = choice.get("text") or delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+        answer = choice.get("text") or delta.get("content")
+        piece = answer or delta.get("reasoning_content") or delta.get("reasoning")
         if piece:
             self.times.append(now)
             self.pieces.append(piece)
-        self.finished = self.finished or bool(choice.get("finish_reason"))
+        if answer:
+            self.answer.append(answer)
+        if choice.get("finish_reason"):
+            self.finished, self.finish_reason = True, str(choice["finish_reason"])
 
     def fail(self, message: str) -> bool:
         self.error = self.error or message
@@ -132,6 +140,8 @@ class _Stream:
             prompt_tokens=_count(self.usage.get("prompt_tokens")),
             completion_tokens=_count(self.usage.get("completion_tokens")),
             error=error,
+            answer="".join(self.answer),
+            finish_reason=self.finish_reason,
         )
 
 

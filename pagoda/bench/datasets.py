@@ -4,7 +4,8 @@ A workload yields `Session`s. A single-turn request is a session of one turn; a 
 session sends its follow-ups one after another, each resending the history plus the server's
 previous reply. Synthetic streams (random, shared-prefix, multi-turn) never end; file-based ones
 (replay, ShareGPT) end with the file. Files are parsed once, up front, so a malformed line stops
-the run before any server is started.
+the run before any server is started. A prompt whose body asks for a JSON schema, made here or
+replayed, has its answer graded against it (see schemas.py).
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pagoda import jsonl
+from pagoda.bench import schemas
 from pagoda.bench.errors import BenchError
 from pagoda.bench.tokens import Tokenizer
 
 Endpoint = Literal["chat", "completions"]
 ENDPOINT_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt")
+KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt", "structured")
 DEFAULT_OUTPUT_LEN = 64
+STRUCTURED_OUTPUT_LEN = 128  # room for the longest of schemas.TASKS' documents
 # Fields of a completions body that mean the same in a chat body, kept when a replayed
 # `{"prompt", ...}` line is sent to the chat endpoint.
 SHARED_FIELDS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
@@ -79,6 +82,11 @@ class Prompt:
     body: dict[str, Any]
     token_ids: tuple[int, ...] | None = None  # as the server tokenizes it, when known ahead
 
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the body's response_format asks for, to grade the answer against."""
+        return schemas.schema_of(self.body)
+
 
 @dataclass(frozen=True)
 class FollowUp:
@@ -113,14 +121,16 @@ class WorkloadSpec:
 
     @property
     def needs_tokenizer(self) -> bool:
-        return self.kind != "replay"
+        """Whether prompts are made of tokens; replayed and structured ones are text as they are."""
+        return self.kind not in ("replay", "structured")
 
     def default_num_prompts(self) -> int | None:
         """None for replay: the whole file."""
         return {"shared-prefix": self.groups * self.prompts_per_group, "replay": None}.get(self.kind, 100)
 
     def output(self) -> LengthDist:
-        return self.output_len or LengthDist("fixed", DEFAULT_OUTPUT_LEN)
+        default = STRUCTURED_OUTPUT_LEN if self.kind == "structured" else DEFAULT_OUTPUT_LEN
+        return self.output_len or LengthDist("fixed", default)
 
 
 @dataclass(frozen=True)
@@ -160,6 +170,8 @@ def sessions(workload: Workload, tokenizer: Tokenizer | None, seed: int, label: 
     spec = workload.spec
     if spec.kind == "replay":
         return (Session(prompt) for prompt in workload.entries)
+    if spec.kind == "structured":
+        return _structured_sessions(spec, rng)
     assert tokenizer is not None, "every workload but replay needs a tokenizer"
     if spec.kind == "sharegpt":
         return _sharegpt_sessions(workload, tokenizer, rng)
@@ -183,14 +195,17 @@ def take_requests(stream: Iterable[Session], n: int) -> Iterator[Session]:
 
 
 def make_prompt(endpoint: Endpoint, tokenizer: Tokenizer, system: str | None, user: str, max_tokens: int) -> Prompt:
+    body = prompt_body(endpoint, system, user, max_tokens)
+    return Prompt(endpoint, body, tuple(tokenizer.prompt_ids(body)))
+
+
+def prompt_body(endpoint: Endpoint, system: str | None, user: str, max_tokens: int) -> dict[str, Any]:
     if endpoint == "chat":
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": user}
         ]
-        body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
-    else:
-        body = {"prompt": user if system is None else f"{system}\n{user}", "max_tokens": max_tokens}
-    return Prompt(endpoint, body, tuple(tokenizer.prompt_ids(body)))
+        return {"messages": messages, "max_tokens": max_tokens}
+    return {"prompt": user if system is None else f"{system}\n{user}", "max_tokens": max_tokens}
 
 
 def next_turn(prompt: Prompt, reply: str, follow_up: FollowUp) -> Prompt:
@@ -237,6 +252,21 @@ def _multi_turn_sessions(spec: WorkloadSpec, tok: Tokenizer, rng: random.Random)
         ]
         first = make_prompt(spec.endpoint, tok, None, turns[0][0], turns[0][1])
         yield Session(first, tuple(FollowUp(text, n) for text, n in turns[1:]), spec.think_time_s)
+
+
+def _structured_sessions(spec: WorkloadSpec, rng: random.Random) -> Iterator[Session]:
+    """Rounds of one request per task, each round in its own shuffled order, so that every
+    schema is asked as often as the others (to within one round); subjects vary the prompts.
+    A completions prompt ends on a line that invites the document."""
+    order = list(schemas.TASKS)
+    while True:
+        rng.shuffle(order)
+        for task in order:
+            text = schemas.user_message(task, rng.choice(task.subjects))
+            user = text if spec.endpoint == "chat" else f"{text}\nJSON:"
+            body = prompt_body(spec.endpoint, None, user, spec.output().sample(rng))
+            body["response_format"] = schemas.response_format(task)
+            yield Session(Prompt(spec.endpoint, body))
 
 
 def _sharegpt_sessions(workload: Workload, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
@@ -364,6 +394,11 @@ def describe(spec: WorkloadSpec) -> str:
         ),
         "replay": f"replay of {spec.dataset}",
         "sharegpt": f"ShareGPT conversations from {spec.dataset}, {out}",
+        "structured": (
+            f"structured: {len(schemas.TASKS)} JSON schemas taken in turn (nested objects, arrays, enums, "
+            f"bounded numbers, optional fields, $ref, anyOf), each sent as response_format json_schema (strict) "
+            f"to the {spec.endpoint} endpoint, {out}; every answer must parse as JSON and match its schema"
+        ),
     }[spec.kind]
 
 

@@ -8,6 +8,8 @@
   output token have none.
 - Throughputs divide by the level's duration: from its first send to its last completion.
 - Goodput: requests per second that met every SLO given (a one-token request counts TPOT 0).
+- Structured outputs valid: of the completed requests that asked for a JSON schema, the share
+  whose answer parsed and matched it; failed requests are not graded (they count in `failed`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class RequestRecord:
     output_tokens: int | None
     token_source: str  # where output_tokens came from: "usage", "tokenizer" or "chunks"
     error: str | None = None
+    schema_valid: bool | None = None  # None: no schema asked, or the request failed
+    schema_error: str | None = None  # why the answer did not parse or match its schema
 
     @property
     def ok(self) -> bool:
@@ -102,6 +106,7 @@ class Summary:
     itl: Stats | None
     e2e: Stats | None
     goodput: float | None  # requests per second that met the SLO; None without one
+    schema_valid_rate: float | None  # None when no completed request asked for a schema
     errors: tuple[tuple[str, int], ...]  # the most frequent messages with their counts
 
 
@@ -127,6 +132,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
     per_second = 1 / duration_s if duration_s > 0 else 0.0
     tpots = [t for t in (r.tpot_s for r in done) if t is not None]
     errors = Counter(r.error for r in records if not r.ok)
+    graded = [r.schema_valid for r in done if r.schema_valid is not None]
     return Summary(
         completed=len(done),
         failed=len(records) - len(done),
@@ -141,5 +147,6 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
         itl=stats([gap for r in done for gap in r.itl_s]),
         e2e=stats([r.latency_s for r in done]),  # type: ignore[misc]
         goodput=None if slo is None else sum(slo.met_by(r) for r in done) * per_second,
+        schema_valid_rate=sum(graded) / len(graded) if graded else None,
         errors=tuple(errors.most_common(ERROR_SAMPLES)),  # type: ignore[arg-type]
     )

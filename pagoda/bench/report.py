@@ -41,6 +41,7 @@ class Metric:
     value: Callable[[LevelResult], float | None]
     digits: int = 1
     percent: bool = False
+    optional: bool = False  # report.md leaves its table out when no engine measured it
 
 
 def _summary(name: str) -> Callable[[LevelResult], float | None]:
@@ -60,6 +61,7 @@ STATS = ("mean", "median", "p95", "p99")
 METRICS = (
     Metric("completed", "completed requests", _summary("completed"), 0),
     Metric("failed", "failed requests", _summary("failed"), 0),
+    Metric("schema_valid_rate", "structured outputs valid", _summary("schema_valid_rate"), percent=True, optional=True),
     Metric("duration_s", "duration (s)", _summary("duration_s"), 2),
     Metric("input_tokens", "input tokens", _summary("input_tokens"), 0),
     Metric("output_tokens", "output tokens", _summary("output_tokens"), 0),
@@ -82,6 +84,7 @@ METRICS = (
 BY_KEY = {metric.key: metric for metric in METRICS}
 # The metrics report.md compares engine by engine.
 REPORT_KEYS = (
+    "schema_valid_rate",
     "output_throughput",
     "request_throughput",
     "total_token_throughput",
@@ -250,7 +253,8 @@ def markdown(
     lines += sorted({f"- {r.workload}" for r in results if r.workload})
     lines += ["", *_cold_start_table(results), "", *_memory_table(results)]
     for key in REPORT_KEYS if any(r.levels for r in results) else ():
-        lines += ["", *_metric_table(BY_KEY[key], results)]
+        if not (BY_KEY[key].optional and _unmeasured(BY_KEY[key], results)):
+            lines += ["", *_metric_table(BY_KEY[key], results)]
     lines += ["", "## Plots", "", *(f"![{name}]({name})" for name in plots), ""]
     return "\n".join(lines)
 
@@ -277,6 +281,10 @@ def _metric_table(metric: Metric, results: Sequence[EngineResult]) -> list[str]:
         ratios = [f"{v / values[0]:.2f}x" if v is not None and values[0] else "-" for v in values[1:]]
         lines.append(_row([str(concurrency), *(fmt(metric, v) for v in values), *ratios]))
     return lines
+
+
+def _unmeasured(metric: Metric, results: Sequence[EngineResult]) -> bool:
+    return all(metric.value(level) is None for r in results for level in r.levels)
 
 
 def _value_at(metric: Metric, result: EngineResult, concurrency: int) -> float | None:

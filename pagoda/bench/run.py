@@ -256,6 +256,8 @@ def _one_line(level: LevelResult) -> str:
         f"concurrency {level.concurrency}: {s.completed} ok, {s.failed} failed in {s.duration_s:.1f} s; "
         f"{s.output_throughput:.1f} output tok/s; TTFT p50 {ttft}"
     )
+    if s.schema_valid_rate is not None:
+        line += f"; {s.schema_valid_rate:.1%} structured outputs valid"
     if s.errors:
         line += "; errors: " + "; ".join(f"{message} (x{count})" for message, count in s.errors)
     return line

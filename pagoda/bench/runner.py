@@ -15,12 +15,14 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from pagoda.bench.client import StreamResult, Target, stream_request
 from pagoda.bench.datasets import Prompt, Session, next_turn
 from pagoda.bench.metrics import RequestRecord
+from pagoda.bench.schemas import grade
 from pagoda.bench.tokens import LazyTokenizer
 
 
@@ -108,7 +110,7 @@ class _Sender:
 
 def to_record(exchange: Exchange, level_start: float, tokenizer: LazyTokenizer) -> RequestRecord:
     """Timing from the stream; token counts from the server's usage, else the tokenizer, else
-    (no tokenizer) one token per text chunk."""
+    (no tokenizer) one token per text chunk; the answer graded when the prompt has a schema."""
     result = exchange.result
     common = dict(
         index=exchange.index, session=exchange.session, turn=exchange.turn, start_s=result.sent_at - level_start
@@ -137,7 +139,16 @@ def to_record(exchange: Exchange, level_start: float, tokenizer: LazyTokenizer) 
         prompt_tokens=_prompt_tokens(exchange, tokenizer),
         output_tokens=output_tokens,
         token_source=source,
+        **_graded(exchange),
     )
+
+
+def _graded(exchange: Exchange) -> dict[str, Any]:
+    schema = exchange.prompt.schema
+    if schema is None:
+        return {}
+    problem = grade(exchange.result.answer, schema, cut=exchange.result.finish_reason == "length")
+    return {"schema_valid": problem is None, "schema_error": problem}
 
 
 def _prompt_tokens(exchange: Exchange, tokenizer: LazyTokenizer) -> int | None:

@@ -66,7 +66,9 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     target = parser.add_argument_group("target")
     target.add_argument("--base-url", default=DEFAULT_BASE_URL, help="server root (a trailing /v1 is fine)")
     target.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
-    target.add_argument("--endpoint", choices=("chat", "completions"), default="completions")
+    target.add_argument(
+        "--endpoint", choices=("chat", "completions"), help="default: chat for structured, else completions"
+    )
     target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
     target.add_argument("--request-timeout", type=float, default=600.0, metavar="S", help="per request (default 600)")
     target.add_argument("--temperature", type=float, default=0.0, help="unless a replayed request sets one")
@@ -84,7 +86,11 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
         "--dataset", type=Path, help="replay: JSONL (request bodies or a Pagoda request log); sharegpt: JSON"
     )
     work.add_argument("--input-len", default="256", metavar="LEN", help="N, LOW:HIGH or normal:MEAN,STD (default 256)")
-    work.add_argument("--output-len", metavar="LEN", help="as --input-len (default 64; ShareGPT: the reply's length)")
+    work.add_argument(
+        "--output-len",
+        metavar="LEN",
+        help="as --input-len (default 64; structured: 128; ShareGPT: the reply's length)",
+    )
     work.add_argument("--tokenizer", help="HF directory, .gguf file, or 'default' (default: the served model's)")
     work.add_argument("--seed", type=int, default=0)
     work.add_argument("--groups", type=int, default=4, help="shared-prefix: groups (default 4)")
@@ -173,7 +179,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         raise UsageError(f"--dataset is for the replay and sharegpt workloads, not {kind}")
     return WorkloadSpec(
         kind=kind,
-        endpoint=args.endpoint,
+        endpoint=args.endpoint or ("chat" if kind == "structured" else "completions"),
         input_len=_option(LengthDist.parse, args.input_len, "--input-len"),
         output_len=_option(LengthDist.parse, args.output_len, "--output-len") if args.output_len else None,
         groups=_at_least(args.groups, 1, "--groups"),

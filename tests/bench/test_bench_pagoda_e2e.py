@@ -68,3 +68,38 @@ def test_bench_launches_and_measures_a_pagoda_server(tmp_path: Path) -> None:
         # Two groups of three share a 64-token system prompt: later members hit the cache.
         assert level["prefix_cache"]["source"] == "pagoda counters"
         assert level["prefix_cache"]["hit_rate"] > 0.2
+
+
+def test_every_structured_output_of_pagoda_is_valid(tmp_path: Path) -> None:
+    """Pagoda constrains its output to the schema, so with max_tokens to spare every answer of
+    every one of the workload's schemas parses and validates."""
+    port = free_port()
+    launch = f"{sys.executable} -m pagoda.entrypoints.cli serve --host 127.0.0.1 --port {port}"
+    code = cli.main(
+        [
+            "--launch",
+            launch,
+            "--launch-timeout",
+            "600",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--workload",
+            "structured",
+            "--num-prompts",
+            "16",  # one round: every schema once
+            "--concurrency",
+            "4",
+            "--warmup",
+            "0",
+            "--output",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
+    engine = read_results(tmp_path)["engines"][0]
+    assert code == 0, engine["error"] or engine["levels"]
+    level = engine["levels"][0]
+    problems = [r["schema_error"] for r in level["records"] if not r["schema_valid"]]
+    assert level["summary"]["completed"] == 16 and problems == []
+    assert level["summary"]["schema_valid_rate"] == 1.0
+    assert "### structured outputs valid" in (tmp_path / "report.md").read_text()
