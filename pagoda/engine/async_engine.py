@@ -72,10 +72,10 @@ class AsyncEngine(EngineBase):
         iterator early (a client went away) aborts whatever is still running."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
-        if request_id in self._queues:
-            raise ValueError(f"request id {request_id!r} is already in flight")
         constraint = params.structured_outputs
         grammar = None if constraint is None else await asyncio.to_thread(self.compile_grammar, constraint)
+        if request_id in self._queues:  # checked and registered with no await between
+            raise ValueError(f"request id {request_id!r} is already in flight")
         requests = self._new_requests(request_id, prompt_ids, params, grammar)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
