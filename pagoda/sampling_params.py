@@ -24,7 +24,7 @@ class StructuredOutputsParams:
         if isinstance(self.json, str):
             try:
                 object.__setattr__(self, "json", json.loads(self.json))
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise SamplingParamsError("structured_outputs", f"the JSON schema is not valid JSON: {exc}") from None
         if self.json is not None and not isinstance(self.json, dict):
             raise SamplingParamsError("structured_outputs", "a JSON schema must be a JSON object")
@@ -51,9 +51,10 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> str:
-        """The constraint as one canonical text: equal constraints have equal keys."""
+        """The constraint as one text: equal constraints have equal keys. A schema keeps its order
+        (xgrammar writes properties in it), so `{b, a}` and `{a, b}` are different constraints."""
         value = {"json": self.json, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}.get(self.kind)
-        return f"{self.kind}\n{json.dumps(value, sort_keys=True, separators=(',', ':'), ensure_ascii=False)}"
+        return f"{self.kind}\n{json.dumps(value, separators=(',', ':'), ensure_ascii=False)}"
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,8 @@ class Scheduler:
                 f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
                 f"requested {request.num_prompt_tokens} tokens in the prompt, leaving no room for output."
             )
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
         if self.config.max_queue is not None and len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the waiting queue is full ({self.config.max_queue} requests)")
         self.waiting.append(request)
@@ -137,18 +139,21 @@ class Scheduler:
             request.num_computed_tokens += num_new
             if prompt_logprobs:
                 request.num_prompt_logprobs += len(prompt_logprobs)
+            if token is not None and request.grammar is not None and not request.grammar.accept_token(token):
+                token = None  # the mask makes this unreachable; were it reached, the output ends before it
+                self.running.remove(request)
+                self._finish(request, "stop")
             if token is not None:
                 request.append_token(token)
                 if request.first_token_time is None:
                     request.first_token_time = now
-                refused = request.grammar is not None and not request.grammar.accept_token(token)
-                reason = "stop" if refused else request.check_stop()  # refused: only when min_tokens bans all
+                reason = request.check_stop()
                 if reason is not None:
                     self.running.remove(request)
                     self._finish(request, reason)
             if not request.is_finished:
                 request.block_ids = self.kv.cache_blocks(request)
-            if token is not None or prompt_logprobs is not None:
+            if token is not None or prompt_logprobs is not None or request.is_finished:
                 outputs.append(_core_output(request, token, logprob, prompt_logprobs))
         self._num_steps += 1
         return StepOutputs(outputs, self.stats())

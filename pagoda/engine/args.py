@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig
+from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
 
@@ -128,6 +129,8 @@ class EngineArgs:
             path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization
         )
         backend = select_backend(self.attention_backend, device, model.dtype, model.head_dim)
+        if self.grammar_compile_timeout <= 0:
+            raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout}")
         return EngineConfig(
             model=model,
             cache=CacheConfig(

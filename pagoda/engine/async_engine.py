@@ -13,12 +13,14 @@ import logging
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pagoda.core.outputs import CoreOutput
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.base import EngineBase
 from pagoda.engine.outputs import SequenceOutput
-from pagoda.sampling_params import SamplingParams
+from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class AsyncEngine(EngineBase):
         self._queues: dict[str, asyncio.Queue] = {}
         self._engine_ids: dict[str, list[str]] = {}
         self._resets: deque[asyncio.Future[bool]] = deque()  # prefix-cache resets the engine thread has yet to answer
+        self._compile_thread = ThreadPoolExecutor(1, thread_name_prefix="pagoda-grammar")
         self._inbox: list[tuple[str, object]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -54,7 +57,9 @@ class AsyncEngine(EngineBase):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._compile_thread.shutdown(wait=False, cancel_futures=True)
         self.close()
+        self._fail_resets(EngineDeadError("the engine was shut down"))
 
     @property
     def is_alive(self) -> bool:
@@ -73,7 +78,9 @@ class AsyncEngine(EngineBase):
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
         constraint = params.structured_outputs
-        grammar = None if constraint is None else await asyncio.to_thread(self.compile_grammar, constraint)
+        grammar = None if constraint is None else await self.compile_grammar_async(constraint)
+        if not self.is_alive:  # it may have died while the grammar compiled
+            raise EngineDeadError(f"the engine is not running: {self._error!r}")
         if request_id in self._queues:  # checked and registered with no await between
             raise ValueError(f"request id {request_id!r} is already in flight")
         requests = self._new_requests(request_id, prompt_ids, params, grammar)
@@ -97,6 +104,15 @@ class AsyncEngine(EngineBase):
                     self.outputs.drop(engine_id)
             self._queues.pop(request_id, None)
             self._engine_ids.pop(request_id, None)
+
+    async def compile_grammar_async(self, constraint: StructuredOutputsParams) -> Any:
+        """`compile_grammar` without blocking the event loop: a cached grammar at once, else a
+        compile on the engine's own compile thread (compiles queue there one at a time, holding
+        none of the threads that other requests' work runs on)."""
+        cached = self.grammars.cached(constraint)
+        if cached is not None:
+            return cached
+        return await asyncio.get_running_loop().run_in_executor(self._compile_thread, self.compile_grammar, constraint)
 
     async def reset_prefix_cache(self) -> bool:
         """Drop the prefix cache, on the engine thread after the commands sent before; refused
@@ -153,7 +169,9 @@ class AsyncEngine(EngineBase):
                 engine_id, stop_string = payload
                 self.core.finish_requests([engine_id], "stop", stop_string)
             elif kind == "reset":
-                self._loop.call_soon_threadsafe(self._answer_reset, self.core.reset_prefix_cache())
+                done = self.core.reset_prefix_cache()
+                self.stats = self.core.stats()  # before the answer: a client may read /metrics next
+                self._loop.call_soon_threadsafe(self._answer_reset, done)
         return rejected
 
     # ---- event loop side -----------------------------------------------------------------
@@ -175,10 +193,17 @@ class AsyncEngine(EngineBase):
                 queue.put_nowait(exc)
 
     def _answer_reset(self, done: bool) -> None:
-        self._resets.popleft().set_result(done)
+        answer = self._resets.popleft()
+        if not answer.done():  # its caller may have gone away
+            answer.set_result(done)
 
     def _fail_all(self, exc: BaseException) -> None:
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(f"the engine stopped: {exc!r}"))
+        self._fail_resets(EngineDeadError(f"the engine stopped: {exc!r}"))
+
+    def _fail_resets(self, error: EngineDeadError) -> None:
         while self._resets:
-            self._resets.popleft().set_exception(EngineDeadError(f"the engine stopped: {exc!r}"))
+            answer = self._resets.popleft()
+            if not answer.done():
+                answer.set_exception(error)

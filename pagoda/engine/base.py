@@ -5,6 +5,7 @@ updates into text updates."""
 from __future__ import annotations
 
 import functools
+import threading
 from typing import TYPE_CHECKING, Any
 
 from pagoda.engine.args import EngineArgs
@@ -25,18 +26,25 @@ class EngineBase:
         self.core = EngineCore(self.config)
         self.outputs = OutputProcessor(self.tokenizer)
         self._grammars: GrammarCompiler | None = None  # made at the first constrained request
+        self._grammars_lock = threading.Lock()  # first constrained requests may race to make it
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The grammar compiler for this model's tokenizer (made on first use: it imports xgrammar)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from pagoda.structured.compiler import GrammarCompiler
+
+                m = self.config.model
+                self._grammars = GrammarCompiler(
+                    self.tokenizer, m.vocab_size, m.eos_token_ids, self.config.grammar_compile_timeout, cache_root()
+                )
+            return self._grammars
 
     def compile_grammar(self, constraint: StructuredOutputsParams) -> Any:
         """The compiled grammar of a structured-output constraint (cached); GrammarError if none.
-        Blocks up to the compile time limit: the server calls it from a worker thread."""
-        if self._grammars is None:
-            from pagoda.structured.compiler import GrammarCompiler
-
-            m = self.config.model
-            self._grammars = GrammarCompiler(
-                self.tokenizer, m.vocab_size, m.eos_token_ids, self.config.grammar_compile_timeout, cache_root()
-            )
-        return self._grammars.compile(constraint)
+        Blocks up to the compile time limit when it is not cached."""
+        return self.grammars.compile(constraint)
 
     def close(self) -> None:
         if self._grammars is not None:

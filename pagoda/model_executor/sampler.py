@@ -138,7 +138,7 @@ def _apply_bias_and_min_tokens(logits: torch.Tensor, requests: Sequence[Request]
         if bias:
             ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
             logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
-        if _min_tokens_active(r):
+        if _min_tokens_active(r) and r.grammar is None:  # a grammar decides when its end token may come
             banned = set(r.sampling_params.stop_token_ids)
             if not r.sampling_params.ignore_eos:
                 banned |= r.eos_token_ids

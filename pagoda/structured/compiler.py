@@ -3,12 +3,14 @@
 A compile looks in memory (an LRU of compiled grammars), then on disk (`$PAGODA_CACHE/grammars/`,
 keyed by the constraint, the tokenizer and xgrammar's version, so a restart does not compile a
 constraint it has seen), and only then asks the worker process (`worker.py`). One compile runs at
-a time. A compile that passes its time limit is abandoned by killing the worker, which the next
-compile starts anew; the request that asked gets a GrammarError, and nothing else waited on it.
+a time (`_compile_lock`); a look-up in memory never waits for it (`_memory_lock`). A compile that
+passes its time limit is abandoned by killing the worker, which the next compile starts anew; the
+request that asked gets a GrammarError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import logging
@@ -17,6 +19,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pagoda.sampling_params import StructuredOutputsParams
+from pagoda.structured import worker
 
 logger = logging.getLogger(__name__)
 
@@ -54,32 +58,45 @@ class GrammarCompiler:
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids)
         )
         self._info_json = self.tokenizer_info.serialize_json()
-        version = importlib.metadata.version("xgrammar")
-        identity = hashlib.sha256(f"{version}\n{self._info_json}".encode()).hexdigest()[:16]
-        self._disk = cache_dir / "grammars" / identity if cache_dir is not None else None
-        self._lock = threading.Lock()  # one compile at a time; guards everything below
+        # A disk entry is valid for one library version, tokenizer and set of compile options.
+        identity = f"{importlib.metadata.version('xgrammar')}\n{worker.COMPILE_OPTIONS}\n{self._info_json}"
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self._disk = cache_dir / "grammars" / digest if cache_dir is not None else None
+        self._memory_lock = threading.Lock()  # guards _memory; held only for dict operations
         self._memory: OrderedDict[str, Any] = OrderedDict()
+        self._compile_lock = threading.Lock()  # one compile at a time; guards the worker below
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
+
+    def cached(self, constraint: StructuredOutputsParams) -> Any | None:
+        """The compiled grammar if it is in memory; never waits for a compile."""
+        with self._memory_lock:
+            compiled = self._memory.get(constraint.key)
+            if compiled is not None:
+                self._memory.move_to_end(constraint.key)
+            return compiled
 
     def compile(self, constraint: StructuredOutputsParams) -> Any:
         """The xgrammar CompiledGrammar of `constraint`; GrammarError with the reason if none."""
         if constraint.json is not None:
             check_json_schema(constraint.json)
             check_supported(constraint.json)
+        compiled = self.cached(constraint)
+        if compiled is not None:
+            return compiled
         key = constraint.key
-        with self._lock:
-            compiled = self._memory.get(key)
+        with self._compile_lock:
+            compiled = self.cached(constraint)  # compiled by the request this one waited behind?
             if compiled is None:
                 compiled = self._load(key) or self._compile_in_worker(constraint, key)
+        with self._memory_lock:
             self._memory[key] = compiled
-            self._memory.move_to_end(key)
             while len(self._memory) > MEMORY_CACHE_SIZE:
                 self._memory.popitem(last=False)
-            return compiled
+        return compiled
 
     def close(self) -> None:
-        with self._lock:
+        with self._compile_lock:
             self._stop_worker()
 
     # ---- the disk cache --------------------------------------------------------------------
@@ -104,9 +121,10 @@ class GrammarCompiler:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(serialized)
-            partial.replace(path)  # atomic: a reader sees the whole entry or none
+            handle, partial = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(handle, "w") as f:
+                f.write(serialized)
+            os.replace(partial, path)  # atomic: a reader sees the whole entry or none
         except OSError as exc:
             logger.warning("cannot write the grammar cache %s: %s", path.parent, exc)
 
@@ -115,14 +133,14 @@ class GrammarCompiler:
         conn = self._worker()
         value = constraint.choice if constraint.kind == "choice" else getattr(constraint, constraint.kind)
         started = time.monotonic()
-        conn.send((constraint.kind, value))
-        if not conn.poll(self.timeout_s):
-            self._stop_worker()
-            raise GrammarError(
-                f"compiling the {constraint.kind} constraint took longer than {self.timeout_s:g} s "
-                "(--grammar-compile-timeout); it was abandoned"
-            )
         try:
+            conn.send((constraint.kind, value))
+            if not conn.poll(self.timeout_s):
+                self._stop_worker()
+                raise GrammarError(
+                    f"compiling the {constraint.kind} constraint took longer than {self.timeout_s:g} s "
+                    "(--grammar-compile-timeout); it was abandoned"
+                )
             status, payload = conn.recv()
         except (EOFError, OSError):
             self._stop_worker()
@@ -138,22 +156,29 @@ class GrammarCompiler:
             return self._conn
         self._stop_worker()
         ours, theirs = socket.socketpair()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pagoda.structured.worker", str(theirs.fileno())], pass_fds=[theirs.fileno()]
-        )
-        theirs.close()
-        conn = Connection(ours.detach())
+        with ours, theirs:
+            # A session of its own: a Ctrl-C at the server's terminal is the server's to handle.
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pagoda.structured.worker", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,
+            )
+            conn = Connection(ours.detach())
         self._process, self._conn = process, conn
-        conn.send(self._info_json)
-        if not conn.poll(WORKER_START_TIMEOUT_S) or conn.recv() != "ready":
-            self._stop_worker()
-            raise GrammarError("the grammar compiler's worker process did not start")
-        return conn
+        try:
+            conn.send(self._info_json)
+            if conn.poll(WORKER_START_TIMEOUT_S) and conn.recv() == "ready":
+                return conn
+        except (EOFError, OSError):
+            pass
+        self._stop_worker()
+        raise GrammarError("the grammar compiler's worker process did not start")
 
     def _stop_worker(self) -> None:
         if self._process is not None:
             self._process.kill()
-            self._process.wait(timeout=5)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=5)
         if self._conn is not None:
             self._conn.close()
         self._process = self._conn = None

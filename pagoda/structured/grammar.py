@@ -47,11 +47,9 @@ class TokenBitmask:
         xgrammar.apply_token_bitmask_inplace(logits, bits, vocab_size=self.vocab_size, indices=self.rows)
 
 
-def step_bitmask(requests: Sequence[Request], vocab_size: int) -> TokenBitmask | None:
-    """The bitmask for the requests sampling this step, in order; None when none is constrained."""
+def step_bitmask(requests: Sequence[Request], vocab_size: int) -> TokenBitmask:
+    """The bitmask for the requests sampling this step, in order (at least one is constrained)."""
     rows = [i for i, request in enumerate(requests) if request.grammar is not None]
-    if not rows:
-        return None
     bits = xgrammar.allocate_token_bitmask(len(requests), vocab_size)
     for i in rows:
         grammar = requests[i].grammar

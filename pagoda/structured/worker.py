@@ -16,6 +16,7 @@ from typing import Any
 # How JSON is written under a schema or json_object: compact, one space after ':' and ','. (Free
 # whitespace lets small models pad a document with blank lines until max_tokens.)
 SEPARATORS = (", ", ": ")
+COMPILE_OPTIONS = f"any_whitespace=False separators={SEPARATORS} strict_mode=True"  # part of the disk cache's key
 
 
 def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:

@@ -530,3 +530,40 @@ def test_the_runner_hears_of_finished_requests_in_the_next_step() -> None:
     c = add(s, "c", tokens(4, start=20), max_tokens=1)
     assert engine.step().finished_request_ids == {"a", "b"}
     assert c.is_finished
+
+
+def test_a_request_id_already_in_the_engine_is_refused() -> None:
+    s = make_scheduler(64, BS)
+    add(s, "a", tokens(4), max_tokens=2)
+    with pytest.raises(ValueError, match="already in the engine"):
+        add(s, "a", tokens(4, start=9), max_tokens=2)
+
+
+class RefusingGrammar:
+    """A grammar that accepts tokens until it meets `refused` (the mask keeps this from happening)."""
+
+    def __init__(self, refused: int) -> None:
+        self.refused, self.accepted = refused, []
+
+    def accept_token(self, token_id: int) -> bool:
+        if token_id == self.refused:
+            return False
+        self.accepted.append(token_id)
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def test_a_token_the_grammar_refuses_ends_the_output_before_it() -> None:
+    s = make_scheduler(64, BS)
+    engine = FakeEngine(s, sample=script(a=[5, 6, 9, 7]))
+    a = make_request("a", tokens(4), max_tokens=10)
+    a.grammar = RefusingGrammar(refused=9)
+    s.add_request(a)
+    engine.run_until_done()
+    assert a.output_token_ids == [5, 6] and a.grammar.accepted == [5, 6]
+    assert a.finish_reason == "stop"
+    (out,) = engine.last_outputs.outputs  # the client hears of the end
+    assert out.new_token_ids == [] and out.finish_reason == "stop"
+    engine.check_all_released()

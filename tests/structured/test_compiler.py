@@ -3,6 +3,7 @@ abandoned (its worker killed) without breaking the compiles after it."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -32,11 +33,19 @@ def test_compiled_grammars_are_cached_on_disk_across_restarts(tokenizer, tmp_pat
     finally:
         first.close()
     second = compiler(tokenizer, tmp_path)
-    # The same schema, keys in another order: the same canonical constraint, read from disk.
-    reordered = {"required": ["city"], "properties": SCHEMA["properties"], "type": "object"}
-    assert second.compile(StructuredOutputsParams(json=reordered)) is not None
+    # The same schema sent as JSON text with other spacing: the same constraint, read from disk.
+    assert second.compile(StructuredOutputsParams(json=json.dumps(SCHEMA, indent=4))) is not None
     assert second._process is None  # no worker was needed
+    assert second.cached(StructuredOutputsParams(json=SCHEMA)) is not None
     second.close()
+
+
+def test_property_order_is_part_of_the_constraint() -> None:
+    """xgrammar writes properties in the schema's order: reordered schemas are other grammars."""
+    a = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}}
+    b = {"type": "object", "properties": {"y": {"type": "integer"}, "x": {"type": "integer"}}}
+    assert StructuredOutputsParams(json=a).key != StructuredOutputsParams(json=b).key
+    assert StructuredOutputsParams(json=a).key == StructuredOutputsParams(json=json.dumps(a)).key
 
 
 def test_a_compile_past_its_time_limit_is_abandoned_and_the_next_one_works(tokenizer, tmp_path) -> None:

@@ -98,6 +98,15 @@ def test_unconstrained_requests_beside_constrained_ones_are_unchanged(default_ll
         assert_valid(r.outputs[0].text, schema, "constrained neighbour")
 
 
+def test_min_tokens_does_not_hold_a_complete_grammar_open(default_llm) -> None:
+    schema = SCHEMAS["boolean"]
+    params = SamplingParams(temperature=0.0, max_tokens=40, min_tokens=30, structured_outputs=constrained(json=schema))
+    (result,) = default_llm.generate([chat(default_llm, "Is it true?")], params)
+    out = result.outputs[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) < 30
+    assert_valid(out.text, schema, "with min_tokens")
+
+
 def test_preemption_in_the_middle_of_a_constrained_output_still_ends_valid() -> None:
     # 0.02 GiB holds 29 blocks of 16 tokens: six requests of ~30 + 120 tokens cannot all stay.
     llm = LLM(kv_cache_memory=0.02, max_model_len=256, enable_prefix_caching=False)

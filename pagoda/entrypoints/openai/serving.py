@@ -75,7 +75,7 @@ class ServerState:
         if params.structured_outputs is None:
             return
         try:
-            await asyncio.to_thread(self.engine.compile_grammar, params.structured_outputs)
+            await self.engine.compile_grammar_async(params.structured_outputs)
         except GrammarError as exc:
             field = constraint_field(body)
             raise bad_request(f"{field}: {exc}", field) from None
