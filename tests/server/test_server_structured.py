@@ -164,3 +164,19 @@ def test_bad_constraints_amid_good_streams_leave_them_unaffected(http, client):
         bads = [pool.submit(chat, http, **body) for body, _, _ in BAD]
         assert all(f.result().status_code == 400 for f in bads)
         assert [f.result() for f in goods] == [alone] * 3
+
+
+def test_logprobs_and_stop_strings_work_with_a_constraint(client):
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+    kwargs = dict(model=MODEL, messages=ASK, max_tokens=80, temperature=0, response_format=response_format)
+    whole = client.chat.completions.create(**kwargs, logprobs=True, top_logprobs=2).choices[0]
+    document = whole.message.content
+    jsonschema.validate(json.loads(document), SCHEMA)
+    entries = whole.logprobs.content
+    text = "".join(e.token for e in entries)
+    assert text.startswith(document) and text[len(document) :] == "<|im_end|>"  # the end token closes it
+    assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)
+    # A stop string inside the document ends it there, as without a constraint.
+    cut = client.chat.completions.create(**kwargs, stop=['"population"']).choices[0]
+    assert cut.finish_reason == "stop" and document.startswith(cut.message.content)
+    assert '"population"' not in cut.message.content
