@@ -38,14 +38,7 @@ server_command() {  # the engine's serve command, same model, dtype, context and
   esac
 }
 
-SERVER=""
-stop_server() {
-  [ -n "$SERVER" ] || return 0
-  kill -TERM -- "-$SERVER" 2>/dev/null || true
-  for _ in $(seq 30); do kill -0 -- "-$SERVER" 2>/dev/null || { SERVER=""; return 0; }; sleep 1; done
-  kill -KILL -- "-$SERVER" 2>/dev/null || true
-  SERVER=""
-}
+. benchmarks/server_process.sh
 trap stop_server EXIT
 
 first_answer() {  # one completion of one token; fails until the server answers

@@ -20,14 +20,7 @@ MODEL_DIR=$("$PEERS/smollm2-hf.sh")
 URL=http://127.0.0.1:$PORT
 mkdir -p "$OUT"
 
-SERVER=""
-stop_server() {
-  [ -n "$SERVER" ] || return 0
-  kill -TERM -- "-$SERVER" 2>/dev/null || true
-  for _ in $(seq 30); do kill -0 -- "-$SERVER" 2>/dev/null || { SERVER=""; return 0; }; sleep 1; done
-  kill -KILL -- "-$SERVER" 2>/dev/null || true
-  SERVER=""
-}
+. benchmarks/server_process.sh
 trap stop_server EXIT
 
 for engine in $ENGINES; do

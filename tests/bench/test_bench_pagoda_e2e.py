@@ -20,17 +20,17 @@ pytestmark = [
 ]
 
 
-def test_bench_launches_and_measures_a_pagoda_server(tmp_path: Path) -> None:
+def launching_pagoda() -> list[str]:
+    """`pagoda bench` arguments that launch a Pagoda server of the default model on a free port."""
     port = free_port()
     launch = f"{sys.executable} -m pagoda.entrypoints.cli serve --host 127.0.0.1 --port {port}"
+    return ["--launch", launch, "--launch-timeout", "600", "--base-url", f"http://127.0.0.1:{port}"]
+
+
+def test_bench_launches_and_measures_a_pagoda_server(tmp_path: Path) -> None:
     code = cli.main(
         [
-            "--launch",
-            launch,
-            "--launch-timeout",
-            "600",
-            "--base-url",
-            f"http://127.0.0.1:{port}",
+            *launching_pagoda(),
             "--endpoint",
             "chat",
             "--workload",
@@ -73,16 +73,9 @@ def test_bench_launches_and_measures_a_pagoda_server(tmp_path: Path) -> None:
 def test_every_structured_output_of_pagoda_is_valid(tmp_path: Path) -> None:
     """Pagoda constrains its output to the schema, so with max_tokens to spare every answer of
     every one of the workload's schemas parses and validates."""
-    port = free_port()
-    launch = f"{sys.executable} -m pagoda.entrypoints.cli serve --host 127.0.0.1 --port {port}"
     code = cli.main(
         [
-            "--launch",
-            launch,
-            "--launch-timeout",
-            "600",
-            "--base-url",
-            f"http://127.0.0.1:{port}",
+            *launching_pagoda(),
             "--workload",
             "structured",
             "--num-prompts",
