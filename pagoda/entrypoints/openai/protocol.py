@@ -2,7 +2,7 @@
 
 Unknown fields are ignored (as vLLM does), so clients that send newer fields still work. Fields
 Pagoda cannot honour are declared here only so that `unsupported_fields` can name them in a 400:
-silently ignoring `tools` would hand back an answer the client did not ask for.
+silently ignoring `functions` would hand back an answer the client did not ask for.
 Responses are plain dicts built by chat.py and completions.py.
 """
 
@@ -85,9 +85,10 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    # refused unless harmless (see unsupported_fields)
-    tools: Any = None
+    tools: Any = None  # checked by tool_calls.py, so that a 400 can name tools[i].function.parameters
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    # refused unless harmless (see unsupported_fields)
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -116,11 +117,9 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
         if request.best_of is not None and request.best_of not in (1, request.n):
             return "best_of"
         return None
-    for name in ("tools", "functions", "function_call", "audio", "prediction", "web_search_options"):
+    for name in ("functions", "function_call", "audio", "prediction", "web_search_options"):
         if getattr(request, name) not in (None, []):
             return name
-    if request.tool_choice not in (None, "none"):
-        return "tool_choice"
     if request.modalities not in (None, ["text"]):
         return "modalities"
     return None

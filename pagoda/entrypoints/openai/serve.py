@@ -26,6 +26,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def build_parser() -> argparse.ArgumentParser:
     from pagoda.engine.args import EngineArgs  # imports no torch
+    from pagoda.tools.parsers import PARSERS as TOOL_PARSERS  # pure Python
+    from pagoda.tools.reasoning import REASONING_PARSERS
 
     p = argparse.ArgumentParser(prog="pagoda serve", description="Serve a model over the OpenAI API.")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)")
@@ -62,6 +64,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds in-flight requests may take to finish after SIGTERM before they are aborted "
         "(default: %(default)s)",
     )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let the model decide whether to call tools (tool_choice "auto") (default: %(default)s)',
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_PARSERS),
+        help="the format the model writes tool calls in (default: detected from the chat template, "
+        "else generic)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        help="move the model's <think> section into message.reasoning (default: none)",
+    )
     EngineArgs.add_cli_args(p, positional_model=True)
     return p
 
@@ -97,12 +117,14 @@ def main(argv: list[str]) -> int:
         return 1
     from pagoda.entrypoints.openai.api import build_app
     from pagoda.entrypoints.openai.serving import ServerConfig
+    from pagoda.entrypoints.openai.tool_calls import ToolSettings
 
     config = ServerConfig(
         api_key=args.api_key or os.environ.get("PAGODA_API_KEY") or None,
         chat_template=chat_template,
         request_log=args.request_log,
         log_prompts=args.log_prompts,
+        tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
     )
     if config.request_log is not None:
         logger.warning("request log %s records every request's prompt and output", config.request_log)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,6 +21,7 @@ from pagoda.entrypoints.openai.params import ModelLimits, constraint_field
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
 from pagoda.entrypoints.openai.streams import Generation
+from pagoda.entrypoints.openai.tool_calls import ToolSettings
 from pagoda.sampling_params import SamplingParams
 from pagoda.structured.compiler import GrammarError
 
@@ -36,6 +37,7 @@ class ServerConfig:
     chat_template: str | None = None  # template text; None: the model's own
     request_log: Path | None = None
     log_prompts: bool = False
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,225 @@
+"""Tools on the chat endpoint: checking `tools` and `tool_choice`, the constraint that enforces
+"required" and a named function, and turning a sequence's text into OpenAI's assistant message
+(content, tool_calls, reasoning), whole or as stream deltas that add up to the same message.
+
+How each `tool_choice` is served (as vLLM does):
+- "none": the tools are rendered, the output is plain content;
+- "auto": the model writes calls in its own format, read back by the tool-call parser
+  (`--tool-call-parser`, else detected from the chat template, else Pagoda's generic format for
+  templates without tool support); needs `--enable-auto-tool-choice`;
+- "required" and a named function: a grammar forces the generic format,
+  `{"tool_calls": [{"name": ..., "arguments": {...}}]}`, restricted to the allowed tools, so
+  the calls always parse and their arguments validate against the tools' schemas.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagoda.entrypoints.openai.errors import bad_request
+from pagoda.sampling_params import StructuredOutputsParams
+from pagoda.structured.compiler import GrammarError, check_json_schema, check_supported
+from pagoda.tools.parsers import PARSERS, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
+from pagoda.tools.reasoning import REASONING_PARSERS
+
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
+ANY_ARGUMENTS = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """The server's tool flags."""
+
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None  # None: detected from the chat template, else generic
+    reasoning_parser: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tool_call_parser is not None:
+            get_parser(self.tool_call_parser)  # an unknown name fails at startup
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"unknown reasoning parser {self.reasoning_parser!r}; choose one of {', '.join(REASONING_PARSERS)}"
+            )
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What one chat request does with tools and reasoning."""
+
+    tools: list[dict[str, Any]] | None = None  # rendered for the model (None: no tools)
+    parser: ToolParser | None = None  # reads calls out of the output (None: all content)
+    constraint: StructuredOutputsParams | None = None  # forces the calls ("required", a named function)
+    reasoning: Any = None  # a ReasoningParser, or None
+
+    def message(self, text: str) -> tuple[dict[str, Any], bool]:
+        """The assistant message for a sequence's whole text, and whether it called tools."""
+        reasoning, text = self.reasoning.parse(text) if self.reasoning is not None else (None, text)
+        parsed = self.parser.parse(text) if self.parser is not None else None
+        calls = parsed.tool_calls if parsed is not None else []
+        content = parsed.content if parsed is not None else text
+        message: dict[str, Any] = {"role": "assistant", "content": content if content.strip() or not calls else None}
+        if calls:
+            message["tool_calls"] = [_call_object(call) for call in calls]
+        if reasoning is not None:
+            message["reasoning"] = message["reasoning_content"] = reasoning
+        return message, bool(calls)
+
+    def streamer(self) -> MessageStreamer:
+        return MessageStreamer(self)
+
+
+@dataclass
+class MessageStreamer:
+    """One sequence's stream: text deltas in, OpenAI delta objects out."""
+
+    plan: ToolPlan
+    has_calls: bool = False
+    _ids: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._reasoning = self.plan.reasoning.streamer() if self.plan.reasoning is not None else None
+        self._tools = self.plan.parser.streamer() if self.plan.parser is not None else None
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        reasoning, content = self._reasoning.feed(text) if self._reasoning is not None else ("", text)
+        return self._deltas(reasoning, *(self._tools.feed(content) if self._tools is not None else (content, [])))
+
+    def finish(self) -> list[dict[str, Any]]:
+        reasoning, content = self._reasoning.finish() if self._reasoning is not None else ("", "")
+        deltas = self._tools.feed(content) if self._tools is not None else (content, [])
+        flushed = self._tools.finish() if self._tools is not None else ("", [])
+        return self._deltas(reasoning, deltas[0] + flushed[0], deltas[1] + flushed[1])
+
+    def _deltas(self, reasoning: str, content: str, calls: list[ToolCallDelta]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if reasoning:
+            out.append({"reasoning": reasoning, "reasoning_content": reasoning})
+        if content:
+            out.append({"content": content})
+        for call in calls:
+            self.has_calls = True
+            entry: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
+            if call.name is not None:
+                self._ids[call.index] = _call_id()
+                entry = {
+                    "index": call.index,
+                    "id": self._ids[call.index],
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            out.append({"tool_calls": [entry]})
+        return out
+
+
+def plan_tools(
+    tools: Any,
+    tool_choice: Any,
+    parallel_tool_calls: bool,
+    settings: ToolSettings,
+    template_has_tools: bool,
+    template: str | None,
+) -> ToolPlan:
+    """Check a request's tools and tool_choice (400s name the field) and decide how to serve them."""
+    reasoning = REASONING_PARSERS[settings.reasoning_parser] if settings.reasoning_parser else None
+    checked = _check_tools(tools)
+    choice, forced = _check_choice(tool_choice, checked)
+    if not checked or choice == "none":
+        return ToolPlan(tools=checked or None, reasoning=reasoning)
+    if choice == "auto":
+        if not settings.enable_auto_tool_choice:
+            raise bad_request(
+                '"auto" tool choice requires the server to run with --enable-auto-tool-choice '
+                '(tool_choice "required", a named function and "none" work without it)',
+                "tool_choice",
+            )
+        name = (settings.tool_call_parser or detect_parser(template)) if template_has_tools else None
+        return ToolPlan(tools=checked, parser=get_parser(name or "generic"), reasoning=reasoning)
+    allowed = checked if choice == "required" else [t for t in checked if t["function"]["name"] == forced]
+    schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
+    return ToolPlan(
+        tools=checked,
+        parser=PARSERS["generic"],
+        constraint=StructuredOutputsParams(json=schema),
+        reasoning=reasoning,
+    )
+
+
+def calls_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
+    """The generic format's JSON schema, for calls of `tools` only (one call unless `parallel`)."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool["function"]["name"]},
+                "arguments": tool["function"].get("parameters") or ANY_ARGUMENTS,
+            },
+            "required": ["name", "arguments"],
+        }
+        for tool in tools
+    ]
+    items = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    array = {"type": "array", "items": items, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+    return {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"]}
+
+
+def _check_tools(tools: Any) -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise bad_request("tools must be a list of function tools", "tools")
+    names: set[str] = set()
+    for i, tool in enumerate(tools):
+        param = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise bad_request(f'{param} must be {{"type": "function", "function": {{...}}}}', param)
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+            raise bad_request(f"{param}.function.name must be 1-64 letters, digits, _ . or -", f"{param}.function.name")
+        if name in names:
+            raise bad_request(f"{param}.function.name {name!r} is given twice", f"{param}.function.name")
+        names.add(name)
+        parameters = function.get("parameters")
+        if parameters is not None:
+            if not isinstance(parameters, dict):
+                raise bad_request(
+                    f"{param}.function.parameters must be a JSON schema object", f"{param}.function.parameters"
+                )
+            try:
+                check_json_schema(parameters)
+                check_supported(parameters)
+            except GrammarError as exc:
+                raise bad_request(f"{param}.function.parameters: {exc}", f"{param}.function.parameters") from None
+    return tools
+
+
+def _check_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """("none" | "auto" | "required", None), or ("function", the name of the function it forces)."""
+    if tool_choice is None:
+        return ("auto" if tools else "none"), None
+    if tool_choice in ("none", "auto", "required"):
+        if tool_choice != "none" and not tools:
+            raise bad_request(f'tool_choice "{tool_choice}" needs tools', "tool_choice")
+        return tool_choice, None
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not (isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and isinstance(name, str)):
+        raise bad_request(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
+    if name not in {t["function"]["name"] for t in tools}:
+        raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+    return "function", name
+
+
+def _call_object(call: ToolCall) -> dict[str, Any]:
+    return {"id": _call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
