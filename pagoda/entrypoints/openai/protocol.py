@@ -85,6 +85,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables, e.g. enable_thinking
     # refused unless harmless (see unsupported_fields)
     tools: Any = None
     tool_choice: Any = None
