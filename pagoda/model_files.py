@@ -7,14 +7,19 @@ directory, so one loading path serves both formats and a warm start takes second
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
+
+import jinja2
+import jinja2.meta
 
 from pagoda.errors import ConfigError
 
@@ -124,10 +129,29 @@ def load_tokenizer(model: str | None):
         raise ConfigError(f"Cannot load a tokenizer from {path}: {exc}") from exc
 
 
-def apply_chat_template(tokenizer, messages: list[dict], chat_template: str | None = None) -> list[int]:
-    """Token ids of `messages` rendered with the model's chat template plus the generation prompt."""
+def apply_chat_template(
+    tokenizer,
+    messages: list[dict],
+    chat_template: str | None = None,
+    tools: list[dict] | None = None,
+    **template_kwargs,
+) -> list[int]:
+    """Token ids of `messages` rendered with the model's chat template plus the generation prompt.
+    `tools` (OpenAI's tools list) and `template_kwargs` (e.g. enable_thinking) become template variables."""
     template = chat_template or tokenizer.chat_template
     if not template:
         raise ConfigError("This model has no chat template; pass one with --chat-template.")
-    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True, **template_kwargs
+    )
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+@functools.lru_cache(maxsize=16)
+def template_supports_tools(template: str) -> bool:
+    """Whether the template reads the `tools` variable (not merely has the word in its text)."""
+    environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return "tools" in jinja2.meta.find_undeclared_variables(environment.parse(template))
+    except jinja2.TemplateSyntaxError:  # a tag of transformers' own (`generation`): read the text
+        return re.search(r"\btools\b", template) is not None

@@ -1,6 +1,6 @@
 """Prompts to token ids, exactly as Pagoda's server makes them: chat messages read by the server's
-own `parse_messages` (role and text content, text parts joined) and rendered with the model's
-chat template (`pagoda.model_files.apply_chat_template`), completion text through
+own `parse_messages` and rendered as it renders them (`render_ids`: the model's chat template,
+tool turns as text where the template takes no tools), completion text through
 `tokenizer.encode` with the tokenizer's default special tokens, token ids as they are.
 
 The tokenizer loads on first need, so a log of token ids never imports transformers (nor torch).
@@ -61,13 +61,12 @@ class PromptTokenizer:
             raise AnalyzeError(f"Cannot load the tokenizer of {self.model or display_name(None)}: {exc}") from None
 
     def _chat_ids(self, tokenizer, messages: list[dict]) -> list[int]:
-        from pagoda.entrypoints.openai.chat import parse_messages
+        from pagoda.entrypoints.openai.chat import parse_messages, render_ids
         from pagoda.entrypoints.openai.errors import APIError
         from pagoda.errors import ConfigError
-        from pagoda.model_files import apply_chat_template
 
         try:
-            return apply_chat_template(tokenizer, parse_messages(messages), self.chat_template)
+            return render_ids(tokenizer, parse_messages(messages), self.chat_template)
         except APIError as exc:
             raise PromptError(f"the server would refuse these messages: {exc.message}") from None
         except ConfigError as exc:  # no chat template: every chat line would fail alike

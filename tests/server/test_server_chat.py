@@ -124,3 +124,48 @@ def test_async_client_chat(aclient, greedy):
             return list(await asyncio.gather(streamed(), plain(), streamed()))
 
     assert asyncio.run(run()) == [greedy] * 3
+
+
+AGENT_HISTORY = [
+    {"role": "developer", "content": "You are terse."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21, "sky": "clear"}'},
+    {"role": "user", "content": "Should I take a coat?"},
+]
+
+
+def test_an_agent_history_renders_without_tools_in_the_request(http):
+    """Earlier tool calls and results (no `tools` this turn) render as text for the default model's template."""
+    response = http.post("/v1/chat/completions", json={"messages": AGENT_HISTORY, **GREEDY})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["message"]["content"]
+    prompt = http.post("/tokenize", json={"messages": AGENT_HISTORY}).json()["tokens"]
+    assert response.json()["usage"]["prompt_tokens"] == len(prompt)
+    text = http.post("/detokenize", json={"tokens": prompt}).json()["prompt"]
+    assert '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}' in text
+    assert "Result of get_weather:" in text
+
+
+def test_developer_messages_are_system_messages(http):
+    system = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    developer = [{**MESSAGES[0], "role": "developer"}, MESSAGES[1]]
+    assert http.post("/tokenize", json={"messages": developer}).json()["tokens"] == system
+    response = http.post("/v1/chat/completions", json={"messages": developer, **GREEDY})
+    assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == len(system)
+
+
+def test_chat_template_kwargs(http):
+    body = {"messages": MESSAGES, "chat_template_kwargs": {"enable_thinking": False}, **GREEDY}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+    refused = http.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"tokenize": True}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs.tokenize"
+    refused = http.post("/v1/chat/completions", json={**body, "chat_template_kwargs": ["enable_thinking"]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,15 +20,32 @@ from pagoda.entrypoints.openai.params import check_context, sampling_params
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
 from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
-from pagoda.model_files import apply_chat_template
+from pagoda.model_files import apply_chat_template, template_supports_tools
+from pagoda.tools.prompt import with_tools_in_system_prompt
 
 ENDPOINT = "/v1/chat/completions"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def parse_messages(messages: list[dict]) -> list[dict[str, str]]:
-    """Messages as the chat template takes them: role and text content; text parts are joined."""
-    return [{"role": _role(m, i), "content": _content(m.get("content"), i)} for i, m in enumerate(messages)]
+def parse_messages(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates take them, in vLLM's shapes: `developer` becomes `system`, text
+    parts are joined, assistant tool calls carry their arguments parsed into a dict (templates
+    iterate them or `| tojson` them), and a tool result must answer a call made earlier."""
+    parsed: list[dict] = []
+    call_ids: set[str] = set()
+    for i, message in enumerate(messages):
+        role = _role(message, i)
+        if role == "assistant" and message.get("tool_calls") is not None:
+            calls = _tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
+            call_ids.update(call["id"] for call in calls)
+            content = "" if message.get("content") is None else _content(message["content"], i)
+            parsed.append({"role": role, "content": content, "tool_calls": calls})
+        elif role == "tool":
+            parsed.append(_tool_result(message, i, call_ids))
+        else:
+            content = _content(message.get("content"), i)
+            parsed.append({"role": "system" if role == "developer" else role, "content": content})
+    return parsed
 
 
 def _role(message: dict, i: int) -> str:
@@ -55,9 +74,85 @@ def _content(content: object, i: int) -> str:
     return "\n".join(texts)
 
 
-def render(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
+def _tool_calls(calls: object, param: str) -> list[dict]:
+    if not isinstance(calls, list):
+        raise bad_request(f"{param} must be a list of tool calls", param)
+    return [_tool_call(call, f"{param}[{j}]") for j, call in enumerate(calls)]
+
+
+def _tool_call(call: object, param: str) -> dict:
+    if not isinstance(call, dict):
+        raise bad_request(f"{param} must be an object with id, type and function", param)
+    if not isinstance(call.get("id"), str) or not call["id"]:
+        raise bad_request(f"{param}.id must be a non-empty string", f"{param}.id")
+    if call.get("type", "function") != "function":
+        raise bad_request(f"{param}.type must be 'function', got {call['type']!r}", f"{param}.type")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise bad_request(f"{param}.function must be an object with name and arguments", f"{param}.function")
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise bad_request(f"{param}.function.name must be a non-empty string", f"{param}.function.name")
+    arguments = _arguments(function.get("arguments"), f"{param}.function.arguments")
+    return {"type": "function", "id": call["id"], "function": {"name": function["name"], "arguments": arguments}}
+
+
+def _arguments(arguments: object, param: str) -> dict:
     try:
-        return apply_chat_template(state.tokenizer, messages, state.config.chat_template)
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except (json.JSONDecodeError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise bad_request(f"{param} must be a string holding a JSON object, got {arguments!r:.100}", param)
+    return parsed
+
+
+def _tool_result(message: dict, i: int, call_ids: set[str]) -> dict:
+    param = f"messages[{i}].tool_call_id"
+    call_id = message.get("tool_call_id")
+    if not isinstance(call_id, str):
+        raise bad_request(f"{param} is required: the id of the tool call this message answers", param)
+    if call_id not in call_ids:
+        raise bad_request(f"{param} {call_id!r:.100} matches no tool call of an earlier assistant message", param)
+    result = {"role": "tool", "content": _content(message.get("content"), i), "tool_call_id": call_id}
+    name = message.get("name")
+    if name is not None and not isinstance(name, str):
+        raise bad_request(f"messages[{i}].name must be a string", f"messages[{i}].name")
+    return {**result, "name": name} if name else result
+
+
+def checked_template_kwargs(tokenizer, kwargs: dict | None) -> dict:
+    """The request's chat_template_kwargs. Names of the renderer's own arguments (tokenize,
+    chat_template, ...) are refused: they would change the call, not what the template sees."""
+    kwargs = kwargs or {}
+    own = {"messages", *inspect.signature(tokenizer.apply_chat_template).parameters}
+    for name in kwargs:
+        if name in own:
+            param = f"chat_template_kwargs.{name}"
+            raise bad_request(f"{param}: {name!r} is an argument of the renderer, not a template variable", param)
+    return kwargs
+
+
+def render_ids(
+    tokenizer,
+    messages: list[dict],
+    chat_template: str | None = None,
+    tools: list[dict] | None = None,
+    template_kwargs: dict | None = None,
+) -> list[int]:
+    """Parsed messages rendered: templates that read `tools` get the tools and the tool turns
+    as they are; others get both as text in the generic format (pagoda.tools.prompt)."""
+    template = chat_template or tokenizer.chat_template
+    if template and template_supports_tools(template):
+        return apply_chat_template(tokenizer, messages, template, tools=tools, **(template_kwargs or {}))
+    messages = with_tools_in_system_prompt(messages, tools)
+    return apply_chat_template(tokenizer, messages, template, **(template_kwargs or {}))
+
+
+def render(
+    state: ServerState, messages: list[dict], tools: list[dict] | None = None, template_kwargs: dict | None = None
+) -> list[int]:
+    try:
+        return render_ids(state.tokenizer, messages, state.config.chat_template, tools, template_kwargs)
     except (ConfigError, jinja2.TemplateError) as exc:
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
 
@@ -68,7 +163,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     messages = parse_messages(body.messages)
     size = sum(len(m["content"]) for m in messages)
-    prompt_ids = await state.off_loop(render, state, messages, size=size)
+    kwargs = checked_template_kwargs(state.tokenizer, body.chat_template_kwargs)
+    prompt_ids = await state.off_loop(render, state, messages, body.tools or None, kwargs, size=size)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = sampling_params(

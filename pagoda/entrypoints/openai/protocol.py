@@ -85,6 +85,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables, e.g. enable_thinking
     tools: Any = None  # checked by tool_calls.py, so that a 400 can name tools[i].function.parameters
     tool_choice: Any = None
     parallel_tool_calls: bool = True

@@ -1,0 +1,89 @@
+"""Tools described in the system prompt, for models whose chat template cannot take `tools`.
+
+The "generic" format, which the generic parser of pagoda.tools.parsers reads back:
+- the system message starts with the tools (name, description, parameters JSON schema) and the
+  instruction: to call tools, answer with only `{"tool_calls": [{"name": ..., "arguments": {...}}]}`;
+  otherwise answer normally. An existing system message follows that text; without one, the
+  tools are a new first message.
+- An earlier assistant turn that called tools becomes its text (if any), then that same JSON
+  object on its own line, so the model sees its own calls written as it is told to write them.
+- A run of tool messages becomes one user message of "Result of <name>:" blocks, since templates
+  without tool support know no `tool` role.
+
+Messages come from chat.parse_messages (roles system, user, assistant, tool; call arguments
+already parsed); tools are OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`.
+"""
+
+from __future__ import annotations
+
+import json
+
+INSTRUCTIONS = """You can call these tools:
+{tools}
+
+To call tools, answer with only a JSON object, no other text:
+{{"tool_calls": [{{"name": "<tool name>", "arguments": {{<arguments>}}}}]}}
+For example:
+{example}
+If no tool is needed, answer normally."""
+
+# placeholder argument values for the example call, by JSON schema type
+EXAMPLE_VALUES = {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
+
+
+def with_tools_in_system_prompt(messages: list[dict], tools: list[dict] | None) -> list[dict]:
+    """`messages` with the tools described in the system message and tool turns written as text."""
+    rendered = _tool_turns_as_text(messages)
+    if not tools:
+        return rendered
+    text = tool_instructions(tools)
+    if rendered and rendered[0]["role"] == "system":
+        return [{"role": "system", "content": f"{text}\n\n{rendered[0]['content']}"}, *rendered[1:]]
+    return [{"role": "system", "content": text}, *rendered]
+
+
+def tool_instructions(tools: list[dict]) -> str:
+    functions = [tool["function"] for tool in tools]
+    listing = "\n".join(_describe(function) for function in functions)
+    return INSTRUCTIONS.format(tools=listing, example=calls_text([_example_call(functions[0])]))
+
+
+def calls_text(calls: list[dict]) -> str:
+    """Calls (`{"name", "arguments"}`) as the model is told to write them."""
+    return json.dumps({"tool_calls": calls})
+
+
+def _describe(function: dict) -> str:
+    description = function.get("description")
+    head = f"- {function['name']}: {description}" if description else f"- {function['name']}"
+    return f"{head}\n  parameters: {json.dumps(function.get('parameters') or {'type': 'object', 'properties': {}})}"
+
+
+def _example_call(function: dict) -> dict:
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    arguments = {
+        name: EXAMPLE_VALUES.get(schema.get("type") if isinstance(schema, dict) else None, "...")
+        for name, schema in properties.items()
+    }
+    return {"name": function["name"], "arguments": arguments}
+
+
+def _tool_turns_as_text(messages: list[dict]) -> list[dict]:
+    names: dict[str, str] = {}  # tool call id -> function name, for results that do not name theirs
+    out: list[dict] = []
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            calls = [call["function"] for call in message["tool_calls"]]
+            names.update((call["id"], call["function"]["name"]) for call in message["tool_calls"])
+            content = "\n".join(text for text in (message["content"], calls_text(calls)) if text)
+            out.append({"role": "assistant", "content": content})
+        elif message["role"] == "tool":
+            name = message.get("name") or names.get(message["tool_call_id"], "the tool")
+            block = f"Result of {name}:\n{message['content']}"
+            if i > 0 and messages[i - 1]["role"] == "tool":
+                out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{block}"}
+            else:
+                out.append({"role": "user", "content": block})
+        else:
+            out.append({"role": message["role"], "content": message["content"]})
+    return out

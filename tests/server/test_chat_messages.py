@@ -1,0 +1,138 @@
+"""chat.parse_messages without a server: each role and shape an agent loop sends, and each bad
+input a 400 naming its field; chat_template_kwargs that would change the renderer's call."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pagoda.entrypoints.openai.chat import checked_template_kwargs, parse_messages
+from pagoda.entrypoints.openai.errors import APIError
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+PARSED_CALL = {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+
+
+def refused(messages: list[dict]) -> APIError:
+    with pytest.raises(APIError) as raised:
+        parse_messages(messages)
+    assert raised.value.status == 400
+    return raised.value
+
+
+def test_system_user_assistant_and_text_parts():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    messages = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": parts, "name": "ann"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    assert parse_messages(messages) == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "a\nb"},
+        {"role": "assistant", "content": "ok"},
+    ]
+
+
+def test_developer_is_system():
+    assert parse_messages([{"role": "developer", "content": "Be terse."}]) == [
+        {"role": "system", "content": "Be terse."}
+    ]
+
+
+@pytest.mark.parametrize("content", [None, "absent", "Let me look.", [{"type": "text", "text": "Let me look."}]])
+def test_assistant_tool_calls_with_or_without_content(content):
+    message = {"role": "assistant", "tool_calls": [CALL]}
+    if content != "absent":
+        message["content"] = content
+    text = "Let me look." if content not in (None, "absent") else ""
+    assert parse_messages([message]) == [{"role": "assistant", "content": text, "tool_calls": [PARSED_CALL]}]
+
+
+def test_tool_results_answer_earlier_calls():
+    second = {**CALL, "id": "call_2", "function": {"name": "get_time", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Weather and time in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL, second]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+        {"role": "tool", "tool_call_id": "call_2", "name": "get_time", "content": [{"type": "text", "text": "noon"}]},
+    ]
+    parsed = parse_messages(messages)
+    assert parsed[1]["tool_calls"][1]["function"]["arguments"] == {}
+    assert parsed[2:] == [
+        {"role": "tool", "content": '{"temp": 21}', "tool_call_id": "call_1"},
+        {"role": "tool", "content": "noon", "tool_call_id": "call_2", "name": "get_time"},
+    ]
+
+
+def test_type_may_be_left_out_of_a_call():
+    call = {key: value for key, value in CALL.items() if key != "type"}
+    assert parse_messages([{"role": "assistant", "tool_calls": [call]}])[0]["tool_calls"] == [PARSED_CALL]
+
+
+def _with_call(function: object = None, **changes) -> list[dict]:
+    """One assistant message calling CALL, with `function` fields (or the whole function) and call fields changed."""
+    function = {**CALL["function"], **(function or {})} if isinstance(function, dict | None) else function
+    call = {**CALL, "function": function, **changes}
+    return [{"role": "assistant", "content": None, "tool_calls": [call]}]
+
+
+@pytest.mark.parametrize(
+    "messages, param",
+    [
+        ([{"role": "robot", "content": "hi"}], "messages[0].role"),
+        ([{"content": "hi"}], "messages[0].role"),
+        ([{"role": "function", "content": "hi", "name": "f"}], "messages[0].role"),
+        ([{"role": "user"}], "messages[0].content"),
+        ([{"role": "assistant", "content": None}], "messages[0].content"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
+        ([{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
+        ([{"role": "tool", "content": "x", "tool_call_id": 7}], "messages[0].tool_call_id"),
+        ([*_with_call(), {"role": "tool", "content": "x", "tool_call_id": "call_9"}], "messages[1].tool_call_id"),
+        ([{"role": "tool", "content": "x", "tool_call_id": "call_1"}, *_with_call()], "messages[0].tool_call_id"),
+        ([*_with_call(), {"role": "tool", "tool_call_id": "call_1"}], "messages[1].content"),
+        ([*_with_call(), {"role": "tool", "tool_call_id": "call_1", "content": "x", "name": 3}], "messages[1].name"),
+        ([{"role": "assistant", "tool_calls": {"id": "call_1"}}], "messages[0].tool_calls"),
+        ([{"role": "assistant", "tool_calls": ["call_1"]}], "messages[0].tool_calls[0]"),
+        (_with_call(id=None), "messages[0].tool_calls[0].id"),
+        (_with_call(id=""), "messages[0].tool_calls[0].id"),
+        (_with_call(type="code_interpreter"), "messages[0].tool_calls[0].type"),
+        (_with_call(function="get_weather"), "messages[0].tool_calls[0].function"),
+        (_with_call(function={"name": None}), "messages[0].tool_calls[0].function.name"),
+        (_with_call(function={"name": ""}), "messages[0].tool_calls[0].function.name"),
+        (_with_call(function={"arguments": None}), "messages[0].tool_calls[0].function.arguments"),
+        (_with_call(function={"arguments": {"city": "Paris"}}), "messages[0].tool_calls[0].function.arguments"),
+        (_with_call(function={"arguments": '{"city": '}), "messages[0].tool_calls[0].function.arguments"),
+        (_with_call(function={"arguments": '["Paris"]'}), "messages[0].tool_calls[0].function.arguments"),
+        (_with_call(function={"arguments": ""}), "messages[0].tool_calls[0].function.arguments"),
+        (_with_call(function={"arguments": "[" * 100_000}), "messages[0].tool_calls[0].function.arguments"),
+    ],
+)
+def test_bad_messages_are_400_naming_the_field(messages, param):
+    assert refused(messages).param == param
+
+
+def test_a_bad_second_call_is_named_by_its_index():
+    bad = {**CALL, "id": "call_2", "function": {"name": "get_time", "arguments": "noon"}}
+    error = refused([{"role": "assistant", "tool_calls": [CALL, bad]}])
+    assert error.param == "messages[0].tool_calls[1].function.arguments" and "JSON object" in error.message
+
+
+def test_arguments_keep_their_json_values():
+    arguments = {"n": 3, "flags": [True, None], "nested": {"x": 1.5}}
+    parsed = parse_messages(_with_call(function={"arguments": json.dumps(arguments)}))
+    assert parsed[0]["tool_calls"][0]["function"]["arguments"] == arguments
+
+
+class _Tokenizer:
+    def apply_chat_template(self, conversation, tools=None, chat_template=None, tokenize=True, **kwargs): ...
+
+
+def test_template_kwargs_pass_unless_they_name_the_renderers_arguments():
+    assert checked_template_kwargs(_Tokenizer(), {"enable_thinking": False}) == {"enable_thinking": False}
+    assert checked_template_kwargs(_Tokenizer(), None) == {}
+    for name in ("tokenize", "chat_template", "tools", "messages"):
+        with pytest.raises(APIError) as raised:
+            checked_template_kwargs(_Tokenizer(), {name: True})
+        assert raised.value.param == f"chat_template_kwargs.{name}"

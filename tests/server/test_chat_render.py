@@ -1,0 +1,134 @@
+"""chat.render_ids, the prompt a chat request becomes: a Qwen3-style template that reads `tools`
+gets the tools and tool turns as they are (and chat_template_kwargs); the default model's
+template, which cannot, gets them as text in the generic format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pagoda.entrypoints.openai.chat import parse_messages, render_ids
+from pagoda.model_files import load_tokenizer, resolve_model, template_supports_tools
+from pagoda.tools.prompt import tool_instructions
+from tests.tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+# Qwen3's chat template cut down to its tool, tool-call, tool-result and thinking handling
+QWEN3_STYLE_TEMPLATE = """
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+    {{- '# Tools\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+    {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+    {{- '\\n</tools>\\n\\nFor each function call, return a json object within <tool_call></tool_call> tags.' }}
+    {{- '<|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' + content }}
+        {%- for tool_call in message.tool_calls or [] %}
+            {%- set call = tool_call.function if tool_call.function else tool_call %}
+            {%- if content or not loop.first %}{{- '\\n' }}{%- endif %}
+            {{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' + (call.arguments | tojson) }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+        {{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
+{%- endif %}
+"""
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+AGENT_TURNS = [
+    {"role": "developer", "content": "Be terse."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21, "sky": "clear"}'},
+    {"role": "user", "content": "And should I take a coat?"},
+]
+
+
+@pytest.fixture(scope="module")
+def default_tokenizer():
+    return load_tokenizer(resolve_model(None))
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer(tmp_path_factory):
+    tokenizer = load_tokenizer(resolve_model(None))
+    tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
+    path = write_tiny_model("qwen3", tmp_path_factory.mktemp("tiny") / "qwen3", tokenizer)
+    return load_tokenizer(str(path))
+
+
+def text_of(tokenizer, **kwargs) -> str:
+    return tokenizer.decode(render_ids(tokenizer, parse_messages(AGENT_TURNS), **kwargs))
+
+
+def test_which_templates_take_tools(qwen3_tokenizer, default_tokenizer):
+    assert template_supports_tools(qwen3_tokenizer.chat_template)
+    assert not template_supports_tools(default_tokenizer.chat_template)
+    assert not template_supports_tools("{{ 'Use no tools.' }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert template_supports_tools("{% generation %}{% endgeneration %}{% if tools %}{% endif %}")  # unparsable
+
+
+def test_a_template_with_tool_support_gets_tools_calls_and_results(qwen3_tokenizer):
+    text = text_of(qwen3_tokenizer, tools=[WEATHER])
+    assert text.startswith("<|im_start|>system\nBe terse.\n\n# Tools")
+    assert json.dumps(WEATHER) in text  # the schema, through the template's own `tojson`
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
+    assert '<|im_start|>user\n<tool_response>\n{"temp_c": 21, "sky": "clear"}\n</tool_response><|im_end|>' in text
+    assert text.endswith("<|im_start|>user\nAnd should I take a coat?<|im_end|>\n<|im_start|>assistant\n")
+    assert "tool_calls" not in text  # no generic-format text on this path
+
+
+def test_template_kwargs_reach_the_template(qwen3_tokenizer):
+    assert "<think>" not in text_of(qwen3_tokenizer)
+    thinking_off = text_of(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
+    assert thinking_off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert "# Tools" not in thinking_off
+
+
+def test_a_template_without_tool_support_gets_them_as_text(default_tokenizer):
+    text = text_of(default_tokenizer, tools=[WEATHER])
+    assert text.startswith("<|im_start|>system\n" + tool_instructions([WEATHER]) + "\n\nBe terse.<|im_end|>")
+    assert "- get_weather: The current weather in a city." in text
+    assert json.dumps(WEATHER["function"]["parameters"]) in text
+    call = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+    assert f"<|im_start|>assistant\n{call}<|im_end|>" in text
+    assert '<|im_start|>user\nResult of get_weather:\n{"temp_c": 21, "sky": "clear"}<|im_end|>' in text
+    assert text.endswith("<|im_start|>user\nAnd should I take a coat?<|im_end|>\n<|im_start|>assistant\n")
+    assert "None" not in text
+
+
+def test_without_tools_the_history_still_renders_as_text(default_tokenizer):
+    text = text_of(default_tokenizer)
+    assert text.startswith("<|im_start|>system\nBe terse.<|im_end|>")
+    assert '{"tool_calls": [{"name": "get_weather"' in text and "Result of get_weather:" in text

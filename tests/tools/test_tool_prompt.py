@@ -1,0 +1,70 @@
+"""pagoda.tools.prompt: the generic format's system prompt, and earlier tool turns as text."""
+
+from __future__ import annotations
+
+import json
+
+from pagoda.tools.prompt import calls_text, tool_instructions, with_tools_in_system_prompt
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "get_time"}}
+CALL = {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+
+
+def test_instructions_list_each_tool_and_show_the_format_with_an_example():
+    text = tool_instructions([WEATHER, CLOCK])
+    assert "- get_weather: The current weather in a city." in text
+    assert json.dumps(WEATHER["function"]["parameters"]) in text
+    assert "- get_time\n  parameters: " + json.dumps({"type": "object", "properties": {}}) in text
+    assert '{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]}' in text
+    example = json.loads(text.split("For example:\n")[1].splitlines()[0])
+    assert example == {"tool_calls": [{"name": "get_weather", "arguments": {"city": "...", "days": 1}}]}
+
+
+def test_tools_go_before_an_existing_system_message():
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Weather?"}]
+    rendered = with_tools_in_system_prompt(messages, [WEATHER])
+    assert rendered[0] == {"role": "system", "content": tool_instructions([WEATHER]) + "\n\nBe terse."}
+    assert rendered[1:] == messages[1:]
+
+
+def test_without_a_system_message_the_tools_are_a_new_first_message():
+    messages = [{"role": "user", "content": "Weather?"}]
+    assert with_tools_in_system_prompt(messages, [WEATHER]) == [
+        {"role": "system", "content": tool_instructions([WEATHER])},
+        *messages,
+    ]
+
+
+def test_earlier_calls_and_results_become_text_in_the_same_format():
+    clock = {"type": "function", "id": "call_2", "function": {"name": "get_time", "arguments": {}}}
+    messages = [
+        {"role": "user", "content": "Weather and time in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL, clock]},
+        {"role": "tool", "content": '{"temp": 21}', "tool_call_id": "call_1"},
+        {"role": "tool", "content": "noon", "tool_call_id": "call_2", "name": "clock"},
+        {"role": "assistant", "content": "Looking again.", "tool_calls": [CALL]},
+        {"role": "tool", "content": "rain", "tool_call_id": "call_1"},
+        {"role": "user", "content": "Thanks."},
+    ]
+    calls = [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]
+    assert with_tools_in_system_prompt(messages, None) == [
+        messages[0],
+        {"role": "assistant", "content": calls_text(calls)},
+        {"role": "user", "content": 'Result of get_weather:\n{"temp": 21}\n\nResult of clock:\nnoon'},
+        {"role": "assistant", "content": "Looking again.\n" + calls_text(calls[:1])},
+        {"role": "user", "content": "Result of get_weather:\nrain"},
+        messages[-1],
+    ]
+    assert calls_text(calls[:1]) == '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
