@@ -1,6 +1,7 @@
 """Two real `pagoda serve` processes on free loopback ports, shared by the whole session.
 
-- `server`: the default model with a small KV budget, an API key and a request log; most tests.
+- `server`: the default model with a small KV budget, an API key, a request log and tool_choice
+  "auto" enabled; most tests.
 - `small_server`: two sequences at a time and a waiting queue of one (so 503 is reachable), prompt
   text in its log lines, a short shutdown grace (SMALL_GRACE_S); the SIGTERM test ends it, so it runs last.
 Both are launched together on first use (their model loads overlap) and killed at the end.
@@ -90,6 +91,7 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
             "0.5",
             "--max-model-len",
             "2048",
+            "--enable-auto-tool-choice",
             api_key=API_KEY,
             request_log=folder / "requests.jsonl",
         ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import time
@@ -20,6 +21,7 @@ from pagoda.entrypoints.openai.params import check_context, sampling_params
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
 from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
+from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from pagoda.model_files import apply_chat_template, template_supports_tools
 from pagoda.tools.prompt import with_tools_in_system_prompt
 
@@ -164,7 +166,16 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     messages = parse_messages(body.messages)
     size = sum(len(m["content"]) for m in messages)
     kwargs = checked_template_kwargs(state.tokenizer, body.chat_template_kwargs)
-    prompt_ids = await state.off_loop(render, state, messages, body.tools or None, kwargs, size=size)
+    template = state.config.chat_template or state.tokenizer.chat_template
+    plan = plan_tools(
+        body.tools,
+        body.tool_choice,
+        body.parallel_tool_calls,
+        state.config.tools,
+        template_has_tools=bool(template) and template_supports_tools(template),
+        template=template,
+    )
+    prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = sampling_params(
@@ -175,32 +186,46 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         prompt_logprobs=body.prompt_logprobs,
         renames={"logprobs": "top_logprobs", "max_tokens": max_param},
     )
+    if plan.constraint is not None:
+        if params.structured_outputs is not None:
+            raise bad_request(
+                'tool_choice "required" or a named function cannot be combined with another output constraint',
+                "tool_choice",
+            )
+        params = dataclasses.replace(params, structured_outputs=plan.constraint)
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages")
     await state.check_constraint(body, params)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}
     if body.stream:
-        return event_stream(_chunks(state, body, generation, head), generation)
+        return event_stream(_chunks(state, body, plan, generation, head), generation)
     outputs = (await state.collect(http, generation))[0]
-    return JSONResponse(_response(state, body, head, prompt_ids, outputs))
+    return JSONResponse(_response(state, body, plan, head, prompt_ids, outputs))
 
 
 def _response(
-    state: ServerState, body: ChatCompletionRequest, head: dict, prompt_ids: list[int], outputs: list[SequenceOutput]
+    state: ServerState,
+    body: ChatCompletionRequest,
+    plan: ToolPlan,
+    head: dict,
+    prompt_ids: list[int],
+    outputs: list[SequenceOutput],
 ) -> dict:
-    choices = [
-        {
-            "index": out.index,
-            "message": {"role": "assistant", "content": out.text},
-            "logprobs": chat_logprobs(state.token_texts, out.logprobs, body.top_logprobs or 0)
-            if body.logprobs
-            else None,
-            "finish_reason": out.finish_reason,
-            "stop_reason": out.stop_reason,
-        }
-        for out in outputs
-    ]
+    choices = []
+    for out in outputs:
+        message, called = plan.message(out.text)
+        choices.append(
+            {
+                "index": out.index,
+                "message": message,
+                "logprobs": chat_logprobs(state.token_texts, out.logprobs, body.top_logprobs or 0)
+                if body.logprobs
+                else None,
+                "finish_reason": "tool_calls" if called else out.finish_reason,
+                "stop_reason": out.stop_reason,
+            }
+        )
     response = {**head, "choices": choices, "usage": usage([outputs])}
     if body.prompt_logprobs is not None:
         response["prompt_logprobs"] = vllm_prompt_logprobs(state.token_texts, prompt_ids, outputs[0].prompt_logprobs)
@@ -208,10 +233,12 @@ def _response(
 
 
 async def _chunks(
-    state: ServerState, body: ChatCompletionRequest, generation: Generation, head: dict
+    state: ServerState, body: ChatCompletionRequest, plan: ToolPlan, generation: Generation, head: dict
 ) -> AsyncIterator[str]:
-    """OpenAI's chunk sequence per choice: the role with empty content, content deltas, a chunk
-    with only finish_reason; then the usage chunk (choices []) when asked, then [DONE]."""
+    """OpenAI's chunk sequence per choice: the role with empty content, then content, reasoning
+    and tool-call deltas (a call's first delta carries its id and name, the next ones fragments of
+    its arguments), a chunk with only finish_reason; then the usage chunk (choices []) when asked,
+    then [DONE]."""
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     base = {**head, "object": "chat.completion.chunk"}
 
@@ -223,21 +250,21 @@ async def _chunks(
             {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         )
     final: dict[int, SequenceOutput] = {}
+    streamers = [plan.streamer() for _ in range(body.n)]
     async for _, update in generation.updates():
-        if update.text_delta or (body.logprobs and update.logprobs_delta):
+        streamer = streamers[update.index]
+        deltas = streamer.feed(update.text_delta) if update.text_delta else []
+        if update.finished:
+            deltas += streamer.finish()
+        if body.logprobs and update.logprobs_delta and not deltas:
+            deltas = [{"content": ""}]  # the logprobs of tokens whose text is held back
+        for j, delta in enumerate(deltas):
             logprobs = (
                 chat_logprobs(state.token_texts, update.logprobs_delta, body.top_logprobs or 0)
-                if body.logprobs
+                if body.logprobs and j == 0
                 else None
             )
-            yield chunk(
-                {
-                    "index": update.index,
-                    "delta": {"content": update.text_delta},
-                    "logprobs": logprobs,
-                    "finish_reason": None,
-                }
-            )
+            yield chunk({"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": None})
         if update.finished:
             final[update.index] = update
             yield chunk(
@@ -245,7 +272,7 @@ async def _chunks(
                     "index": update.index,
                     "delta": {},
                     "logprobs": None,
-                    "finish_reason": update.finish_reason,
+                    "finish_reason": "tool_calls" if streamer.has_calls else update.finish_reason,
                     "stop_reason": update.stop_reason,
                 }
             )

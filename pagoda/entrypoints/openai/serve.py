@@ -73,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tool-call-parser",
         default=None,
         choices=sorted(TOOL_PARSERS),
-        help="the format the model writes tool calls in (default: detected from the chat template, "
-        "else generic)",
+        help="the format the model writes tool calls in (default: detected from the chat template, else generic)",
     )
     p.add_argument(
         "--reasoning-parser",

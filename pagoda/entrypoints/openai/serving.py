@@ -79,7 +79,7 @@ class ServerState:
         try:
             await self.engine.compile_grammar_async(params.structured_outputs)
         except GrammarError as exc:
-            field = constraint_field(body)
+            field = constraint_field(body) or "tools"  # none of the constraint fields: a tool_choice's
             raise bad_request(f"{field}: {exc}", field) from None
 
     async def off_loop(self, work: Callable[..., T], *args, size: int = 0) -> T:

@@ -1,0 +1,193 @@
+"""Tool calling through a real server: forced calls (required, a named function) that always parse
+and validate, streamed calls equal to whole ones, an agent loop, real clients, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from tests.server.helpers import API_KEY, MODEL
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The current time in a time zone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+            "required": ["zone"],
+        },
+    },
+}
+TOOLS = [WEATHER, TIME]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather in Paris, and what time is it in Berlin?"}]
+
+
+def assert_valid_calls(calls, allowed=tuple(SCHEMAS)) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id and call.function.name in allowed
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_required_always_gives_valid_calls(client, seed):
+    response = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed, max_tokens=120
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert_valid_calls(choice.message.tool_calls)
+
+
+def test_a_named_function_is_the_one_called(client):
+    forced = {"type": "function", "function": {"name": "get_time"}}
+    response = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=forced, max_tokens=80)
+    calls = response.choices[0].message.tool_calls
+    assert len(calls) == 1
+    assert_valid_calls(calls, allowed=("get_time",))
+
+
+def test_parallel_tool_calls_false_gives_one_call(client):
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        seed=4,
+        max_tokens=120,
+    )
+    assert len(response.choices[0].message.tool_calls) == 1
+
+
+def test_streamed_calls_equal_whole_ones(client):
+    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=120)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    names: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for call in delta.tool_calls or []:
+            if call.function.name:
+                assert call.index not in names and call.id and call.type == "function"
+                names[call.index] = call.function.name
+            arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" == whole.finish_reason
+    assert [names[i] for i in sorted(names)] == [c.function.name for c in whole.message.tool_calls]
+    assert [arguments[i] for i in sorted(arguments)] == [c.function.arguments for c in whole.message.tool_calls]
+
+
+def test_a_two_turn_agent_loop(client):
+    first = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120
+    ).choices[0]
+    calls = first.message.tool_calls
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
+        *[{"role": "tool", "tool_call_id": c.id, "content": json.dumps({"result": "sunny, 21 C"})} for c in calls],
+    ]
+    final = client.chat.completions.create(
+        model=MODEL, messages=history, tools=TOOLS, tool_choice="none", max_tokens=40
+    ).choices[0]
+    assert final.message.content and not final.message.tool_calls
+    assert final.finish_reason in ("stop", "length")
+
+
+def test_auto_needs_the_flag(small_server):
+    import httpx
+
+    body = {"messages": ASK, "tools": TOOLS, "max_tokens": 8}
+    response = httpx.post(f"{small_server.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "tool_choice" and "--enable-auto-tool-choice" in error["message"]
+
+
+def test_auto_serves_with_the_flag(client):
+    """The 135M model rarely calls a tool by itself; "auto" must still answer, content or calls."""
+    response = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)
+    choice = response.choices[0]
+    if choice.message.tool_calls:
+        assert_valid_calls(choice.message.tool_calls)
+        assert choice.finish_reason == "tool_calls"
+    else:
+        assert choice.message.content and choice.finish_reason in ("stop", "length")
+
+
+def test_langchain_bind_tools_and_function_calling(server):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    import pydantic
+
+    llm = langchain_openai.ChatOpenAI(
+        model=MODEL, base_url=f"{server.base_url}/v1", api_key=API_KEY, temperature=0, max_tokens=120, max_retries=0
+    )
+    message = llm.bind_tools(TOOLS, tool_choice="required").invoke(ASK[0]["content"])
+    assert message.tool_calls and message.tool_calls[0]["name"] in SCHEMAS
+
+    class Zone(pydantic.BaseModel):
+        zone: str = pydantic.Field(max_length=8)
+
+    result = llm.with_structured_output(Zone, method="function_calling").invoke("Which time zone is Paris in?")
+    assert isinstance(result, Zone)
+
+
+BAD = [
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+            "tool_choice": "required",
+        },
+        "tools[0].function.parameters",
+    ),
+    (
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}}}
+            ]
+        },
+        "tools[0].function.parameters",
+    ),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"messages": [{"role": "tool", "tool_call_id": "call_x", "content": "42"}]}, "messages[0].tool_call_id"),
+]
+
+
+@pytest.mark.parametrize("extra, param", BAD, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD)])
+def test_bad_tool_requests_are_400_naming_the_field(http, extra, param):
+    response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 8} | extra)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.json()
