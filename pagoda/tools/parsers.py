@@ -1,0 +1,481 @@
+"""Tool-call parsers: find the calls in a model's output text, whole or as it streams.
+
+Formats (named as vLLM's `--tool-call-parser` values where they exist):
+- `hermes` (Hermes, Qwen2.5, Qwen3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number.
+- `llama3_json` (Llama 3.1/3.2): the whole output is `{"name": ..., "parameters": {...}}` (or "arguments"),
+  optionally after `<|python_tag|>`; several are separated by `;`.
+- `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`.
+- `generic`: Pagoda's own, for chat templates without tools: the whole output is
+  `{"tool_calls": [{"name": ..., "arguments": {...}}]}` (GENERIC_FORMAT_INSTRUCTIONS tells the model).
+
+Rules every format keeps:
+- A call's `arguments` is its arguments object re-serialized by `json.dumps(obj, ensure_ascii=False)`, so streamed
+  and whole results are byte-identical. A call with no name is malformed; one with no arguments gets `{}`.
+- Nothing raises on model output. A malformed or incomplete call (bad JSON, no name, arguments not an object; for
+  mistral, any bad element of the array; for the whole-output formats, anything that is not entirely calls) stays
+  in `content` as its raw text, and no call is reported for it.
+- Content is the text outside the calls, verbatim, except that a stretch of it that is only whitespace and borders
+  a call (before, between or after calls) is dropped.
+- `parse(text)` is a streamer fed the whole text at once, so the invariant "any split of the text into deltas gives
+  the same content and calls" is a property of the streamers alone (tests/tools checks every split).
+
+A streamer decides nothing before the text decides it: it holds back a tail that may be the start of a marker, a
+call until it is complete, and a whole-output format's text while it may still be nothing but calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object as text, exactly as it will be returned to the client
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    content: str  # text outside any tool call ("" if none)
+    tool_calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """One streaming event of one call: the first of a call carries its name."""
+
+    index: int  # which call (0, 1, ...)
+    name: str | None  # set once, on the call's first delta
+    arguments: str  # a fragment of the arguments text ("" allowed on the first delta)
+
+
+class ToolStreamer:
+    """One per sequence: fed the text deltas as they are generated."""
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        """The content delta and tool-call deltas that `delta` settles."""
+        raise NotImplementedError
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        """Flush at the end of the sequence: whatever was held back is settled now."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ToolParser:
+    """One per format; stateless."""
+
+    name: str
+    new_streamer: Callable[[], ToolStreamer]
+
+    def streamer(self) -> ToolStreamer:
+        return self.new_streamer()
+
+    def parse(self, text: str) -> ParsedOutput:
+        streamer = self.new_streamer()
+        content, deltas = streamer.feed(text)
+        tail, more = streamer.finish()
+        return ParsedOutput(content + tail, assemble(deltas + more))
+
+
+def assemble(deltas: list[ToolCallDelta]) -> list[ToolCall]:
+    """The calls that a stream of deltas describes (indices count up from 0, each name on its call's first delta)."""
+    names: list[str] = []
+    arguments: list[list[str]] = []
+    for delta in deltas:
+        if delta.index == len(names):
+            assert delta.name is not None, delta
+            names.append(delta.name)
+            arguments.append([])
+        arguments[delta.index].append(delta.arguments)
+    return [ToolCall(name, "".join(parts)) for name, parts in zip(names, arguments)]
+
+
+# ---- reading calls -------------------------------------------------------------------------------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(text: str) -> Any:
+    """The JSON value of `text`, or None where it is not strict JSON (NaN and Infinity are refused)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError:  # json.JSONDecodeError and _no_constant's
+        return None
+
+
+def _tool_call(obj: Any) -> ToolCall | None:
+    """A call from `{"name": str, "arguments" (or "parameters"): object}`, or None where it is malformed."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _tool_calls(items: Any) -> list[ToolCall] | None:
+    """Calls from a non-empty JSON array of them; None if any one is malformed."""
+    if not isinstance(items, list) or not items:
+        return None
+    calls = [_tool_call(item) for item in items]
+    return [call for call in calls if call is not None] if all(calls) else None
+
+
+def partial_marker_len(text: str, marker: str, start: int = 0) -> int:
+    """Length of the longest tail of text[start:] that is a proper prefix of `marker` (text to hold back)."""
+    for size in range(min(len(marker) - 1, len(text) - start), 0, -1):
+        if text.endswith(marker[:size]):
+            return size
+    return 0
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+class _JsonExtent:
+    """Finds where the JSON object or array that opens at `start` closes, reading the text as it grows.
+
+    Only strings and brackets are followed (json.loads validates the value once its extent is known), and the scan
+    resumes where it stopped, so a long value costs one pass however finely it streams."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self._pos = start
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def end(self, text: str) -> int | None:
+        """The index just past the closing bracket, or None while it has not come."""
+        for i in range(self._pos, len(text)):
+            char = text[i]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char in "[{":
+                self._depth += 1
+            elif char in "]}":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        self._pos = len(text)
+        return None
+
+
+# ---- formats with a marker before each call ------------------------------------------------------------------------
+
+
+class _Output:
+    """Collects a tagged streamer's events and applies the whitespace rule: a run of text between calls (or before
+    the first, or after the last) that is only whitespace is held back, and dropped if a call borders it."""
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._deltas: list[ToolCallDelta] = []
+        self._run = ""  # the current run while it is only whitespace
+        self._run_shown = False  # the current run had other text, so it passes through
+        self._calls = 0
+
+    def text(self, text: str) -> None:
+        if self._run_shown:
+            self._content.append(text)
+            return
+        self._run += text
+        if self._run and not self._run.isspace():
+            self._content.append(self._run)
+            self._run, self._run_shown = "", True
+
+    def call(self, call: ToolCall) -> None:
+        self._run, self._run_shown = "", False
+        self._deltas.append(ToolCallDelta(self._calls, call.name, call.arguments))
+        self._calls += 1
+
+    def close(self) -> None:
+        if self._calls == 0:
+            self._content.append(self._run)
+        self._run = ""
+
+    def take(self) -> tuple[str, list[ToolCallDelta]]:
+        content, deltas = "".join(self._content), self._deltas
+        self._content, self._deltas = [], []
+        return content, deltas
+
+
+class _EndTag:
+    """The extent of a call that runs to the first `tag` after `start`."""
+
+    def __init__(self, tag: str, start: int) -> None:
+        self._tag = tag
+        self._pos = start
+
+    def end(self, text: str) -> int | None:
+        found = text.find(self._tag, self._pos)
+        if found < 0:
+            self._pos = max(self._pos, len(text) - len(self._tag) + 1)
+            return None
+        return found + len(self._tag)
+
+
+class _JsonArray:
+    """The extent of a call that is the JSON array after `start` (and whitespace); if something other than `[`
+    comes first, the extent is empty, so the marker alone is read (as malformed) and the text after it as text."""
+
+    def __init__(self, start: int) -> None:
+        self._start = start
+        self._array: _JsonExtent | None = None
+
+    def end(self, text: str) -> int | None:
+        if self._array is None:
+            pos = _skip_space(text, self._start)
+            if pos == len(text):
+                return None
+            if text[pos] != "[":
+                return self._start
+            self._array = _JsonExtent(pos)
+        return self._array.end(text)
+
+
+class _Extent(Protocol):  # _EndTag or _JsonArray
+    def end(self, text: str) -> int | None: ...
+
+
+class _TaggedStreamer(ToolStreamer):
+    """Text, then a marker that opens a call, then text again, any number of times."""
+
+    def __init__(
+        self,
+        marker: str,
+        extent: Callable[[int], _Extent],
+        read: Callable[[str], list[ToolCall] | None],
+    ) -> None:
+        self._marker = marker
+        self._extent = extent  # given where the call's body starts, finds where the call ends
+        self._read = read  # the calls in a call's raw text, marker included; None if malformed
+        self._text = ""
+        self._pos = 0  # everything before it is settled
+        self._call: _Extent | None = None  # set while inside a call that opened at _pos
+        self._out = _Output()
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        self._text += delta
+        self._advance(final=False)
+        return self._out.take()
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        self._advance(final=True)
+        self._out.close()
+        return self._out.take()
+
+    def _advance(self, final: bool) -> None:
+        while self._call is not None or self._open_call(final):
+            end = self._call.end(self._text)
+            if end is None:
+                if final:
+                    self._settle_text(len(self._text))
+                return
+            calls = self._read(self._text[self._pos : end])
+            if calls is None:
+                self._out.text(self._text[self._pos : end])
+            for call in calls or ():
+                self._out.call(call)
+            self._pos, self._call = end, None
+
+    def _open_call(self, final: bool) -> bool:
+        """Settles the text before the next marker and opens a call at it; False if no marker is in sight."""
+        found = self._text.find(self._marker, self._pos)
+        if found < 0:
+            hold = 0 if final else partial_marker_len(self._text, self._marker, self._pos)
+            self._settle_text(len(self._text) - hold)
+            return False
+        self._settle_text(found)
+        self._call = self._extent(found + len(self._marker))
+        return True
+
+    def _settle_text(self, end: int) -> None:
+        self._out.text(self._text[self._pos : end])
+        self._pos, self._call = end, None
+
+
+HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+MISTRAL_MARKER = "[TOOL_CALLS]"
+
+
+def _read_hermes(raw: str) -> list[ToolCall] | None:
+    call = _tool_call(_loads(raw[len(HERMES_START) : -len(HERMES_END)]))
+    return None if call is None else [call]
+
+
+def _read_mistral(raw: str) -> list[ToolCall] | None:
+    return _tool_calls(_loads(raw[len(MISTRAL_MARKER) :]))
+
+
+def _hermes_streamer() -> ToolStreamer:
+    return _TaggedStreamer(HERMES_START, lambda start: _EndTag(HERMES_END, start), _read_hermes)
+
+
+def _mistral_streamer() -> ToolStreamer:
+    return _TaggedStreamer(MISTRAL_MARKER, _JsonArray, _read_mistral)
+
+
+# ---- formats where the whole output is the calls -------------------------------------------------------------------
+
+
+class _WholeStreamer(ToolStreamer):
+    """The whole output is calls or it is content: optional whitespace, an optional `prefix`, then JSON objects
+    (separated by `separator` where there is one) with whitespace around them. The text is held back while it may
+    still be that; the first sign that it is not releases all of it as content and lets the rest pass through."""
+
+    def __init__(self, prefix: str | None, separator: str | None, read: Callable[[str], list[ToolCall] | None]):
+        self._prefix = prefix
+        self._separator = separator
+        self._read = read  # the calls in one JSON object's text; None if it is not a call object
+        self._text = ""
+        self._pos = 0
+        self._state = self._at_start
+        self._object: _JsonExtent | None = None
+        self._calls: list[ToolCall] = []
+        self._content = False  # decided: the output is content
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        self._text += delta
+        if self._content:
+            return delta, []
+        return self._advance(final=False)
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        if self._content:
+            return "", []
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
+        """Steps until the text runs out; then all content, all calls, or (before the end) nothing yet."""
+        verdict = None
+        while verdict is None:
+            verdict = self._state(final)
+        if verdict == "content":
+            self._content = True
+            return self._text, []
+        if verdict == "calls":
+            return "", [ToolCallDelta(i, call.name, call.arguments) for i, call in enumerate(self._calls)]
+        return "", []
+
+    # Each state reads from _pos and returns None to go on, "wait" (more text could decide), "content" or "calls".
+
+    def _at_start(self, final: bool) -> str | None:
+        pos = _skip_space(self._text, self._pos)
+        rest = self._text[pos:]
+        if self._prefix and rest.startswith(self._prefix):
+            pos += len(self._prefix)
+        elif not rest or (self._prefix and self._prefix.startswith(rest)):
+            return "content" if final else "wait"
+        self._pos, self._state = pos, self._at_object
+        return None
+
+    def _at_object(self, final: bool) -> str | None:
+        pos = _skip_space(self._text, self._pos)
+        if pos == len(self._text):
+            return "content" if final else "wait"
+        if self._text[pos] != "{":
+            return "content"
+        self._object, self._state = _JsonExtent(pos), self._in_object
+        return None
+
+    def _in_object(self, final: bool) -> str | None:
+        assert self._object is not None
+        end = self._object.end(self._text)
+        if end is None:
+            return "content" if final else "wait"
+        calls = self._read(self._text[self._object.start : end])
+        if calls is None:
+            return "content"
+        self._calls += calls
+        self._pos, self._state = end, self._after_object
+        return None
+
+    def _after_object(self, final: bool) -> str | None:
+        pos = _skip_space(self._text, self._pos)
+        if pos == len(self._text):
+            return "calls" if final else "wait"
+        if self._text[pos] != self._separator:
+            return "content"
+        self._pos, self._state = pos + 1, self._at_object
+        return None
+
+
+LLAMA3_PYTHON_TAG = "<|python_tag|>"
+
+GENERIC_FORMAT_INSTRUCTIONS = (
+    "To call one or more of the tools, answer with only a JSON object of this form, with nothing before or after "
+    'it: {"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments, as a JSON object>}}]}. '
+    "To answer without calling a tool, answer normally."
+)
+
+
+def _read_llama3(text: str) -> list[ToolCall] | None:
+    call = _tool_call(_loads(text))
+    return None if call is None else [call]
+
+
+def _read_generic(text: str) -> list[ToolCall] | None:
+    obj = _loads(text)
+    return _tool_calls(obj.get("tool_calls")) if isinstance(obj, dict) else None
+
+
+def _llama3_streamer() -> ToolStreamer:
+    return _WholeStreamer(LLAMA3_PYTHON_TAG, ";", _read_llama3)
+
+
+def _generic_streamer() -> ToolStreamer:
+    return _WholeStreamer(None, None, _read_generic)
+
+
+# ---- choosing a parser ---------------------------------------------------------------------------------------------
+
+PARSERS: dict[str, ToolParser] = {
+    parser.name: parser
+    for parser in (
+        ToolParser("hermes", _hermes_streamer),
+        ToolParser("llama3_json", _llama3_streamer),
+        ToolParser("mistral", _mistral_streamer),
+        ToolParser("generic", _generic_streamer),
+    )
+}
+
+
+def get_parser(name: str) -> ToolParser:
+    try:
+        return PARSERS[name]
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}; choose one of {', '.join(PARSERS)}") from None
+
+
+def detect_parser(chat_template: str | None) -> str | None:
+    """The parser a chat template's own tool-call markers call for, in this order of precedence: hermes
+    (`<tool_call>`), mistral (`[TOOL_CALLS]`), llama3_json (`<|python_tag|>`, or Llama 3 headers with
+    "parameters"). None where the template shows no tool format (the caller then uses generic)."""
+    if not chat_template:
+        return None
+    if HERMES_START in chat_template:
+        return "hermes"
+    if MISTRAL_MARKER in chat_template:
+        return "mistral"
+    if LLAMA3_PYTHON_TAG in chat_template or (
+        '"parameters"' in chat_template and "<|start_header_id|>" in chat_template
+    ):
+        return "llama3_json"
+    return None

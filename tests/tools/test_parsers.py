@@ -1,0 +1,155 @@
+"""Tool-call parsers: what parse() finds in recorded outputs of each format, and that streaming any split of a text
+gives exactly what parse() gives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagoda.tools import (
+    GENERIC_FORMAT_INSTRUCTIONS,
+    PARSERS,
+    ParsedOutput,
+    ToolCall,
+    ToolCallDelta,
+    detect_parser,
+    get_parser,
+)
+
+from .cases import CASES, PIECES
+
+ALL_CASES = [(name, text, content, calls) for name, cases in CASES.items() for text, content, calls in cases]
+CASE_IDS = [f"{name}-{i}" for name, cases in CASES.items() for i in range(len(cases))]
+
+
+def split(text: str, cuts: set[int]) -> list[str]:
+    bounds = [0, *sorted(cuts), len(text)]
+    return [text[start:end] for start, end in zip(bounds, bounds[1:])]
+
+
+def stream(parser_name: str, chunks: list[str]) -> ParsedOutput:
+    """Feeds the chunks to a streamer, checks the deltas are well formed, and puts them together."""
+    streamer = get_parser(parser_name).streamer()
+    content: list[str] = []
+    deltas: list[ToolCallDelta] = []
+    for chunk in chunks:
+        content_delta, call_deltas = streamer.feed(chunk)
+        content.append(content_delta)
+        deltas += call_deltas
+    content_delta, call_deltas = streamer.finish()
+    content.append(content_delta)
+    deltas += call_deltas
+    calls: list[ToolCall] = []
+    for delta in deltas:
+        if delta.index == len(calls):
+            assert delta.name is not None, deltas
+            calls.append(ToolCall(delta.name, delta.arguments))
+        else:
+            assert delta.index == len(calls) - 1 and delta.name is None, deltas
+            calls[-1] = ToolCall(calls[-1].name, calls[-1].arguments + delta.arguments)
+    return ParsedOutput("".join(content), calls)
+
+
+@pytest.mark.parametrize("name, text, content, calls", ALL_CASES, ids=CASE_IDS)
+def test_parse_recorded_output(name, text, content, calls):
+    parsed = get_parser(name).parse(text)
+    assert parsed == ParsedOutput(content, [ToolCall(*call) for call in calls])
+    for call in parsed.tool_calls:
+        assert isinstance(json.loads(call.arguments), dict)
+
+
+@pytest.mark.parametrize("name, text, content, calls", ALL_CASES, ids=CASE_IDS)
+def test_streaming_every_two_way_and_one_char_split(name, text, content, calls):
+    parsed = get_parser(name).parse(text)
+    assert stream(name, list(text)) == parsed
+    for cut in range(len(text) + 1):
+        assert stream(name, split(text, {cut})) == parsed, cut
+
+
+@pytest.mark.parametrize("name, text, content, calls", ALL_CASES, ids=CASE_IDS)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_streaming_any_split(name, text, content, calls, data):
+    cuts = data.draw(st.sets(st.integers(0, len(text))))
+    assert stream(name, split(text, cuts)) == get_parser(name).parse(text)
+
+
+@pytest.mark.parametrize("name", list(PARSERS))
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_streaming_random_text(name, data):
+    """Texts strung from markers, parts of markers and JSON fragments: parse() never raises, and streams agree."""
+    text = "".join(data.draw(st.lists(st.sampled_from(PIECES), max_size=12)))
+    cuts = data.draw(st.sets(st.integers(0, len(text))))
+    parsed = get_parser(name).parse(text)
+    assert stream(name, split(text, cuts)) == parsed
+    if not parsed.tool_calls:
+        assert parsed.content == text
+
+
+def test_long_streamed_call_is_scanned_once():
+    """A call with large arguments streamed a character at a time costs one pass, not one per character."""
+    arguments = {"code": "x = 1\n" * 20_000}
+    for name, text in [
+        ("hermes", f'<tool_call>{{"name": "run", "arguments": {json.dumps(arguments)}}}</tool_call>'),
+        ("mistral", f'[TOOL_CALLS][{{"name": "run", "arguments": {json.dumps(arguments)}}}]'),
+        ("generic", f'{{"tool_calls": [{{"name": "run", "arguments": {json.dumps(arguments)}}}]}}'),
+    ]:
+        assert stream(name, list(text)).tool_calls == [ToolCall("run", json.dumps(arguments))]
+
+
+def test_content_streams_before_the_end():
+    """Content is held back only while it may be part of a call."""
+    streamer = get_parser("hermes").streamer()
+    assert streamer.feed("Let me check <tool_") == ("Let me check ", [])
+    assert streamer.feed("ca") == ("", [])
+    assert streamer.feed('ll>{"name": "f"}</tool_call') == ("", [])
+    assert streamer.feed(">") == ("", [ToolCallDelta(0, "f", "{}")])
+    assert streamer.finish() == ("", [])
+    streamer = get_parser("llama3_json").streamer()
+    assert streamer.feed(" <|python") == ("", [])
+    assert streamer.feed("ic") == (" <|pythonic", [])
+    assert streamer.feed(" more") == (" more", [])
+    streamer = get_parser("generic").streamer()
+    assert streamer.feed('{"answer": ') == ("", [])
+    assert streamer.feed("4} ") == ('{"answer": 4} ', [])
+
+
+def test_get_parser_names_the_choices():
+    assert get_parser("hermes") is PARSERS["hermes"]
+    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, generic"):
+        get_parser("pythonic")
+
+
+def test_generic_instructions_show_the_format():
+    assert '{"tool_calls": [{"name": ' in GENERIC_FORMAT_INSTRUCTIONS
+
+
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        ("{% for tool in tools %}<tool_call>\n{{ tool | tojson }}\n</tool_call>{% endfor %}", "hermes"),
+        ("{{ '[AVAILABLE_TOOLS]' }}{{ tools | tojson }}[/AVAILABLE_TOOLS]{{ '[TOOL_CALLS]' }}", "mistral"),
+        ("{%- if builtin_tools %}<|python_tag|>{% endif %}", "llama3_json"),
+        ('<|start_header_id|>user<|end_header_id|>{"name": function name, "parameters": dictionary}', "llama3_json"),
+        # a Llama-headed template with Hermes-style calls: the call markers decide
+        ('<|start_header_id|>system<|end_header_id|>"parameters" <tool_call>', "hermes"),
+        ('<|start_header_id|>user<|end_header_id|>{{ message["content"] }}<|eot_id|>', None),
+        ('{"parameters": 1}', None),
+        ("{% for message in messages %}<|im_start|>{{ message.role }}{% endfor %}", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_detect_parser(template, expected):
+    assert detect_parser(template) == expected
+
+
+def test_importing_the_parsers_leaves_torch_alone():
+    code = "import sys, pagoda.tools; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
