@@ -2,7 +2,6 @@
 generic one) and reasoning, in the whole text or as it streams. Pure Python: the server feeds them text."""
 
 from pagoda.tools.parsers import (
-    GENERIC_FORMAT_INSTRUCTIONS,
     PARSERS,
     ParsedOutput,
     ToolCall,
@@ -15,7 +14,6 @@ from pagoda.tools.parsers import (
 from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStreamer, get_reasoning_parser
 
 __all__ = [
-    "GENERIC_FORMAT_INSTRUCTIONS",
     "PARSERS",
     "REASONING_PARSERS",
     "ParsedOutput",

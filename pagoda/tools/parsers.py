@@ -6,7 +6,7 @@ Formats (named as vLLM's `--tool-call-parser` values where they exist):
   optionally after `<|python_tag|>`; several are separated by `;`.
 - `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`.
 - `generic`: Pagoda's own, for chat templates without tools: the whole output is
-  `{"tool_calls": [{"name": ..., "arguments": {...}}]}` (GENERIC_FORMAT_INSTRUCTIONS tells the model).
+  `{"tool_calls": [{"name": ..., "arguments": {...}}]}` (pagoda/tools/prompt.py tells the model).
 
 Rules every format keeps:
 - A call's `arguments` is its arguments object re-serialized by `json.dumps(obj, ensure_ascii=False)`, so streamed
@@ -418,12 +418,6 @@ class _WholeStreamer(ToolStreamer):
 
 
 LLAMA3_PYTHON_TAG = "<|python_tag|>"
-
-GENERIC_FORMAT_INSTRUCTIONS = (
-    "To call one or more of the tools, answer with only a JSON object of this form, with nothing before or after "
-    'it: {"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments, as a JSON object>}}]}. '
-    "To answer without calling a tool, answer normally."
-)
 
 
 def _read_llama3(text: str) -> list[ToolCall] | None:

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagoda.tools import (
-    GENERIC_FORMAT_INSTRUCTIONS,
     PARSERS,
     ParsedOutput,
     ToolCall,
@@ -126,8 +125,11 @@ def test_get_parser_names_the_choices():
         get_parser("pythonic")
 
 
-def test_generic_instructions_show_the_format():
-    assert '{"tool_calls": [{"name": ' in GENERIC_FORMAT_INSTRUCTIONS
+def test_the_example_call_the_prompt_shows_is_what_the_generic_parser_reads():
+    from pagoda.tools.prompt import calls_text
+
+    written = calls_text([{"name": "get_time", "arguments": {"zone": "UTC"}}])
+    assert PARSERS["generic"].parse(written) == ParsedOutput("", [ToolCall("get_time", '{"zone": "UTC"}')])
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,92 @@
+"""How a chat request's tools are served (ToolPlan), and the assistant message read back from
+scripted outputs: whole, and streamed in every split, the same."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pagoda.entrypoints.openai.errors import APIError
+from pagoda.entrypoints.openai.tool_calls import ToolSettings, calls_schema, plan_tools
+from pagoda.tools.parsers import PARSERS
+
+TOOL = {
+    "type": "function",
+    "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+}
+AUTO = ToolSettings(enable_auto_tool_choice=True)
+
+
+def plan(choice="auto", settings=AUTO, template_has_tools=False, template=None, parallel=True):
+    return plan_tools([TOOL], choice, parallel, settings, template_has_tools, template)
+
+
+def test_auto_takes_the_templates_format_else_generic():
+    assert plan(template_has_tools=True, template="{{ tools }}<tool_call>").parser is PARSERS["hermes"]
+    assert plan(template_has_tools=False, template="plain").parser is PARSERS["generic"]
+    configured = ToolSettings(enable_auto_tool_choice=True, tool_call_parser="mistral")
+    assert plan(settings=configured, template_has_tools=True, template="{{ tools }}").parser is PARSERS["mistral"]
+    assert plan().constraint is None
+
+
+def test_required_and_named_are_constrained_to_the_generic_format():
+    required = plan("required")
+    assert required.parser is PARSERS["generic"]
+    assert required.constraint.json == calls_schema([TOOL], parallel=True)
+    named = plan({"type": "function", "function": {"name": "f"}})
+    assert named.constraint.json["properties"]["tool_calls"]["maxItems"] == 1
+    assert plan("required", parallel=False).constraint.json["properties"]["tool_calls"]["maxItems"] == 1
+
+
+def test_none_renders_the_tools_and_parses_nothing():
+    none = plan("none")
+    assert none.tools == [TOOL] and none.parser is None and none.constraint is None
+    assert none.message('{"tool_calls": [{"name": "f", "arguments": {}}]}')[1] is False
+
+
+def test_auto_without_the_flag_names_it():
+    with pytest.raises(APIError) as refused:
+        plan(settings=ToolSettings())
+    assert refused.value.param == "tool_choice" and "--enable-auto-tool-choice" in str(refused.value.message)
+
+
+SCRIPTED = [
+    ("hermes", 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'),
+    ("generic", '{"tool_calls": [{"name": "f", "arguments": {"x": 2}}, {"name": "f", "arguments": {"x": 3}}]}'),
+    ("generic", "Just text, no call."),
+    ("hermes", "<tool_call>\n{not json}\n</tool_call>"),
+]
+
+
+@pytest.mark.parametrize("parser, text", SCRIPTED)
+@pytest.mark.parametrize("reasoning", [None, "qwen3"])
+def test_streamed_message_equals_the_whole_one(parser, text, reasoning):
+    settings = ToolSettings(enable_auto_tool_choice=True, tool_call_parser=parser, reasoning_parser=reasoning)
+    tool_plan = plan(settings=settings, template_has_tools=True, template="{{ tools }}")
+    if reasoning:
+        text = f"<think>\nweighing it\n</think>\n\n{text}"
+    whole, called = tool_plan.message(text)
+    for size in (1, 3, 7, len(text)):
+        streamer = tool_plan.streamer()
+        deltas = [d for i in range(0, len(text), size) for d in streamer.feed(text[i : i + size])]
+        deltas += streamer.finish()
+        content = "".join(d.get("content", "") for d in deltas)
+        assert content == (whole["content"] or "")
+        assert "".join(d.get("reasoning", "") for d in deltas) == (whole.get("reasoning") or "")
+        calls = [c for d in deltas for c in d.get("tool_calls", [])]
+        names = [c["function"]["name"] for c in calls if "id" in c]
+        arguments = {}
+        for c in calls:
+            arguments[c["index"]] = arguments.get(c["index"], "") + c["function"]["arguments"]
+        assert names == [c["function"]["name"] for c in whole.get("tool_calls", [])]
+        assert [arguments[i] for i in sorted(arguments)] == [
+            c["function"]["arguments"] for c in whole.get("tool_calls", [])
+        ]
+        assert streamer.has_calls is called
+    if reasoning:
+        assert whole["reasoning"] == whole["reasoning_content"] == "weighing it"
+    if called:
+        assert whole["content"] in (None, "Let me look.\n") and all(
+            json.loads(c["function"]["arguments"]) for c in whole["tool_calls"]
+        )
