@@ -8,6 +8,15 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class ReasoningSpan:
+    """Where a reasoning model thinks in its output: from `start` (only when the output opens with
+    it; None: from the very start) to `end`. A constraint applies to what comes after."""
+
+    end: str
+    start: str | None = None
+
+
+@dataclass(frozen=True)
 class StructuredOutputsParams:
     """A constraint on the output: exactly one of a JSON schema, any JSON object, a regular
     expression, a choice among strings, or an EBNF grammar (vLLM's `structured_outputs`)."""
@@ -17,6 +26,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # EBNF, as xgrammar and llama.cpp's GBNF read it
+    after_reasoning: ReasoningSpan | None = None  # constrain only the answer after the thinking
 
     def __post_init__(self) -> None:
         if self.choice is not None:

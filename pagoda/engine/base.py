@@ -50,6 +50,9 @@ class EngineBase:
         if self._grammars is not None:
             self._grammars.close()
 
+    def _token_ids(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
     def _new_requests(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, grammar: Any = None
     ) -> list[Request]:
@@ -60,5 +63,8 @@ class EngineBase:
         if grammar is not None:
             from pagoda.structured.grammar import RequestGrammar
 
-            new_grammar = functools.partial(RequestGrammar, grammar)
+            span = params.structured_outputs.after_reasoning if params.structured_outputs else None
+            think_start = self._token_ids(span.start) if span is not None and span.start else ()
+            think_end = self._token_ids(span.end) if span is not None else ()
+            new_grammar = functools.partial(RequestGrammar, grammar, think_start, think_end)
         return make_requests(request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len, new_grammar)

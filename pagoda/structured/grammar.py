@@ -18,19 +18,52 @@ from pagoda.request import Request
 
 
 class RequestGrammar:
-    """One request's position in its grammar (each of n > 1 sequences has its own)."""
+    """One request's position in its grammar (each of n > 1 sequences has its own).
 
-    def __init__(self, compiled: Any) -> None:
+    For a reasoning model the grammar applies to the answer only: with `think_end` set, the output
+    is free until those tokens appear. With `think_start` set too, it thinks only if it opens with
+    those tokens: before its first token, the mask allows the grammar's tokens and the first token
+    of `think_start`; once that is taken, the rest of `think_start` is forced.
+    """
+
+    def __init__(self, compiled: Any, think_start: tuple[int, ...] = (), think_end: tuple[int, ...] = ()) -> None:
         self._matcher = xgrammar.GrammarMatcher(compiled)
+        self._think_start, self._think_end = think_start, think_end
+        self._opened = 0  # tokens of think_start taken so far
+        self._state = "answer" if not think_end else ("opening" if think_start else "thinking")
+        self._recent: list[int] = []  # the thinking's last tokens, to spot think_end
 
     def accept_token(self, token_id: int) -> bool:
-        return bool(self._matcher.accept_token(token_id))
+        if self._state == "answer":
+            return bool(self._matcher.accept_token(token_id))
+        if self._state == "opening":
+            if token_id != self._think_start[self._opened]:
+                self._state = "answer"  # it answers at once: the grammar takes this token
+                return bool(self._matcher.accept_token(token_id))
+            self._opened += 1
+            if self._opened == len(self._think_start):
+                self._state = "thinking"
+            return True
+        self._recent = (self._recent + [token_id])[-len(self._think_end) :]
+        if self._recent == list(self._think_end):
+            self._state = "answer"
+        return True
 
     def is_terminated(self) -> bool:
-        return bool(self._matcher.is_terminated())
+        return self._state == "answer" and bool(self._matcher.is_terminated())
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self._matcher.fill_next_token_bitmask(bitmask, row)
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Fill row `row` with the allowed tokens; False when nothing is masked (thinking)."""
+        if self._state == "thinking":
+            return False
+        if self._state == "opening" and self._opened:
+            bitmask[row] = 0
+        else:
+            self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self._state == "opening":
+            token = self._think_start[self._opened]
+            bitmask[row, token // 32] |= _bit(token % 32)
+        return True
 
 
 @dataclass(frozen=True)
@@ -47,12 +80,17 @@ class TokenBitmask:
         xgrammar.apply_token_bitmask_inplace(logits, bits, vocab_size=self.vocab_size, indices=self.rows)
 
 
-def step_bitmask(requests: Sequence[Request], vocab_size: int) -> TokenBitmask:
-    """The bitmask for the requests sampling this step, in order (at least one is constrained)."""
-    rows = [i for i, request in enumerate(requests) if request.grammar is not None]
+def step_bitmask(requests: Sequence[Request], vocab_size: int) -> TokenBitmask | None:
+    """The bitmask for the requests sampling this step, in order; None when none is masked."""
     bits = xgrammar.allocate_token_bitmask(len(requests), vocab_size)
-    for i in rows:
-        grammar = requests[i].grammar
-        assert isinstance(grammar, RequestGrammar)
-        grammar.fill_bitmask(bits, i)
-    return TokenBitmask(bits, rows, vocab_size)
+    rows = []
+    for i, request in enumerate(requests):
+        grammar = request.grammar
+        if isinstance(grammar, RequestGrammar) and grammar.fill_bitmask(bits, i):
+            rows.append(i)
+    return TokenBitmask(bits, rows, vocab_size) if rows else None
+
+
+def _bit(position: int) -> int:
+    """The int32 whose bit `position` alone is set (bit 31 is the sign bit)."""
+    return (1 << position) - (1 << 32 if position == 31 else 0)

@@ -44,8 +44,7 @@ def test_unknown_route_is_an_openai_404(http):
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("tool_choice", "auto"),
+        ("tool_choice", "auto"),  # without tools
         ("functions", [{"name": "f"}]),
         ("function_call", "auto"),
         ("audio", {"voice": "alloy", "format": "wav"}),

@@ -124,16 +124,6 @@ def test_a_two_turn_agent_loop(client):
     assert final.finish_reason in ("stop", "length")
 
 
-def test_auto_needs_the_flag(small_server):
-    import httpx
-
-    body = {"messages": ASK, "tools": TOOLS, "max_tokens": 8}
-    response = httpx.post(f"{small_server.base_url}/v1/chat/completions", json=body, timeout=60)
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["param"] == "tool_choice" and "--enable-auto-tool-choice" in error["message"]
-
-
 def test_auto_serves_with_the_flag(client):
     """The 135M model rarely calls a tool by itself; "auto" must still answer, content or calls."""
     response = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)

@@ -61,7 +61,8 @@ def test_unsupported_fields():
     chat = {"messages": [{"role": "user", "content": "x"}]}
     assert unsupported_fields(ChatCompletionRequest(**chat)) is None
     assert unsupported_fields(ChatCompletionRequest(**chat, tools=[])) is None
-    assert unsupported_fields(ChatCompletionRequest(**chat, tool_choice="required")) == "tool_choice"
+    assert unsupported_fields(ChatCompletionRequest(**chat, tool_choice="required")) is None  # tool_calls.py checks
+    assert unsupported_fields(ChatCompletionRequest(**chat, functions=[{"name": "f"}])) == "functions"
     assert unsupported_fields(ChatCompletionRequest(**chat, response_format={"type": "json_schema"})) is None
     assert unsupported_fields(CompletionRequest(prompt="x", n=2, best_of=2)) is None
     assert unsupported_fields(CompletionRequest(prompt="x", n=2, best_of=4)) == "best_of"

@@ -23,6 +23,7 @@ from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, s
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from pagoda.model_files import apply_chat_template, template_supports_tools
+from pagoda.sampling_params import ReasoningSpan
 from pagoda.tools.prompt import with_tools_in_system_prompt
 
 ENDPOINT = "/v1/chat/completions"
@@ -193,6 +194,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
                 "tool_choice",
             )
         params = dataclasses.replace(params, structured_outputs=plan.constraint)
+    if plan.reasoning is not None and params.structured_outputs is not None:  # the constraint is the answer's
+        thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)
+        constraint = dataclasses.replace(params.structured_outputs, after_reasoning=thinking)
+        params = dataclasses.replace(params, structured_outputs=constraint)
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages")
     await state.check_constraint(body, params)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
