@@ -4,8 +4,12 @@ Only chunks that carry generated text count as tokens: a chat server's opening c
 role, no content), a closing chunk with only finish_reason, keep-alive comments and the usage
 chunk do not, so TTFT cannot be shortened by a server that announces the role before prefill.
 As in vLLM's client, a request ends at its last token chunk, so E2E = TTFT + the sum of ITLs.
-Every request is bounded by the target's timeout, and every failure becomes a message in the
-result rather than an exception.
+A chunk carrying a tool-call delta counts as a token chunk too; the deltas are assembled into
+whole calls (OpenAI's shape: `delta.tool_calls[i]` with its `index`, first the call's `id`,
+`type` and `function.name`, then fragments of `function.arguments`, concatenated as OpenAI's
+own client does). Every request is bounded by the target's timeout, and every failure becomes a
+message in the result rather than an exception. `whole_request` sends a request without
+streaming, to compare its tool calls with the streamed ones.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import httpx
 
 from pagoda.bench.datasets import Prompt
 from pagoda.bench.errors import BenchError
+from pagoda.bench.tool_calls import Call
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 ERROR_TEXT_LIMIT = 300
@@ -40,12 +45,21 @@ class Target:
 class StreamResult:
     sent_at: float  # time.perf_counter() clock
     token_times: tuple[float, ...]  # arrivals of the chunks that carried generated text
-    text: str
+    text: str  # everything generated: content, reasoning, tool-call names and arguments
     prompt_tokens: int | None  # from the server's usage, when it sent one
     completion_tokens: int | None
     error: str | None
     answer: str = ""  # `text` without the reasoning deltas: what a structured output is graded on
     finish_reason: str | None = None
+    tool_calls: tuple[Call, ...] = ()  # assembled from the deltas, in index order
+
+
+@dataclass(frozen=True)
+class WholeResult:
+    """A request answered without streaming: its tool calls, or why there is no answer."""
+
+    tool_calls: tuple[Call, ...]
+    error: str | None = None
 
 
 def root_url(base_url: str) -> str:
@@ -53,13 +67,17 @@ def root_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 
 
-def request_body(prompt: Prompt, target: Target) -> dict[str, Any]:
+def request_body(prompt: Prompt, target: Target, stream: bool = True) -> dict[str, Any]:
     """Replayed fields win over the run's defaults; the target decides model and streaming."""
-    forced: dict[str, Any] = {"model": target.model, "stream": True, "stream_options": {"include_usage": True}}
+    forced: dict[str, Any] = {"model": target.model, "stream": stream}
+    if stream:
+        forced["stream_options"] = {"include_usage": True}
     if target.ignore_eos:
         forced["ignore_eos"] = True
     body = {"temperature": target.temperature, **prompt.body, **target.extra_body, **forced}
     body.pop("n", None)  # one choice per request: the timing is per stream
+    if not stream:
+        body.pop("stream_options", None)
     return body
 
 
@@ -85,6 +103,7 @@ class _Stream:
         self.pieces: list[str] = []
         self.answer: list[str] = []
         self.finish_reason: str | None = None
+        self.calls: dict[int, _CallParts] = {}
         self.usage: dict[str, Any] = {}
         self.finished = False
         self.error: str | None = None
@@ -114,7 +133,7 @@ class _Stream:
             return
         delta = choice.get("delta") or {}
         answer = choice.get("text") or delta.get("content")
-        piece = answer or delta.get("reasoning_content") or delta.get("reasoning")
+        piece = (answer or delta.get("reasoning_content") or delta.get("reasoning") or "") + self._take_calls(delta)
         if piece:
             self.times.append(now)
             self.pieces.append(piece)
@@ -122,6 +141,22 @@ class _Stream:
             self.answer.append(answer)
         if choice.get("finish_reason"):
             self.finished, self.finish_reason = True, str(choice["finish_reason"])
+
+    def _take_calls(self, delta: dict[str, Any]) -> str:
+        """Add a delta's tool-call fragments to their calls; returns the text they carried."""
+        calls = delta.get("tool_calls")
+        carried = []
+        for position, entry in enumerate(calls if isinstance(calls, list) else ()):
+            if not isinstance(entry, dict):
+                continue
+            index = entry.get("index", position)
+            parts = self.calls.setdefault(index if isinstance(index, int) else position, _CallParts())
+            function = entry.get("function") if isinstance(entry.get("function"), dict) else {}
+            for fragment, into in ((function.get("name"), parts.name), (function.get("arguments"), parts.arguments)):
+                if isinstance(fragment, str) and fragment:
+                    into.append(fragment)
+                    carried.append(fragment)
+        return "".join(carried)
 
     def fail(self, message: str) -> bool:
         self.error = self.error or message
@@ -142,7 +177,17 @@ class _Stream:
             error=error,
             answer="".join(self.answer),
             finish_reason=self.finish_reason,
+            tool_calls=tuple(self.calls[index].call() for index in sorted(self.calls)),
         )
+
+
+@dataclass
+class _CallParts:
+    name: list[str] = field(default_factory=list)
+    arguments: list[str] = field(default_factory=list)
+
+    def call(self) -> Call:
+        return Call("".join(self.name), "".join(self.arguments))
 
 
 async def stream_request(http: httpx.AsyncClient, target: Target, prompt: Prompt) -> StreamResult:
@@ -164,6 +209,35 @@ async def stream_request(http: httpx.AsyncClient, target: Target, prompt: Prompt
     except httpx.HTTPError as exc:
         stream.fail(f"{type(exc).__name__}: {exc}".rstrip(": "))
     return stream.result()
+
+
+async def whole_request(http: httpx.AsyncClient, target: Target, prompt: Prompt) -> WholeResult:
+    """The request sent without streaming; only its tool calls are kept."""
+    url = target.base_url + PATHS[prompt.endpoint]
+    try:
+        async with asyncio.timeout(target.timeout_s):
+            response = await http.post(
+                url, json=request_body(prompt, target, stream=False), headers=headers(target.api_key)
+            )
+    except TimeoutError:
+        return WholeResult((), f"no answer within {target.timeout_s:g} s")
+    except httpx.HTTPError as exc:
+        return WholeResult((), f"{type(exc).__name__}: {exc}".rstrip(": "))
+    if response.status_code >= 400:
+        return WholeResult((), f"HTTP {response.status_code}: {await _error_text(response)}")
+    try:
+        message = response.json()["choices"][0]["message"]
+        return WholeResult(tuple(_whole_call(entry) for entry in message.get("tool_calls") or ()))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return WholeResult((), f"malformed answer: {response.text[:ERROR_TEXT_LIMIT]!r}")
+
+
+def _whole_call(entry: dict[str, Any]) -> Call:
+    function = entry["function"]
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):  # not OpenAI's shape: kept as JSON text, so it still compares
+        arguments = json.dumps(arguments)
+    return Call(str(function["name"]), arguments)
 
 
 async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | None) -> list[str] | None:

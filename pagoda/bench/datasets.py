@@ -5,7 +5,8 @@ session sends its follow-ups one after another, each resending the history plus 
 previous reply. Synthetic streams (random, shared-prefix, multi-turn) never end; file-based ones
 (replay, ShareGPT) end with the file. Files are parsed once, up front, so a malformed line stops
 the run before any server is started. A prompt whose body asks for a JSON schema, made here or
-replayed, has its answer graded against it (see schemas.py).
+replayed, has its answer graded against it (see schemas.py); one that must call a tool has its
+calls graded against the tools it offers (see tool_calls.py).
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pagoda import jsonl
-from pagoda.bench import schemas
+from pagoda.bench import schemas, tool_calls
 from pagoda.bench.errors import BenchError
 from pagoda.bench.tokens import Tokenizer
 
 Endpoint = Literal["chat", "completions"]
 ENDPOINT_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt", "structured")
+KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt", "structured", "tools")
 DEFAULT_OUTPUT_LEN = 64
 STRUCTURED_OUTPUT_LEN = 128  # room for the longest of schemas.TASKS' documents
+TOOLS_OUTPUT_LEN = 200  # room for a call of any of tool_calls.TOOLS, in any server's format
 # Fields of a completions body that mean the same in a chat body, kept when a replayed
 # `{"prompt", ...}` line is sent to the chat endpoint.
 SHARED_FIELDS = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
@@ -81,11 +83,20 @@ class Prompt:
     endpoint: Endpoint
     body: dict[str, Any]
     token_ids: tuple[int, ...] | None = None  # as the server tokenizes it, when known ahead
+    # The answer must call one of the body's tools: the tools workload's prompts, and replayed
+    # bodies whose tool_choice forces a call.
+    calls_expected: bool = False
 
     @property
     def schema(self) -> dict[str, Any] | None:
         """The JSON schema the body's response_format asks for, to grade the answer against."""
         return schemas.schema_of(self.body)
+
+    @property
+    def tools(self) -> dict[str, dict[str, Any]] | None:
+        """The tools (name -> parameters schema) to grade the answer's calls against; None when
+        no call is expected."""
+        return tool_calls.tools_of(self.body) if self.calls_expected else None
 
 
 @dataclass(frozen=True)
@@ -118,18 +129,19 @@ class WorkloadSpec:
     turns: int
     think_time_s: float
     dataset: Path | None
+    tool_choice: str = "required"  # the tools workload's: one of tool_calls.TOOL_CHOICES
 
     @property
     def needs_tokenizer(self) -> bool:
-        """Whether prompts are made of tokens; replayed and structured ones are text as they are."""
-        return self.kind not in ("replay", "structured")
+        """Whether prompts are made of tokens; replayed, structured and tools ones are text as they are."""
+        return self.kind not in ("replay", "structured", "tools")
 
     def default_num_prompts(self) -> int | None:
         """None for replay: the whole file."""
         return {"shared-prefix": self.groups * self.prompts_per_group, "replay": None}.get(self.kind, 100)
 
     def output(self) -> LengthDist:
-        default = STRUCTURED_OUTPUT_LEN if self.kind == "structured" else DEFAULT_OUTPUT_LEN
+        default = {"structured": STRUCTURED_OUTPUT_LEN, "tools": TOOLS_OUTPUT_LEN}.get(self.kind, DEFAULT_OUTPUT_LEN)
         return self.output_len or LengthDist("fixed", default)
 
 
@@ -172,6 +184,8 @@ def sessions(workload: Workload, tokenizer: Tokenizer | None, seed: int, label: 
         return (Session(prompt) for prompt in workload.entries)
     if spec.kind == "structured":
         return _structured_sessions(spec, rng)
+    if spec.kind == "tools":
+        return _tools_sessions(spec, rng)
     assert tokenizer is not None, "every workload but replay needs a tokenizer"
     if spec.kind == "sharegpt":
         return _sharegpt_sessions(workload, tokenizer, rng)
@@ -269,6 +283,25 @@ def _structured_sessions(spec: WorkloadSpec, rng: random.Random) -> Iterator[Ses
             yield Session(Prompt(spec.endpoint, body))
 
 
+def _tools_sessions(spec: WorkloadSpec, rng: random.Random) -> Iterator[Session]:
+    """Rounds of one request per tool, each round in its own shuffled order, as the structured
+    workload takes its schemas. Each request offers the tool its prompt is about and others,
+    in a seeded order, and asks for one call (parallel_tool_calls false)."""
+    order = list(tool_calls.TOOLS)
+    while True:
+        rng.shuffle(order)
+        for tool in order:
+            others = rng.sample([t for t in tool_calls.TOOLS if t is not tool], tool_calls.TOOLS_PER_REQUEST - 1)
+            offered = rng.sample([tool, *others], tool_calls.TOOLS_PER_REQUEST)
+            body = prompt_body("chat", None, tool.request.format(rng.choice(tool.subjects)), spec.output().sample(rng))
+            body |= {
+                "tools": [t.spec() for t in offered],
+                "tool_choice": tool_calls.tool_choice(spec.tool_choice, tool),
+                "parallel_tool_calls": False,
+            }
+            yield Session(Prompt("chat", body, calls_expected=True))
+
+
 def _sharegpt_sessions(workload: Workload, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
     order = list(range(len(workload.entries)))
     rng.shuffle(order)
@@ -339,7 +372,7 @@ def _body_prompt(body: Any, endpoint: Endpoint, where: str) -> Prompt:
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):
         raise BenchError(f"{where}: 'max_tokens' must be a positive integer")
-    return Prompt(endpoint, dict(body))
+    return Prompt(endpoint, dict(body), calls_expected=tool_calls.requires_calls(body))
 
 
 def load_sharegpt(path: Path) -> list[tuple[str, str]]:
@@ -398,6 +431,13 @@ def describe(spec: WorkloadSpec) -> str:
             f"structured: {len(schemas.TASKS)} JSON schemas taken in turn (nested objects, arrays, enums, "
             f"bounded numbers, optional fields, $ref, anyOf), each sent as response_format json_schema (strict) "
             f"to the {spec.endpoint} endpoint, {out}; every answer must parse as JSON and match its schema"
+        ),
+        "tools": (
+            f"tools: {len(tool_calls.TOOLS)} tools (weather, time, currency, search, calendar, ...), each request "
+            f"offering {tool_calls.TOOLS_PER_REQUEST} of them and asking for what one does, tool_choice "
+            f"{spec.tool_choice}, to the chat endpoint, {out}; every answer must call an offered tool with arguments "
+            "that parse and match its parameters schema; after each level, every completed request sent at "
+            "temperature 0 is sent again without streaming (untimed) and its calls compared with the streamed ones"
         ),
     }[spec.kind]
 

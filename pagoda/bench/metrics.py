@@ -10,6 +10,10 @@
 - Goodput: requests per second that met every SLO given (a one-token request counts TPOT 0).
 - Structured outputs valid: of the completed requests that asked for a JSON schema, the share
   whose answer parsed and matched it; failed requests are not graded (they count in `failed`).
+- Tool calls valid: of the completed requests that had to call a tool, the share whose calls all
+  named an offered tool with arguments valid against its parameters (and there was one).
+- Streamed = non-streamed calls: of the completed requests sent again without streaming, the
+  share whose two answers had the same calls (a failed re-send counts as a difference).
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ class RequestRecord:
     error: str | None = None
     schema_valid: bool | None = None  # None: no schema asked, or the request failed
     schema_error: str | None = None  # why the answer did not parse or match its schema
+    tool_calls_valid: bool | None = None  # None: no call expected, or the request failed
+    tool_calls_error: str | None = None  # why the calls are missing or invalid
+    tool_calls_agree: bool | None = None  # None: not sent again without streaming
+    tool_calls_difference: str | None = None  # how the non-streamed answer's calls differ
 
     @property
     def ok(self) -> bool:
@@ -107,6 +115,8 @@ class Summary:
     e2e: Stats | None
     goodput: float | None  # requests per second that met the SLO; None without one
     schema_valid_rate: float | None  # None when no completed request asked for a schema
+    tool_calls_valid_rate: float | None  # None when no completed request had to call a tool
+    tool_calls_agree_rate: float | None  # None when no request was sent again without streaming
     errors: tuple[tuple[str, int], ...]  # the most frequent messages with their counts
 
 
@@ -132,7 +142,6 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
     per_second = 1 / duration_s if duration_s > 0 else 0.0
     tpots = [t for t in (r.tpot_s for r in done) if t is not None]
     errors = Counter(r.error for r in records if not r.ok)
-    graded = [r.schema_valid for r in done if r.schema_valid is not None]
     return Summary(
         completed=len(done),
         failed=len(records) - len(done),
@@ -147,6 +156,14 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
         itl=stats([gap for r in done for gap in r.itl_s]),
         e2e=stats([r.latency_s for r in done]),  # type: ignore[misc]
         goodput=None if slo is None else sum(slo.met_by(r) for r in done) * per_second,
-        schema_valid_rate=sum(graded) / len(graded) if graded else None,
+        schema_valid_rate=_share([r.schema_valid for r in done]),
+        tool_calls_valid_rate=_share([r.tool_calls_valid for r in done]),
+        tool_calls_agree_rate=_share([r.tool_calls_agree for r in done]),
         errors=tuple(errors.most_common(ERROR_SAMPLES)),  # type: ignore[arg-type]
     )
+
+
+def _share(verdicts: Sequence[bool | None]) -> float | None:
+    """The share of True among the verdicts given; None when none was."""
+    given = [v for v in verdicts if v is not None]
+    return sum(given) / len(given) if given else None

@@ -62,6 +62,14 @@ METRICS = (
     Metric("completed", "completed requests", _summary("completed"), 0),
     Metric("failed", "failed requests", _summary("failed"), 0),
     Metric("schema_valid_rate", "structured outputs valid", _summary("schema_valid_rate"), percent=True, optional=True),
+    Metric("tool_calls_valid_rate", "tool calls valid", _summary("tool_calls_valid_rate"), percent=True, optional=True),
+    Metric(
+        "tool_calls_agree_rate",
+        "streamed = non-streamed calls",
+        _summary("tool_calls_agree_rate"),
+        percent=True,
+        optional=True,
+    ),
     Metric("duration_s", "duration (s)", _summary("duration_s"), 2),
     Metric("input_tokens", "input tokens", _summary("input_tokens"), 0),
     Metric("output_tokens", "output tokens", _summary("output_tokens"), 0),
@@ -85,6 +93,8 @@ BY_KEY = {metric.key: metric for metric in METRICS}
 # The metrics report.md compares engine by engine.
 REPORT_KEYS = (
     "schema_valid_rate",
+    "tool_calls_valid_rate",
+    "tool_calls_agree_rate",
     "output_throughput",
     "request_throughput",
     "total_token_throughput",

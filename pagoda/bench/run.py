@@ -31,7 +31,7 @@ from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import launched, wait_until_ready
 from pagoda.bench.memory import MemoryPeak, MemorySampler
 from pagoda.bench.metrics import RequestRecord, Summary, summarize
-from pagoda.bench.runner import Exchange, Load, run_level, to_record
+from pagoda.bench.runner import Exchange, Load, compares_calls, resend_whole, run_level, to_record
 from pagoda.bench.server_metrics import PrefixCacheStats, prefix_cache_stats, scrape
 from pagoda.bench.settings import BenchSettings
 from pagoda.bench.tokens import LazyTokenizer, Tokenizer, resolve_source
@@ -229,9 +229,25 @@ async def _level(
         bar.close()
     after = await scrape(http, settings.metrics_url) if settings.metrics_url and before is not None else None
     prefix = prefix_cache_stats(before, after) if before is not None and after is not None else None
-    level = _level_result(concurrency, label, exchanges, start, lazy, settings, prefix, False)
-    result.levels.append(level)
+    try:
+        exchanges = await _resend_unstreamed(http, target, exchanges, concurrency, result.name)
+    finally:  # Ctrl-C during the re-sends keeps the level, its calls not compared
+        level = _level_result(concurrency, label, exchanges, start, lazy, settings, prefix, False)
+        result.levels.append(level)
     _status(f"{result.name}: {_one_line(level)}")
+
+
+async def _resend_unstreamed(
+    http: httpx.AsyncClient, target: Target, exchanges: list[Exchange], concurrency: int, name: str
+) -> list[Exchange]:
+    """The level's exchanges, those whose tool calls are compared with their non-streamed answer
+    attached. Sent after the level's clock stopped and its server metrics were read, so that
+    they count in no figure of the level."""
+    count = sum(compares_calls(x, target) for x in exchanges)
+    if not count:
+        return exchanges
+    _status(f"{name}: sending {count} requests again without streaming, to compare their tool calls")
+    return await resend_whole(http, target, exchanges, concurrency)
 
 
 def _level_result(
@@ -258,6 +274,10 @@ def _one_line(level: LevelResult) -> str:
     )
     if s.schema_valid_rate is not None:
         line += f"; {s.schema_valid_rate:.1%} structured outputs valid"
+    if s.tool_calls_valid_rate is not None:
+        line += f"; {s.tool_calls_valid_rate:.1%} tool calls valid"
+    if s.tool_calls_agree_rate is not None:
+        line += f"; {s.tool_calls_agree_rate:.1%} streamed = non-streamed calls"
     if s.errors:
         line += "; errors: " + "; ".join(f"{message} (x{count})" for message, count in s.errors)
     return line

@@ -4,6 +4,10 @@ Concurrency bounds the sessions in progress (for single-turn workloads, the requ
 flight, as vLLM's --max-concurrency); a multi-turn session keeps its slot through its think
 times, like a user in a conversation. With a request rate, sessions start at Poisson arrival
 times (gamma-distributed gaps when bursty) and still wait for a free slot.
+
+A request whose tool calls are graded can be sent again without streaming once its level is
+over (`resend_whole`), so that its calls can be compared with the streamed ones; the re-sends
+count in no timing, as the level's clock stopped at its last streamed completion.
 """
 
 from __future__ import annotations
@@ -13,17 +17,18 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
-from pagoda.bench.client import StreamResult, Target, stream_request
+from pagoda.bench.client import StreamResult, Target, WholeResult, request_body, stream_request, whole_request
 from pagoda.bench.datasets import Prompt, Session, next_turn
 from pagoda.bench.metrics import RequestRecord
 from pagoda.bench.schemas import grade
 from pagoda.bench.tokens import LazyTokenizer
+from pagoda.bench.tool_calls import compare_calls, grade_calls
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class Exchange:
     prompt: Prompt
     result: StreamResult
     finished_at: float  # time.perf_counter() clock, as the result's times
+    whole: WholeResult | None = None  # the same request answered without streaming, when re-sent
 
 
 def arrival_gap(rng: random.Random, rate: float, burstiness: float) -> float:
@@ -108,9 +114,35 @@ class _Sender:
             slots.release()
 
 
+def compares_calls(exchange: Exchange, target: Target) -> bool:
+    """Whether an exchange is re-sent without streaming: it completed, its calls are graded, and
+    it was sent at temperature 0, where both answers should be the same."""
+    prompt = exchange.prompt
+    return (
+        exchange.result.error is None and prompt.tools is not None and request_body(prompt, target)["temperature"] == 0
+    )
+
+
+async def resend_whole(
+    http: httpx.AsyncClient, target: Target, exchanges: Sequence[Exchange], concurrency: int
+) -> list[Exchange]:
+    """`exchanges` with the non-streamed answer attached to those `compares_calls` picks, sent
+    `concurrency` at a time."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def again(exchange: Exchange) -> Exchange:
+        if not compares_calls(exchange, target):
+            return exchange
+        async with slots:
+            return replace(exchange, whole=await whole_request(http, target, exchange.prompt))
+
+    return list(await asyncio.gather(*(again(x) for x in exchanges)))
+
+
 def to_record(exchange: Exchange, level_start: float, tokenizer: LazyTokenizer) -> RequestRecord:
     """Timing from the stream; token counts from the server's usage, else the tokenizer, else
-    (no tokenizer) one token per text chunk; the answer graded when the prompt has a schema."""
+    (no tokenizer) one token per text chunk; the answer graded when the prompt has a schema or
+    expects tool calls, and its calls compared with the non-streamed answer's when there is one."""
     result = exchange.result
     common = dict(
         index=exchange.index, session=exchange.session, turn=exchange.turn, start_s=result.sent_at - level_start
@@ -144,11 +176,22 @@ def to_record(exchange: Exchange, level_start: float, tokenizer: LazyTokenizer) 
 
 
 def _graded(exchange: Exchange) -> dict[str, Any]:
+    result, cut = exchange.result, exchange.result.finish_reason == "length"
+    graded: dict[str, Any] = {}
     schema = exchange.prompt.schema
-    if schema is None:
-        return {}
-    problem = grade(exchange.result.answer, schema, cut=exchange.result.finish_reason == "length")
-    return {"schema_valid": problem is None, "schema_error": problem}
+    if schema is not None:
+        problem = grade(result.answer, schema, cut)
+        graded |= {"schema_valid": problem is None, "schema_error": problem}
+    tools = exchange.prompt.tools
+    if tools is not None:
+        problem = grade_calls(result.tool_calls, tools, cut)
+        graded |= {"tool_calls_valid": problem is None, "tool_calls_error": problem}
+    whole = exchange.whole
+    if whole is not None:
+        difference = f"the request without streaming failed: {whole.error}" if whole.error else None
+        difference = difference or compare_calls(result.tool_calls, whole.tool_calls)
+        graded |= {"tool_calls_agree": difference is None, "tool_calls_difference": difference}
+    return graded
 
 
 def _prompt_tokens(exchange: Exchange, tokenizer: LazyTokenizer) -> int | None:

@@ -284,15 +284,15 @@ def grade(text: str, schema: dict[str, Any], cut: bool = False) -> str | None:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         ending = " (the output reached max_tokens)" if cut else ""
-        return _short(f"not JSON{ending}: {exc.msg} at character {exc.pos}")
+        return shorten(f"not JSON{ending}: {exc.msg} at character {exc.pos}")
     try:
         error = jsonschema.exceptions.best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(document))
     except jsonschema.SchemaError as exc:
-        return _short(f"the request's schema is not valid JSON Schema: {exc.message}")
+        return shorten(f"the request's schema is not valid JSON Schema: {exc.message}")
     if error is None:
         return None
     where = "/".join(str(part) for part in error.absolute_path) or "the top level"
-    return _short(f"does not match the schema at {where}: {error.message}")
+    return shorten(f"does not match the schema at {where}: {error.message}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -303,5 +303,5 @@ def _validator(schema_json: str) -> Any:
     return cls(schema)
 
 
-def _short(message: str) -> str:
+def shorten(message: str) -> str:
     return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."

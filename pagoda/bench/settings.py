@@ -21,6 +21,7 @@ from pagoda.bench.datasets import KINDS, LengthDist, WorkloadSpec
 from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import LaunchSpec, parse_command
 from pagoda.bench.metrics import SLO
+from pagoda.bench.tool_calls import TOOL_CHOICES
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 T = TypeVar("T")
@@ -67,7 +68,7 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     target.add_argument("--base-url", default=DEFAULT_BASE_URL, help="server root (a trailing /v1 is fine)")
     target.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
     target.add_argument(
-        "--endpoint", choices=("chat", "completions"), help="default: chat for structured, else completions"
+        "--endpoint", choices=("chat", "completions"), help="default: chat for structured and tools, else completions"
     )
     target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
     target.add_argument("--request-timeout", type=float, default=600.0, metavar="S", help="per request (default 600)")
@@ -89,7 +90,12 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     work.add_argument(
         "--output-len",
         metavar="LEN",
-        help="as --input-len (default 64; structured: 128; ShareGPT: the reply's length)",
+        help="as --input-len (default 64; structured: 128; tools: 200; ShareGPT: the reply's length)",
+    )
+    work.add_argument(
+        "--tool-choice",
+        choices=TOOL_CHOICES,
+        help="tools: required (default), auto, or named (force the tool the prompt is about)",
     )
     work.add_argument("--tokenizer", help="HF directory, .gguf file, or 'default' (default: the served model's)")
     work.add_argument("--seed", type=int, default=0)
@@ -177,9 +183,13 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         )
     if args.dataset is not None and kind not in ("replay", "sharegpt"):
         raise UsageError(f"--dataset is for the replay and sharegpt workloads, not {kind}")
+    if args.tool_choice is not None and kind != "tools":
+        raise UsageError(f"--tool-choice is for the tools workload, not {kind}")
+    if kind == "tools" and args.endpoint == "completions":
+        raise UsageError("the tools workload needs the chat endpoint: tools are a chat feature")
     return WorkloadSpec(
         kind=kind,
-        endpoint=args.endpoint or ("chat" if kind == "structured" else "completions"),
+        endpoint=args.endpoint or ("chat" if kind in ("structured", "tools") else "completions"),
         input_len=_option(LengthDist.parse, args.input_len, "--input-len"),
         output_len=_option(LengthDist.parse, args.output_len, "--output-len") if args.output_len else None,
         groups=_at_least(args.groups, 1, "--groups"),
@@ -189,6 +199,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         turns=_at_least(args.turns, 1, "--turns"),
         think_time_s=max(0.0, args.think_time),
         dataset=args.dataset,
+        tool_choice=args.tool_choice or "required",
     )
 
 

@@ -14,6 +14,18 @@ valid against the schema, in chunks of CHUNK_CHARS characters (cut at max_tokens
 "length"); with --invalid-every N, every Nth such request (counted as they arrive) gets instead,
 in turn, a JSON string (parses, matches no object schema) or the document without its last
 character (does not parse).
+A chat request with `tools` (and tool_choice other than "none") is answered with one call: of
+the named function, else of the first tool, its arguments the smallest document of the tool's
+parameters. Streamed, the call comes as OpenAI's deltas (index, id, type and name first, then
+the arguments in chunks of CHUNK_CHARS characters) and ends with finish_reason "tool_calls";
+with "stream": false the same call comes in message.tool_calls. Streamed tool requests are
+numbered as they arrive, and a request without streaming that repeats one (same messages and
+tools) takes its number, so both get the same answer unless an option says otherwise:
+--invalid-tools-every N: every Nth streamed tool request, and its non-streamed twin, is answered
+in turn with arguments that match no tool's schema, a tool that was not offered, no call (text
+content), or arguments without their last character (not JSON);
+--tools-differ-every N: every Nth one's non-streamed twin writes its arguments without spaces.
+Any request with "stream": false gets a whole answer (after the stream's total delay).
 /metrics exports prefix-cache figures in Pagoda's, vLLM's or SGLang's names: each request adds
 its prompt words to the queries and hit_percent of them to the hits.
 """
@@ -38,6 +50,7 @@ from starlette.routing import Route
 
 DIRECTIVE = re.compile(r"\b(ttft|itl|tokens)=([0-9.]+)")
 CHUNK_CHARS = 4
+INVALID_CALLS = ("bad JSON", "schema", "unknown tool", "no calls")  # taken in turn, from the numbers' ratio
 
 
 @dataclass
@@ -45,7 +58,15 @@ class Counters:
     queries: int = 0
     hits: int = 0
     structured: int = 0  # requests with a response_format so far
+    tool_requests: int = 0  # streamed requests with tools so far
+    tool_numbers: dict[str, int] = field(default_factory=dict)  # a tool request's key -> its number
     requests: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    calls: tuple[tuple[str, str], ...]  # (name, arguments JSON text)
+    content: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,8 @@ class Behaviour:
     fail: bool
     cut: bool
     pieces: tuple[str, ...] | None = None  # a structured answer's chunks; None: "tok0 ", "tok1 ", ...
+    tools: ToolAnswer | None = None  # a tool request's answer
+    deltas: tuple[dict[str, Any], ...] | None = None  # a tool answer's chunks
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -76,6 +99,10 @@ def behaviour(body: dict[str, Any], args: argparse.Namespace, counters: Counters
     tokens = int(found.get("tokens", body.get("max_tokens") or 16))
     words = text.split()
     plan = Behaviour(found.get("ttft", args.ttft), found.get("itl", args.itl), tokens, "fail" in words, "cut" in words)
+    tools = tool_answer(body, args, counters)
+    if tools is not None:
+        deltas = tuple(tool_deltas(tools))
+        return replace(plan, tokens=min(len(deltas), body.get("max_tokens") or len(deltas)), tools=tools, deltas=deltas)
     answer = structured_answer(body, args, counters)
     if answer is None:
         return plan
@@ -94,6 +121,51 @@ def structured_answer(body: dict[str, Any], args: argparse.Namespace, counters: 
         return document
     wrong = counters.structured // args.invalid_every % 2
     return json.dumps("not the document") if wrong else document[:-1]
+
+
+def tool_answer(body: dict[str, Any], args: argparse.Namespace, counters: Counters) -> ToolAnswer | None:
+    functions = [tool["function"] for tool in body.get("tools") or ()]
+    choice = body.get("tool_choice")
+    if not functions or choice == "none":
+        return None
+    key = json.dumps([body.get("messages"), body.get("tools")], sort_keys=True)
+    if body.get("stream"):
+        counters.tool_requests += 1
+        counters.tool_numbers[key] = counters.tool_requests
+    number = counters.tool_numbers.get(key, 0)
+    named = choice["function"]["name"] if isinstance(choice, dict) else None
+    function = next((f for f in functions if f["name"] == named), functions[0])
+    parameters = function.get("parameters") or {"type": "object"}
+    document = example(parameters, parameters)
+    compact = not body.get("stream") and _every(number, args.tools_differ_every)
+    arguments = json.dumps(document, separators=(",", ":")) if compact else json.dumps(document)
+    if not _every(number, args.invalid_tools_every):
+        return ToolAnswer(((function["name"], arguments),))
+    wrong = INVALID_CALLS[number // args.invalid_tools_every % len(INVALID_CALLS)]
+    if wrong == "no calls":
+        return ToolAnswer((), "I would rather not call a tool.")
+    if wrong == "unknown tool":
+        return ToolAnswer((("no_such_tool", arguments),))
+    return ToolAnswer(((function["name"], arguments[:-1] if wrong == "bad JSON" else '{"no_such_argument": 1}'),))
+
+
+def _every(number: int, n: int) -> bool:
+    return bool(n and number and number % n == 0)
+
+
+def tool_deltas(answer: ToolAnswer) -> list[dict[str, Any]]:
+    """A tool answer as OpenAI's stream deltas."""
+    deltas: list[dict[str, Any]] = [
+        {"content": answer.content[i : i + CHUNK_CHARS]} for i in range(0, len(answer.content), CHUNK_CHARS)
+    ]
+    for index, (name, arguments) in enumerate(answer.calls):
+        head = {"index": index, "id": f"call_{index}", "type": "function", "function": {"name": name, "arguments": ""}}
+        deltas.append({"tool_calls": [head]})
+        deltas += [
+            {"tool_calls": [{"index": index, "function": {"arguments": arguments[i : i + CHUNK_CHARS]}}]}
+            for i in range(0, len(arguments), CHUNK_CHARS)
+        ]
+    return deltas
 
 
 def example(schema: dict[str, Any], root: dict[str, Any]) -> Any:
@@ -135,12 +207,12 @@ async def stream(body: dict[str, Any], chat: bool, plan: Behaviour, args: argpar
         target = started + plan.ttft + i * plan.itl
         await asyncio.sleep(max(0.0, target - time.perf_counter()))
         piece = plan.pieces[i] if plan.pieces else f"tok{i} "
-        yield chunk(body, chat, **({"delta": {"content": piece}} if chat else {"text": piece}), finish_reason=None)
+        delta = plan.deltas[i] if plan.deltas else {"content": piece}
+        yield chunk(body, chat, **({"delta": delta} if chat else {"text": piece}), finish_reason=None)
         if plan.cut:
             raise ConnectionAbortedError("cut by request")
     done = {"delta": {}} if chat else {"text": ""}
-    complete = plan.pieces is not None and plan.tokens == len(plan.pieces)
-    yield chunk(body, chat, **done, finish_reason="stop" if complete else "length")
+    yield chunk(body, chat, **done, finish_reason=finish_reason(plan))
     words = prompt_words(body)
     counters.queries += words
     counters.hits += words * args.hit_percent // 100
@@ -148,6 +220,32 @@ async def stream(body: dict[str, Any], chat: bool, plan: Behaviour, args: argpar
         usage = {"prompt_tokens": words, "completion_tokens": plan.tokens, "total_tokens": words + plan.tokens}
         yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode()
     yield b"data: [DONE]\n\n"
+
+
+def finish_reason(plan: Behaviour) -> str:
+    chunks = plan.deltas or plan.pieces
+    if chunks is None or plan.tokens < len(chunks):
+        return "length"
+    return "tool_calls" if plan.tools and plan.tools.calls else "stop"
+
+
+async def whole(body: dict[str, Any], chat: bool, plan: Behaviour) -> dict[str, Any]:
+    """The answer without streaming, after the time the stream would have taken."""
+    await asyncio.sleep(plan.ttft + max(0, plan.tokens - 1) * plan.itl)
+    text = "".join(plan.pieces[: plan.tokens] if plan.pieces else (f"tok{i} " for i in range(plan.tokens)))
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(plan)}
+    if plan.tools is not None:
+        calls = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+            for i, (name, arguments) in enumerate(plan.tools.calls)
+        ]
+        choice["message"] = {"role": "assistant", "content": plan.tools.content or None, "tool_calls": calls}
+    elif chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    usage = {"prompt_tokens": prompt_words(body), "completion_tokens": plan.tokens}
+    return {"object": "chat.completion" if chat else "text_completion", "choices": [choice], "usage": usage}
 
 
 def build_app(args: argparse.Namespace) -> Starlette:
@@ -160,6 +258,8 @@ def build_app(args: argparse.Namespace) -> Starlette:
         if plan.fail:
             return JSONResponse({"error": {"message": "injected failure", "type": "server_error"}}, status_code=500)
         chat = request.url.path.endswith("/chat/completions")
+        if body.get("stream") is False:
+            return JSONResponse(await whole(body, chat, plan))
         return StreamingResponse(stream(body, chat, plan, args, counters), media_type="text/event-stream")
 
     async def models(request: Request) -> Response:
@@ -211,6 +311,8 @@ def main() -> None:
     parser.add_argument("--metrics-style", choices=("pagoda", "vllm", "sglang", "none"), default="pagoda")
     parser.add_argument("--hit-percent", type=int, default=50)
     parser.add_argument("--invalid-every", type=int, default=0, help="every Nth structured answer is invalid")
+    parser.add_argument("--invalid-tools-every", type=int, default=0, help="every Nth tool answer is invalid")
+    parser.add_argument("--tools-differ-every", type=int, default=0, help="every Nth tool answer differs unstreamed")
     args = parser.parse_args()
     time.sleep(args.startup_delay)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -96,3 +96,31 @@ def test_every_structured_output_of_pagoda_is_valid(tmp_path: Path) -> None:
     assert level["summary"]["completed"] == 16 and problems == []
     assert level["summary"]["schema_valid_rate"] == 1.0
     assert "### structured outputs valid" in (tmp_path / "report.md").read_text()
+
+
+def test_every_tool_call_of_pagoda_is_valid_and_streams_as_it_answers(tmp_path: Path) -> None:
+    """With tool_choice "required" Pagoda forces its calls with a grammar, so every call of one
+    round of the workload's tools parses and validates; at temperature 0 and concurrency 1 the
+    non-streamed answer has the same calls, byte for byte."""
+    code = cli.main(
+        [
+            *launching_pagoda(),
+            "--workload",
+            "tools",
+            "--num-prompts",
+            "12",  # one round: every tool asked for once
+            "--concurrency",
+            "1",
+            "--warmup",
+            "0",
+            "--output",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
+    engine = read_results(tmp_path)["engines"][0]
+    assert code == 0, engine["error"] or engine["levels"]
+    level = engine["levels"][0]
+    problems = [(r["tool_calls_error"], r["tool_calls_difference"]) for r in level["records"]]
+    assert level["summary"]["completed"] == 12 and problems == [(None, None)] * 12
+    assert level["summary"]["tool_calls_valid_rate"] == level["summary"]["tool_calls_agree_rate"] == 1.0
