@@ -193,6 +193,8 @@ def check_json_schema(schema: dict[str, Any]) -> None:
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         raise GrammarError(f"invalid JSON schema{f' at {where}' if where else ''}: {exc.message}") from None
+    except (TypeError, AttributeError, ValueError, RecursionError) as exc:  # e.g. a `$schema` that is not a URI
+        raise GrammarError(f"invalid JSON schema: {type(exc).__name__}: {exc}") from None
 
 
 # Keywords xgrammar would silently ignore (the output could then break the schema): refused.
@@ -232,10 +234,12 @@ def check_supported(schema: Any, where: str = "") -> None:
         raise GrammarError(f"the JSON schema refers to another document ({ref}){place}; only local $refs work")
     prefix = f"{where}/" if where else ""
     for key in SCHEMA_MAPS:
-        for name, sub in (schema.get(key) or {}).items():
+        subs = schema.get(key)
+        for name, sub in subs.items() if isinstance(subs, dict) else ():
             check_supported(sub, f"{prefix}{key}/{name}")
     for key in SCHEMA_LISTS:
-        for i, sub in enumerate(schema.get(key) or []):
+        subs = schema.get(key)
+        for i, sub in enumerate(subs if isinstance(subs, list) else ()):
             check_supported(sub, f"{prefix}{key}/{i}")
     for key in SCHEMA_VALUES:
         check_supported(schema.get(key), f"{prefix}{key}")

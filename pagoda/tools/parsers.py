@@ -105,7 +105,7 @@ def _loads(text: str) -> Any:
     """The JSON value of `text`, or None where it is not strict JSON (NaN and Infinity are refused)."""
     try:
         return json.loads(text, parse_constant=_no_constant)
-    except ValueError:  # json.JSONDecodeError and _no_constant's
+    except (ValueError, RecursionError):  # json.JSONDecodeError, _no_constant's, and absurd nesting
         return None
 
 
@@ -382,6 +382,7 @@ class _WholeStreamer(ToolStreamer):
         if self._prefix and rest.startswith(self._prefix):
             pos += len(self._prefix)
         elif not rest or (self._prefix and self._prefix.startswith(rest)):
+            self._pos = pos  # whitespace read once: a long run of it streams in linear time
             return "content" if final else "wait"
         self._pos, self._state = pos, self._at_object
         return None
@@ -389,6 +390,7 @@ class _WholeStreamer(ToolStreamer):
     def _at_object(self, final: bool) -> str | None:
         pos = _skip_space(self._text, self._pos)
         if pos == len(self._text):
+            self._pos = pos
             return "content" if final else "wait"
         if self._text[pos] != "{":
             return "content"
@@ -410,6 +412,7 @@ class _WholeStreamer(ToolStreamer):
     def _after_object(self, final: bool) -> str | None:
         pos = _skip_space(self._text, self._pos)
         if pos == len(self._text):
+            self._pos = pos
             return "calls" if final else "wait"
         if self._text[pos] != self._separator:
             return "content"

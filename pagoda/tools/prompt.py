@@ -61,11 +61,16 @@ def _describe(function: dict) -> str:
 
 def _example_call(function: dict) -> dict:
     properties = (function.get("parameters") or {}).get("properties") or {}
-    arguments = {
-        name: EXAMPLE_VALUES.get(schema.get("type") if isinstance(schema, dict) else None, "...")
-        for name, schema in properties.items()
-    }
+    arguments = {name: EXAMPLE_VALUES.get(_first_type(schema), "...") for name, schema in properties.items()}
     return {"name": function["name"], "arguments": arguments}
+
+
+def _first_type(schema: object) -> str | None:
+    """A property's JSON type: the first of a list such as ["string", "null"]."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(kind, list):
+        kind = next((k for k in kind if isinstance(k, str)), None)
+    return kind if isinstance(kind, str) else None
 
 
 def _tool_turns_as_text(messages: list[dict]) -> list[dict]:

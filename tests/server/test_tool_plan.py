@@ -90,3 +90,49 @@ def test_streamed_message_equals_the_whole_one(parser, text, reasoning):
         assert whole["content"] in (None, "Let me look.\n") and all(
             json.loads(c["function"]["arguments"]) for c in whole["tool_calls"]
         )
+
+
+NESTED = {  # what pydantic writes for a model with a nested model: local $refs into $defs
+    "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+    "type": "object",
+    "properties": {"at": {"$ref": "#/$defs/Point"}, "label": {"type": ["string", "null"]}},
+    "required": ["at"],
+}
+
+
+def test_forced_calls_keep_each_tools_definitions(default_model_dir):
+    import jsonschema
+    import xgrammar
+
+    from pagoda.model_files import load_tokenizer
+
+    tools = [TOOL, {"type": "function", "function": {"name": "g", "parameters": NESTED}}]
+    schema = calls_schema(tools, parallel=True)
+    call = {"tool_calls": [{"name": "g", "arguments": {"at": {"x": 1}, "label": None}}]}
+    jsonschema.validate(call, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"tool_calls": [{"name": "g", "arguments": {"at": {"x": "one"}}}]}, schema)
+    tokenizer = load_tokenizer(default_model_dir)
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(schema))  # the refs resolve
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{"$schema": []}, {"$schema": 5}, {"type": "string"}, {"type": "object", "$defs": 5, "properties": {}}],
+)
+def test_odd_parameters_are_a_400_not_a_crash(parameters):
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    with pytest.raises(APIError) as refused:
+        plan_tools([tool], "required", True, AUTO, False, None)
+    assert refused.value.status == 400 and refused.value.param == "tools[0].function.parameters"
+
+
+def test_list_types_and_deep_nesting_never_raise():
+    from pagoda.tools.prompt import with_tools_in_system_prompt
+
+    tool = {"type": "function", "function": {"name": "g", "parameters": NESTED}}
+    (system, _) = with_tools_in_system_prompt([{"role": "user", "content": "hi"}], [tool])
+    assert '"label": "..."' in system["content"]
+    deep = "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>"
+    assert PARSERS["hermes"].parse(deep).tool_calls == []

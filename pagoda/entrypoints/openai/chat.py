@@ -127,7 +127,7 @@ def checked_template_kwargs(tokenizer, kwargs: dict | None) -> dict:
     """The request's chat_template_kwargs. Names of the renderer's own arguments (tokenize,
     chat_template, ...) are refused: they would change the call, not what the template sees."""
     kwargs = kwargs or {}
-    own = {"messages", *inspect.signature(tokenizer.apply_chat_template).parameters}
+    own = {"messages", "conversations", *inspect.signature(tokenizer.apply_chat_template).parameters}
     for name in kwargs:
         if name in own:
             param = f"chat_template_kwargs.{name}"

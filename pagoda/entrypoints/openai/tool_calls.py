@@ -149,21 +149,50 @@ def plan_tools(
 
 
 def calls_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
-    """The generic format's JSON schema, for calls of `tools` only (one call unless `parallel`)."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool["function"]["name"]},
-                "arguments": tool["function"].get("parameters") or ANY_ARGUMENTS,
-            },
-            "required": ["name", "arguments"],
-        }
-        for tool in tools
-    ]
+    """The generic format's JSON schema, for calls of `tools` only (one call unless `parallel`).
+    Each tool's own definitions move to the root, renamed per tool, so its local $refs still hold."""
+    calls, definitions = [], {}
+    for i, tool in enumerate(tools):
+        arguments, own = _lift_definitions(f"t{i}_", tool["function"].get("parameters") or ANY_ARGUMENTS)
+        definitions.update(own)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool["function"]["name"]}, "arguments": arguments},
+                "required": ["name", "arguments"],
+            }
+        )
     items = calls[0] if len(calls) == 1 else {"anyOf": calls}
     array = {"type": "array", "items": items, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-    return {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"]}
+    schema = {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"]}
+    return {**schema, "$defs": definitions} if definitions else schema
+
+
+def _lift_definitions(prefix: str, schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`schema` without its `$defs`/`definitions`, and those definitions named `prefix + name`,
+    every local $ref rewritten to them (`#` itself to the schema, kept as `prefix + "root"`)."""
+    own = {**(schema.get("definitions") or {}), **(schema.get("$defs") or {})}
+    refers_to_itself = False
+
+    def rewrite(node: Any) -> Any:
+        nonlocal refers_to_itself
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: rewrite(v) for k, v in node.items()}
+        ref = node.get("$ref")
+        if ref == "#":
+            out["$ref"], refers_to_itself = f"#/$defs/{prefix}root", True
+        elif isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
+            out["$ref"] = f"#/$defs/{prefix}{ref.split('/', 2)[2]}"
+        return out
+
+    body = rewrite({k: v for k, v in schema.items() if k not in ("$defs", "definitions", "$schema")})
+    lifted = {f"{prefix}{name}": rewrite(sub) for name, sub in own.items()}
+    if refers_to_itself:
+        lifted[f"{prefix}root"] = body
+    return body, lifted
 
 
 def _check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -185,9 +214,9 @@ def _check_tools(tools: Any) -> list[dict[str, Any]]:
         names.add(name)
         parameters = function.get("parameters")
         if parameters is not None:
-            if not isinstance(parameters, dict):
+            if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
                 raise bad_request(
-                    f"{param}.function.parameters must be a JSON schema object", f"{param}.function.parameters"
+                    f"{param}.function.parameters must be a JSON schema of an object", f"{param}.function.parameters"
                 )
             try:
                 check_json_schema(parameters)
