@@ -109,9 +109,10 @@ class AsyncEngine(EngineBase):
         """`compile_grammar` without blocking the event loop: a cached grammar at once, else a
         compile on the engine's own compile thread (compiles queue there one at a time, holding
         none of the threads that other requests' work runs on)."""
-        cached = self.grammars.cached(constraint)
-        if cached is not None:
-            return cached
+        if self._grammars is not None:  # the first call makes the compiler (xgrammar's import): not on the loop
+            cached = self._grammars.cached(constraint)
+            if cached is not None:
+                return cached
         return await asyncio.get_running_loop().run_in_executor(self._compile_thread, self.compile_grammar, constraint)
 
     async def reset_prefix_cache(self) -> bool:
