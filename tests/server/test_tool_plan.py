@@ -18,15 +18,15 @@ TOOL = {
 AUTO = ToolSettings(enable_auto_tool_choice=True)
 
 
-def plan(choice="auto", settings=AUTO, template_has_tools=False, template=None, parallel=True):
-    return plan_tools([TOOL], choice, parallel, settings, template_has_tools, template)
+def plan(choice="auto", settings=AUTO, template=None, parallel=True):
+    return plan_tools([TOOL], choice, parallel, settings, template)
 
 
 def test_auto_takes_the_templates_format_else_generic():
-    assert plan(template_has_tools=True, template="{{ tools }}<tool_call>").parser is PARSERS["hermes"]
-    assert plan(template_has_tools=False, template="plain").parser is PARSERS["generic"]
+    assert plan(template="{{ tools }}<tool_call>").parser is PARSERS["hermes"]
+    assert plan(template="plain").parser is PARSERS["generic"]
     configured = ToolSettings(enable_auto_tool_choice=True, tool_call_parser="mistral")
-    assert plan(settings=configured, template_has_tools=True, template="{{ tools }}").parser is PARSERS["mistral"]
+    assert plan(settings=configured, template="{{ tools }}").parser is PARSERS["mistral"]
     assert plan().constraint is None
 
 
@@ -63,7 +63,7 @@ SCRIPTED = [
 @pytest.mark.parametrize("reasoning", [None, "qwen3"])
 def test_streamed_message_equals_the_whole_one(parser, text, reasoning):
     settings = ToolSettings(enable_auto_tool_choice=True, tool_call_parser=parser, reasoning_parser=reasoning)
-    tool_plan = plan(settings=settings, template_has_tools=True, template="{{ tools }}")
+    tool_plan = plan(settings=settings, template="{{ tools }}")
     if reasoning:
         text = f"<think>\nweighing it\n</think>\n\n{text}"
     whole, called = tool_plan.message(text)
@@ -124,7 +124,7 @@ def test_forced_calls_keep_each_tools_definitions(default_model_dir):
 def test_odd_parameters_are_a_400_not_a_crash(parameters):
     tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
     with pytest.raises(APIError) as refused:
-        plan_tools([tool], "required", True, AUTO, False, None)
+        plan_tools([tool], "required", True, AUTO, None)
     assert refused.value.status == 400 and refused.value.param == "tools[0].function.parameters"
 
 

@@ -173,8 +173,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         body.tool_choice,
         body.parallel_tool_calls,
         state.config.tools,
-        template_has_tools=bool(template) and template_supports_tools(template),
-        template=template,
+        template,
     )
     prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

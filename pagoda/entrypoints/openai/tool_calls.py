@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.entrypoints.openai.errors import bad_request
+from pagoda.model_files import template_supports_tools
 from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError, check_json_schema, check_supported
 from pagoda.tools.parsers import PARSERS, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
@@ -120,7 +121,6 @@ def plan_tools(
     tool_choice: Any,
     parallel_tool_calls: bool,
     settings: ToolSettings,
-    template_has_tools: bool,
     template: str | None,
 ) -> ToolPlan:
     """Check a request's tools and tool_choice (400s name the field) and decide how to serve them."""
@@ -136,7 +136,9 @@ def plan_tools(
                 '(tool_choice "required", a named function and "none" work without it)',
                 "tool_choice",
             )
-        name = (settings.tool_call_parser or detect_parser(template)) if template_has_tools else None
+        # A template that cannot show tools got them in the system prompt, in the generic format.
+        reads_tools = bool(template) and template_supports_tools(template)
+        name = (settings.tool_call_parser or detect_parser(template)) if reads_tools else None
         return ToolPlan(tools=checked, parser=get_parser(name or "generic"), reasoning=reasoning)
     allowed = checked if choice == "required" else [t for t in checked if t["function"]["name"] == forced]
     schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
