@@ -1,6 +1,11 @@
-"""Builds and binds cpu.c: compiled once per source version with the system C compiler into
-Pagoda's cache, loaded with ctypes. Where it cannot be built (no compiler, not x86-64 with AVX2 and
-FMA), `load()` returns None and callers keep to plain torch.
+"""Builds and binds Pagoda's C kernels (csrc/*.c): compiled once per source version and CPU kind with
+the system C compiler into Pagoda's cache, loaded with ctypes.
+
+The kernels are built for the instruction sets this CPU has (`cpu_isa()`): AVX2 + FMA is the floor;
+AVX-512, AVX512-BF16, VNNI and AMX are enabled where /proc/cpuinfo lists them, and the sources pick
+their code paths from the compiler's feature macros. `PAGODA_CPU_ISA=avx2` caps the build at the
+floor (to compare or test the AVX2 path on a wider CPU). Where they cannot be built (no compiler,
+not x86-64 with AVX2 and FMA), `load()` returns None and callers keep to plain torch.
 """
 
 from __future__ import annotations
@@ -22,52 +27,91 @@ from pagoda.model_files import cache_root
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+SOURCES = sorted(Path(__file__).with_name("csrc").glob("*.[ch]"))
+BASE_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
+# each ISA level: the /proc/cpuinfo flags it needs and the compiler flags it enables, in order
+ISA_LEVELS = (
+    ("avx2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+    (
+        "avx512",
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"),
+    ),
+    ("avx512_bf16", ("avx512_bf16",), ("-mavx512bf16",)),
+    ("avx512_vnni", ("avx512_vnni",), ("-mavx512vnni",)),
+    ("amx", ("amx_tile", "amx_bf16", "amx_int8"), ("-mamx-tile", "-mamx-bf16", "-mamx-int8")),
+)
 _P, _I64 = ctypes.c_void_p, ctypes.c_long
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return frozenset()
+    return frozenset(line.split(":", 1)[1].split())
+
+
+def cpu_isa(flags: frozenset[str] | None = None, cap: str | None = None) -> tuple[str, ...]:
+    """The ISA levels the kernels are built for here, lowest first: each level needs the ones
+    before it; `cap` (default: $PAGODA_CPU_ISA) stops at that level. () where even AVX2 is missing."""
+    flags = cpu_flags() if flags is None else flags
+    cap = os.environ.get("PAGODA_CPU_ISA") if cap is None else cap
+    names = [name for name, _, _ in ISA_LEVELS]
+    if cap and cap not in names:
+        raise ValueError(f"PAGODA_CPU_ISA={cap!r}: expected one of {', '.join(names)}")
+    levels: list[str] = []
+    for name, needs, _ in ISA_LEVELS:
+        if not set(needs) <= flags:
+            break
+        levels.append(name)
+        if name == cap:
+            break
+    return tuple(levels)
+
+
+def compiler_flags(isa: tuple[str, ...]) -> list[str]:
+    enabled = [flag for name, _, flags in ISA_LEVELS if name in isa for flag in flags]
+    return BASE_FLAGS + enabled
 
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None where they cannot run here."""
-    if not _cpu_supported():
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    isa = cpu_isa()
+    if not isa:
         return None
     compiler = shutil.which(os.environ.get("CC", "gcc"))
     if compiler is None:
         logger.warning("No C compiler found: Pagoda's CPU kernels are disabled (plain torch serves instead).")
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"cpu-{key}.so"
+    flags = compiler_flags(isa)
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for source in SOURCES:
+        digest.update(source.name.encode() + source.read_bytes())
+    target = cache_root() / "kernels" / f"cpu-{isa[-1]}-{digest.hexdigest()[:16]}.so"
     if not target.is_file():
+        logger.info("Building Pagoda's CPU kernels for %s", "+".join(isa))
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            result = subprocess.run(
-                [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True
-            )
+            c_files = [str(s) for s in SOURCES if s.suffix == ".c"]
+            command = [compiler, *flags, *c_files, "-o", str(built), "-lm"]
+            result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
                 logger.warning("Building Pagoda's CPU kernels failed: %s", result.stderr.strip()[-2000:])
                 return None
             os.replace(built, target)  # atomic: concurrent builders all end with one whole file
     lib = ctypes.CDLL(str(target))
+    lib.isa = isa
     lib.pagoda_paged_decode_attention.argtypes = [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
     lib.pagoda_paged_decode_attention.restype = None
     lib.pagoda_gemv.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_int]
     lib.pagoda_gemv.restype = None
     return lib
-
-
-def _cpu_supported() -> bool:
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return False
-    try:
-        flags = next(
-            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
-        ).split()
-    except (OSError, StopIteration):
-        return False
-    return "avx2" in flags and "fma" in flags
 
 
 def paged_decode_attention(
