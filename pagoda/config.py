@@ -12,6 +12,29 @@ if TYPE_CHECKING:  # the scheduler's configs stay importable without torch
 
 
 @dataclass(frozen=True)
+class ThreadConfig:
+    num_threads: int | None = None  # None: auto (all allowed CPUs, adapting to other processes' load)
+    bind_cores: tuple[int, ...] | None = None  # pin thread i to bind_cores[i]; fixes the count
+
+    @property
+    def adaptive(self) -> bool:
+        return self.num_threads is None and self.bind_cores is None
+
+
+def parse_cores(text: str) -> tuple[int, ...]:
+    """'0-3,6' -> (0, 1, 2, 3, 6); ValueError on anything else."""
+    cores: list[int] = []
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{text!r} is not a list of CPU ids like 0-3,6")
+        cores += range(int(first), int(last or first) + 1)
+    if len(set(cores)) != len(cores):
+        raise ValueError(f"{text!r} names a CPU twice")
+    return tuple(cores)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     path: str  # an HF directory (a GGUF file is converted to one on first load)
     name: str  # the name the server reports
@@ -71,6 +94,7 @@ class EngineConfig:
     attention_backend: str  # the name the selector chose (pagoda/attention/selector.py)
     attention_cuda_graphs: bool  # whether that backend's forward can be captured (BackendSupport.cuda_graphs)
     seed: int = 0
+    threads: ThreadConfig = ThreadConfig()
     enforce_eager: bool = False  # never replay CUDA graphs
     grammar_compile_timeout: float = 10.0  # seconds a structured-output constraint may take to compile
 

@@ -9,10 +9,11 @@ here is at once a keyword of `LLM(...)` and a flag of both commands. This module
 from __future__ import annotations
 
 import argparse
+import os
 import typing
 from dataclasses import dataclass, field, fields
 
-from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig
+from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, ThreadConfig, parse_cores
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
@@ -63,6 +64,15 @@ class EngineArgs:
         choices=["auto", "cpu", "torch", "triton"],
     )
     seed: int = option(0, "the engine's seed; a request's own seed overrides it for that request")
+    threads: int | None = option(
+        None,
+        "CPU compute threads (also $PAGODA_NUM_THREADS, then $OMP_NUM_THREADS); auto: every CPU this process "
+        "may use, fewer while other processes keep some busy",
+        default_text="auto",
+    )
+    bind_cores: str | None = option(
+        None, "pin compute thread i to the i-th CPU of a list like 0-3,6 (fixes the thread count)", default_text="no"
+    )
     gpu_memory_utilization: float = option(
         0.9, "GPU: the share of its memory for weights, activations, CUDA graphs and the KV pool"
     )
@@ -147,9 +157,31 @@ class EngineArgs:
             attention_backend=backend.name,
             attention_cuda_graphs=backend.support.cuda_graphs,
             seed=self.seed,
+            threads=self.thread_config(),
             enforce_eager=self.enforce_eager,
             grammar_compile_timeout=self.grammar_compile_timeout,
         )
+
+    def thread_config(self) -> ThreadConfig:
+        threads = self.threads
+        for var in ("PAGODA_NUM_THREADS", "OMP_NUM_THREADS"):
+            if threads is None and os.environ.get(var):
+                try:
+                    threads = int(os.environ[var])
+                except ValueError:
+                    raise ConfigError(f"${var} must be a whole number of threads, got {os.environ[var]!r}") from None
+        try:
+            cores = parse_cores(self.bind_cores) if self.bind_cores else None
+        except ValueError as exc:
+            raise ConfigError(f"--bind-cores: {exc}") from None
+        if cores is not None and not set(cores) <= os.sched_getaffinity(0):
+            allowed = sorted(os.sched_getaffinity(0))
+            raise ConfigError(f"--bind-cores {self.bind_cores}: this process may only run on CPUs {allowed}")
+        if threads is not None and threads < 1:
+            raise ConfigError(f"threads must be at least 1, got {threads}")
+        if cores is not None and threads is not None and threads > len(cores):
+            raise ConfigError(f"{threads} threads cannot be pinned to {len(cores)} CPUs ({self.bind_cores})")
+        return ThreadConfig(threads, cores)
 
 
 def cli_flag(name: str) -> str:

@@ -1,6 +1,10 @@
 """The engine for the server: the EngineCore steps on a thread of its own; the asyncio side
 tokenizes, detokenizes and streams, so none of that ever delays a model step.
 
+The engine thread also builds the core (loads the model): every torch op and kernel then runs on
+that one thread, so the process has one compute pool (model_executor/cpu_threads.py says why a
+second pool, left by loading on the main thread, makes every step slower).
+
 Commands (add, abort, finish, reset the prefix cache) cross to the engine thread through a locked
 inbox; step results and counters cross back with `loop.call_soon_threadsafe`. The thread owns all
 scheduler and KV state: the event loop reads only what the thread publishes (`stats`).
@@ -13,12 +17,13 @@ import logging
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from pagoda.core.outputs import CoreOutput
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.base import EngineBase
+from pagoda.engine.core import EngineCore
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -31,6 +36,8 @@ class EngineDeadError(RuntimeError):
 
 class AsyncEngine(EngineBase):
     def __init__(self, args: EngineArgs, on_finished: Callable[[SequenceOutput], None] | None = None) -> None:
+        self._started = threading.Event()  # set by start() (the loop is known) or shutdown()
+        self._thread: threading.Thread | None = None
         super().__init__(args)
         self.stats = self.core.stats()  # the engine thread's latest counters, published after each change
         self._on_finished = on_finished
@@ -44,16 +51,22 @@ class AsyncEngine(EngineBase):
         self._stop = False
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
+    def _make_core(self) -> EngineCore:
+        """Starts the engine thread, which builds the core and then waits for start()."""
+        built: Future[EngineCore] = Future()
+        self._thread = threading.Thread(target=self._run, args=(built,), name="pagoda-engine", daemon=True)
+        self._thread.start()
+        return built.result()  # a load failure is raised here, and the thread has ended
+
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
-        self._thread.start()
+        self._started.set()
 
     def shutdown(self) -> None:
         self._stop = True
+        self._started.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -131,7 +144,14 @@ class AsyncEngine(EngineBase):
             self._inbox.append((kind, payload))
         self._wake.set()
 
-    def _run(self) -> None:
+    def _run(self, built: Future[EngineCore]) -> None:
+        try:
+            core = EngineCore(self.config)
+        except BaseException as exc:  # noqa: BLE001 - handed to the constructor, which raises it
+            built.set_exception(exc)
+            return
+        built.set_result(core)
+        self._started.wait()
         try:
             while not self._stop:
                 with self._lock:

@@ -23,10 +23,14 @@ class EngineBase:
     def __init__(self, args: EngineArgs) -> None:
         self.config = args.create_config()
         self.tokenizer = load_tokenizer(self.config.model.path)
-        self.core = EngineCore(self.config)
+        self.core = self._make_core()
         self.outputs = OutputProcessor(self.tokenizer)
         self._grammars: GrammarCompiler | None = None  # made at the first constrained request
         self._grammars_lock = threading.Lock()  # first constrained requests may race to make it
+
+    def _make_core(self) -> EngineCore:
+        """The engine core, built on the thread that will step it (its compute pool is that thread's)."""
+        return EngineCore(self.config)
 
     @property
     def grammars(self) -> GrammarCompiler:

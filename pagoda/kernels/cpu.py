@@ -111,6 +111,8 @@ def load() -> ctypes.CDLL | None:
     lib.pagoda_paged_decode_attention.restype = None
     lib.pagoda_gemv.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_int]
     lib.pagoda_gemv.restype = None
+    lib.pagoda_bind_threads.argtypes = [_P, ctypes.c_int]
+    lib.pagoda_bind_threads.restype = ctypes.c_int
     return lib
 
 
@@ -161,3 +163,10 @@ def gemv(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         torch.get_num_threads(),
     )
     return out
+
+
+def bind_threads(lib: ctypes.CDLL, cpus: list[int]) -> bool:
+    """Pins thread i of the calling thread's compute team (torch's, of len(cpus) threads) to
+    cpus[i]; False if any pin failed (e.g. a CPU outside this process's affinity)."""
+    array = (ctypes.c_int * len(cpus))(*cpus)
+    return lib.pagoda_bind_threads(ctypes.cast(array, _P), len(cpus)) == 0

@@ -19,6 +19,7 @@ from pagoda.attention.selector import create_backend
 from pagoda.config import EngineConfig
 from pagoda.core.outputs import ModelRunnerOutput, SchedulerOutput
 from pagoda.model_executor import gpu_memory
+from pagoda.model_executor.cpu_threads import ComputeThreads
 from pagoda.model_executor.cuda_graphs import MAX_GRAPH_BATCH, CUDAGraphRunner, capture_sizes
 from pagoda.model_executor.loader import load_model
 from pagoda.model_executor.sampler import Sampler, token_logprob
@@ -37,6 +38,8 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         self.block_size = config.cache.block_size
+        # the compute pool of the thread that builds the runner, which runs every step after
+        self.threads = ComputeThreads(config.threads) if self.device.type == "cpu" else None
         self.backend = create_backend(config.attention_backend)
         torch.manual_seed(config.seed)
         self.model = load_model(config.model, self.backend, self.device)
@@ -98,6 +101,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        if self.threads is not None:
+            self.threads.adjust()
         self.sampler.drop(step.finished_request_ids)
         batch = self._prepare(step)
         hidden = self._forward(batch)
