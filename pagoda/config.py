@@ -75,12 +75,17 @@ class SchedulerConfig:
     max_model_len: int = 2048
     policy: Literal["fcfs", "lpm"] = "fcfs"
     max_queue: int | None = None  # waiting requests beyond this are refused (server: 503)
+    # while any running request decodes, a step takes at most this many prompt tokens, so a long
+    # prefill chunk does not stall every decode in the step; None: only max_num_batched_tokens
+    max_prefill_with_decodes: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_prefill_with_decodes is not None and self.max_prefill_with_decodes < 1:
+            raise ConfigError(f"max_prefill_with_decodes must be >= 1, got {self.max_prefill_with_decodes}")
         if self.policy not in ("fcfs", "lpm"):
             raise ConfigError(f"scheduling policy must be 'fcfs' or 'lpm', got {self.policy!r}")
 

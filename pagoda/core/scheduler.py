@@ -102,12 +102,17 @@ class Scheduler:
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        prefill_budget = self._prefill_budget()
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_new = min(remaining, budget) if remaining == 1 else min(remaining, budget, prefill_budget)
+            if num_new == 0:  # a prefill, and this step's prompt tokens are spent
+                index += 1
+                continue
             while (blocks := self.kv.grow(request, num_new)) is None:
                 self._preempt(self.running.pop())
                 preempted = True
@@ -117,13 +122,24 @@ class Scheduler:
                 request.block_ids += blocks
                 scheduled.append((request, num_new))
                 budget -= num_new
+                if remaining > 1:
+                    prefill_budget -= num_new
                 index += 1
         if not preempted:
-            budget = self._admit_waiting(scheduled, budget)
+            self._admit_waiting(scheduled, min(budget, prefill_budget))
         if not scheduled:
             return SchedulerOutput((), 0)
         finished, self._finished_ids = frozenset(self._finished_ids), []
-        return SchedulerOutput(tuple(scheduled), self.config.max_num_batched_tokens - budget, finished)
+        num_tokens = sum(n for _, n in scheduled)
+        return SchedulerOutput(tuple(scheduled), num_tokens, finished)
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this step may take: max_prefill_with_decodes while a running request
+        decodes, else the whole step budget."""
+        cap = self.config.max_prefill_with_decodes
+        if cap is not None and any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running):
+            return cap
+        return self.config.max_num_batched_tokens
 
     def update(self, step: SchedulerOutput, result: ModelRunnerOutput) -> StepOutputs:
         """Apply a step's results: computed tokens advance and sampled tokens are appended.
@@ -159,7 +175,7 @@ class Scheduler:
         return StepOutputs(outputs, self.stats())
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> int:
+    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request, passed_over = self._next_waiting()
             if request is None:
@@ -184,7 +200,6 @@ class Scheduler:
             self.running.append(request)
             scheduled.append((request, num_new))
             budget -= num_new
-        return budget
 
     def _reusable_prefix(self, request: Request) -> PrefixMatch[object]:
         """KV blocks a waiting request can start from: a prefix-cache hit, else (caching off) the

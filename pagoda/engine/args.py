@@ -46,6 +46,11 @@ class EngineArgs:
     kv_cache_memory: float = option(
         2.0, "KV pool size in GiB on CPU; must hold at least one max_model_len sequence; a GPU ignores it"
     )
+    max_prefill_with_decodes: int | None = option(
+        256,
+        "while any request decodes, a step takes at most this many prompt tokens (bounds the stall a long "
+        "prompt's chunk puts on running decodes); 0: no bound beyond --max-num-batched-tokens",
+    )
     block_size: int = option(16, "tokens per KV block")
     enable_prefix_caching: bool = option(True, "the radix prefix cache")
     scheduling_policy: str = option(
@@ -152,6 +157,7 @@ class EngineArgs:
                 max_model_len=model.max_model_len,
                 policy=self.scheduling_policy,
                 max_queue=self.max_queue,
+                max_prefill_with_decodes=self.max_prefill_with_decodes or None,
             ),
             device=device,
             attention_backend=backend.name,

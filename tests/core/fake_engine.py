@@ -76,9 +76,12 @@ def make_scheduler(
     max_model_len: int = 64,
     policy: str = "fcfs",
     max_queue: int | None = None,
+    max_prefill_with_decodes: int | None = None,
 ) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, caching)
-    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, policy, max_queue)
+    config = SchedulerConfig(
+        max_num_seqs, max_num_batched_tokens, max_model_len, policy, max_queue, max_prefill_with_decodes
+    )
     return Scheduler(config, kv)
 
 

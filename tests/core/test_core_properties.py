@@ -39,6 +39,7 @@ class Workload:
     num_blocks: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    max_prefill_with_decodes: int | None
     policy: str
     specs: tuple[Spec, ...]
 
@@ -78,6 +79,7 @@ def workloads(draw) -> Workload:
         num_blocks=num_blocks,
         max_num_seqs=draw(st.integers(1, 8)),
         max_num_batched_tokens=draw(st.integers(1, 64)),
+        max_prefill_with_decodes=draw(st.one_of(st.none(), st.integers(1, 16))),
         policy=draw(st.sampled_from(["fcfs", "lpm"])),
         specs=tuple(specs),
     )
@@ -93,6 +95,7 @@ def run_workload(w: Workload, caching: bool, num_blocks: int | None = None) -> t
         max_num_batched_tokens=w.max_num_batched_tokens,
         max_model_len=w.max_model_len,
         policy=w.policy,
+        max_prefill_with_decodes=w.max_prefill_with_decodes,
     )
     engine = FakeEngine(scheduler)
     groups: list[list[Request]] = []

@@ -73,6 +73,23 @@ def test_a_budget_of_one_token_still_makes_progress() -> None:
     engine.check_all_released()
 
 
+def test_prompt_tokens_are_bounded_while_requests_decode() -> None:
+    """max_prefill_with_decodes caps the prompt tokens of a step that has decodes (running
+    prefills and admissions alike); a step without decodes takes the whole budget."""
+    s = make_scheduler(64, BS, max_num_batched_tokens=40, max_prefill_with_decodes=6)
+    engine = FakeEngine(s, sample=constant(7))
+    add(s, "a", tokens(20), max_tokens=4)
+    assert ids(engine.step()) == [("a", 20)]  # nothing decodes yet: the whole prompt at once
+    add(s, "b", tokens(10, start=100), max_tokens=2)
+    add(s, "c", tokens(4, start=200), max_tokens=2)
+    out = engine.step()
+    assert ids(out) == [("a", 1), ("b", 6)] and out.num_batched_tokens == 7
+    assert ids(engine.step()) == [("a", 1), ("b", 4), ("c", 2)]  # b's rest and c's start share the 6
+    assert ids(engine.step()) == [("a", 1), ("b", 1), ("c", 2)]
+    engine.run_until_done()
+    engine.check_all_released()
+
+
 def test_running_requests_come_first_then_admissions_in_order() -> None:
     """No decodes-first sort: the model runner orders its batch for the attention backends."""
     s = make_scheduler(64, BS, max_num_batched_tokens=100)
