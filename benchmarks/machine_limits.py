@@ -1,0 +1,84 @@
+"""What this machine allows, measured with the threads the engine would use: the CPU's kind and
+flags, memory read bandwidth, single-row GEMV read rates (Pagoda's C kernel and torch's), GEMM
+rates in fp32 and bf16; and from them the default model's fp32 decode floor (its weight bytes over
+the GEMV read rate) and the fp32 compute ceiling of a 256-in/64-out workload (each output token
+carries five tokens of compute: (256 + 64) / 64).
+
+    python benchmarks/machine_limits.py [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from pagoda.kernels import cpu as cpu_kernels
+
+GFLOP_PER_TOKEN = 0.27  # SmolLM2-135M: 2 x 135M parameters
+DEFAULT_MODEL_FP32_BYTES = 540e6  # its weights in fp32, the tied embedding read once as the LM head
+REPEATS = 7
+
+
+def best_of(fn, repeats: int = REPEATS) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]  # the median
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def measure() -> dict:
+    lib = cpu_kernels.load()
+    weight = torch.randn(4 * 49152, 576)  # 453 MB: far past every cache
+    x = torch.randn(1, 576)
+    nbytes = weight.numel() * 4
+    result: dict = {
+        "cpu": cpu_model(),
+        "threads": torch.get_num_threads(),
+        "isa_flags": sorted(
+            f for f in cpu_kernels.cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c")) or f == "sse4_2"
+        ),
+        "kernels_built_for": list(lib.isa) if lib is not None else None,
+        "read_GBps": nbytes / best_of(lambda: weight.sum()) / 1e9,
+        "gemv_torch_GBps": nbytes / best_of(lambda: torch.mv(weight, x[0])) / 1e9,
+    }
+    if lib is not None:
+        result["gemv_pagoda_GBps"] = nbytes / best_of(lambda: cpu_kernels.gemv(lib, x, weight, None)) / 1e9
+    n = 2048
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        result[f"gemm_{str(dtype).removeprefix('torch.')}_GFLOPs"] = 2 * n**3 / best_of(lambda: a @ b) / 1e9
+    gemv = result.get("gemv_pagoda_GBps", result["gemv_torch_GBps"])
+    result["default_model_fp32_decode_floor_ms"] = DEFAULT_MODEL_FP32_BYTES / (gemv * 1e9) * 1e3
+    result["fp32_ceiling_256in_64out_tok_s"] = result["gemm_float32_GFLOPs"] / (5 * GFLOP_PER_TOKEN)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = ap.parse_args()
+    result = measure()
+    for key, value in result.items():
+        print(f"{key:38s} {value:.1f}" if isinstance(value, float) else f"{key:38s} {value}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
