@@ -51,6 +51,49 @@ def test_log_flags_become_the_server_config(capsys):
     assert serve.parse_args(["--uvicorn-log-level", "trace"]).uvicorn_log_level == "trace"
 
 
+def test_server_flags_become_the_server_config(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0.5}))
+    default = serve.server_config(serve.parse_args([]))
+    assert (default.log_requests, default.log_stats, default.max_logprobs, default.generation_defaults) == (
+        False,
+        True,
+        20,
+        None,
+    )
+    argv = ["--enable-log-requests", "--disable-log-stats", "--max-logprobs", "3", "--generation-config"]
+    config = serve.server_config(serve.parse_args([*argv, str(tmp_path)]))
+    assert (config.log_requests, config.log_stats, config.max_logprobs, config.generation_defaults) == (
+        True,
+        False,
+        3,
+        {"top_p": 0.5},
+    )
+    assert serve.server_config(serve.parse_args(["--generation-config", "vllm"])).generation_defaults == {}
+
+
+def test_tokenizer_flag_names_the_tokenizer_the_engine_loads(tmp_path):
+    from pagoda.engine.args import EngineArgs
+
+    args = EngineArgs.from_cli_args(serve.parse_args(["--tokenizer", "tok-dir"]))
+    assert args == EngineArgs(tokenizer="tok-dir")
+    assert args.create_config().model.tokenizer == "tok-dir"
+    assert EngineArgs().create_config().model.tokenizer is None  # the model's own
+
+
+def test_the_engine_loads_the_tokenizer_named(tmp_path):
+    from pagoda import LLM
+    from pagoda.model_files import load_tokenizer
+    from tests.tiny_models import write_tiny_model
+
+    tokenizer = load_tokenizer(None)
+    model = write_tiny_model("llama", tmp_path / "tiny", tokenizer)
+    tokenizer.chat_template = "{{ messages[0].content }} (the other tokenizer)"
+    tokenizer.save_pretrained(tmp_path / "other")
+    llm = LLM(str(model), tokenizer=str(tmp_path / "other"), kv_cache_memory=0.05)
+    assert llm.tokenizer.chat_template == "{{ messages[0].content }} (the other tokenizer)"
+    assert LLM(str(model), kv_cache_memory=0.05).tokenizer.chat_template != llm.tokenizer.chat_template
+
+
 def test_trust_remote_code_is_accepted_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING, "pagoda.serve"):
         assert serve.main(["--trust-remote-code", "--generation-config", "/no/such/folder"]) == 1

@@ -19,12 +19,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.entrypoints.parsing import Parser
 from pagoda.generation_config import sampling_defaults
 
 logger = logging.getLogger("pagoda.serve")
+
+if TYPE_CHECKING:
+    from pagoda.entrypoints.openai.serving import ServerConfig
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_LOGPROBS = 20  # the most alternatives SamplingParams admits, and vLLM's default cap
@@ -208,31 +211,35 @@ def main(argv: list[str]) -> int:
         logger.warning("--trust-remote-code has no effect: Pagoda runs no code from model folders")
     started = time.monotonic()
     try:
-        chat_template = read_chat_template(args.chat_template)
-        generation_defaults = read_generation_config(args.generation_config)
+        config = server_config(args)  # its files are read before the slow model load
         engine = load_engine(args)
     except ConfigError as exc:
         print(f"pagoda serve: {exc}", file=sys.stderr)
         return 1
     from pagoda.entrypoints.openai.api import build_app
+
+    if config.request_log is not None:
+        logger.warning("request log %s records every request's prompt and output", config.request_log)
+    app = build_app(engine, config)
+    return asyncio.run(_serve(app, args, engine.config.model.name, started))
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The server's own settings out of the command line (the engine's are EngineArgs)."""
     from pagoda.entrypoints.openai.serving import ServerConfig
     from pagoda.entrypoints.openai.tool_calls import ToolSettings
 
-    config = ServerConfig(
+    return ServerConfig(
         api_key=args.api_key or os.environ.get("PAGODA_API_KEY") or None,
-        chat_template=chat_template,
+        chat_template=read_chat_template(args.chat_template),
         request_log=args.request_log,
         log_prompts=args.log_prompts,
         log_requests=args.enable_log_requests,
         log_stats=not args.disable_log_stats,
         max_logprobs=args.max_logprobs,
-        generation_defaults=generation_defaults,
+        generation_defaults=read_generation_config(args.generation_config),
         tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
     )
-    if config.request_log is not None:
-        logger.warning("request log %s records every request's prompt and output", config.request_log)
-    app = build_app(engine, config)
-    return asyncio.run(_serve(app, args, engine.config.model.name, started))
 
 
 def load_engine(args: argparse.Namespace):
