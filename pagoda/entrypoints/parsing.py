@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+from typing import Any
 
 UNRECOGNIZED = "unrecognized arguments: "
 
@@ -17,12 +18,12 @@ class DefaultsFormatter(argparse.HelpFormatter):
         text = action.help or ""
         if "default" in text or not action.option_strings or action.default is argparse.SUPPRESS:
             return text
-        shown = "none" if action.default is None else "%(default)s"
+        shown = "none" if action.default is None or action.default == [] else "%(default)s"
         return f"{text} (default: {shown})".lstrip()
 
 
 class Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
