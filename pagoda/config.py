@@ -48,6 +48,7 @@ class ModelConfig:
     head_dim: int
     eos_token_ids: tuple[int, ...]
     generation_defaults: dict = field(default_factory=dict, compare=False)
+    tokenizer: str | None = None  # an HF directory or .gguf file of another tokenizer; None: the model's
     load_format: Literal["auto", "dummy"] = "auto"  # dummy: random weights of the config's shapes
     quantization: Literal["fp8"] | None = None  # fp8: linear weights in float8_e4m3fn
 

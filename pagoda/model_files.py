@@ -119,10 +119,11 @@ def _write_hf_dir(gguf_path: Path, out: Path) -> None:
 
 
 def load_tokenizer(model: str | None):
-    """The tokenizer of `model` (an HF directory, a .gguf file, or None for the default)."""
+    """The tokenizer of `model` (an HF directory, a tokenizer's own directory, a .gguf file, or None
+    for the default)."""
     from transformers import AutoTokenizer
 
-    path = resolve_model(model)
+    path = model if model and Path(model).is_dir() else resolve_model(model)  # a tokenizer needs no config.json
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # noqa: BLE001

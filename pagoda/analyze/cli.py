@@ -8,18 +8,21 @@ import sys
 from pathlib import Path
 
 from pagoda.analyze.errors import AnalyzeError
+from pagoda.analyze.kv_memory import kv_footprint
 from pagoda.analyze.pipeline import analyze_log
 from pagoda.analyze.plot import write_plot
 from pagoda.analyze.recommend import recommend
 from pagoda.analyze.report import render, to_json
 from pagoda.analyze.summary import summarize
 from pagoda.analyze.tokenize import PromptTokenizer
+from pagoda.entrypoints.parsing import Parser
 
 SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
+DEFAULT_TOKENIZER = "default"  # as `pagoda bench --tokenizer default`: Pagoda's default model
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pagoda analyze",
         description="Measure the prefix overlap of logged requests and predict what a prefix cache "
         "saves (an upper bound). Reads `pagoda serve --request-log` files, OpenAI request bodies "
@@ -30,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer",
         metavar="MODEL_OR_PATH",
         help="model whose tokenizer and chat template turn text prompts into token ids, as the server "
-        "does (an HF directory or a .gguf file; default: Pagoda's default model)",
+        "does (an HF directory, a .gguf file, or 'default'; default: Pagoda's default model)",
     )
     parser.add_argument(
         "--chat-template",
@@ -65,10 +68,11 @@ def main(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    tokenizer = PromptTokenizer(args.tokenizer, _read_template(args.chat_template))
+    model = None if args.tokenizer == DEFAULT_TOKENIZER else args.tokenizer
+    tokenizer = PromptTokenizer(model, _read_template(args.chat_template))
     analysis = analyze_log(Path(args.log), tokenizer, args.block_size, args.top)
     summary = summarize(analysis, args.cache_tokens)
-    recommendation = recommend(summary)
+    recommendation = recommend(summary, kv_footprint(model))
     print(to_json(summary, recommendation) if args.json else render(summary, recommendation), end="")
     if args.plot is not None:
         write_plot(summary, args.plot)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagoda.analyze.kv_memory import KVFootprint
 from pagoda.analyze.summary import Summary
 
 RADIX_HEURISTIC = 0.60  # a published rule of thumb, not a law
@@ -12,6 +13,7 @@ DECODE_HEAVY = 0.5  # below this prefill share of all tokens, decode dominates
 LOW_OVERLAP = 0.20
 GRANULARITY_GAP = 0.05
 NEAR_UNLIMITED = 0.9
+MIN_REQUESTS = 20  # fewer say too little about a server's traffic to recommend on
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,14 @@ class Recommendation:
     reasons: tuple[str, ...]
 
 
-def recommend(summary: Summary) -> Recommendation:
+def recommend(summary: Summary, kv: KVFootprint | None = None) -> Recommendation:
+    """`kv`: the model's KV size, to put cache sizes in `--kv-cache-memory` GiB."""
+    if summary.requests < MIN_REQUESTS:
+        caveat = (
+            f"Too few requests to recommend: {summary.requests} logged, and overlap measured on fewer than "
+            f"{MIN_REQUESTS} says little about a server's traffic. Log more requests and run this again."
+        )
+        return Recommendation(caveat, (_upper_bound(summary),))
     reasons = (
         _upper_bound(summary),
         _ttft(summary),
@@ -28,7 +37,7 @@ def recommend(summary: Summary) -> Recommendation:
         _heuristic(summary),
         _decode_heavy(summary),
         _granularity(summary),
-        _capacity(summary),
+        _capacity(summary, kv),
     )
     return Recommendation(_verdict(summary), tuple(r for r in reasons if r))
 
@@ -122,13 +131,13 @@ def _granularity(summary: Summary) -> str:
     if gap >= GRANULARITY_GAP:
         return (
             f"Token granularity reuses {gap:.0%} of prompt tokens more than {bs}-token blocks: prompts "
-            "diverge inside blocks and a block cache loses the partial block each time; a smaller block "
-            "size recovers part of it."
+            "diverge inside blocks and a block cache loses the partial block each time; a smaller "
+            "`--block-size` recovers part of it."
         )
     return f"Token and {bs}-token block granularity differ by {gap:.1%} of prompt tokens: blocks cost little here."
 
 
-def _capacity(summary: Summary) -> str | None:
+def _capacity(summary: Summary, kv: KVFootprint | None) -> str | None:
     best = summary.unlimited.block.tokens
     if best == 0 or not summary.capacity_curve:
         return None
@@ -136,9 +145,23 @@ def _capacity(summary: Summary) -> str | None:
         if point.block.tokens >= NEAR_UNLIMITED * best:
             return (
                 f"Capacity: a cache of {point.cache_tokens:,} tokens keeps {NEAR_UNLIMITED:.0%} of the "
-                "unlimited reuse (LRU eviction in arrival order)."
+                f"unlimited reuse (LRU eviction in arrival order). {_pool_size(point.cache_tokens, kv)}"
             )
     return (
         f"Capacity: none of the simulated sizes keeps {NEAR_UNLIMITED:.0%} of the unlimited reuse; an "
-        f"unlimited cache ends up holding {summary.distinct_tokens:,} tokens."
+        f"unlimited cache ends up holding {summary.distinct_tokens:,} tokens. "
+        f"{_pool_size(summary.distinct_tokens, kv)}"
+    )
+
+
+def _pool_size(tokens: int, kv: KVFootprint | None) -> str:
+    """The Pagoda flag that holds `tokens` in its KV pool, in the flag's unit (GiB)."""
+    if kv is None:
+        return (
+            f"On Pagoda, `--kv-cache-memory` (GiB) must hold those {tokens:,} tokens (at 2 x layers x KV heads "
+            "x head size x 4 bytes each) beside the running requests' KV."
+        )
+    return (
+        f"On Pagoda that is `--kv-cache-memory {kv.gib_for(tokens):.2f}` (GiB) for {kv.model} "
+        f"({kv.bytes_per_token / 1024:.0f} KiB of float32 KV per token), plus room for the running requests' KV."
     )

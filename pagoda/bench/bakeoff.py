@@ -9,7 +9,6 @@ engine, so a failure or Ctrl-C keeps the engines measured so far. See docs/bench
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shlex
@@ -24,9 +23,10 @@ from pagoda.bench.cli import report
 from pagoda.bench.datasets import load_workload
 from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import missing_executable
-from pagoda.bench.report import plain, write_results
+from pagoda.bench.report import plain, side_by_side, write_results
 from pagoda.bench.run import EngineResult, execute
 from pagoda.bench.settings import BenchSettings, parse_settings
+from pagoda.entrypoints.parsing import Parser
 
 PROG = "pagoda bakeoff"
 ENGINE_KEYS = {"name", "command", "base_url", "model", "env", "ready_timeout", "api_key", "metrics_url"}
@@ -42,6 +42,9 @@ NOT_WORKLOAD = {
     "server_pid",
     "metrics_url",
     "output",
+    "result_dir",
+    "save_result",
+    "result_filename",
 }
 PER_ENGINE_FIELDS = NOT_WORKLOAD | {"launch"}  # of BenchSettings, left out of the shared settings
 
@@ -61,7 +64,7 @@ class Bakeoff:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description="Run several engines one after another and compare them.")
+    parser = Parser(prog=PROG, description="Run several engines one after another and compare them.")
     parser.add_argument("config", type=Path, help="a TOML file: [workload] and [[engine]] tables (see examples/)")
     parser.add_argument("--output", type=Path, metavar="DIR", help="report folder (default: the config's `output`)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -81,6 +84,8 @@ def main(argv: list[str]) -> int:
         _write(bakeoff, argv, results)
         if results[-1].status == "interrupted":
             break
+    if table := side_by_side(results):
+        print("\n".join(["", "side by side:", *table]))
     return _exit_code(results, len(bakeoff.engines))
 
 

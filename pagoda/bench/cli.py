@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from pagoda.bench.datasets import load_workload
 from pagoda.bench.errors import BenchError
-from pagoda.bench.report import terminal_table, write_results
+from pagoda.bench.report import run_warnings, terminal_table, write_results
 from pagoda.bench.run import EngineResult, execute
 from pagoda.bench.settings import UsageError, build_parser, parse_settings
 
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     report(result, PROG)
     if settings.output is not None:
         try:
-            written = write_results(settings.output, PROG, [PROG, *argv], settings, [result])
+            written = write_results(settings.output, PROG, [PROG, *argv], settings, [result], settings.results_file)
         except OSError as exc:
             print(f"{PROG}: error: cannot write results to {settings.output}: {exc}", file=sys.stderr)
             return 2
@@ -41,6 +41,8 @@ def main(argv: list[str]) -> int:
 def report(result: EngineResult, prog: str) -> None:
     if result.levels:
         print(terminal_table(result))
+    for warning in run_warnings(result):
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
     if result.status == "failed":
         print(f"{prog}: error: {result.error}", file=sys.stderr)
     elif result.status == "interrupted":

@@ -257,6 +257,22 @@ async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | Non
         return None
 
 
+async def reset_prefix_cache(http: httpx.AsyncClient, base_url: str, api_key: str | None) -> bool:
+    """POST /reset_prefix_cache (Pagoda's, and vLLM's in its dev mode). False when the server has
+    no such route (404); raises BenchError for any other refusal."""
+    try:
+        response = await http.post(f"{base_url}/reset_prefix_cache", headers=headers(api_key), timeout=30.0)
+    except httpx.HTTPError as exc:
+        raise BenchError(f"POST {base_url}/reset_prefix_cache: {type(exc).__name__}: {exc}") from None
+    if response.status_code == 404:
+        return False
+    if response.status_code >= 400:
+        raise BenchError(
+            f"POST {base_url}/reset_prefix_cache answered {response.status_code}: {await _error_text(response)}"
+        )
+    return True
+
+
 async def _error_text(response: httpx.Response) -> str:
     raw = (await response.aread())[:4096].decode("utf-8", errors="replace")
     try:

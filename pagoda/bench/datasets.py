@@ -413,6 +413,13 @@ def prefix_share(sequences: Iterable[Sequence[int]]) -> tuple[int, int]:
     return shared, total
 
 
+def short_name(spec: WorkloadSpec) -> str:
+    """The workload in a few words, for a plot's title."""
+    if spec.kind in ("random", "multi-turn"):
+        return f"{spec.kind}, {spec.input_len} in / {spec.output()} out"
+    return spec.kind
+
+
 def describe(spec: WorkloadSpec) -> str:
     out = f"output {spec.output()} tokens" if spec.kind != "sharegpt" or spec.output_len else "output as in the file"
     return {

@@ -26,6 +26,13 @@ def write_plots(folder: Path, results: Sequence[EngineResult]) -> list[Path]:
     ]
 
 
+def subtitle(results: Sequence[EngineResult]) -> str:
+    """The models and workloads measured, each named once."""
+    models = dict.fromkeys(r.model for r in results if r.model)
+    workloads = dict.fromkeys(r.workload_name for r in results if r.workload_name)
+    return "; ".join(filter(None, [", ".join(models), ", ".join(workloads)]))
+
+
 def _plot(path: Path, results: Sequence[EngineResult], series: Sequence[Series], ylabel: str, title: str) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -47,7 +54,7 @@ def _plot(path: Path, results: Sequence[EngineResult], series: Sequence[Series],
     axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
     axes.set_xlabel("concurrency")
     axes.set_ylabel(ylabel)
-    axes.set_title(title)
+    axes.set_title(f"{title}\n{subtitle(results)}", fontsize=10)
     axes.set_ylim(bottom=0)
     axes.grid(True, alpha=0.3)
     if axes.lines:

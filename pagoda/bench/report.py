@@ -41,7 +41,7 @@ class Metric:
     value: Callable[[LevelResult], float | None]
     digits: int = 1
     percent: bool = False
-    optional: bool = False  # report.md leaves its table out when no engine measured it
+    better: str | None = None  # "higher" or "lower"; None where neither is (counts, hit rates)
 
 
 def _summary(name: str) -> Callable[[LevelResult], float | None]:
@@ -60,28 +60,37 @@ LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E la
 STATS = ("mean", "median", "p95", "p99")
 METRICS = (
     Metric("completed", "completed requests", _summary("completed"), 0),
-    Metric("failed", "failed requests", _summary("failed"), 0),
-    Metric("schema_valid_rate", "structured outputs valid", _summary("schema_valid_rate"), percent=True, optional=True),
-    Metric("tool_calls_valid_rate", "tool calls valid", _summary("tool_calls_valid_rate"), percent=True, optional=True),
+    Metric("failed", "failed requests", _summary("failed"), 0, better="lower"),
+    Metric(
+        "schema_valid_rate", "structured outputs valid", _summary("schema_valid_rate"), percent=True, better="higher"
+    ),
+    Metric(
+        "tool_calls_valid_rate", "tool calls valid", _summary("tool_calls_valid_rate"), percent=True, better="higher"
+    ),
     Metric(
         "tool_calls_agree_rate",
         "streamed = non-streamed calls",
         _summary("tool_calls_agree_rate"),
         percent=True,
-        optional=True,
+        better="higher",
     ),
     Metric("duration_s", "duration (s)", _summary("duration_s"), 2),
     Metric("input_tokens", "input tokens", _summary("input_tokens"), 0),
     Metric("output_tokens", "output tokens", _summary("output_tokens"), 0),
-    Metric("request_throughput", "requests/s", _summary("request_throughput"), 3),
-    Metric("output_throughput", "output tokens/s", _summary("output_throughput")),
-    Metric("total_token_throughput", "total tokens/s", _summary("total_token_throughput")),
+    Metric("request_throughput", "requests/s", _summary("request_throughput"), 3, better="higher"),
+    Metric("output_throughput", "output tokens/s", _summary("output_throughput"), better="higher"),
+    Metric("total_token_throughput", "total tokens/s", _summary("total_token_throughput"), better="higher"),
     *(
-        Metric(f"{name}_{stat}_ms", f"{label} {'p50' if stat == 'median' else stat} (ms)", _latency(name, stat))
+        Metric(
+            f"{name}_{stat}_ms",
+            f"{label} {'p50' if stat == 'median' else stat} (ms)",
+            _latency(name, stat),
+            better="lower",
+        )
         for name, label in LATENCIES
         for stat in STATS
     ),
-    Metric("goodput", "goodput (requests/s)", _summary("goodput"), 3),
+    Metric("goodput", "goodput (requests/s)", _summary("goodput"), 3, better="higher"),
     Metric(
         "prefix_cache_hit_rate",
         "prefix cache hit rate",
@@ -90,6 +99,8 @@ METRICS = (
     ),
 )
 BY_KEY = {metric.key: metric for metric in METRICS}
+# A measured hit rate this far above the workload's ideal share means the cache was warm before the run.
+WARM_CACHE_MARGIN = 0.05
 # The metrics report.md compares engine by engine.
 REPORT_KEYS = (
     "schema_valid_rate",
@@ -121,7 +132,7 @@ def fmt(metric: Metric, value: float | None) -> str:
 
 def terminal_table(result: EngineResult) -> str:
     """Metrics as rows, concurrency levels as columns."""
-    header = ["", *(f"c={level.concurrency}" + (" (cut)" if level.interrupted else "") for level in result.levels)]
+    header = ["", *_level_names(result)]
     rows = [header]
     for metric in METRICS:
         values = [metric.value(level) for level in result.levels]
@@ -134,6 +145,32 @@ def terminal_table(result: EngineResult) -> str:
     ]
     title = f"{result.name}: {result.model or '?'} at {result.base_url}"
     return "\n".join([title, *lines])
+
+
+def run_warnings(result: EngineResult) -> list[str]:
+    """What makes a run's figures untrustworthy: a prefix cache warm from an earlier run, or a
+    machine busier than its cores while it ran."""
+    warnings = []
+    ideal = result.ideal_prefix_share
+    for level in result.levels:
+        hit_rate = level.prefix_cache.hit_rate if level.prefix_cache else None
+        if ideal is not None and hit_rate is not None and hit_rate > ideal + WARM_CACHE_MARGIN:
+            warnings.append(
+                f"{result.name}: at concurrency {level.concurrency} the prefix cache hit {hit_rate:.1%} of prompt "
+                f"tokens, more than the workload's {ideal:.1%}: it held prompts from an earlier run "
+                "(restart the server, pass --reset-prefix-cache, or change --seed)"
+            )
+    cores = os.cpu_count() or 1
+    if result.peak_load_average is not None and result.peak_load_average > cores:
+        warnings.append(
+            f"{result.name}: the load average reached {result.peak_load_average:.1f} on {cores} CPUs during the run: "
+            "other work competed with the server and the client, so the figures understate the machine"
+        )
+    return warnings
+
+
+def _level_names(result: EngineResult) -> list[str]:
+    return [f"c={level.concurrency}" + (" (cut)" if level.interrupted else "") for level in result.levels]
 
 
 def environment() -> dict[str, Any]:
@@ -202,13 +239,18 @@ def csv_rows(results: Sequence[EngineResult]) -> list[dict[str, Any]]:
 
 
 def write_results(
-    folder: Path, tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult]
+    folder: Path,
+    tool: str,
+    argv: Sequence[str],
+    settings: Any,
+    results: Sequence[EngineResult],
+    json_name: str = "results.json",
 ) -> list[Path]:
-    """Write results.json, results.csv, report.md and the plots; returns the files written."""
+    """Write results.json (or `json_name`), results.csv, report.md and the plots; returns the files written."""
     from pagoda.bench.plots import write_plots
 
     folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / "results.json", folder / "results.csv", folder / "report.md"]
+    paths = [folder / json_name, folder / "results.csv", folder / "report.md"]
     data = _neutral(results_json(tool, argv, settings, results), folder)
     paths[0].write_text(json.dumps(data, indent=1) + "\n")
     with paths[1].open("w", newline="") as handle:
@@ -251,6 +293,7 @@ def _neutral(data: Any, folder: Path) -> Any:
 def markdown(
     tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult], plots: Sequence[str]
 ) -> str:
+    """Settings, engines, then only the sections something was measured for."""
     lines = [f"# {tool} report", "", f"Command: `{' '.join(plain(list(argv)))}`", "", "## Settings", ""]
     lines += [f"- {key}: `{value}`" for key, value in _flat(plain(settings)).items()]
     lines += ["", "## Engines", ""]
@@ -259,14 +302,67 @@ def markdown(
         lines.append(f"- **{result.name}**: model `{result.model}` at {result.base_url}; {status}")
         if result.launch_command:
             lines.append(f"  - launch: `{result.launch_command}`")
-    lines += ["", "## Workload", ""]
-    lines += sorted({f"- {r.workload}" for r in results if r.workload})
-    lines += ["", *_cold_start_table(results), "", *_memory_table(results)]
-    for key in REPORT_KEYS if any(r.levels for r in results) else ():
-        if not (BY_KEY[key].optional and _unmeasured(BY_KEY[key], results)):
-            lines += ["", *_metric_table(BY_KEY[key], results)]
-    lines += ["", "## Plots", "", *(f"![{name}]({name})" for name in plots), ""]
-    return "\n".join(lines)
+    warnings = [warning for result in results for warning in run_warnings(result)]
+    sections = [
+        _section("Warnings", [f"- {warning}" for warning in warnings]),
+        _section("Workload", sorted({f"- {r.workload}" for r in results if r.workload})),
+        _section("Cold start", _cold_start_table(results)),
+        _section("Peak memory", _memory_table(results)),
+        *(_section(f"Results: {r.name}", level_table(r)) for r in results if r.levels),
+        _section("Side by side", side_by_side(results)),
+        _section("Plots", [f"![{name}]({name})" for name in plots]),
+    ]
+    return "\n".join(lines + [line for section in sections for line in section] + [""])
+
+
+def _section(title: str, body: list[str]) -> list[str]:
+    return ["", f"## {title}", "", *body] if body else []
+
+
+def level_table(result: EngineResult) -> list[str]:
+    """One engine's report metrics by concurrency level; rows it did not measure left out."""
+    header = ["metric", *_level_names(result)]
+    lines = [_row(header), _row(["---"] * len(header))]
+    for metric in (BY_KEY[key] for key in REPORT_KEYS):
+        values = [metric.value(level) for level in result.levels]
+        if any(v is not None for v in values):
+            lines.append(_row([_label(metric), *(fmt(metric, v) for v in values)]))
+    return lines
+
+
+def side_by_side(results: Sequence[EngineResult]) -> list[str]:
+    """Engines side by side per metric and concurrency level, with each engine's ratio to the
+    first saying whether it is better or worse; empty unless two engines measured something."""
+    results = [r for r in results if r.levels]
+    if len(results) < 2:
+        return []
+    names = [r.name for r in results]
+    header = ["metric", "concurrency", *names, *(f"{n} / {names[0]}" for n in names[1:])]
+    lines = [_row(header), _row(["---"] * len(header))]
+    levels = sorted({level.concurrency for r in results for level in r.levels})
+    for metric in (BY_KEY[key] for key in REPORT_KEYS):
+        if _unmeasured(metric, results):
+            continue
+        for concurrency in levels:
+            values = [_value_at(metric, r, concurrency) for r in results]
+            ratios = [_ratio(metric, v, values[0]) for v in values[1:]]
+            lines.append(_row([_label(metric), str(concurrency), *(fmt(metric, v) for v in values), *ratios]))
+    return lines
+
+
+def _label(metric: Metric) -> str:
+    return metric.label + (f" ({metric.better} is better)" if metric.better else "")
+
+
+def _ratio(metric: Metric, value: float | None, first: float | None) -> str:
+    """`value / first`, and whether that is better or worse by the metric's direction."""
+    if value is None or not first:
+        return "-"
+    ratio = value / first
+    if metric.better is None or math.isclose(ratio, 1.0, rel_tol=0.005):
+        return f"{ratio:.2f}x"
+    better = (ratio > 1) == (metric.better == "higher")
+    return f"{ratio:.2f}x {'better' if better else 'worse'}"
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -276,21 +372,6 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     for key, value in data.items():
         out |= _flat(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}")
     return out
-
-
-def _metric_table(metric: Metric, results: Sequence[EngineResult]) -> list[str]:
-    """Engines side by side per concurrency level, with each engine's ratio to the first;
-    engines that measured nothing are left out (the Engines section says why)."""
-    results = [r for r in results if r.levels]
-    levels = sorted({level.concurrency for r in results for level in r.levels})
-    names = [r.name for r in results]
-    header = ["concurrency", *names, *(f"{n} / {names[0]}" for n in names[1:])]
-    lines = [f"### {metric.label}", "", _row(header), _row(["---"] * len(header))]
-    for concurrency in levels:
-        values = [_value_at(metric, r, concurrency) for r in results]
-        ratios = [f"{v / values[0]:.2f}x" if v is not None and values[0] else "-" for v in values[1:]]
-        lines.append(_row([str(concurrency), *(fmt(metric, v) for v in values), *ratios]))
-    return lines
 
 
 def _unmeasured(metric: Metric, results: Sequence[EngineResult]) -> bool:
@@ -303,7 +384,10 @@ def _value_at(metric: Metric, result: EngineResult, concurrency: int) -> float |
 
 
 def _cold_start_table(results: Sequence[EngineResult]) -> list[str]:
-    lines = ["## Cold start", "", _row(["engine", "answering (s)", "first request done (s)"]), _row(["---"] * 3)]
+    """Empty when no engine was launched."""
+    if all(r.cold_start is None for r in results):
+        return []
+    lines = [_row(["engine", "answering (s)", "first request done (s)"]), _row(["---"] * 3)]
     for r in results:
         cs = r.cold_start
         lines.append(_row([r.name, _num(cs and cs.ready_s), _num(cs and cs.first_request_s)]))
@@ -311,8 +395,11 @@ def _cold_start_table(results: Sequence[EngineResult]) -> list[str]:
 
 
 def _memory_table(results: Sequence[EngineResult]) -> list[str]:
+    """Empty when no engine's memory was sampled."""
+    if all(r.memory is None or r.memory.rss_mib is None and r.memory.gpu_mib is None for r in results):
+        return []
     header = ["engine", "peak RSS (MiB)", "peak GPU memory in use (MiB)", "GPU memory at start (MiB)"]
-    lines = ["## Peak memory", "", _row(header), _row(["---"] * 4)]
+    lines = [_row(header), _row(["---"] * 4)]
     for r in results:
         m = r.memory
         lines.append(

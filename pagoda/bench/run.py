@@ -5,6 +5,7 @@ error or Ctrl-C keeps everything measured until then."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import shlex
 import sys
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 from tqdm import tqdm
 
-from pagoda.bench.client import Target, list_models, make_client, stream_request
+from pagoda.bench.client import Target, list_models, make_client, reset_prefix_cache, stream_request
 from pagoda.bench.datasets import (
     Prompt,
     Session,
@@ -24,6 +25,7 @@ from pagoda.bench.datasets import (
     describe,
     prefix_share,
     sessions,
+    short_name,
     take_requests,
     token_lists,
 )
@@ -67,6 +69,9 @@ class EngineResult:
     model: str | None = None
     tokenizer: str | None = None
     workload: str = ""
+    workload_name: str = ""  # short, for plot titles
+    ideal_prefix_share: float | None = None  # the hit rate an unbounded prefix cache would reach
+    peak_load_average: float | None = None  # the 1-minute load average, highest seen at a level's end
     cold_start: ColdStart | None = None
     memory: MemoryPeak | None = None
     levels: list[LevelResult] = field(default_factory=list)
@@ -117,12 +122,17 @@ async def _bench(
         lazy = LazyTokenizer(resolve_source(settings.tokenizer, target.model))
         tokenizer = lazy.require(f"the {workload.spec.kind} workload") if workload.spec.needs_tokenizer else None
         result.tokenizer = lazy.source
-        result.workload = _statement(settings, workload, tokenizer or lazy.get())
+        result.workload_name = short_name(workload.spec)
+        result.workload, result.ideal_prefix_share = _statement(settings, workload, tokenizer or lazy.get())
         _status(f"{result.name}: {result.workload}")
         if settings.warmup:
             await _warmup(http, target, settings, workload, tokenizer)
+        resets = settings.reset_prefix_cache
         for index, concurrency in enumerate(settings.concurrency):
+            if resets:
+                resets = await _reset_prefix_cache(http, settings)
             await _level(http, target, settings, workload, lazy, result, index, concurrency)
+            result.peak_load_average = max(result.peak_load_average or 0.0, _load_average())
 
 
 async def _target(http: httpx.AsyncClient, settings: BenchSettings) -> Target:
@@ -130,6 +140,8 @@ async def _target(http: httpx.AsyncClient, settings: BenchSettings) -> Target:
     model = settings.model or (models[0] if models else None)
     if model is None:
         raise BenchError(f"{settings.base_url}/v1/models lists no model; pass --model")
+    if models and model not in models:
+        raise BenchError(f"{settings.base_url} does not serve the model {model!r}; it serves {', '.join(models)}")
     return Target(
         settings.base_url,
         model,
@@ -157,20 +169,34 @@ async def _cold_start(
     return ColdStart(ready_s, time.perf_counter() - launched_at)
 
 
-def _statement(settings: BenchSettings, workload: Workload, tokenizer: Tokenizer | None) -> str:
-    """The workload in words, with the prefix share of a level's prompts when their tokens are known."""
+def _statement(settings: BenchSettings, workload: Workload, tokenizer: Tokenizer | None) -> tuple[str, float | None]:
+    """The workload in words, with the prefix share of a level's prompts when their tokens are
+    known; and that share."""
     text = describe(workload.spec)
     if workload.spec.kind == "multi-turn":
-        return text
+        return text, None
     count = workload.requests_per_level(settings.num_prompts) or workload.spec.default_num_prompts() or 0
     lists = token_lists(sessions(workload, tokenizer, settings.seed, "level0"), count, tokenizer)
     if not lists:
-        return text
+        return text, None
     shared, total = prefix_share(lists)
-    return (
+    statement = (
         f"{text}; {shared / total:.1%} of the prompt tokens of a level's first {len(lists)} requests "
         "repeat a prefix of an earlier request (the hit rate of an unbounded prefix cache)"
     )
+    return statement, shared / total
+
+
+async def _reset_prefix_cache(http: httpx.AsyncClient, settings: BenchSettings) -> bool:
+    """Reset the server's prefix cache; False (after a warning) when the server has no way to."""
+    if await reset_prefix_cache(http, settings.base_url, settings.api_key):
+        return True
+    _status(f"warning: {settings.base_url} has no /reset_prefix_cache (404); its prefix cache is not reset")
+    return False
+
+
+def _load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
 async def _warmup(

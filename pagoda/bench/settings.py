@@ -22,8 +22,13 @@ from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import LaunchSpec, parse_command
 from pagoda.bench.metrics import SLO
 from pagoda.bench.tool_calls import TOOL_CHOICES
+from pagoda.entrypoints.parsing import Parser, with_suggestions
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+# vLLM's `bench serve` names, in Pagoda's terms.
+BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat"}
+DATASET_NAMES = {"random": "random", "sharegpt": "sharegpt", "prefix_repetition": "shared-prefix", "custom": "replay"}
+GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
 T = TypeVar("T")
 
 
@@ -31,9 +36,9 @@ class UsageError(BenchError):
     """A bad command line; the parser's usage line goes with the message."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(Parser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
+        raise UsageError(with_suggestions(message, self))
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class BenchSettings:
     launch: LaunchSpec | None
     output: Path | None
     progress: bool
+    reset_prefix_cache: bool = False  # POST /reset_prefix_cache before each level
+    results_file: str = "results.json"  # its name in `output`
 
 
 def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
@@ -70,9 +77,16 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     target.add_argument(
         "--endpoint", choices=("chat", "completions"), help="default: chat for structured and tools, else completions"
     )
+    target.add_argument(
+        "--backend",
+        choices=sorted(BACKENDS),
+        help="vLLM's spelling of --endpoint: openai and vllm are completions, openai-chat is chat (default: none)",
+    )
     target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
     target.add_argument("--request-timeout", type=float, default=600.0, metavar="S", help="per request (default 600)")
-    target.add_argument("--temperature", type=float, default=0.0, help="unless a replayed request sets one")
+    target.add_argument(
+        "--temperature", type=float, default=0.0, help="unless a replayed request sets one (default: %(default)s)"
+    )
     target.add_argument(
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
@@ -84,11 +98,32 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     work = parser.add_argument_group("workload (seeded: equal seeds send equal prompts)")
     work.add_argument("--workload", choices=KINDS, help="default: random, or replay/sharegpt from --dataset's suffix")
     work.add_argument(
-        "--dataset", type=Path, help="replay: JSONL (request bodies or a Pagoda request log); sharegpt: JSON"
+        "--dataset-name",
+        choices=sorted(DATASET_NAMES),
+        help="vLLM's spelling of --workload: prefix_repetition is shared-prefix, custom is replay (default: none)",
     )
-    work.add_argument("--input-len", default="256", metavar="LEN", help="N, LOW:HIGH or normal:MEAN,STD (default 256)")
+    work.add_argument(
+        "--dataset",
+        "--dataset-path",
+        type=Path,
+        help="replay: JSONL (request bodies or a Pagoda request log); sharegpt: JSON (default: none)",
+    )
+    work.add_argument(
+        "--input-len",
+        "--random-input-len",
+        default="256",
+        metavar="LEN",
+        help="N, LOW:HIGH or normal:MEAN,STD (default 256)",
+    )
+    work.add_argument(
+        "--random-range-ratio",
+        metavar="R",
+        help="vLLM's: an N length becomes the uniform range N*(1-R) to N*(1+R); a float, or JSON "
+        '{"input": R, "output": R} (default: none)',
+    )
     work.add_argument(
         "--output-len",
+        "--random-output-len",
         metavar="LEN",
         help="as --input-len (default 64; structured: 128; tools: 200; ShareGPT: the reply's length)",
     )
@@ -98,7 +133,7 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
         help="tools: required (default), auto, or named (force the tool the prompt is about)",
     )
     work.add_argument("--tokenizer", help="HF directory, .gguf file, or 'default' (default: the served model's)")
-    work.add_argument("--seed", type=int, default=0)
+    work.add_argument("--seed", type=int, default=0, help="the prompts' seed (default: %(default)s)")
     work.add_argument("--groups", type=int, default=4, help="shared-prefix: groups (default 4)")
     work.add_argument("--prompts-per-group", type=int, default=8, help="shared-prefix (default 8)")
     work.add_argument("--system-prompt-len", type=int, default=512, help="shared-prefix: tokens (default 512)")
@@ -109,7 +144,9 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     )
 
     load = parser.add_argument_group("load")
-    load.add_argument("--concurrency", default="1", metavar="N[,N...]", help="levels of the sweep (default 1)")
+    load.add_argument(
+        "--concurrency", "--max-concurrency", default="1", metavar="N[,N...]", help="levels of the sweep (default 1)"
+    )
     load.add_argument(
         "--request-rate", type=float, default=math.inf, metavar="R", help="sessions/s, Poisson (default inf)"
     )
@@ -119,9 +156,20 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     )
     load.add_argument("--duration", type=float, metavar="S", help="stop starting requests after S seconds per level")
     load.add_argument(
-        "--warmup", type=int, default=2, metavar="N", help="requests sent first and not counted (default 2)"
+        "--warmup",
+        "--num-warmups",
+        type=int,
+        default=2,
+        metavar="N",
+        help="requests sent first and not counted (default 2)",
     )
-    load.add_argument("--slo", help="goodput targets, e.g. ttft=500ms,tpot=50ms,e2e=5s")
+    load.add_argument("--slo", help="goodput targets, e.g. ttft=500ms,tpot=50ms,e2e=5s (default: none)")
+    load.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="KEY:MS",
+        help="vLLM's spelling of --slo: ttft:500 tpot:50 e2el:5000, in ms (default: none)",
+    )
 
     server = parser.add_argument_group("server")
     server.add_argument("--launch", metavar="COMMAND", help="start the server, time its cold start, stop it at the end")
@@ -134,10 +182,29 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     server.add_argument("--server-log", type=Path, help="--launch output (default: OUTPUT/server.log or a temp file)")
     server.add_argument("--server-pid", type=int, help="sample this process tree's peak memory")
     server.add_argument("--metrics-url", help="Prometheus metrics (default: BASE_URL/metrics)")
+    server.add_argument(
+        "--reset-prefix-cache",
+        action="store_true",
+        help="POST /reset_prefix_cache before each level; a server without it gets a warning (default: off)",
+    )
 
     out = parser.add_argument_group("output")
-    out.add_argument("--output", type=Path, metavar="DIR", help="write results.json, results.csv, report.md, plots")
-    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument(
+        "--output",
+        "--result-dir",
+        type=Path,
+        metavar="DIR",
+        help="write results.json, results.csv, report.md, plots (default: none)",
+    )
+    out.add_argument(
+        "--save-result", action="store_true", help="vLLM's: write the results; to the current folder without --output"
+    )
+    out.add_argument(
+        "--result-filename",
+        metavar="NAME",
+        help="vLLM's: the results JSON's file name; to the current folder without --output (default: results.json)",
+    )
+    out.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
     return parser
 
 
@@ -166,32 +233,38 @@ def parse_settings(argv: Sequence[str]) -> BenchSettings:
         duration_s=None if args.duration is None else _positive(args.duration, "--duration"),
         warmup=_at_least(args.warmup, 0, "--warmup"),
         seed=args.seed,
-        slo=_option(SLO.parse, args.slo, "--slo") if args.slo else None,
+        slo=_slo(args),
         server_pid=args.server_pid,
         metrics_url=args.metrics_url or f"{base_url}/metrics",
         launch=_launch(args),
-        output=args.output,
+        output=_output(args),
         progress=not args.no_progress,
+        reset_prefix_cache=args.reset_prefix_cache,
+        results_file=args.result_filename or "results.json",
     )
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSpec:
-    kind = args.workload
+    kind = _same("--workload", args.workload, "--dataset-name", DATASET_NAMES.get(args.dataset_name or ""))
+    endpoint = _same("--endpoint", args.endpoint, "--backend", BACKENDS.get(args.backend or ""))
     if kind is None:
         kind = (
             {".jsonl": "replay", ".json": "sharegpt"}.get(args.dataset.suffix, "replay") if args.dataset else "random"
         )
     if args.dataset is not None and kind not in ("replay", "sharegpt"):
         raise UsageError(f"--dataset is for the replay and sharegpt workloads, not {kind}")
+    ratios = _range_ratios(args.random_range_ratio)
     if args.tool_choice is not None and kind != "tools":
         raise UsageError(f"--tool-choice is for the tools workload, not {kind}")
-    if kind == "tools" and args.endpoint == "completions":
+    if kind == "tools" and endpoint == "completions":
         raise UsageError("the tools workload needs the chat endpoint: tools are a chat feature")
     return WorkloadSpec(
         kind=kind,
-        endpoint=args.endpoint or ("chat" if kind in ("structured", "tools") else "completions"),
-        input_len=_option(LengthDist.parse, args.input_len, "--input-len"),
-        output_len=_option(LengthDist.parse, args.output_len, "--output-len") if args.output_len else None,
+        endpoint=endpoint or ("chat" if kind in ("structured", "tools") else "completions"),
+        input_len=_option(LengthDist.parse, _ranged(args.input_len, ratios["input"]), "--input-len"),
+        output_len=_option(LengthDist.parse, _ranged(args.output_len, ratios["output"]), "--output-len")
+        if args.output_len
+        else None,
         groups=_at_least(args.groups, 1, "--groups"),
         prompts_per_group=_at_least(args.prompts_per_group, 1, "--prompts-per-group"),
         system_prompt_len=_at_least(args.system_prompt_len, 1, "--system-prompt-len"),
@@ -201,6 +274,59 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         dataset=args.dataset,
         tool_choice=args.tool_choice or "required",
     )
+
+
+def _same(name: str, value: str | None, alias: str, alias_value: str | None) -> str | None:
+    """The one value a flag and its vLLM spelling give; both with different values is an error."""
+    if value is not None and alias_value is not None and value != alias_value:
+        raise UsageError(f"{name} {value} and {alias} (meaning {alias_value}) disagree; give one")
+    return value or alias_value
+
+
+def _range_ratios(text: str | None) -> dict[str, float]:
+    """--random-range-ratio as vLLM reads it: one float for both lengths, or a JSON object."""
+    if text is None:
+        return {"input": 0.0, "output": 0.0}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise UsageError(f"--random-range-ratio wants a number or a JSON object, got {text!r}") from None
+    ratios = value if isinstance(value, dict) else {"input": value, "output": value}
+    if set(ratios) - {"input", "output"} or not all(
+        isinstance(r, (int, float)) and 0 <= r < 1 for r in ratios.values()
+    ):
+        raise UsageError(f'--random-range-ratio wants R in [0, 1) or {{"input": R, "output": R}}, got {text!r}')
+    return {"input": 0.0, "output": 0.0} | ratios
+
+
+def _ranged(length: str | None, ratio: float) -> str | None:
+    """An N length widened by vLLM's range ratio to the uniform LOW:HIGH it samples from."""
+    if length is None or not ratio:
+        return length
+    if not length.isdigit():
+        raise UsageError(f"--random-range-ratio widens a single length N, not {length!r}")
+    n = int(length)
+    return f"{max(1, math.floor(n * (1 - ratio)))}:{math.ceil(n * (1 + ratio))}"
+
+
+def _slo(args: argparse.Namespace) -> SLO | None:
+    """--slo, or vLLM's --goodput KEY:MS pairs in its spelling."""
+    if args.slo and args.goodput:
+        raise UsageError("--slo and --goodput are the same setting; give one")
+    text = args.slo
+    if args.goodput:
+        pairs = [item.partition(":") for item in args.goodput]
+        if any(not sep or key not in GOODPUT_KEYS for key, sep, _ in pairs):
+            raise UsageError(f"--goodput wants ttft:MS, tpot:MS or e2el:MS pairs, got {' '.join(args.goodput)}")
+        text = ",".join(f"{GOODPUT_KEYS[key]}={ms}ms" for key, _, ms in pairs)
+    return _option(SLO.parse, text, "--goodput" if args.goodput else "--slo") if text else None
+
+
+def _output(args: argparse.Namespace) -> Path | None:
+    """The results folder: --output, else the current folder when vLLM's flags ask for results."""
+    if args.output is None and (args.save_result or args.result_filename):
+        return Path(".")
+    return args.output
 
 
 def _num_prompts(args: argparse.Namespace, workload: WorkloadSpec) -> int | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, ThreadConfig, parse_cores
 from pagoda.errors import ConfigError
@@ -32,6 +32,11 @@ class EngineArgs:
     )
     served_model_name: str | None = option(
         None, "the model id clients send and /v1/models lists", default_text="from the path"
+    )
+    tokenizer: str | None = option(
+        None,
+        "an HF directory or a .gguf file whose tokenizer to use instead of the model's",
+        default_text="the model's",
     )
     dtype: str = option(
         "auto",
@@ -143,6 +148,8 @@ class EngineArgs:
         model = load_model_config(
             path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization
         )
+        if self.tokenizer is not None:
+            model = replace(model, tokenizer=self.tokenizer)
         backend = select_backend(self.attention_backend, device, model.dtype, model.head_dim)
         if self.grammar_compile_timeout <= 0:
             raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout}")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class EngineBase:
     def __init__(self, args: EngineArgs) -> None:
         self.config = args.create_config()
-        self.tokenizer = load_tokenizer(self.config.model.path)
+        self.tokenizer = load_tokenizer(self.config.model.tokenizer or self.config.model.path)
         self.core = self._make_core()
         self.outputs = OutputProcessor(self.tokenizer)
         self._grammars: GrammarCompiler | None = None  # made at the first constrained request

@@ -8,11 +8,12 @@ import json
 import sys
 
 from pagoda.engine.args import EngineArgs
+from pagoda.entrypoints.parsing import Parser
 from pagoda.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pagoda generate", description="Generate completions offline.")
+    p = Parser(prog="pagoda generate", description="Generate completions offline.")
     p.add_argument("prompts", nargs="*", help="prompt texts (or use --prompts-file)")
     p.add_argument("--prompts-file", default=None, help="a file with one prompt per line (default: none)")
     p.add_argument(

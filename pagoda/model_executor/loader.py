@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from pagoda.config import ModelConfig
 from pagoda.errors import ConfigError
+from pagoda.generation_config import sampling_defaults
 from pagoda.model_executor import cpu_linear
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
@@ -78,7 +79,7 @@ def load_model_config(
         num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
         head_dim=head_dim,
         eos_token_ids=tuple(sorted(_as_set(hf_config.eos_token_id) | _as_set(generation.get("eos_token_id")))),
-        generation_defaults={k: generation[k] for k in ("temperature", "top_p", "top_k") if k in generation},
+        generation_defaults=sampling_defaults(generation),
         load_format=load_format,
         quantization=quantization,
     )

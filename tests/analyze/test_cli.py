@@ -72,7 +72,8 @@ def test_json_report_has_exact_predictions(token_log, capsys):
     check = report["server_check"]
     assert (check["requests"], check["exact"], check["logged_cached_tokens"]) == (4, 3, 32)
     assert check["differences"] == [[4, 16, 0]]
-    assert "60%" in " ".join(report["recommendation"]["reasons"])
+    # Four requests are too few to recommend on: a caveat stands in the recommendation's place.
+    assert report["recommendation"]["verdict"].startswith("Too few requests to recommend: 4 logged")
 
 
 def test_table_report(token_log, capsys):
@@ -84,6 +85,19 @@ def test_table_report(token_log, capsys):
     assert "  unlimited cache                      60  44.4%             48  35.6%" in out
     assert "token ids 1000 1001 1002" in out  # no tokenizer was needed, so the prefix shows as ids
     assert "line 4: predicted 16, logged 0" in out
+    assert "Too few requests to recommend" in out and "A heuristic, not a law" not in out
+
+
+@pytest.fixture
+def busy_log(tmp_path) -> Path:
+    """24 requests, each SYSTEM and a question of its own: enough to recommend on."""
+    lines = [pagoda_line(SYSTEM + [i, i + 1], [7, 8], 0, float(i)) for i in range(24)]
+    return write_log(tmp_path / "busy.jsonl", lines)
+
+
+def test_recommendation_with_enough_requests(busy_log, capsys):
+    code, out, _ = run([str(busy_log), "--cache-tokens", "64,1k"], capsys)
+    assert code == 0
     recommendation = " ".join(out[out.index("Recommendation (an upper bound)") :].split())
     for phrase in (
         "TTFT",
@@ -93,6 +107,35 @@ def test_table_report(token_log, capsys):
         "decode-heavy",
     ):
         assert phrase in recommendation
+    assert "Too few requests" not in recommendation
+
+
+@pytest.mark.parametrize("tokenizer", [[], ["--tokenizer", "default"]])
+def test_capacity_names_the_kv_flag_in_gib(busy_log, tokenizer, capsys):
+    from pagoda.analyze.kv_memory import kv_footprint
+
+    kv = kv_footprint(None)  # Pagoda's default model: 30 layers x 3 KV heads x 64 x 4 bytes x 2
+    assert kv is not None and kv.bytes_per_token == 46080
+    code, out, _ = run([str(busy_log), "--json", "--cache-tokens", "64,1k", *tokenizer], capsys)
+    assert code == 0
+    capacity = next(r for r in json.loads(out)["recommendation"]["reasons"] if r.startswith("Capacity"))
+    assert "a cache of 64 tokens keeps 90%" in capacity  # SYSTEM's 2 whole blocks
+    assert f"`--kv-cache-memory {kv.gib_for(64):.2f}` (GiB) for SmolLM2-135M-Instruct (45 KiB" in capacity
+
+
+def test_kv_size_rounds_up_to_a_hundredth_of_a_gib():
+    from pagoda.analyze.kv_memory import KVFootprint
+
+    kv = KVFootprint("m", 1024)
+    assert kv.gib_for(2**20) == 1.0 and kv.gib_for(2**20 + 1) == 1.01 and kv.gib_for(1) == 0.01
+
+
+def test_default_tokenizer_is_pagodas_default_model(tmp_path, capsys):
+    log = write_log(tmp_path / "text.jsonl", [{"prompt": "Hello there, how are you?"}] * 2)
+    named = run([str(log), "--json", "--tokenizer", "default"], capsys)
+    unnamed = run([str(log), "--json"], capsys)
+    assert named[0] == unnamed[0] == 0
+    assert json.loads(named[1])["prompt_tokens"] == json.loads(unnamed[1])["prompt_tokens"] > 0
 
 
 def test_plot_is_a_png(token_log, tmp_path, capsys):

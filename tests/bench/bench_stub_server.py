@@ -61,6 +61,7 @@ class Counters:
     tool_requests: int = 0  # streamed requests with tools so far
     tool_numbers: dict[str, int] = field(default_factory=dict)  # a tool request's key -> its number
     requests: list[dict[str, Any]] = field(default_factory=list)
+    resets: int = 0  # POST /reset_prefix_cache so far (with --reset-route)
 
 
 @dataclass(frozen=True)
@@ -271,12 +272,19 @@ def build_app(args: argparse.Namespace) -> Starlette:
     async def received(request: Request) -> Response:
         return JSONResponse(counters.requests)
 
+    async def reset(request: Request) -> Response:
+        counters.resets += 1
+        return JSONResponse({"resets": counters.resets})
+
     routes = [
         Route("/v1/chat/completions", generate, methods=["POST"]),
         Route("/v1/completions", generate, methods=["POST"]),
         Route("/v1/models", models),
         Route("/stub/requests", received),
     ]
+    if args.reset_route:
+        routes.append(Route("/reset_prefix_cache", reset, methods=["POST"]))
+        routes.append(Route("/stub/resets", lambda _: JSONResponse(counters.resets)))
     if args.metrics_style != "none":
         routes.append(Route("/metrics", metrics))
     return Starlette(routes=routes)
@@ -313,6 +321,7 @@ def main() -> None:
     parser.add_argument("--invalid-every", type=int, default=0, help="every Nth structured answer is invalid")
     parser.add_argument("--invalid-tools-every", type=int, default=0, help="every Nth tool answer is invalid")
     parser.add_argument("--tools-differ-every", type=int, default=0, help="every Nth tool answer differs unstreamed")
+    parser.add_argument("--reset-route", action="store_true", help="answer POST /reset_prefix_cache (else 404)")
     args = parser.parse_args()
     time.sleep(args.startup_delay)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

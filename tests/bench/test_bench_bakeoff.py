@@ -26,7 +26,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path) -> None:
+def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path, capsys) -> None:
     from matplotlib.image import imread
 
     config = tmp_path / "b.toml"
@@ -39,6 +39,7 @@ def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path) -> None
     )
     out = tmp_path / "report"
     assert bakeoff.main([str(config), "--output", str(out), "--no-progress"]) == 1  # the ghost failed
+    printed = capsys.readouterr().out
 
     results = read_results(out)
     fast, slow, ghost = results["engines"]
@@ -56,9 +57,18 @@ def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path) -> None
     csv_rows = (out / "results.csv").read_text().splitlines()
     assert [row.split(",")[:2] for row in csv_rows[1:]] == [["fast", "1"], ["fast", "2"], ["slow", "1"], ["slow", "2"]]
     report = (out / "report.md").read_text()
+    # One metrics-by-level table per engine that measured something, then the engines side by side.
+    assert report.count("| metric | c=1 | c=2 |") == 2 and "## Results: ghost" not in report
+    side_by_side = report[report.index("## Side by side") :]
+    assert "| metric | concurrency | fast | slow | slow / fast |" in side_by_side
+    ttft_row = next(
+        line for line in side_by_side.splitlines() if line.startswith("| TTFT p50 (ms) (lower is better) | 1 |")
+    )
+    assert ttft_row.endswith("x worse |")  # slow's TTFT is higher: worse
+    assert printed.index("side by side:") < printed.index("| metric | concurrency | fast | slow | slow / fast |")
     for text in (
-        "### output tokens/s",
-        "| concurrency | fast | slow | slow / fast |",
+        "## Results: fast",
+        "| output tokens/s (higher is better) |",
         "## Cold start",
         "## Peak memory",
         "ghost",

@@ -95,7 +95,7 @@ def test_every_structured_output_of_pagoda_is_valid(tmp_path: Path) -> None:
     problems = [r["schema_error"] for r in level["records"] if not r["schema_valid"]]
     assert level["summary"]["completed"] == 16 and problems == []
     assert level["summary"]["schema_valid_rate"] == 1.0
-    assert "### structured outputs valid" in (tmp_path / "report.md").read_text()
+    assert "| structured outputs valid (higher is better) | 100.0% |" in (tmp_path / "report.md").read_text()
 
 
 def test_every_tool_call_of_pagoda_is_valid_and_streams_as_it_answers(tmp_path: Path) -> None:

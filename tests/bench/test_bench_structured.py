@@ -175,7 +175,7 @@ def test_bench_reports_the_share_of_valid_answers(start_stub, tmp_path: Path, ca
     with (tmp_path / "results.csv").open() as handle:
         assert [float(row["schema_valid_rate"]) for row in csv.DictReader(handle)] == pytest.approx([8 / 12] * 2)
     report = (tmp_path / "report.md").read_text()
-    assert "### structured outputs valid" in report and "| 3 | 66.7% |" in report
+    assert "| structured outputs valid (higher is better) | 66.7% | 66.7% |" in report
     sent = httpx.get(f"{stub.base_url}/stub/requests").json()
     assert len(sent) == 24 and all(b["response_format"]["type"] == "json_schema" for b in sent)
     assert all(b["temperature"] == 0 and b["max_tokens"] == 128 and "ignore_eos" not in b for b in sent)
@@ -216,6 +216,6 @@ def test_bakeoff_grades_each_engine(tmp_path: Path) -> None:
     rates = [e["levels"][0]["summary"]["schema_valid_rate"] for e in read_results(tmp_path / "out")["engines"]]
     assert rates == [1.0, 0.5]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "| concurrency | constrained | sloppy | sloppy / constrained |" in report
-    assert "| 2 | 100.0% | 50.0% | 0.50x |" in report
+    assert "| metric | concurrency | constrained | sloppy | sloppy / constrained |" in report
+    assert "| structured outputs valid (higher is better) | 2 | 100.0% | 50.0% | 0.50x worse |" in report
     assert "structured: 16 JSON schemas" in report

@@ -308,8 +308,9 @@ def test_bench_reports_the_share_of_valid_calls(start_stub, tmp_path: Path, caps
     assert [float(row["tool_calls_valid_rate"]) for row in table] == pytest.approx([8 / 12] * 2)
     assert [float(row["tool_calls_agree_rate"]) for row in table] == [1.0, 1.0]
     report = (tmp_path / "report.md").read_text()
-    assert "### tool calls valid" in report and "| 3 | 66.7% |" in report
-    assert "### streamed = non-streamed calls" in report and "### structured outputs valid" not in report
+    assert "| tool calls valid (higher is better) | 66.7% | 66.7% |" in report
+    assert "| streamed = non-streamed calls (higher is better) | 100.0% | 100.0% |" in report
+    assert "structured outputs valid" not in report
     sent = httpx.get(f"{stub.base_url}/stub/requests").json()
     streamed, whole = [b for b in sent if b["stream"]], [b for b in sent if not b["stream"]]
     assert len(streamed) == len(whole) == 24 and all("stream_options" not in b for b in whole)
@@ -363,6 +364,7 @@ def test_bakeoff_grades_each_engine(tmp_path: Path) -> None:
     summaries = [e["levels"][0]["summary"] for e in read_results(tmp_path / "out")["engines"]]
     assert [(s["tool_calls_valid_rate"], s["tool_calls_agree_rate"]) for s in summaries] == [(1.0, 1.0), (0.5, 0.75)]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "| concurrency | careful | sloppy | sloppy / careful |" in report
-    assert "| 2 | 100.0% | 50.0% | 0.50x |" in report and "| 2 | 100.0% | 75.0% | 0.75x |" in report
+    assert "| metric | concurrency | careful | sloppy | sloppy / careful |" in report
+    assert "| tool calls valid (higher is better) | 2 | 100.0% | 50.0% | 0.50x worse |" in report
+    assert "| streamed = non-streamed calls (higher is better) | 2 | 100.0% | 75.0% | 0.75x worse |" in report
     assert "tools: 12 tools" in report and "tool_choice auto" in report

@@ -45,7 +45,12 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         engine=engine,
         config=config,
         model_name=model.name,
-        limits=ModelLimits(model.max_model_len, model.vocab_size, dict(model.generation_defaults)),
+        limits=ModelLimits(
+            model.max_model_len,
+            model.vocab_size,
+            dict(model.generation_defaults if config.generation_defaults is None else config.generation_defaults),
+            config.max_logprobs,
+        ),
         sinks=RecordSinks(metrics, request_log, config.log_prompts, engine.tokenizer),
         token_texts=TokenTexts(engine.tokenizer),
     )

@@ -17,6 +17,7 @@ class ModelLimits:
     max_model_len: int
     vocab_size: int
     generation_defaults: dict  # temperature / top_p / top_k from generation_config.json (vLLM does the same)
+    max_logprobs: int = 20  # --max-logprobs
 
 
 def sampling_params(
@@ -30,6 +31,10 @@ def sampling_params(
 ) -> SamplingParams:
     """`renames` maps SamplingParams' names to the body's where they differ (chat: top_logprobs)."""
     defaults = limits.generation_defaults
+    for name, asked in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        if asked is not None and asked > limits.max_logprobs:
+            param = renames.get(name, name)
+            raise bad_request(f"`{param}` is {asked}; this server returns at most {limits.max_logprobs}", param)
     check_token_ids(request.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
     try:
         return SamplingParams(

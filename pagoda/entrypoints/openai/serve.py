@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -18,10 +19,18 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pagoda.entrypoints.parsing import Parser
+from pagoda.generation_config import sampling_defaults
 
 logger = logging.getLogger("pagoda.serve")
 
+if TYPE_CHECKING:
+    from pagoda.entrypoints.openai.serving import ServerConfig
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MAX_LOGPROBS = 20  # the most alternatives SamplingParams admits, and vLLM's default cap
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     from pagoda.tools.parsers import PARSERS as TOOL_PARSERS  # pure Python
     from pagoda.tools.reasoning import REASONING_PARSERS
 
-    p = argparse.ArgumentParser(prog="pagoda serve", description="Serve a model over the OpenAI API.")
+    p = Parser(prog="pagoda serve", description="Serve a model over the OpenAI API.")
+    p.add_argument(
+        "--model",
+        dest="model_flag",
+        default=None,
+        help="vLLM's spelling of the MODEL argument; both given must agree (default: the MODEL argument)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="the port to listen on (default: %(default)s)")
     p.add_argument(
@@ -56,6 +71,52 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="the least severe log record shown (default: %(default)s)",
+    )
+    p.add_argument(
+        "--uvicorn-log-level",
+        default=None,
+        choices=["trace", "debug", "info", "warning", "error", "critical"],
+        help="uvicorn's own loggers (default: --log-level's)",
+    )
+    p.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="log each request's id, endpoint and sampling parameters as it arrives, no prompt text "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="vLLM's older spelling of the default: no log line as a request arrives (default: %(default)s)",
+    )
+    p.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="no periodic engine statistics line in the log (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=MAX_LOGPROBS,
+        help="the most logprobs, top_logprobs or prompt_logprobs a request may ask for; more is a 400 "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        help="where unset temperature / top_p / top_k come from: auto, the model's generation_config.json; "
+        "vllm, OpenAI's defaults; or a folder holding a generation_config.json (default: %(default)s)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="accepted for vLLM's command lines; only 1 (Pagoda has no tensor parallelism) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="accepted for vLLM's command lines; Pagoda runs no code from model folders (default: %(default)s)",
     )
     p.add_argument(
         "--shutdown-timeout",
@@ -102,33 +163,83 @@ def read_chat_template(value: str | None) -> str | None:
     return value
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, with vLLM's spellings folded into Pagoda's and what Pagoda cannot do
+    refused with the reason."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model_flag is not None and args.model is not None and args.model_flag != args.model:
+        parser.error(f"the MODEL argument {args.model!r} and --model {args.model_flag!r} differ; give one")
+    args.model = args.model or args.model_flag
+    if args.tensor_parallel_size != 1:
+        parser.error(
+            f"--tensor-parallel-size {args.tensor_parallel_size}: Pagoda has no tensor parallelism yet; "
+            "a model runs on one device (leave it at 1)"
+        )
+    if args.enable_log_requests and args.disable_log_requests:
+        parser.error("--enable-log-requests and --disable-log-requests contradict each other")
+    if not 0 <= args.max_logprobs <= MAX_LOGPROBS:
+        parser.error(f"--max-logprobs must be in [0, {MAX_LOGPROBS}], the most Pagoda returns; got {args.max_logprobs}")
+    return args
+
+
+def read_generation_config(value: str) -> dict[str, Any] | None:
+    """Sampling defaults per --generation-config: None for auto (the model's own, read by the
+    loader), {} for vllm (none: OpenAI's apply), else those of the folder's generation_config.json."""
+    from pagoda.config import ConfigError
+
+    if value == "auto":
+        return None
+    if value == "vllm":
+        return {}
+    path = Path(value) / "generation_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--generation-config {value}: cannot read {path}: {exc}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--generation-config {value}: {path} is not a JSON object")
+    return sampling_defaults(config)
+
+
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)  # before any heavy import: --help stays instant
+    args = parse_args(argv)  # before any heavy import: --help stays instant
     from pagoda.config import ConfigError
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    if args.trust_remote_code:
+        logger.warning("--trust-remote-code has no effect: Pagoda runs no code from model folders")
     started = time.monotonic()
     try:
-        chat_template = read_chat_template(args.chat_template)
+        config = server_config(args)  # its files are read before the slow model load
         engine = load_engine(args)
     except ConfigError as exc:
         print(f"pagoda serve: {exc}", file=sys.stderr)
         return 1
     from pagoda.entrypoints.openai.api import build_app
-    from pagoda.entrypoints.openai.serving import ServerConfig
-    from pagoda.entrypoints.openai.tool_calls import ToolSettings
 
-    config = ServerConfig(
-        api_key=args.api_key or os.environ.get("PAGODA_API_KEY") or None,
-        chat_template=chat_template,
-        request_log=args.request_log,
-        log_prompts=args.log_prompts,
-        tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
-    )
     if config.request_log is not None:
         logger.warning("request log %s records every request's prompt and output", config.request_log)
     app = build_app(engine, config)
     return asyncio.run(_serve(app, args, engine.config.model.name, started))
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The server's own settings out of the command line (the engine's are EngineArgs)."""
+    from pagoda.entrypoints.openai.serving import ServerConfig
+    from pagoda.entrypoints.openai.tool_calls import ToolSettings
+
+    return ServerConfig(
+        api_key=args.api_key or os.environ.get("PAGODA_API_KEY") or None,
+        chat_template=read_chat_template(args.chat_template),
+        request_log=args.request_log,
+        log_prompts=args.log_prompts,
+        log_requests=args.enable_log_requests,
+        log_stats=not args.disable_log_stats,
+        max_logprobs=args.max_logprobs,
+        generation_defaults=read_generation_config(args.generation_config),
+        tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
+    )
 
 
 def load_engine(args: argparse.Namespace):
@@ -160,7 +271,7 @@ async def _serve(app, args: argparse.Namespace, model_name: str, started: float)
         port=args.port,
         log_config=None,
         access_log=False,
-        log_level=args.log_level,
+        log_level=args.uvicorn_log_level or args.log_level,
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
     server = uvicorn.Server(config)

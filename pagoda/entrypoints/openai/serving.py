@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from pagoda.sampling_params import SamplingParams
 from pagoda.structured.compiler import GrammarError
 
 T = TypeVar("T")
+logger = logging.getLogger("pagoda.requests")
 
 LONG_PROMPT_CHARS = 4096  # longer texts are tokenized on a worker thread, not the event loop
 DONE = "data: [DONE]\n\n"
@@ -37,6 +39,10 @@ class ServerConfig:
     chat_template: str | None = None  # template text; None: the model's own
     request_log: Path | None = None
     log_prompts: bool = False
+    log_requests: bool = False  # a log line per arrival: id, endpoint, sampling parameters; never prompt text
+    log_stats: bool = True  # the periodic engine statistics line
+    max_logprobs: int = 20  # cap on logprobs / top_logprobs / prompt_logprobs per request
+    generation_defaults: dict | None = None  # sampling defaults; None: the model's generation_config.json
     tools: ToolSettings = field(default_factory=ToolSettings)
 
 
@@ -94,6 +100,8 @@ class ServerState:
         """Submit the prompts; returns once the engine has accepted all of them."""
         body = await http.json() if self.sinks.request_log is not None else None
         engine_ids = Generation.engine_ids_for(request_id, len(prompts))
+        if self.config.log_requests:
+            logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
         recorder = RequestRecorder(self.sinks, endpoint, engine_ids, prompts, params.n, body)
         generation = Generation(self.engine, engine_ids, prompts, params, recorder)
         await cancel_on_disconnect(http, generation.start())

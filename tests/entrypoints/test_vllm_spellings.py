@@ -1,0 +1,234 @@
+"""vLLM's flag spellings on `pagoda serve`, what they do in the server, and the parser every
+subcommand shares: "did you mean" for a mistyped flag, and a default shown for every flag."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from pagoda.analyze.cli import build_parser as analyze_parser
+from pagoda.bench.settings import UsageError
+from pagoda.bench.settings import build_parser as bench_parser
+from pagoda.entrypoints import generate
+from pagoda.entrypoints.openai import serve
+from pagoda.entrypoints.openai.errors import APIError
+from pagoda.entrypoints.openai.params import ModelLimits, sampling_params
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
+
+
+def parse_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        serve.parse_args(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_model_flag_is_the_positional_model(capsys):
+    assert serve.parse_args(["--model", "dir"]).model == "dir"
+    assert serve.parse_args(["dir", "--model", "dir"]).model == "dir"
+    assert serve.parse_args(["dir"]).model == "dir"
+    assert "the MODEL argument 'a' and --model 'b' differ" in parse_error(["a", "--model", "b"], capsys)
+
+
+def test_tensor_parallelism_above_one_is_refused_with_the_reason(capsys):
+    assert serve.parse_args(["--tensor-parallel-size", "1"]).tensor_parallel_size == 1
+    assert "Pagoda has no tensor parallelism yet" in parse_error(["--tensor-parallel-size", "2"], capsys)
+
+
+def test_log_flags_become_the_server_config(capsys):
+    assert not serve.parse_args([]).enable_log_requests
+    assert serve.parse_args(["--enable-log-requests"]).enable_log_requests
+    assert not serve.parse_args(["--disable-log-requests"]).enable_log_requests
+    assert "contradict" in parse_error(["--enable-log-requests", "--disable-log-requests"], capsys)
+    assert serve.parse_args(["--disable-log-stats"]).disable_log_stats
+    assert ServerConfig().log_stats and not ServerConfig().log_requests
+    assert serve.parse_args(["--uvicorn-log-level", "trace"]).uvicorn_log_level == "trace"
+
+
+def test_server_flags_become_the_server_config(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0.5}))
+    default = serve.server_config(serve.parse_args([]))
+    assert (default.log_requests, default.log_stats, default.max_logprobs, default.generation_defaults) == (
+        False,
+        True,
+        20,
+        None,
+    )
+    argv = ["--enable-log-requests", "--disable-log-stats", "--max-logprobs", "3", "--generation-config"]
+    config = serve.server_config(serve.parse_args([*argv, str(tmp_path)]))
+    assert (config.log_requests, config.log_stats, config.max_logprobs, config.generation_defaults) == (
+        True,
+        False,
+        3,
+        {"top_p": 0.5},
+    )
+    assert serve.server_config(serve.parse_args(["--generation-config", "vllm"])).generation_defaults == {}
+
+
+def test_tokenizer_flag_names_the_tokenizer_the_engine_loads(tmp_path):
+    from pagoda.engine.args import EngineArgs
+
+    args = EngineArgs.from_cli_args(serve.parse_args(["--tokenizer", "tok-dir"]))
+    assert args == EngineArgs(tokenizer="tok-dir")
+    assert args.create_config().model.tokenizer == "tok-dir"
+    assert EngineArgs().create_config().model.tokenizer is None  # the model's own
+
+
+def test_the_engine_loads_the_tokenizer_named(tmp_path):
+    from pagoda import LLM
+    from pagoda.model_files import load_tokenizer
+    from tests.tiny_models import write_tiny_model
+
+    tokenizer = load_tokenizer(None)
+    model = write_tiny_model("llama", tmp_path / "tiny", tokenizer)
+    tokenizer.chat_template = "{{ messages[0].content }} (the other tokenizer)"
+    tokenizer.save_pretrained(tmp_path / "other")
+    llm = LLM(str(model), tokenizer=str(tmp_path / "other"), kv_cache_memory=0.05)
+    assert llm.tokenizer.chat_template == "{{ messages[0].content }} (the other tokenizer)"
+    assert LLM(str(model), kv_cache_memory=0.05).tokenizer.chat_template != llm.tokenizer.chat_template
+
+
+def test_trust_remote_code_is_accepted_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, "pagoda.serve"):
+        assert serve.main(["--trust-remote-code", "--generation-config", "/no/such/folder"]) == 1
+    assert "--trust-remote-code has no effect" in caplog.text
+
+
+def test_max_logprobs_above_what_pagoda_returns_is_refused(capsys):
+    assert serve.parse_args(["--max-logprobs", "5"]).max_logprobs == 5
+    assert "--max-logprobs must be in [0, 20]" in parse_error(["--max-logprobs", "21"], capsys)
+
+
+USER = {"role": "user", "content": "x"}
+LIMITS = ModelLimits(2048, 1000, {"temperature": 0.6, "top_p": 0.9}, max_logprobs=5)
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (
+            ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=6),
+            "top_logprobs",
+        ),
+        (CompletionRequest(prompt="x", logprobs=6), "logprobs"),
+        (CompletionRequest(prompt="x", prompt_logprobs=6), "prompt_logprobs"),
+    ],
+)
+def test_logprobs_beyond_max_logprobs_are_a_400_naming_the_field(body, param):
+    logprobs = body.top_logprobs if isinstance(body, ChatCompletionRequest) else body.logprobs
+    with pytest.raises(APIError) as raised:
+        sampling_params(
+            body,
+            LIMITS,
+            max_tokens=4,
+            logprobs=logprobs,
+            prompt_logprobs=body.prompt_logprobs,
+            renames={"logprobs": "top_logprobs"} if isinstance(body, ChatCompletionRequest) else {},
+        )
+    assert raised.value.status == 400 and raised.value.param == param
+    assert "at most 5" in raised.value.message
+    five = sampling_params(body, LIMITS, max_tokens=4, logprobs=5, prompt_logprobs=None, renames={})
+    assert five.logprobs == 5
+
+
+def test_generation_config_chooses_the_sampling_defaults(tmp_path, capsys):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "top_k": 7, "max_length": 9}))
+    assert serve.read_generation_config("auto") is None  # the model's own, as the loader reads them
+    assert serve.read_generation_config("vllm") == {}
+    assert serve.read_generation_config(str(tmp_path)) == {"temperature": 0.3, "top_k": 7}
+    assert serve.parse_args([]).generation_config == "auto"
+    params = sampling_params(
+        CompletionRequest(prompt="x"),
+        ModelLimits(2048, 1000, serve.read_generation_config(str(tmp_path)) or {}),
+        max_tokens=4,
+        logprobs=None,
+        prompt_logprobs=None,
+        renames={},
+    )
+    assert (params.temperature, params.top_k, params.top_p) == (0.3, 7, 1.0)
+    assert serve.main(["--generation-config", str(tmp_path / "absent")]) == 1
+    assert "--generation-config" in capsys.readouterr().err
+
+
+def test_enable_log_requests_logs_ids_and_params_on_arrival(caplog):
+    """The line is written before the request reaches the engine; this state has none, so the
+    launch fails right after it."""
+    from pagoda.sampling_params import SamplingParams
+
+    for enabled in (True, False):
+        sinks = SimpleNamespace(request_log=None)
+        state = ServerState(None, ServerConfig(log_requests=enabled), "m", LIMITS, sinks, None)  # type: ignore[arg-type]
+        caplog.clear()
+        with caplog.at_level(logging.INFO, "pagoda.requests"), pytest.raises(APIError):
+            asyncio.run(state.launch(None, "/v1/completions", "cmpl-7", [[1, 2, 3]], SamplingParams(max_tokens=3)))  # type: ignore[arg-type]
+        lines = [r.getMessage() for r in caplog.records if r.name == "pagoda.requests"]
+        if enabled:
+            assert lines and lines[0].startswith("received cmpl-7 /v1/completions: 1 prompt(s), SamplingParams(")
+            assert "max_tokens=3" in lines[0]
+        else:
+            assert not lines
+
+
+SUBCOMMAND_PARSERS = {
+    "serve": serve.build_parser,
+    "generate": generate.build_parser,
+    "analyze": analyze_parser,
+    "bench": bench_parser,
+}
+
+
+@pytest.mark.parametrize(
+    "command, typo, meant",
+    [
+        ("serve", "--max-num-seq", None),  # an unambiguous prefix: argparse accepts it
+        ("serve", "--kv-cache-memroy", "--kv-cache-memory"),
+        ("generate", "--max-token", None),
+        ("generate", "--temprature", "--temperature"),
+        ("analyze", "--blok-size", "--block-size"),
+        ("bench", "--concurency", "--concurrency"),
+    ],
+)
+def test_an_unknown_flag_names_the_closest_one(command, typo, meant, capsys):
+    parser = SUBCOMMAND_PARSERS[command]()
+    argv = [typo, "1"] + (["log.jsonl"] if command == "analyze" else []) + (["p"] if command == "generate" else [])
+    if meant is None:
+        parser.parse_args(argv)
+        return
+    with pytest.raises((SystemExit, UsageError)) as raised:
+        parser.parse_args(argv)
+    message = str(raised.value) if raised.type is UsageError else capsys.readouterr().err
+    assert f"{typo}: did you mean {meant}?" in message
+
+
+def test_bakeoff_names_the_closest_flag(capsys):
+    from pagoda.bench import bakeoff
+
+    with pytest.raises(SystemExit):
+        bakeoff.main(["x.toml", "--no-progess"])
+    assert "--no-progess: did you mean --no-progress?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", SUBCOMMAND_PARSERS)
+def test_help_shows_every_flags_default(command):
+    parser = SUBCOMMAND_PARSERS[command]()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            shown = formatter._expand_help(action) if action.help else ""
+            assert "default" in shown, f"{command} {action.option_strings}: {shown!r}"
+
+
+def test_the_defaults_formatter_leaves_a_stated_default_alone():
+    parser = argparse.ArgumentParser(formatter_class=serve.Parser().formatter_class)
+    parser.add_argument("--a", default=3, help="a number")
+    parser.add_argument("--b", default=None, help="a path")
+    parser.add_argument("--c", default=1, help="as stated (default: one)")
+    text = " ".join(parser.format_help().split())
+    assert "a number (default: 3)" in text and "a path (default: none)" in text
+    assert "as stated (default: one)" in text and "(default: one) (default" not in text
