@@ -1,8 +1,8 @@
 """`pagoda serve [MODEL]`: the OpenAI-compatible server. Flags are spelled as vLLM's; the engine's
 come from EngineArgs.
 
-Startup: load the model (the port is not open yet), start uvicorn, whose lifespan starts the
-engine thread, then log "ready" once the socket accepts. SIGTERM or Ctrl-C: stop accepting, let
+Startup: bind the port (a busy one fails at once), serve 503s while the engine loads on threads of
+its own (startup.py), then serve the API and log "ready". SIGTERM or Ctrl-C: stop accepting, let
 in-flight requests finish for --shutdown-timeout seconds, abort the rest, exit 0.
 """
 
@@ -14,10 +14,12 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger("pagoda.serve")
 
@@ -56,6 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="the least severe log record shown (default: %(default)s)",
+    )
+    p.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="no periodic engine line (throughput, requests, KV cache usage) in the log (default: %(default)s)",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        help="one log line per HTTP request: client, method, path, status (default: %(default)s)",
     )
     p.add_argument(
         "--shutdown-timeout",
@@ -104,17 +116,22 @@ def read_chat_template(value: str | None) -> str | None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)  # before any heavy import: --help stays instant
-    from pagoda.config import ConfigError
+    from pagoda.entrypoints.openai.startup import bind_socket
+    from pagoda.errors import ConfigError
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     started = time.monotonic()
     try:
         chat_template = read_chat_template(args.chat_template)
-        engine = load_engine(args)
+        sock = bind_socket(args.host, args.port)  # first: a busy port fails before the long load
     except ConfigError as exc:
         print(f"pagoda serve: {exc}", file=sys.stderr)
         return 1
-    from pagoda.entrypoints.openai.api import build_app
+    with sock:
+        return asyncio.run(_serve(sock, args, server_config(args, chat_template), started))
+
+
+def server_config(args: argparse.Namespace, chat_template: str | None):
     from pagoda.entrypoints.openai.serving import ServerConfig
     from pagoda.entrypoints.openai.tool_calls import ToolSettings
 
@@ -124,16 +141,19 @@ def main(argv: list[str]) -> int:
         request_log=args.request_log,
         log_prompts=args.log_prompts,
         tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
+        log_stats=not args.disable_log_stats,
     )
     if config.request_log is not None:
         logger.warning("request log %s records every request's prompt and output", config.request_log)
-    app = build_app(engine, config)
-    return asyncio.run(_serve(app, args, engine.config.model.name, started))
+    return config
 
 
-def load_engine(args: argparse.Namespace):
+def load_app(args: argparse.Namespace, config) -> tuple[Any, str]:
+    """The engine (its model loaded on its engine thread), its FastAPI app and the served model's
+    name; run on the loader thread."""
     from pagoda.engine.args import EngineArgs
     from pagoda.engine.async_engine import AsyncEngine
+    from pagoda.entrypoints.openai.api import build_app
 
     engine_args = EngineArgs.from_cli_args(args)
     logger.info("loading %s", args.model or "the default model")
@@ -148,39 +168,65 @@ def load_engine(args: argparse.Namespace):
         m.max_model_len,
         time.monotonic() - loaded,
     )
-    return engine
+    return build_app(engine, config), m.name
 
 
-async def _serve(app, args: argparse.Namespace, model_name: str, started: float) -> int:
+async def _serve(sock: socket.socket, args: argparse.Namespace, config, started: float) -> int:
+    """Serve 503s on `sock` while the engine loads, then the API; the exit code."""
     import uvicorn
 
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_config=None,
-        access_log=False,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
+    from pagoda.entrypoints.openai.startup import LoadProgress, StartingApp, in_daemon_thread
+
+    starting = StartingApp()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            starting,
+            log_config=None,
+            access_log=args.access_log,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=args.shutdown_timeout,
+            lifespan="on",
+        )
     )
-    server = uvicorn.Server(config)
-    announce = asyncio.create_task(_announce_ready(server, args, model_name, started))
     with _absorb_reraised_signals():
-        await server.serve()
-    announce.cancel()
-    return 0 if server.started else 1
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        async with LoadProgress().reporting():
+            loading = asyncio.ensure_future(in_daemon_thread(lambda: load_app(args, config)))
+            await asyncio.wait({serving, loading}, return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():  # stopped (SIGTERM, Ctrl-C) while loading
+            loading.cancel()
+            return 0 if server.started else 1
+        if (failure := _load_failure(loading)) is not None:
+            print(f"pagoda serve: {failure}", file=sys.stderr)
+            server.should_exit = True
+            await serving
+            return 1
+        api, model_name = loading.result()
+        await starting.serve(api)
+        url = f"http://{args.host}:{sock.getsockname()[1]}"
+        announce = asyncio.create_task(_announce_ready(server, model_name, url, started))
+        await serving
+        announce.cancel()
+    return 0
 
 
-async def _announce_ready(server, args: argparse.Namespace, model_name: str, started: float) -> None:
+def _load_failure(loading: asyncio.Future) -> str | None:
+    """The one line that says why the load failed (the traceback only at --log-level debug)."""
+    from pagoda.errors import ConfigError
+
+    exc = loading.exception()
+    if exc is None:
+        return None
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    logger.debug("the load failed", exc_info=exc)
+    return f"loading the model failed: {type(exc).__name__}: {exc}"
+
+
+async def _announce_ready(server, model_name: str, url: str, started: float) -> None:
     while not server.started:
         await asyncio.sleep(0.05)
-    logger.info(
-        "ready: serving %s at http://%s:%d (started in %.1f s)",
-        model_name,
-        args.host,
-        args.port,
-        time.monotonic() - started,
-    )
+    logger.info("ready: serving %s at %s (started in %.1f s)", model_name, url, time.monotonic() - started)
 
 
 @contextlib.contextmanager
