@@ -73,7 +73,7 @@ def test_a_busy_port_fails_at_once_with_one_line_and_exit_1(tiny_model):
 
 def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model):
     port = free_port()
-    process = start(port, tiny_model, "--access-log")
+    process = start(port, tiny_model, "--access-log", "--kv-cache-memory", "0.01")
     try:
         answers = poll(f"http://127.0.0.1:{port}/v1/models", 200)
         assert answers[0].status_code == 503  # the port answered before the model had loaded

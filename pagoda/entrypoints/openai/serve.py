@@ -19,7 +19,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from pagoda.entrypoints.openai.serving import ServerConfig
 
 logger = logging.getLogger("pagoda.serve")
 
@@ -128,10 +133,10 @@ def main(argv: list[str]) -> int:
         print(f"pagoda serve: {exc}", file=sys.stderr)
         return 1
     with sock:
-        return asyncio.run(_serve(sock, args, server_config(args, chat_template), started))
+        return asyncio.run(_serve(sock, args, chat_template, started))
 
 
-def server_config(args: argparse.Namespace, chat_template: str | None):
+def server_config(args: argparse.Namespace, chat_template: str | None) -> ServerConfig:
     from pagoda.entrypoints.openai.serving import ServerConfig
     from pagoda.entrypoints.openai.tool_calls import ToolSettings
 
@@ -148,13 +153,14 @@ def server_config(args: argparse.Namespace, chat_template: str | None):
     return config
 
 
-def load_app(args: argparse.Namespace, config) -> tuple[Any, str]:
+def load_app(args: argparse.Namespace, chat_template: str | None) -> tuple[FastAPI, str]:
     """The engine (its model loaded on its engine thread), its FastAPI app and the served model's
-    name; run on the loader thread."""
+    name; run on the loader thread, since the server's modules import torch (seconds)."""
     from pagoda.engine.args import EngineArgs
     from pagoda.engine.async_engine import AsyncEngine
     from pagoda.entrypoints.openai.api import build_app
 
+    config = server_config(args, chat_template)
     engine_args = EngineArgs.from_cli_args(args)
     logger.info("loading %s", args.model or "the default model")
     loaded = time.monotonic()
@@ -171,7 +177,7 @@ def load_app(args: argparse.Namespace, config) -> tuple[Any, str]:
     return build_app(engine, config), m.name
 
 
-async def _serve(sock: socket.socket, args: argparse.Namespace, config, started: float) -> int:
+async def _serve(sock: socket.socket, args: argparse.Namespace, chat_template: str | None, started: float) -> int:
     """Serve 503s on `sock` while the engine loads, then the API; the exit code."""
     import uvicorn
 
@@ -191,7 +197,7 @@ async def _serve(sock: socket.socket, args: argparse.Namespace, config, started:
     with _absorb_reraised_signals():
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         async with LoadProgress().reporting():
-            loading = asyncio.ensure_future(in_daemon_thread(lambda: load_app(args, config)))
+            loading = asyncio.ensure_future(in_daemon_thread(lambda: load_app(args, chat_template)))
             await asyncio.wait({serving, loading}, return_when=asyncio.FIRST_COMPLETED)
         if not loading.done():  # stopped (SIGTERM, Ctrl-C) while loading
             loading.cancel()
