@@ -91,4 +91,6 @@ def test_a_rejected_request_leaves_one_line_without_its_prompt(server, http):
     unauthorized = httpx.post(f"{server.base_url}/v1/chat/completions", json={"messages": []})
     assert unauthorized.status_code == 401
     assert "Missing or incorrect API key" in wait_for_line(server, "rejected POST /v1/chat/completions: 401")
+    assert http.post("/v1/chat/completions", json={"max_tokens": 2}).status_code == 400  # FastAPI's validation
+    wait_for_line(server, "rejected POST /v1/chat/completions: 400 messages: Field required")
     assert line.count("rejected") == 1
