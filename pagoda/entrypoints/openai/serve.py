@@ -156,15 +156,14 @@ def server_config(args: argparse.Namespace, chat_template: str | None) -> Server
 def load_app(args: argparse.Namespace, chat_template: str | None) -> tuple[FastAPI, str]:
     """The engine (its model loaded on its engine thread), its FastAPI app and the served model's
     name; run on the loader thread, since the server's modules import torch (seconds)."""
+    logger.info("loading %s", args.model or "the default model")
+    loaded = time.monotonic()
     from pagoda.engine.args import EngineArgs
     from pagoda.engine.async_engine import AsyncEngine
     from pagoda.entrypoints.openai.api import build_app
 
     config = server_config(args, chat_template)
-    engine_args = EngineArgs.from_cli_args(args)
-    logger.info("loading %s", args.model or "the default model")
-    loaded = time.monotonic()
-    engine = AsyncEngine(engine_args)
+    engine = AsyncEngine(EngineArgs.from_cli_args(args))
     m = engine.config.model
     logger.info(
         "loaded %s (%s, %s, max_model_len %d) in %.1f s",

@@ -109,7 +109,7 @@ class LoadProgress(logging.Handler):
         self.quiet_s = quiet_s
         self.started = time.monotonic()
         self.last_line = self.started
-        self.step = "starting"
+        self.step = "starting the loader"
 
     def emit(self, record: logging.LogRecord) -> None:
         self.last_line = time.monotonic()
