@@ -103,7 +103,9 @@ def _write_hf_dir(gguf_path: Path, out: Path) -> None:
         raise ConfigError(f"Cannot read GGUF file {gguf_path}: {exc}") from exc
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
+    logger.info("Reading and dequantizing the GGUF tensors")
     tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)["tensors"]
+    logger.info("Writing them as float32 safetensors")
     tensors = {k: torch.as_tensor(v).to(torch.float32).contiguous() for k, v in tensors.items()}
     if getattr(config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)

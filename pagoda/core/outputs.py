@@ -76,6 +76,8 @@ class SchedulerStats:
     prefix_cache_hits: int = 0  # of which reused
     prefix_cache_blocks: int = 0
     num_steps: int = 0
+    prompt_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits are not computed)
+    generation_tokens: int = 0  # tokens sampled so far
 
 
 @dataclass(frozen=True)

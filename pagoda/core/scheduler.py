@@ -46,6 +46,8 @@ class Scheduler:
         self._finished_ids: list[str] = []  # ended since the last step handed to the runner
         self._num_preemptions = 0
         self._num_steps = 0
+        self._prompt_tokens = 0  # prompt tokens computed (prefix-cache hits are not computed)
+        self._generation_tokens = 0  # tokens sampled
         self._prefix_queries = 0
         self._prefix_hits = 0
 
@@ -97,6 +99,8 @@ class Scheduler:
             prefix_cache_hits=self._prefix_hits,
             prefix_cache_blocks=self.kv.cache.num_cached_blocks,
             num_steps=self._num_steps,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
         )
 
     # ---- one step --------------------------------------------------------------------------
@@ -152,6 +156,7 @@ class Scheduler:
         ):
             if request.is_finished:  # ended from outside while the step ran
                 continue
+            self._prompt_tokens += max(0, min(num_new, request.num_prompt_tokens - request.num_computed_tokens))
             request.num_computed_tokens += num_new
             if prompt_logprobs:
                 request.num_prompt_logprobs += len(prompt_logprobs)
@@ -160,6 +165,7 @@ class Scheduler:
                 self.running.remove(request)
                 self._finish(request, "stop")
             if token is not None:
+                self._generation_tokens += 1
                 request.append_token(token)
                 if request.first_token_time is None:
                     request.first_token_time = now

@@ -5,12 +5,14 @@ updates into text updates."""
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.core import EngineCore
 from pagoda.engine.output_processor import OutputProcessor, make_requests
+from pagoda.model_executor.device import check_device
 from pagoda.model_files import cache_root, load_tokenizer
 from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
@@ -18,10 +20,15 @@ from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
 if TYPE_CHECKING:
     from pagoda.structured.compiler import GrammarCompiler
 
+logger = logging.getLogger(__name__)
+
 
 class EngineBase:
     def __init__(self, args: EngineArgs) -> None:
+        check_device(args.device)  # before the config: it would pass over an unusable GPU's backend
+        logger.info("Reading the model config")
         self.config = args.create_config()
+        logger.info("Loading the tokenizer")
         self.tokenizer = load_tokenizer(self.config.model.tokenizer or self.config.model.path)
         self.core = self._make_core()
         self.outputs = OutputProcessor(self.tokenizer)

@@ -61,6 +61,7 @@ def kv_cache_num_blocks(profile: MemoryProfile, utilization: float, block_bytes:
 
 def profile(runner) -> MemoryProfile:
     """Measure `runner` (a ModelRunner with its weights loaded and no KV cache yet)."""
+    logger.info("Profiling GPU memory with a dummy step")
     device = runner.device
     _release()
     weights = torch.cuda.memory_allocated(device)

@@ -106,8 +106,10 @@ def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderMod
     else:
         load_weights(model, config)
     if config.quantization == "fp8":
+        logger.info("Quantizing linear weights to fp8")
         quantize_linears(model)
     elif cpu_linear.supported(config.dtype, device):
+        logger.info("Packing linear weights for oneDNN")
         cpu_linear.convert_model(model)
     return model.eval()
 
@@ -130,7 +132,9 @@ def load_weights(model: DecoderModel, config: ModelConfig) -> None:
     params = dict(model.named_parameters())
     pending = {name: p.shape[0] for name, p in params.items()}  # rows still to load
     files = weight_files(Path(config.path))
-    for file in tqdm(files, desc="Loading weights", disable=len(files) < 2):
+    total_gib = sum(f.stat().st_size for f in files) / 2**30
+    for i, file in enumerate(tqdm(files, desc="Loading weights", disable=len(files) < 2)):
+        logger.info("Reading weights: file %d of %d (%s; %.2f GiB in all)", i + 1, len(files), file.name, total_gib)
         try:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():

@@ -88,6 +88,7 @@ class ModelRunner:
         """After allocate_kv_cache: capture the decode graphs, unless the config runs eagerly."""
         if not self.config.use_cuda_graphs:
             return
+        logger.info("Capturing CUDA graphs for decode batches")
         start, free = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
         self.cuda_graphs = self.make_graph_runner()
         self.cuda_graphs.capture()

@@ -584,3 +584,18 @@ def test_a_token_the_grammar_refuses_ends_the_output_before_it() -> None:
     (out,) = engine.last_outputs.outputs  # the client hears of the end
     assert out.new_token_ids == [] and out.finish_reason == "stop"
     engine.check_all_released()
+
+
+def test_stats_count_computed_prompt_tokens_and_sampled_tokens() -> None:
+    s = make_scheduler(64, BS, True, max_num_batched_tokens=10)
+    engine = FakeEngine(s, sample=constant(7))
+    add(s, "a", tokens(25), max_tokens=3, ignore_eos=True)
+    engine.step()
+    assert (s.stats().prompt_tokens, s.stats().generation_tokens) == (10, 0)  # a chunk: no token yet
+    engine.run_until_done()
+    assert (s.stats().prompt_tokens, s.stats().generation_tokens) == (25, 3)
+    add(s, "b", tokens(25), max_tokens=2, ignore_eos=True)
+    engine.run_until_done()
+    hit = s.stats().prefix_cache_hits
+    assert hit > 0 and s.stats().prompt_tokens == 25 + 25 - hit  # cached prompt tokens are not computed
+    assert s.stats().generation_tokens == 5

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -72,11 +74,25 @@ def test_reset_prefix_cache_empties_it_and_refuses_while_busy(client, http, serv
     again = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=1)
     assert again.usage.prompt_tokens_details.cached_tokens == 0
 
-    body = {"prompt": LONG_PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    body = {"prompt": LONG_PROMPT, "max_tokens": 1900, "ignore_eos": True, "stream": True}
     with http.stream("POST", "/v1/completions", json=body) as response:
         lines = response.iter_lines()  # kept referenced: a dropped iterator closes the connection
-        assert next(lines).startswith("data: ")  # the request runs
+        assert next(lines).startswith("data: ")  # the request runs, for longer than the reset waits
+        started = time.monotonic()
         refused = http.post("/reset_prefix_cache")
-    assert refused.status_code == 409
+        waited = time.monotonic() - started
+    assert refused.status_code == 409 and waited >= 10
     assert refused.json()["error"]["code"] == "requests_running"
     wait_idle(server.base_url)
+
+
+def test_reset_prefix_cache_waits_for_requests_that_are_finishing(http, server):
+    body = {"prompt": LONG_PROMPT, "max_tokens": 24, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")  # running
+        reset = http.post("/reset_prefix_cache")
+        rest = list(lines)
+    assert reset.status_code == 200
+    assert "data: [DONE]" in rest  # it ran to the end
+    assert metric(wait_idle(server.base_url), "pagoda:prefix_cache_blocks") == 0

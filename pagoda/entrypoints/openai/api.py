@@ -33,8 +33,11 @@ from pagoda.entrypoints.openai.protocol import (
 from pagoda.entrypoints.openai.recording import RecordSinks
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
+from pagoda.entrypoints.openai.stats_log import log_stats
 
 logger = logging.getLogger(__name__)
+
+RESET_POLL_S = 0.05
 
 
 def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
@@ -63,9 +66,12 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        stats = asyncio.create_task(_log_stats(engine, config)) if config.log_stats else None
         try:
             yield
         finally:
+            if stats is not None:
+                stats.cancel()
             # joined off the loop, so that cancelled requests still send their aborts meanwhile
             await asyncio.to_thread(engine.shutdown)
             if state.sinks.request_log is not None:
@@ -78,6 +84,11 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     app.include_router(_admin_routes(state), dependencies=authorized)
     app.include_router(_open_routes(state))
     return app
+
+
+async def _log_stats(engine: AsyncEngine, config: ServerConfig) -> None:
+    device = engine.config.device.type
+    await log_stats(lambda: engine.stats, "GPU" if device == "cuda" else device.upper(), config.log_stats_interval_s)
 
 
 def _require_key(api_key: str | None):
@@ -125,13 +136,29 @@ def _admin_routes(state: ServerState) -> APIRouter:
 
     @router.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> Response:
-        if not await state.engine.reset_prefix_cache():
+        wait_s = state.config.reset_wait_s
+        if not await _reset_when_idle(state.engine, wait_s):
             raise APIError(
-                409, "Requests are running; reset the prefix cache when the server is idle.", code="requests_running"
+                409,
+                f"Requests were still running after {wait_s:g} s; reset the prefix cache when the server is idle.",
+                code="requests_running",
             )
         return JSONResponse({"status": "ok"})
 
     return router
+
+
+async def _reset_when_idle(engine: AsyncEngine, wait_s: float) -> bool:
+    """Reset the prefix cache once no request is in flight, waiting up to `wait_s` for the running
+    ones to finish (a client that has just read its last token may ask before its request has
+    left the engine); False if requests still run then."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if engine.num_in_flight == 0 and await engine.reset_prefix_cache():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(RESET_POLL_S)
 
 
 def _open_routes(state: ServerState) -> APIRouter:

@@ -11,6 +11,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
+rejections = logging.getLogger("pagoda.requests")
+
+MAX_REASON_CHARS = 300  # a reason quotes at most a field's name or a short value, never a prompt
 
 RETRY_AFTER_S = 1
 STATUS_CLIENT_CLOSED = 499  # nginx's convention; nobody reads it
@@ -86,22 +89,28 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _internal_error)
 
 
-async def _api_error(_: Request, exc: APIError) -> Response:
-    return error_response(exc)
+def rejected(request: Request, error: APIError) -> Response:
+    """The error's response, and one log line saying which request was refused and why."""
+    reason = error.message if len(error.message) <= MAX_REASON_CHARS else error.message[:MAX_REASON_CHARS] + "..."
+    rejections.info("rejected %s %s: %d %s", request.method, request.url.path, error.status, reason)
+    return error_response(error)
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+async def _api_error(request: Request, exc: APIError) -> Response:
+    return rejected(request, exc)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     param = param_of(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
-        return error_response(bad_request(f"The body is not valid JSON: {first.get('msg')}"))
+        return rejected(request, bad_request(f"The body is not valid JSON: {first.get('msg')}"))
     message = f"{param}: {first['msg']}" if param else f"Invalid request body: {first['msg']}"
-    return error_response(bad_request(message, param))
+    return rejected(request, bad_request(message, param))
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
-    error = APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
-    return error_response(error)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    return rejected(request, APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
 
 
 async def _client_disconnected(_: Request, __: ClientDisconnected) -> Response:

@@ -1,8 +1,8 @@
 """`pagoda serve [MODEL]`: the OpenAI-compatible server. Flags are spelled as vLLM's; the engine's
 come from EngineArgs.
 
-Startup: load the model (the port is not open yet), start uvicorn, whose lifespan starts the
-engine thread, then log "ready" once the socket accepts. SIGTERM or Ctrl-C: stop accepting, let
+Startup: bind the port (a busy one fails at once), serve 503s while the engine loads on threads of
+its own (startup.py), then serve the API and log "ready". SIGTERM or Ctrl-C: stop accepting, let
 in-flight requests finish for --shutdown-timeout seconds, abort the rest, exit 0.
 """
 
@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -27,6 +28,8 @@ from pagoda.generation_config import sampling_defaults
 logger = logging.getLogger("pagoda.serve")
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from pagoda.entrypoints.openai.serving import ServerConfig
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -93,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--disable-log-stats",
         action="store_true",
         help="no periodic engine statistics line in the log (default: %(default)s)",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        help="one log line per HTTP request: client, method, path, status (default: %(default)s)",
     )
     p.add_argument(
         "--max-logprobs",
@@ -204,24 +212,20 @@ def read_generation_config(value: str) -> dict[str, Any] | None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)  # before any heavy import: --help stays instant
-    from pagoda.config import ConfigError
+    from pagoda.entrypoints.openai.startup import bind_socket
+    from pagoda.errors import ConfigError
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     if args.trust_remote_code:
         logger.warning("--trust-remote-code has no effect: Pagoda runs no code from model folders")
     started = time.monotonic()
     try:
-        config = server_config(args)  # its files are read before the slow model load
-        engine = load_engine(args)
+        sock = bind_socket(args.host, args.port)  # first: a busy port fails before the long load
     except ConfigError as exc:
         print(f"pagoda serve: {exc}", file=sys.stderr)
         return 1
-    from pagoda.entrypoints.openai.api import build_app
-
-    if config.request_log is not None:
-        logger.warning("request log %s records every request's prompt and output", config.request_log)
-    app = build_app(engine, config)
-    return asyncio.run(_serve(app, args, engine.config.model.name, started))
+    with sock:
+        return asyncio.run(_serve(sock, args, started))
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -242,14 +246,19 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def load_engine(args: argparse.Namespace):
-    from pagoda.engine.args import EngineArgs
-    from pagoda.engine.async_engine import AsyncEngine
-
-    engine_args = EngineArgs.from_cli_args(args)
+def load_app(args: argparse.Namespace) -> tuple[FastAPI, str]:
+    """The engine (its model loaded on its engine thread), its FastAPI app and the served model's
+    name; run on the loader thread, since the server's modules import torch (seconds)."""
     logger.info("loading %s", args.model or "the default model")
     loaded = time.monotonic()
-    engine = AsyncEngine(engine_args)
+    from pagoda.engine.args import EngineArgs
+    from pagoda.engine.async_engine import AsyncEngine
+    from pagoda.entrypoints.openai.api import build_app
+
+    config = server_config(args)  # its files are read before the slow model load
+    if config.request_log is not None:
+        logger.warning("request log %s records every request's prompt and output", config.request_log)
+    engine = AsyncEngine(EngineArgs.from_cli_args(args))
     m = engine.config.model
     logger.info(
         "loaded %s (%s, %s, max_model_len %d) in %.1f s",
@@ -259,39 +268,65 @@ def load_engine(args: argparse.Namespace):
         m.max_model_len,
         time.monotonic() - loaded,
     )
-    return engine
+    return build_app(engine, config), m.name
 
 
-async def _serve(app, args: argparse.Namespace, model_name: str, started: float) -> int:
+async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) -> int:
+    """Serve 503s on `sock` while the engine loads, then the API; the exit code."""
     import uvicorn
 
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_config=None,
-        access_log=False,
-        log_level=args.uvicorn_log_level or args.log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
+    from pagoda.entrypoints.openai.startup import LoadProgress, StartingApp, in_daemon_thread
+
+    starting = StartingApp()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            starting,
+            log_config=None,
+            access_log=args.access_log,
+            log_level=args.uvicorn_log_level or args.log_level,
+            timeout_graceful_shutdown=args.shutdown_timeout,
+            lifespan="on",
+        )
     )
-    server = uvicorn.Server(config)
-    announce = asyncio.create_task(_announce_ready(server, args, model_name, started))
     with _absorb_reraised_signals():
-        await server.serve()
-    announce.cancel()
-    return 0 if server.started else 1
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        async with LoadProgress().reporting():
+            loading = asyncio.ensure_future(in_daemon_thread(lambda: load_app(args)))
+            await asyncio.wait({serving, loading}, return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():  # stopped (SIGTERM, Ctrl-C) while loading
+            loading.cancel()
+            return 0 if server.started else 1
+        if (failure := _load_failure(loading)) is not None:
+            print(f"pagoda serve: {failure}", file=sys.stderr)
+            server.should_exit = True
+            await serving
+            return 1
+        api, model_name = loading.result()
+        await starting.serve(api)
+        url = f"http://{args.host}:{sock.getsockname()[1]}"
+        announce = asyncio.create_task(_announce_ready(server, model_name, url, started))
+        await serving
+        announce.cancel()
+    return 0
 
 
-async def _announce_ready(server, args: argparse.Namespace, model_name: str, started: float) -> None:
+def _load_failure(loading: asyncio.Future) -> str | None:
+    """The one line that says why the load failed (the traceback only at --log-level debug)."""
+    from pagoda.errors import ConfigError
+
+    exc = loading.exception()
+    if exc is None:
+        return None
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    logger.debug("the load failed", exc_info=exc)
+    return f"loading the model failed: {type(exc).__name__}: {exc}"
+
+
+async def _announce_ready(server, model_name: str, url: str, started: float) -> None:
     while not server.started:
         await asyncio.sleep(0.05)
-    logger.info(
-        "ready: serving %s at http://%s:%d (started in %.1f s)",
-        model_name,
-        args.host,
-        args.port,
-        time.monotonic() - started,
-    )
+    logger.info("ready: serving %s at %s (started in %.1f s)", model_name, url, time.monotonic() - started)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from pagoda.entrypoints.openai.logprobs import TokenTexts
 from pagoda.entrypoints.openai.params import ModelLimits, constraint_field
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
+from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings
 from pagoda.sampling_params import SamplingParams
@@ -40,10 +41,12 @@ class ServerConfig:
     request_log: Path | None = None
     log_prompts: bool = False
     log_requests: bool = False  # a log line per arrival: id, endpoint, sampling parameters; never prompt text
-    log_stats: bool = True  # the periodic engine statistics line
     max_logprobs: int = 20  # cap on logprobs / top_logprobs / prompt_logprobs per request
     generation_defaults: dict | None = None  # sampling defaults; None: the model's generation_config.json
     tools: ToolSettings = field(default_factory=ToolSettings)
+    log_stats: bool = True  # the periodic engine line (stats_log.py)
+    log_stats_interval_s: float = DEFAULT_INTERVAL_S
+    reset_wait_s: float = 10.0  # how long POST /reset_prefix_cache waits for running requests to finish
 
 
 @dataclass(frozen=True)

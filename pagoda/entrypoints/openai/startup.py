@@ -1,0 +1,138 @@
+"""How `pagoda serve` starts: the port is bound before anything loads (a busy port fails at once),
+the app answers 503 while the engine loads, and once it has loaded the real app serves.
+
+The engine and its app are built on a loader thread, and the model itself on AsyncEngine's engine
+thread, so the event loop stays free to answer (503 with Retry-After) and to report progress;
+nothing is loaded or run on the loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from pagoda.entrypoints.openai.errors import RETRY_AFTER_S, APIError, error_response
+from pagoda.errors import ConfigError
+
+T = TypeVar("T")
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+logger = logging.getLogger("pagoda.serve")
+
+QUIET_S = 4.0  # the longest a load step goes without a log line
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port; ConfigError saying why when it cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        hint = " (is another server running on it?)" if exc.errno == errno.EADDRINUSE else ""
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+
+
+class StartingApp:
+    """An ASGI app that answers every HTTP request with 503 until `serve(app)` hands it the loaded
+    app, and forwards everything to that app after. It owns the lifespan: uvicorn starts it at
+    once, and at shutdown it ends the served app's lifespan (which stops the engine)."""
+
+    def __init__(self) -> None:
+        self._app: ASGIApp | None = None
+        self._lifespans = contextlib.AsyncExitStack()
+
+    async def serve(self, app: Any) -> None:
+        """Start `app`'s lifespan (a FastAPI app's: it starts the engine), then route to it."""
+        await self._lifespans.enter_async_context(app.router.lifespan_context(app))
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif self._app is not None:
+            await self._app(scope, receive, send)
+        elif scope["type"] == "http":
+            await loading_response()(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        try:
+            await self._lifespans.aclose()
+        finally:
+            await send({"type": "lifespan.shutdown.complete"})
+
+
+def loading_response() -> Any:
+    error = APIError(
+        503,
+        "The model is still loading; retry shortly.",
+        code="model_loading",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+    return error_response(error)
+
+
+async def in_daemon_thread(work: Callable[[], T]) -> T:
+    """`work()`'s result, computed on a daemon thread: a SIGTERM during a load need not wait for it."""
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(work())
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="pagoda-load", daemon=True).start()
+    return await asyncio.wrap_future(done)
+
+
+class LoadProgress(logging.Handler):
+    """Watches the `pagoda` loggers during the load: `watch()` logs which step is still running
+    whenever `quiet_s` pass without a line, so no step of a long load is silent for longer."""
+
+    def __init__(self, quiet_s: float = QUIET_S) -> None:
+        super().__init__()
+        self.quiet_s = quiet_s
+        self.started = time.monotonic()
+        self.last_line = self.started
+        self.step = "starting the loader"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.last_line = time.monotonic()
+        if not getattr(record, "heartbeat", False):
+            self.step = record.getMessage()
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.quiet_s / 4)
+            now = time.monotonic()
+            if now - self.last_line >= self.quiet_s:
+                logger.info(
+                    "still loading (%.0f s so far): %s", now - self.started, self.step, extra={"heartbeat": True}
+                )
+
+    @contextlib.asynccontextmanager
+    async def reporting(self, package: str = "pagoda") -> Any:
+        """Watches `package`'s log records while the block runs."""
+        source = logging.getLogger(package)
+        source.addHandler(self)
+        watcher = asyncio.create_task(self.watch())
+        try:
+            yield self
+        finally:
+            watcher.cancel()
+            source.removeHandler(self)

@@ -1,0 +1,126 @@
+"""`pagoda serve`'s start-up, each test with a server process of its own on a tiny model: the
+port is bound before the model loads (a busy port fails at once), 503s with Retry-After while it
+loads, progress in the log, and a load that fails ends the process with one line and exit 1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.server.helpers import free_port
+from tests.tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+EXIT_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    from pagoda.model_files import load_tokenizer
+
+    return str(write_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama", load_tokenizer(None)))
+
+
+def start(port: int, *args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pagoda.entrypoints.cli", "serve", "--port", str(port), *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def poll(url: str, until_status: int, timeout_s: float = EXIT_TIMEOUT_S) -> list[httpx.Response]:
+    """Every answer from GET `url` until one has `until_status` (connection errors skipped)."""
+    answers: list[httpx.Response] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            answers.append(httpx.get(url, timeout=5))
+        except httpx.TransportError:
+            pass
+        if answers and answers[-1].status_code == until_status:
+            return answers
+        time.sleep(0.05)
+    pytest.fail(f"GET {url} never answered {until_status}")
+
+
+def assert_loading_503(response: httpx.Response) -> None:
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert response.json()["error"] == {
+        "message": "The model is still loading; retry shortly.",
+        "type": "server_error",
+        "param": None,
+        "code": "model_loading",
+    }
+
+
+def test_a_busy_port_fails_at_once_with_one_line_and_exit_1(tiny_model):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        process = start(port, tiny_model)
+        _, stderr = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 1
+    assert stderr.strip().splitlines() == [
+        f"pagoda serve: cannot listen on 127.0.0.1:{port}: Address already in use (is another server running on it?)"
+    ]
+
+
+def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model):
+    port = free_port()
+    process = start(port, tiny_model, "--access-log", "--kv-cache-memory", "0.01")
+    try:
+        answers = poll(f"http://127.0.0.1:{port}/v1/models", 200)
+        assert answers[0].status_code == 503  # the port answered before the model had loaded
+        for response in answers[:-1]:
+            assert_loading_503(response)
+        assert answers[-1].json()["data"][0]["id"] == "llama"
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, log = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 0
+    steps = ["Reading the model config", "Loading the tokenizer", "Reading weights: file 1 of 1"]
+    steps += ["Allocating the KV cache", "loaded llama", "ready: serving llama"]
+    positions = [log.index(step) for step in steps]
+    assert positions == sorted(positions), log
+    assert '"GET /v1/models HTTP/1.1" 200' in log  # --access-log
+
+
+def test_a_load_failure_ends_the_process_with_one_line_and_exit_1(tiny_model):
+    port = free_port()
+    process = start(port, tiny_model, "--kv-cache-memory", "0.000001")
+    answers = poll(f"http://127.0.0.1:{port}/health", 503)
+    assert_loading_503(answers[-1])
+    _, log = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 1
+    [line] = [line for line in log.splitlines() if line.startswith("pagoda serve:")]
+    assert "cannot hold one sequence of max_model_len" in line
+    assert "Traceback" not in log
+
+
+def test_device_cuda_without_a_gpu_fails_with_one_line_and_exit_1(tiny_model):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    process = start(free_port(), tiny_model, "--device", "cuda")
+    _, log = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 1
+    [line] = [line for line in log.splitlines() if line.startswith("pagoda serve:")]
+    assert line.startswith("pagoda serve: --device cuda cannot be used: ")
+    assert "Traceback" not in log
+
+
+def test_sigterm_while_loading_exits_promptly(tiny_model):
+    port = free_port()
+    process = start(port, tiny_model)
+    poll(f"http://127.0.0.1:{port}/health", 503)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 0
