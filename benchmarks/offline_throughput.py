@@ -34,7 +34,7 @@ def run_pagoda(llm, jobs) -> float:
 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in jobs]
     start = time.perf_counter()
-    outs = llm.generate([p for p, _ in jobs], params)
+    outs = llm.generate([p for p, _ in jobs], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     assert [len(o.outputs[0].token_ids) for o in outs] == [n for _, n in jobs]
     return elapsed

@@ -30,12 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def read_prompts(path: str) -> list[str]:
+    """One prompt per non-blank line."""
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def _reason(exc: OSError | UnicodeDecodeError) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     prompts = list(args.prompts)
     if args.prompts_file:
-        with open(args.prompts_file, encoding="utf-8") as f:
-            prompts += [line.rstrip("\n") for line in f if line.strip()]
+        try:
+            prompts += read_prompts(args.prompts_file)
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"pagoda generate: cannot read --prompts-file {args.prompts_file}: {_reason(exc)}", file=sys.stderr)
+            return 1
     if not prompts:
         print("pagoda generate: give at least one prompt", file=sys.stderr)
         return 2

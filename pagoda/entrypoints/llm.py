@@ -1,9 +1,13 @@
-"""The offline API: `LLM(model).generate(prompts, params)` and `LLM(model).chat(messages, params)`."""
+"""The offline API: `LLM(model).generate(prompts, params)` and `LLM(model).chat(messages, params)`,
+returning vLLM-shaped `RequestOutput`s (pagoda.outputs)."""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
+from functools import lru_cache
 
 from tqdm import tqdm
 
@@ -11,15 +15,39 @@ from pagoda.engine.args import EngineArgs
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.model_files import apply_chat_template
+from pagoda.outputs import RequestOutput, request_output
 from pagoda.sampling_params import SamplingParams
 
+Prompt = str | list[int]
 
-@dataclass(frozen=True)
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[SequenceOutput]  # n sequences, by index
-    num_cached_tokens: int
+
+class Progress:
+    """A bar counting output tokens (with their rate) and finished sequences; at the end one line
+    with the run's input and output token throughput."""
+
+    def __init__(self, num_prompts: int, num_input_tokens: int, num_sequences: int, enabled: bool) -> None:
+        self.num_prompts, self.num_input_tokens, self.num_sequences = num_prompts, num_input_tokens, num_sequences
+        self.enabled = enabled
+        self.output_tokens = self.finished = 0
+        self.start = time.perf_counter()
+        self.bar = tqdm(desc="Generating", unit="tok", disable=not enabled, dynamic_ncols=True)
+
+    def update(self, seq: SequenceOutput) -> None:
+        self.output_tokens += len(seq.token_ids_delta)
+        self.bar.update(len(seq.token_ids_delta))
+        if seq.finished:
+            self.finished += 1
+            self.bar.set_postfix_str(f"{self.finished}/{self.num_sequences} sequences done", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.enabled:
+            elapsed = max(time.perf_counter() - self.start, 1e-9)
+            print(
+                f"Processed {self.num_prompts} prompts in {elapsed:.1f} s: "
+                f"{self.num_input_tokens / elapsed:.1f} input tok/s, {self.output_tokens / elapsed:.1f} output tok/s",
+                file=sys.stderr,
+            )
 
 
 class LLM:
@@ -27,40 +55,59 @@ class LLM:
         """`engine_args`: the other fields of EngineArgs; one it lacks is a TypeError that names it."""
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
+        self._decode_token = lru_cache(maxsize=65536)(lambda token_id: self.tokenizer.decode([token_id]))
 
     def generate(
         self,
-        prompts: str | Sequence[str] | Sequence[list[int]],
+        prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        """One RequestOutput per prompt, in order. `use_tqdm`: a progress bar and a throughput line on stderr."""
+        prompt_list: list[Prompt] = (
+            [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else list(prompts)
+        )
         params = sampling_params or SamplingParams()
-        params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
+        params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompt_list)
+        if len(params_list) != len(prompt_list):
             raise ValueError("give one SamplingParams, or one per prompt")
-        prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompt_ids, params_list)]
-        done: dict[str, dict[int, SequenceOutput]] = {i: {} for i in ids}
-        with tqdm(total=sum(sp.n for sp in params_list), disable=not use_tqdm, desc="Generating") as bar:
+        done = self._run(ids, Progress(len(ids), sum(map(len, prompt_ids)), sum(sp.n for sp in params_list), use_tqdm))
+        return [
+            request_output(
+                rid,
+                prompt if isinstance(prompt, str) else None,
+                ids_,
+                [done[rid][k] for k in sorted(done[rid])],
+                (sp.logprobs is not None, sp.prompt_logprobs is not None),
+                self._decode_token,
+            )
+            for rid, prompt, ids_, sp in zip(ids, prompt_list, prompt_ids, params_list)
+        ]
+
+    def _run(self, request_ids: list[str], progress: Progress) -> dict[str, dict[int, SequenceOutput]]:
+        """Steps the engine until every request has finished; their final updates by request and index."""
+        done: dict[str, dict[int, SequenceOutput]] = {i: {} for i in request_ids}
+        try:
             while self.engine.has_unfinished:
                 for update in self.engine.step():
+                    progress.update(update)
                     if update.finished:
                         done[update.request_id][update.index] = update
-                        bar.update(1)
-        return [
-            RequestOutput(i, p, [done[i][k] for k in sorted(done[i])], done[i][0].metrics.num_cached_tokens)
-            for i, p in zip(ids, prompt_ids)
-        ]
+        finally:
+            progress.close()
+        return done
 
     def chat(
         self,
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         chat_template: str | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [apply_chat_template(self.tokenizer, c, chat_template) for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        results = self.generate(prompts, sampling_params, use_tqdm)
+        # as vLLM's: .prompt is the rendered conversation
+        return [replace(r, prompt=self.tokenizer.decode(r.prompt_token_ids)) for r in results]

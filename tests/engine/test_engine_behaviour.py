@@ -94,15 +94,17 @@ def test_n_samples_share_the_prompt_blocks(default_llm, chat_prompt):
 
 
 def test_logprobs_and_prompt_logprobs(default_llm, chat_prompt):
-    out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=5, logprobs=3, prompt_logprobs=2).outputs[
-        0
-    ]
+    result = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=5, logprobs=3, prompt_logprobs=2)
+    out = result.outputs[0]
     assert len(out.logprobs) == 5
-    for token, lp in zip(out.token_ids, out.logprobs):
-        assert lp.token_id == token and lp.rank == 1 and len(lp.top) == 3 and lp.logprob <= 0
-        assert max(lp.top.values()) == pytest.approx(lp.logprob)
-    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(chat_prompt)
-    assert all(p.token_id == t for p, t in zip(out.prompt_logprobs[1:], chat_prompt[1:]))
+    for token, position in zip(out.token_ids, out.logprobs):
+        chosen = position[token]
+        assert chosen.rank == 1 and chosen.logprob <= 0 and len(position) == 3  # greedy: the chosen is the top one
+        assert chosen.decoded_token == default_llm.tokenizer.decode([token])
+        assert sorted(lp.rank for lp in position.values()) == [1, 2, 3]
+    assert out.cumulative_logprob == pytest.approx(sum(p[t].logprob for t, p in zip(out.token_ids, out.logprobs)))
+    assert result.prompt_logprobs[0] is None and len(result.prompt_logprobs) == len(chat_prompt)
+    assert all(t in p for p, t in zip(result.prompt_logprobs[1:], chat_prompt[1:]))
 
 
 def test_incremental_detokenization_never_breaks_characters(default_llm):

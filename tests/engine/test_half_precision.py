@@ -31,7 +31,7 @@ def test_half_precision_matches_transformers(dtype, default_model_dir):
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, logprobs=20))[0].outputs[0]
     with torch.inference_mode():
         ref_logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0, -1].float(), dim=-1)
-    ours = out.logprobs[0].top
+    ours = {t: lp.logprob for t, lp in out.logprobs[0].items()}
     worst = max(abs(ours[t] - float(ref_logprobs[t])) for t in ours)
     print(f"{name}: max |logprob diff| over top-20 = {worst:.4f}")
     assert worst < TOLERANCE[dtype]

@@ -99,6 +99,34 @@ def test_stream_with_echo_and_logprobs(http):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt(client):
+    """lm-eval's and perplexity scripts' request: the prompt's logprobs, no new token."""
+    scored = client.completions.create(model=MODEL, prompt=PROMPTS[2], echo=True, logprobs=1, max_tokens=0)
+    choice, lp = scored.choices[0], scored.choices[0].logprobs
+    assert choice.text == PROMPTS[2] and choice.finish_reason == "length"
+    assert scored.usage.completion_tokens == 0 and len(lp.tokens) == scored.usage.prompt_tokens
+    assert "".join(lp.tokens) == PROMPTS[2]
+    assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
+    generated = client.completions.create(model=MODEL, prompt=PROMPTS[2], echo=True, logprobs=1, max_tokens=1)
+    n = scored.usage.prompt_tokens
+    assert generated.choices[0].logprobs.token_logprobs[1:n] == pytest.approx(lp.token_logprobs[1:], abs=1e-4)
+
+
+def test_streamed_scoring_sends_the_prompt_only(http):
+    body = {"prompt": PROMPTS[2], "echo": True, "logprobs": 0, "max_tokens": 0, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        events = sse_events(response.iter_lines())
+    choices = [c["choices"][0] for c in events[:-1]]
+    assert "".join(c["text"] for c in choices) == PROMPTS[2]
+    assert [c["finish_reason"] for c in choices if c["finish_reason"]] == ["length"]
+    assert sum(len(c["logprobs"]["tokens"]) for c in choices) == len(choices[0]["logprobs"]["tokens"])
+
+
+def test_max_tokens_0_without_echo_is_refused(http):
+    response = http.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 0})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+
+
 def test_stop_string_ends_the_text(client, greedy):
     full = greedy[PROMPTS[0]]
     stop = full.strip().split()[1]  # a word from the middle of the greedy continuation

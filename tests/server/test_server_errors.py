@@ -115,6 +115,7 @@ def test_harmless_values_of_refused_fields_pass(http):
         ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
         ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+        ("/tokenize", {"messages": []}, "messages"),
     ],
 )
 def test_invalid_parameters_are_400_naming_the_param(http, path, body, param):

@@ -1,12 +1,14 @@
 """POST /v1/completions: one engine request per prompt; choice index = prompt index * n + sequence
-index, as OpenAI numbers them."""
+index, as OpenAI numbers them. `echo` with `max_tokens: 0` scores the prompt (lm-eval, perplexity
+scripts): the engine computes one token, whose prompt logprobs are the answer, and the response
+leaves that token out."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -49,29 +51,59 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     prompts = await prompts_of(state, body.prompt)
     echo_logprobs_k = body.logprobs if body.echo and body.logprobs is not None else None
     prompt_logprobs = max((k for k in (body.prompt_logprobs, echo_logprobs_k) if k is not None), default=None)
+    max_tokens = _engine_max_tokens(body)
     params = sampling_params(
         body,
         state.limits,
-        max_tokens=body.max_tokens,
+        max_tokens=max_tokens,
         logprobs=body.logprobs,
         prompt_logprobs=prompt_logprobs,
         renames={},
     )
     for p in prompts:
-        check_context(len(p.ids), body.max_tokens, state.limits.max_model_len, "prompt")
+        check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt")
     await state.check_constraint(body, params)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params)
     head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
     if body.stream:
         return event_stream(_chunks(state, body, prompts, generation, head), generation)
-    outputs = await state.collect(http, generation)
+    outputs = [[_shown(body, out) for out in outs] for outs in await state.collect(http, generation)]
     choices = [
         _choice(state, body, i, prompt, out, _prompt_logprobs(outs))
         for i, (prompt, outs) in enumerate(zip(prompts, outputs))
         for out in outs
     ]
     return JSONResponse({**head, "choices": choices, "usage": usage(outputs)})
+
+
+def _scores_only(body: CompletionRequest) -> bool:
+    return body.echo and body.max_tokens == 0
+
+
+def _engine_max_tokens(body: CompletionRequest) -> int | None:
+    """The prompt's logprobs come with the prefill that samples a first token, so scoring asks for one."""
+    if body.max_tokens == 0 and not body.echo:
+        raise bad_request("max_tokens must be at least 1 (0 only with echo, to score the prompt)", "max_tokens")
+    return 1 if _scores_only(body) else body.max_tokens
+
+
+def _shown(body: CompletionRequest, out: SequenceOutput) -> SequenceOutput:
+    """What the client sees of an update: under scoring, no generated token (the engine's one is
+    dropped), and a finished choice ends with `length`, as OpenAI reports max_tokens 0."""
+    if not _scores_only(body):
+        return out
+    return replace(
+        out,
+        text_delta="",
+        token_ids_delta=[],
+        logprobs_delta=[],
+        text="",
+        token_ids=[],
+        logprobs=[],
+        finish_reason="length" if out.finished else None,
+        stop_reason=None,
+    )
 
 
 def _prompt_logprobs(outs: list[SequenceOutput]) -> list:
@@ -119,7 +151,8 @@ async def _chunks(
     offsets: dict[int, int] = {}  # characters sent so far per choice (logprobs' text_offset)
     prompt_lps: list[list] = [[] for _ in prompts]
     final: list[dict[int, SequenceOutput]] = [{} for _ in prompts]
-    async for i, update in generation.updates():
+    async for i, engine_update in generation.updates():
+        update = _shown(body, engine_update)
         index = i * body.n + update.index
         prompt_lps[i] = max(prompt_lps[i], update.prompt_logprobs, key=len)
         if not update.token_ids_delta and not update.finished:

@@ -101,7 +101,7 @@ class ChatCompletionRequest(_SamplingFields):
 class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)  # a chat template needs a message
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
 
 

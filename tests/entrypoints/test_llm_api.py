@@ -1,0 +1,80 @@
+"""The offline API returns vLLM's shapes (RequestOutput / CompletionOutput, logprobs as
+{token id: Logprob}), shows a progress bar and a throughput line by default, and `pagoda generate`
+reports a missing prompts file in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pagoda import LLM, SamplingParams
+from pagoda.entrypoints import generate
+from pagoda.outputs import CompletionOutput, RequestOutput
+from tests.tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory):
+    from pagoda.model_files import load_tokenizer
+
+    path = write_tiny_model("llama", tmp_path_factory.mktemp("offline") / "llama", load_tokenizer(None))
+    return LLM(str(path), kv_cache_memory=0.01, max_model_len=128)
+
+
+def test_outputs_have_vllms_fields_and_no_engine_internals(tiny_llm):
+    text, ids = "The capital of France", [5, 6, 7, 8]
+    by_text, by_ids = tiny_llm.generate([text, ids], SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=3))
+    assert isinstance(by_text, RequestOutput) and by_text.finished
+    assert by_text.prompt == text and by_text.prompt_token_ids == tiny_llm.tokenizer.encode(text)
+    assert by_ids.prompt is None and by_ids.prompt_token_ids == ids
+    assert by_text.prompt_logprobs is None
+    assert [o.index for o in by_ids.outputs] == [0, 1]
+    out = by_ids.outputs[1]
+    assert isinstance(out, CompletionOutput) and len(out.token_ids) == 3 and out.finish_reason == "length"
+    assert out.text == tiny_llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert out.cumulative_logprob is None and out.logprobs is None  # not asked for, as vLLM
+    assert {f.name for f in dataclasses.fields(out)} == {
+        "index",
+        "text",
+        "token_ids",
+        "cumulative_logprob",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+    }
+
+
+def test_logprobs_sum_to_the_cumulative_logprob(tiny_llm):
+    (result,) = tiny_llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=4, logprobs=2))
+    out = result.outputs[0]
+    chosen = [position[token] for token, position in zip(out.token_ids, out.logprobs)]
+    assert [lp.rank for lp in chosen] == [1, 1, 1, 1]
+    assert out.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in chosen))
+
+
+def test_chat_outputs_carry_the_rendered_prompt(tiny_llm):
+    (result,) = tiny_llm.chat([{"role": "user", "content": "Hi there"}], GREEDY)
+    assert "Hi there" in result.prompt and tiny_llm.tokenizer.encode(result.prompt) == result.prompt_token_ids
+
+
+def test_progress_bar_and_speed_line_by_default(tiny_llm, capsys):
+    tiny_llm.generate(["one", "two", "three"], GREEDY)
+    err = capsys.readouterr().err
+    assert "Generating" in err and "tok/s" in err and "3/3 sequences done" in err
+    summary = err.strip().splitlines()[-1]
+    assert summary.startswith("Processed 3 prompts in ") and "input tok/s, " in summary
+    assert summary.endswith(" output tok/s")
+    tiny_llm.generate(["one"], GREEDY, use_tqdm=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_generate_missing_prompts_file_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "nope.txt"
+    assert generate.main(["--prompts-file", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(missing) in err and "Traceback" not in err
