@@ -56,8 +56,8 @@ def test_the_engine_line_is_info_while_busy_and_debug_when_idle(caplog):
 
 
 def test_disable_log_stats_turns_the_line_off():
-    assert serve.server_config(serve.build_parser().parse_args([]), None).log_stats
-    assert not serve.server_config(serve.build_parser().parse_args(["--disable-log-stats"]), None).log_stats
+    assert serve.server_config(serve.parse_args([])).log_stats
+    assert not serve.server_config(serve.parse_args(["--disable-log-stats"])).log_stats
 
 
 def test_a_quiet_load_step_is_reported_while_it_runs(caplog):
