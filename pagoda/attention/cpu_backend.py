@@ -1,6 +1,7 @@
 """The CPU serving path: decodes read their keys and values in place from the paged cache through
 a compiled C kernel (no gather copy); prefill chunks run through torch's SDPA as in the torch
-backend (sdpa.py).
+backend (sdpa.py). In bfloat16 the KV cache is bfloat16 and the decode kernel computes in float32
+(csrc/bf16.c); every build of the kernels has it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ _NO_KERNELS = "its C kernels cannot be built here (they need gcc and an x86-64 C
 
 class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
     name = "cpu"
-    support = BackendSupport(devices=("cpu",), dtypes=(torch.float32,), head_dim_multiple=8)  # the C kernel's
+    support = BackendSupport(  # the C kernels'
+        devices=("cpu",), dtypes=(torch.float32, torch.bfloat16), head_dim_multiple=8
+    )
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:

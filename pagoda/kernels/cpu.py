@@ -113,24 +113,32 @@ def load() -> ctypes.CDLL | None:
     lib.pagoda_gemv.restype = None
     lib.pagoda_bind_threads.argtypes = [_P, ctypes.c_int]
     lib.pagoda_bind_threads.restype = ctypes.c_int
+    lib.pagoda_paged_decode_attention_bf16.argtypes = [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
+    lib.pagoda_paged_decode_attention_bf16.restype = None
+    lib.pagoda_gemv_bf16.argtypes = [_P, _P, ctypes.c_int, _P, ctypes.c_int, _P, _I64, _I64, ctypes.c_int]
+    lib.pagoda_gemv_bf16.restype = None
     return lib
 
 
 def paged_decode_attention(
     lib: ctypes.CDLL,
-    query: torch.Tensor,  # float32 [B, H, D]
-    k_cache: torch.Tensor,  # float32 [num_blocks, block_size, Hkv, D], contiguous
+    query: torch.Tensor,  # [B, H, D], float32 or bfloat16 as the caches
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], contiguous
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # int32 [B, max_blocks], contiguous
     seq_lens: torch.Tensor,  # int32 [B], each >= 1
     scale: float,
 ) -> torch.Tensor:
-    """Decode attention read in place from the paged cache: [B, H, D]."""
+    """Decode attention read in place from the paged cache: [B, H, D] in the query's dtype. In
+    bfloat16, scores, softmax and the weighted sum are computed in float32."""
     query = query.contiguous()
     batch, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     out = torch.empty_like(query)
-    lib.pagoda_paged_decode_attention(
+    kernel = (
+        lib.pagoda_paged_decode_attention_bf16 if query.dtype == torch.bfloat16 else lib.pagoda_paged_decode_attention
+    )
+    kernel(
         out.data_ptr(),
         query.data_ptr(),
         k_cache.data_ptr(),
@@ -170,3 +178,23 @@ def bind_threads(lib: ctypes.CDLL, cpus: list[int]) -> bool:
     cpus[i]; False if any pin failed (e.g. a CPU outside this process's affinity)."""
     array = (ctypes.c_int * len(cpus))(*cpus)
     return lib.pagoda_bind_threads(ctypes.cast(array, _P), len(cpus)) == 0
+
+
+def gemv_bf16(
+    lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """x [1, K] (bfloat16 or float32) @ weight[N, K].T (bfloat16) + bias (float32 or None), summed in
+    float32 -> [1, N] of out_dtype (bfloat16 or float32). Contiguous, K % 8 == 0."""
+    out = torch.empty(1, weight.shape[0], dtype=out_dtype)
+    lib.pagoda_gemv_bf16(
+        weight.data_ptr(),
+        x.data_ptr(),
+        x.dtype == torch.bfloat16,
+        out.data_ptr(),
+        out_dtype == torch.bfloat16,
+        None if bias is None else bias.data_ptr(),
+        weight.shape[0],
+        weight.shape[1],
+        torch.get_num_threads(),
+    )
+    return out

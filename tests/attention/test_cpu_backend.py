@@ -52,3 +52,25 @@ def test_strided_query():
     query = qkv[:, : step.query.shape[1]]
     assert not query.is_contiguous()
     assert_matches_reference(dataclasses.replace(step, query=query))
+
+
+def as_float32(step: Step) -> Step:
+    inputs = dataclasses.replace(step.inputs, dtype=torch.float32)
+    tensors = {f: getattr(step, f).float() for f in ("query", "key", "value", "kv_cache")}
+    return dataclasses.replace(step, inputs=inputs, **tensors)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("block_size,group", [(16, 3), (1, 2)])
+def test_bfloat16_matches_float32_math(scenario, block_size, group):
+    """A bf16 cache and query: the result is the float32 reference on the same values, rounded to
+    bf16 (decodes, computed in fp32) or within bf16 SDPA's error (prefill chunks); the cache gets
+    this step's bf16 keys and values bit for bit."""
+    step = make_step(*SCENARIOS[scenario], block_size=block_size, group=group, dtype=torch.bfloat16)
+    out, cache = helpers.run(CpuAttentionBackend(), step)
+    ref_out, ref_cache = helpers.reference(as_float32(step))
+    assert out.dtype == torch.bfloat16 and cache.dtype == torch.bfloat16
+    assert torch.equal(cache.float(), ref_cache)
+    nd = step.inputs.num_decodes
+    torch.testing.assert_close(out[:nd].float(), ref_out[:nd], atol=1e-3, rtol=2**-7)
+    torch.testing.assert_close(out[nd:].float(), ref_out[nd:], atol=2e-2, rtol=2e-2)

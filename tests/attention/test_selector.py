@@ -26,7 +26,8 @@ needs_kernels = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C ker
 @needs_kernels
 def test_auto_on_cpu_prefers_the_cpu_backend_where_it_serves():
     assert select_backend("auto", CPU, torch.float32, 64) is CpuAttentionBackend
-    assert select_backend("auto", CPU, torch.bfloat16, 64) is TorchAttentionBackend
+    assert select_backend("auto", CPU, torch.bfloat16, 64) is CpuAttentionBackend
+    assert select_backend("auto", CPU, torch.float16, 64) is TorchAttentionBackend
     assert select_backend("auto", CPU, torch.float32, 20) is TorchAttentionBackend
 
 
@@ -37,7 +38,7 @@ def test_auto_on_cuda_is_triton():
 @pytest.mark.parametrize(
     "name,device,dtype,head_dim,message",
     [
-        ("cpu", CPU, torch.bfloat16, 64, "needs float32 (got bfloat16)"),
+        ("cpu", CPU, torch.float16, 64, "needs float32 or bfloat16 (got float16)"),
         ("cpu", CPU, torch.float32, 20, "divisible by 8 (got 20)"),
         ("cpu", CUDA, torch.float32, 64, "runs on cpu only, not on cuda"),
         ("flash", CPU, torch.float32, 64, "Unknown attention backend 'flash'"),
@@ -79,12 +80,13 @@ def test_create_backend():
 
 @needs_kernels
 def test_engine_config_records_the_choice():
-    """The default model on CPU: cpu in float32, torch in bfloat16, and cpu refused there."""
+    """The default model on CPU: cpu in float32 and bfloat16, torch in float16, and cpu refused there."""
     config = EngineArgs().create_config()
     assert config.attention_backend == "cpu" and not config.attention_cuda_graphs
-    assert EngineArgs(dtype="bfloat16").create_config().attention_backend == "torch"
-    with pytest.raises(ConfigError, match="needs float32"):
-        EngineArgs(dtype="bfloat16", attention_backend="cpu").create_config()
+    assert EngineArgs(dtype="bfloat16").create_config().attention_backend == "cpu"
+    assert EngineArgs(dtype="float16").create_config().attention_backend == "torch"
+    with pytest.raises(ConfigError, match="needs float32 or bfloat16"):
+        EngineArgs(dtype="float16", attention_backend="cpu").create_config()
 
 
 def test_the_interface_imports_no_backend_and_auto_on_cpu_no_triton():
