@@ -65,15 +65,15 @@ def test_long_contexts_and_many_requests(isa):
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("seq_len", [129, 1000, 4000])
 def test_batch_one_long_context(isa, num_threads, block_size, seq_len):
-    """One request split over kv heads and token spans, its spans merged (SmolLM2's 9 heads, 3 kv heads)."""
+    """One request split into token spans, merged afterwards (SmolLM2's 9 heads, 3 kv heads)."""
     assert_matches_reference(make_step([1], [seq_len], block_size=block_size, num_kv_heads=3, group=3))
 
 
 @pytest.mark.parametrize("num_threads", [1], indirect=True)
 @pytest.mark.parametrize("seq_lens", [[1024], [1025], [2048], [2049], [2055], [1, 128, 129, 1500]])
 def test_span_boundaries(isa, num_threads, seq_lens):
-    """One kv head, one thread: spans of max(128, tokens / 8) tokens, so 1024 and 2048 end on a span
-    boundary and 1025, 2049 leave a last span of one token; a batch mixes one-span and split requests."""
+    """One thread: spans of max(128, tokens / 8) tokens, so 1024 and 2048 end on a span boundary and
+    1025, 2049 leave a last span of one token; a batch mixes one-span and split requests."""
     step = make_step([1] * len(seq_lens), seq_lens, num_kv_heads=1, group=2, seed=len(seq_lens))
     assert_matches_reference(step)
 

@@ -118,8 +118,8 @@ static inline void prefetch_row(const float *p, long n) {
 
 enum {
     AHEAD = 16,      /* tokens prefetched ahead: the hardware prefetcher misses block jumps */
-    MIN_SPAN = 128,  /* tokens: below this a span's merge costs more than its parallelism wins */
-    SPANS_PER_THREAD = 8,
+    MIN_SPAN = 128,  /* tokens: a span's fixed costs (its merge, its first AHEAD tokens not prefetched) stay small */
+    SPANS_PER_THREAD = 8, /* with dynamic scheduling, enough to even out requests of unequal lengths */
 };
 
 typedef struct {
