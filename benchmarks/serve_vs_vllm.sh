@@ -3,16 +3,18 @@
 # and dtype (SmolLM2-135M-Instruct, the fp32 HF directory from smollm2-hf.sh), the same context
 # and KV budget, the same client (vLLM's own `vllm bench serve`: random 256 in / 64 out,
 # ignore_eos, seed 0) at concurrency 1, 8 and 32; the prefix cache is reset before each level.
-# Also cold start: process start until the first request is answered.
+# Also cold start: process start until the first request is answered. LONG=1 adds a long-context
+# level: random 4,000 in / 32 out at concurrency 1 (LONG_PROMPTS of them, default 4), with a
+# context of 8,192 for both engines unless MAX_MODEL_LEN says otherwise.
 #
 #   benchmarks/serve_vs_vllm.sh [OUT_DIR]    # default benchmarks/results/serve_vs_vllm
 #   env: ENGINES="pagoda vllm" (default both; each runs with the machine to itself),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
-#        PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048)
+#        PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4)
 #
 # Needs ../shared/peers (vllm-cpu.sh installs vLLM on first use). Each server runs in its own
 # process group and is stopped (SIGTERM, then SIGKILL) when its half ends, however it ends.
-# Results: OUT_DIR/ENGINE/c{C}.json (vLLM's result files), OUT_DIR/ENGINE/cold_start_s,
+# Results: OUT_DIR/ENGINE/c{C}.json and long.json (vLLM's result files), OUT_DIR/ENGINE/cold_start_s,
 # OUT_DIR/ENGINE/server.log, and the table in OUT_DIR/table.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,9 @@ OUT=${1:-$PWD/benchmarks/results/serve_vs_vllm}
 ENGINES=${ENGINES:-pagoda vllm}
 CONCURRENCY=${CONCURRENCY:-1 8 32}
 PORT=${PORT:-18300}
-export KV_GIB=${KV_GIB:-4} MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+LONG=${LONG:-0}
+export KV_GIB=${KV_GIB:-4} MAX_MODEL_LEN=${MAX_MODEL_LEN:-$([ "$LONG" = 1 ] && echo 8192 || echo 2048)}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 NAME=smollm2
 URL=http://127.0.0.1:$PORT
 MODEL_DIR=$("$PEERS/smollm2-hf.sh")
@@ -46,6 +50,18 @@ first_answer() {  # one completion of one token; fails until the server answers
     -d "{\"model\": \"$NAME\", \"prompt\": \"Hello\", \"max_tokens\": 1}" >/dev/null
 }
 
+bench_level() {  # ENGINE LABEL CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS -> $OUT/ENGINE/LABEL.json
+  local engine=$1 label=$2 c=$3 dir=$OUT/$1
+  curl -sf -X POST "$URL/reset_prefix_cache" >/dev/null || echo "[$engine] could not reset the prefix cache" >&2
+  "$PEERS/vllm-cpu.sh" bench --backend openai --base-url "$URL" --model "$NAME" --tokenizer "$MODEL_DIR" \
+    --dataset-name random --random-input-len "$4" --random-output-len "$5" --ignore-eos \
+    --max-concurrency "$c" --num-prompts "$6" --seed 0 \
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --disable-tqdm \
+    --save-result --result-dir "$dir" --result-filename "$label.json" >"$dir/bench-$label.log" 2>&1 \
+    || { tail -20 "$dir/bench-$label.log" >&2; exit 1; }
+  echo "[$engine] $label done" >&2
+}
+
 run_engine() {
   local engine=$1 dir=$OUT/$1 started
   mkdir -p "$dir"
@@ -61,36 +77,35 @@ run_engine() {
   python -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$started" "$(now)" \
     | tee "$dir/cold_start_s" | sed "s/^/[$engine] cold start s: /" >&2
   for c in $CONCURRENCY; do
-    curl -sf -X POST "$URL/reset_prefix_cache" >/dev/null || echo "[$engine] could not reset the prefix cache" >&2
-    "$PEERS/vllm-cpu.sh" bench --backend openai --base-url "$URL" --model "$NAME" --tokenizer "$MODEL_DIR" \
-      --dataset-name random --random-input-len 256 --random-output-len 64 --ignore-eos \
-      --max-concurrency "$c" --num-prompts "${NUM_PROMPTS:-$((c * 4 > 16 ? c * 4 : 16))}" --seed 0 \
-      --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --disable-tqdm \
-      --save-result --result-dir "$dir" --result-filename "c$c.json" >"$dir/bench-c$c.log" 2>&1 \
-      || { tail -20 "$dir/bench-c$c.log" >&2; exit 1; }
-    echo "[$engine] concurrency $c done" >&2
+    bench_level "$engine" "c$c" "$c" 256 64 "${NUM_PROMPTS:-$((c * 4 > 16 ? c * 4 : 16))}"
   done
+  if [ "$LONG" = 1 ]; then bench_level "$engine" long 1 4000 32 "${LONG_PROMPTS:-4}"; fi
   stop_server
 }
 
 for engine in $ENGINES; do run_engine "$engine"; done
 
-python - "$OUT" "$CONCURRENCY" $ENGINES <<'EOF' | tee "$OUT/table.txt"
+LEVELS=$(for c in $CONCURRENCY; do echo -n "c$c "; done)
+if [ "$LONG" = 1 ]; then LEVELS+=long; fi
+python - "$OUT" "$LEVELS" $ENGINES <<'EOF' | tee "$OUT/table.txt"
 import json, sys
 from pathlib import Path
 
 out, levels, engines = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3:]
 rows = [("cold start s", None, lambda e: float((out / e / "cold_start_s").read_text()))]
-for c in levels:
-    def field(key, c=c):
-        return lambda e: json.loads((out / e / f"c{c}.json").read_text())[key]
+for level in levels:  # c1, c8, ...: 256 in / 64 out at that concurrency; long: 4,000 in / 32 out at 1
+    c = "1 long" if level == "long" else level[1:]
+
+    def field(key, level=level):
+        return lambda e: json.loads((out / e / f"{level}.json").read_text())[key]
+
     rows += [("output tok/s", c, field("output_throughput")), ("TTFT p50 ms", c, field("median_ttft_ms")),
              ("TTFT p99 ms", c, field("p99_ttft_ms")), ("TPOT p50 ms", c, field("median_tpot_ms"))]
 ratio = len(engines) == 2
-print(f"{'metric':<14}{'conc':>5}" + "".join(f"{e:>12}" for e in engines) + (f"{'ratio':>9}" if ratio else ""))
+print(f"{'metric':<14}{'conc':>7}" + "".join(f"{e:>12}" for e in engines) + (f"{'ratio':>9}" if ratio else ""))
 for label, c, read in rows:
     values = [read(e) for e in engines]
-    line = f"{label:<14}{c or '':>5}" + "".join(f"{v:>12.1f}" for v in values)
+    line = f"{label:<14}{c or '':>7}" + "".join(f"{v:>12.1f}" for v in values)
     print(line + (f"{values[0] / values[1]:>8.2f}x" if ratio and values[1] else ""))
 if ratio:
     print(f"(ratio: {engines[0]} / {engines[1]}; above 1 is better for tok/s, worse for times)")

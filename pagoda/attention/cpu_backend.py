@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from pagoda.attention.backend import AttentionBackend, AttentionInputs, BackendSupport
-from pagoda.attention.sdpa import PrefillChunk, attend_prefills, decode_block_tables, prefill_chunks, store_kv
+from pagoda.attention.sdpa import PrefillChunk, attend_prefills, decode_block_tables, prefill_chunks
+from pagoda.attention.sdpa import store_kv as sdpa_store_kv
 from pagoda.errors import ConfigError
 from pagoda.kernels import cpu as cpu_kernels
 
@@ -57,11 +58,35 @@ class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
         return CpuAttentionMetadata(inputs.slot_mapping, nd, decodes, prefill_chunks(inputs))
 
     def forward(self, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float):
-        store_kv(key, value, kv_cache, metadata.slot_mapping)
+        if query.dtype == torch.bfloat16:
+            return self._forward_bf16(query, key, value, kv_cache, metadata, scale)
+        out = torch.empty(query.shape, dtype=query.dtype)
+        nd, decodes, slots = metadata.num_decodes, metadata.decodes, metadata.slot_mapping
+        if metadata.prefills:
+            cpu_kernels.store_kv(self.lib, key[nd:], value[nd:], kv_cache, slots[nd:])
+        if decodes is not None:  # the decodes' keys and values are stored by the kernel itself
+            cpu_kernels.paged_decode_attention(
+                self.lib,
+                out[:nd],
+                query[:nd],
+                key[:nd],
+                value[:nd],
+                kv_cache,
+                slots[:nd],
+                decodes.block_tables,
+                decodes.seq_lens,
+                scale,
+            )
+        attend_prefills(out, query, key, value, kv_cache, metadata.prefills, scale)
+        return out
+
+    def _forward_bf16(self, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float):
+        """bfloat16: keys and values stored by torch, decodes through the bf16 kernel."""
+        sdpa_store_kv(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
         nd, decodes = metadata.num_decodes, metadata.decodes
         if decodes is not None:
-            out[:nd] = cpu_kernels.paged_decode_attention(
+            out[:nd] = cpu_kernels.paged_decode_attention_bf16(
                 self.lib, query[:nd], kv_cache[0], kv_cache[1], decodes.block_tables, decodes.seq_lens, scale
             )
         attend_prefills(out, query, key, value, kv_cache, metadata.prefills, scale)

@@ -19,7 +19,9 @@ class PrefillChunk:
     query_end: int
     seq_len: int
     block_ids: torch.Tensor  # long [ceil(seq_len / block_size)]
-    causal_mask: torch.Tensor | None  # bool [query_len, seq_len]; None when there is no earlier context
+    # additive [query_len, seq_len] in the activation dtype, 0 or -inf; None without earlier context.
+    # Built once per step for every layer: a bool mask is converted by SDPA in each layer's call.
+    causal_mask: torch.Tensor | None
 
 
 def prefill_chunks(inputs: AttentionInputs) -> tuple[PrefillChunk, ...]:
@@ -32,7 +34,8 @@ def prefill_chunks(inputs: AttentionInputs) -> tuple[PrefillChunk, ...]:
         mask = None
         if seq_len > q_len:  # earlier context in the cache: the causal mask is aligned bottom-right
             rows = torch.arange(q_len, device=device)[:, None] + (seq_len - q_len)
-            mask = torch.arange(seq_len, device=device)[None, :] <= rows
+            future = torch.arange(seq_len, device=device)[None, :] > rows
+            mask = torch.zeros(future.shape, dtype=inputs.dtype, device=device).masked_fill_(future, float("-inf"))
         block_ids = inputs.block_tables[i, : -(-seq_len // bs)].long()
         chunks.append(PrefillChunk(starts[i], starts[i + 1], seq_len, block_ids, mask))
     return tuple(chunks)

@@ -107,8 +107,11 @@ def load() -> ctypes.CDLL | None:
             os.replace(built, target)  # atomic: concurrent builders all end with one whole file
     lib = ctypes.CDLL(str(target))
     lib.isa = isa
-    lib.pagoda_paged_decode_attention.argtypes = [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
+    lib.pagoda_paged_decode_attention.argtypes = [_P, _P, _I64, _P, _I64, _P, _I64] + [_P] * 5 + [_I64] * 6
+    lib.pagoda_paged_decode_attention.argtypes += [ctypes.c_float, ctypes.c_int]
     lib.pagoda_paged_decode_attention.restype = None
+    lib.pagoda_store_kv.argtypes = [_P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, ctypes.c_int]
+    lib.pagoda_store_kv.restype = None
     lib.pagoda_gemv.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_int]
     lib.pagoda_gemv.restype = None
     lib.pagoda_bind_threads.argtypes = [_P, ctypes.c_int]
@@ -120,25 +123,91 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] whose rows may lie apart (a view of a fused projection), each row's heads
+    contiguous, as the kernels read it."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
+def store_kv(
+    lib: ctypes.CDLL,
+    key: torch.Tensor,  # float32 [T, Hkv, D]
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,  # float32 [2, num_blocks, block_size, Hkv, D], contiguous
+    slot_mapping: torch.Tensor,  # int64 [T], contiguous: each token's slot (block * block_size + offset)
+) -> None:
+    """Writes the tokens' keys and values to their slots, both in one call."""
+    key, value = _rows(key), _rows(value)
+    lib.pagoda_store_kv(
+        kv_cache[0].data_ptr(),
+        kv_cache[1].data_ptr(),
+        key.data_ptr(),
+        key.stride(0),
+        value.data_ptr(),
+        value.stride(0),
+        slot_mapping.data_ptr(),
+        key.shape[0],
+        key.shape[1] * key.shape[2],
+        torch.get_num_threads(),
+    )
+
+
 def paged_decode_attention(
     lib: ctypes.CDLL,
-    query: torch.Tensor,  # [B, H, D], float32 or bfloat16 as the caches
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], contiguous
+    out: torch.Tensor,  # float32 [B, H, D], contiguous: written
+    query: torch.Tensor,  # float32 [B, H, D]
+    key: torch.Tensor,  # float32 [B, Hkv, D]: the decodes' new keys, stored first
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,  # float32 [2, num_blocks, block_size, Hkv, D], contiguous
+    slot_mapping: torch.Tensor,  # int64 [B], contiguous
+    block_tables: torch.Tensor,  # int32 [B, max_blocks], contiguous
+    seq_lens: torch.Tensor,  # int32 [B], each >= 1, counting the new token
+    scale: float,
+) -> None:
+    """Stores the decodes' keys and values, then attends each over its paged cache in place."""
+    query, key, value = _rows(query), _rows(key), _rows(value)
+    batch, num_heads, head_dim = query.shape
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    lib.pagoda_paged_decode_attention(
+        out.data_ptr(),
+        query.data_ptr(),
+        query.stride(0),
+        key.data_ptr(),
+        key.stride(0),
+        value.data_ptr(),
+        value.stride(0),
+        slot_mapping.data_ptr(),
+        kv_cache[0].data_ptr(),
+        kv_cache[1].data_ptr(),
+        block_tables.data_ptr(),
+        seq_lens.data_ptr(),
+        batch,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        block_tables.shape[1],
+        scale,
+        torch.get_num_threads(),
+    )
+
+
+def paged_decode_attention_bf16(
+    lib: ctypes.CDLL,
+    query: torch.Tensor,  # bfloat16 [B, H, D]
+    k_cache: torch.Tensor,  # bfloat16 [num_blocks, block_size, Hkv, D], contiguous, the new tokens stored
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # int32 [B, max_blocks], contiguous
     seq_lens: torch.Tensor,  # int32 [B], each >= 1
     scale: float,
 ) -> torch.Tensor:
-    """Decode attention read in place from the paged cache: [B, H, D] in the query's dtype. In
-    bfloat16, scores, softmax and the weighted sum are computed in float32."""
+    """bfloat16 decode attention read in place from the paged cache: [B, H, D]; scores, softmax
+    and the weighted sum in float32, the output rounded to bfloat16 once."""
     query = query.contiguous()
     batch, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     out = torch.empty_like(query)
-    kernel = (
-        lib.pagoda_paged_decode_attention_bf16 if query.dtype == torch.bfloat16 else lib.pagoda_paged_decode_attention
-    )
-    kernel(
+    lib.pagoda_paged_decode_attention_bf16(
         out.data_ptr(),
         query.data_ptr(),
         k_cache.data_ptr(),

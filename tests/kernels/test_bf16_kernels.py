@@ -84,5 +84,5 @@ def test_paged_decode_attention_bf16_matches_fp32_math(lib, head_dim, group, blo
     block_tables = order.reshape(len(seq_lens), blocks_each).to(torch.int32).contiguous()
     query = torch.randn(len(seq_lens), num_kv_heads * group, head_dim, generator=gen).bfloat16()
     scale = head_dim**-0.5
-    out = cpu_kernels.paged_decode_attention(lib, query, k_cache, v_cache, block_tables, seq_lens, scale)
+    out = cpu_kernels.paged_decode_attention_bf16(lib, query, k_cache, v_cache, block_tables, seq_lens, scale)
     assert_bf16_close(out, paged_reference(query, k_cache, v_cache, block_tables, seq_lens, scale))

@@ -1,65 +1,298 @@
 /* Paged decode attention reads each request's keys and values where they lie in the paged cache
  * (layout [num_blocks, block_size, num_kv_heads, head_dim] per cache, row-major), so a decode step
- * reads its KV once instead of gathering it into a copy first. */
+ * reads its KV once instead of gathering it into a copy first.
+ *
+ * Work is split by request and, for long contexts, by token span (flash-decoding), so that one long
+ * request keeps every thread busy as many short ones do. Each span leaves its unnormalized output
+ * with its max score and sum of exponentials per head; the spans of a request merge exactly:
+ * out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. A span covers all heads: a token's keys of
+ * all kv heads are one contiguous row, and splitting by kv head instead (each work item reading a
+ * third of every row, for 3 kv heads) made a thread 30% slower. */
 #include "common.h"
 
-static inline void axpy(float *y, float a, const float *x, long n) {
-    __m256 av = _mm256_set1_ps(a);
-    for (long i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+/* The widest float vectors enabled: 16 lanes with AVX-512, else 8. A row of head_dim floats (a
+ * multiple of 8) ends in at most one part-filled vector, which AVX-512 reads and writes masked. */
+#ifdef __AVX512F__
+#define LANES 16
+typedef __m512 vec;
+static inline __mmask16 lanes_below(long n) { return (__mmask16)((1u << n) - 1); }
+static inline vec load_n(const float *p, long n) { return n >= LANES ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes_below(n), p); }
+static inline void store_n(float *p, vec v, long n) {
+    if (n >= LANES) _mm512_storeu_ps(p, v);
+    else _mm512_mask_storeu_ps(p, lanes_below(n), v);
+}
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vfmadd _mm512_fmadd_ps
+#define vfnmadd _mm512_fnmadd_ps
+#define vadd _mm512_add_ps
+#define vsub _mm512_sub_ps
+#define vmul _mm512_mul_ps
+#define vmax _mm512_max_ps
+#define vloadu _mm512_loadu_ps
+#define vstoreu _mm512_storeu_ps
+#else
+#define LANES 8
+typedef __m256 vec;
+static inline vec load_n(const float *p, long n) { return _mm256_loadu_ps(p); } /* n is a multiple of 8 */
+static inline void store_n(float *p, vec v, long n) { _mm256_storeu_ps(p, v); }
+static inline float vsum(vec v) { return hsum(v); }
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vfmadd _mm256_fmadd_ps
+#define vfnmadd _mm256_fnmadd_ps
+#define vadd _mm256_add_ps
+#define vsub _mm256_sub_ps
+#define vmul _mm256_mul_ps
+#define vmax _mm256_max_ps
+#define vloadu _mm256_loadu_ps
+#define vstoreu _mm256_storeu_ps
+#endif
+
+/* a . b over n floats, n % 8 == 0. Four accumulators: one dot is a chain of dependent FMAs, and its
+ * latency, not the loads, bounds the scoring loop (one accumulator made it 13% slower). */
+static inline float dot_n(const float *a, const float *b, long n) {
+    vec acc0 = vzero(), acc1 = vzero(), acc2 = vzero(), acc3 = vzero();
+    long i = 0;
+    for (; i + 4 * LANES <= n; i += 4 * LANES) {
+        acc0 = vfmadd(vloadu(a + i), vloadu(b + i), acc0);
+        acc1 = vfmadd(vloadu(a + i + LANES), vloadu(b + i + LANES), acc1);
+        acc2 = vfmadd(vloadu(a + i + 2 * LANES), vloadu(b + i + 2 * LANES), acc2);
+        acc3 = vfmadd(vloadu(a + i + 3 * LANES), vloadu(b + i + 3 * LANES), acc3);
+    }
+    for (; i < n; i += LANES) acc0 = vfmadd(load_n(a + i, n - i), load_n(b + i, n - i), acc0);
+    return vsum(vadd(vadd(acc0, acc1), vadd(acc2, acc3)));
 }
 
-static inline void prefetch_token(const float *p, long n) {
+/* y += a x over n floats, n % 8 == 0 */
+static inline void axpy_n(float *y, float a, const float *x, long n) {
+    const vec av = vset1(a);
+    for (long i = 0; i < n; i += LANES) store_n(y + i, vfmadd(av, load_n(x + i, n - i), load_n(y + i, n - i)), n - i);
+}
+
+/* e^x for x <= 0 (softmax arguments): e^x = 2^n e^r with n = round(x log2 e), |r| <= ln2 / 2, and
+ * e^r from its degree-6 Taylor polynomial (relative error < 2e-7, ~2 ulp). */
+static inline vec vexp_nonpositive(vec x) {
+    x = vmax(x, vset1(-87.f)); /* e^-87 ~ 1.6e-38: the smallest normal float */
+#ifdef __AVX512F__
+    const vec n = _mm512_roundscale_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    const vec n = _mm256_round_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
+    vec r = vfnmadd(n, vset1(0.693359375f), x); /* ln 2 in two parts, the first exact in float */
+    r = vfnmadd(n, vset1(-2.12194440e-4f), r);
+    vec p = vset1(1.f / 720);
+    p = vfmadd(p, r, vset1(1.f / 120));
+    p = vfmadd(p, r, vset1(1.f / 24));
+    p = vfmadd(p, r, vset1(1.f / 6));
+    p = vfmadd(p, r, vset1(0.5f));
+    p = vfmadd(p, r, vset1(1.f));
+    p = vfmadd(p, r, vset1(1.f));
+#ifdef __AVX512F__
+    return _mm512_scalef_ps(p, n);
+#else
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return vmul(p, _mm256_castsi256_ps(two_n));
+#endif
+}
+
+/* p[i] = e^(p[i] - max) for i < n; returns their sum */
+static float vexp_shifted(float *p, long n, float max) {
+    const vec m = vset1(max);
+    vec acc = vzero();
+    long i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        const vec e = vexp_nonpositive(vsub(vloadu(p + i), m));
+        vstoreu(p + i, e);
+        acc = vadd(acc, e);
+    }
+    float sum = vsum(acc);
+    for (; i < n; i++) sum += (p[i] = expf(p[i] - max));
+    return sum;
+}
+
+static inline void prefetch_row(const float *p, long n) {
     for (long i = 0; i < n; i += 16) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
 }
 
-/* out[b, h, :] = softmax_t(scale * q[b, h, :] . k_t) v_t over tokens t < seq_lens[b] of request b,
- * whose token t lies in block block_tables[b, t / block_size] at offset t % block_size, in kv head
- * h / (num_heads / num_kv_heads) (grouped-query attention).
- * q, out: [batch, num_heads, head_dim] contiguous, head_dim % 8 == 0; block_tables: int32
- * [batch, max_blocks]; seq_lens: int32 [batch], each >= 1. One request per work item: a token's
- * keys of all heads are contiguous, so each request streams its blocks front to back. */
-void pagoda_paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                   const int32_t *block_tables, const int32_t *seq_lens, long batch,
+enum {
+    AHEAD = 16,      /* tokens prefetched ahead: the hardware prefetcher misses block jumps */
+    /* tokens per span: long enough that a span's fixed costs (its merge, its first AHEAD tokens not
+     * prefetched) stay small, short enough that a 4,000-token request has 16 spans to share out.
+     * Fixed, not sized by the batch or the thread count: a request's result (its summation order)
+     * then depends on its own length only, whatever else runs and however many threads there are. */
+    SPAN = 256,
+};
+
+typedef struct {
+    float *k_cache, *v_cache; /* written only for the new tokens, by attend_unit */
+    const int32_t *block_tables;
+    long max_blocks, block_size, token_stride, block_stride;
+    long num_heads, group, head_dim;
+    float scale;
+} PagedKv;
+
+static inline const float *token_row(const float *cache, const PagedKv *kv, const int32_t *table, long t) {
+    return cache + table[t / kv->block_size] * kv->block_stride + (t % kv->block_size) * kv->token_stride;
+}
+
+/* Every query head h of q (head_dim apart, its kv head h / group) over tokens [t0, t1) of the
+ * request with `table`: o[h] = sum_t e^(s_ht - m[h]) v_t, unnormalized, l[h] = sum_t e^(s_ht - m[h])
+ * and m[h] = max_t s_ht. scores: scratch of num_heads * (t1 - t0) floats. */
+static void attend_span(const PagedKv *kv, const int32_t *table, const float *q, long t0, long t1, float *scores,
+                        float *o, float *m, float *l) {
+    const long n = t1 - t0, d = kv->head_dim, heads = kv->num_heads, group = kv->group;
+    for (long h = 0; h < heads; h++) m[h] = -INFINITY;
+    for (long t = t0; t < t1; t++) {
+        if (t + AHEAD < t1) prefetch_row(token_row(kv->k_cache, kv, table, t + AHEAD), kv->token_stride);
+        const float *k = token_row(kv->k_cache, kv, table, t);
+        for (long h = 0; h < heads; h++) {
+            const float s = kv->scale * dot_n(q + h * d, k + (h / group) * d, d);
+            scores[h * n + t - t0] = s;
+            m[h] = s > m[h] ? s : m[h];
+        }
+    }
+    for (long h = 0; h < heads; h++) l[h] = vexp_shifted(scores + h * n, n, m[h]);
+    memset(o, 0, heads * d * sizeof(float));
+    for (long t = t0; t < t1; t++) {
+        if (t + AHEAD < t1) prefetch_row(token_row(kv->v_cache, kv, table, t + AHEAD), kv->token_stride);
+        const float *v = token_row(kv->v_cache, kv, table, t);
+        for (long h = 0; h < heads; h++) axpy_n(o + h * d, scores[h * n + t - t0], v + (h / group) * d, d);
+    }
+}
+
+/* The spans of every request: request b owns spans first[b] .. first[b + 1] - 1, the i-th starting at
+ * token start[i], SPAN tokens each (the last of a request fewer). Returns the longest span. */
+static long plan_spans(const int32_t *seq_lens, long batch, long *first, int32_t **start) {
+    long longest = 0;
+    for (long b = 0; b < batch; b++) longest = seq_lens[b] > longest ? seq_lens[b] : longest;
+    const long span = longest < SPAN ? longest : SPAN; /* the same spans; a smaller scratch */
+    first[0] = 0;
+    for (long b = 0; b < batch; b++) first[b + 1] = first[b] + (seq_lens[b] + span - 1) / span;
+    *start = malloc(first[batch] * sizeof(int32_t));
+    for (long b = 0; b < batch; b++)
+        for (long i = first[b]; i < first[b + 1]; i++) (*start)[i] = (int32_t)((i - first[b]) * span);
+    return span;
+}
+
+/* out (heads rows of head_dim) = the exact softmax-weighted merge of `spans` partial results, the
+ * i-th at o + i * heads * d, m + i * 2 * heads and l + i * 2 * heads. */
+static void merge_spans(float *out, const float *o, const float *m, const float *l, long spans, long heads, long d) {
+    for (long h = 0; h < heads; h++) {
+        float max = -INFINITY, sum = 0.f;
+        for (long i = 0; i < spans; i++) max = fmaxf(max, m[i * 2 * heads + h]);
+        for (long i = 0; i < spans; i++) sum += expf(m[i * 2 * heads + h] - max) * l[i * 2 * heads + h];
+        memset(out + h * d, 0, d * sizeof(float));
+        for (long i = 0; i < spans; i++)
+            axpy_n(out + h * d, expf(m[i * 2 * heads + h] - max) / sum, o + i * heads * d + h * d, d);
+    }
+}
+
+/* Writes the new keys and values of n tokens (rows key_stride / value_stride floats apart, each row's
+ * heads contiguous) to their slots of the paged cache; slot -1 (a padding lane) is skipped. */
+void pagoda_store_kv(float *k_cache, float *v_cache, const float *key, long key_stride, const float *value,
+                     long value_stride, const int64_t *slots, long n, long token_stride, int num_threads) {
+    const size_t bytes = token_stride * sizeof(float);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (long i = 0; i < n; i++) {
+        if (slots[i] < 0) continue;
+        memcpy(k_cache + slots[i] * token_stride, key + i * key_stride, bytes);
+        memcpy(v_cache + slots[i] * token_stride, value + i * value_stride, bytes);
+    }
+}
+
+/* The step's new token of each decode, as the attention reads it. */
+typedef struct {
+    const float *key, *value;
+    long key_stride, value_stride;
+    const int64_t *slots;
+} NewTokens;
+
+/* Partial results of the spans of split requests: span i's o at o + i * num_heads * head_dim, m and l
+ * at ml + i * 2 * num_heads (+ num_heads); done counts each request's finished spans. */
+typedef struct {
+    float *o, *ml;
+    int *done;
+} Partials;
+
+/* Span i (the span_index-th of `spans`) of request b. The request's last span first stores the new
+ * token's key and value: no other span reads them. A request with one span is normalized into out
+ * directly; of a split one, the span that finishes last merges them all (the atomic count orders
+ * the other spans' partial results before the merge reads them). */
+static void attend_unit(const PagedKv *kv, float *out, const float *q, long q_stride, const NewTokens *new_tokens,
+                        long b, long i, long span_index, long spans, long t0, long t1, long seq_len,
+                        const Partials *part, float *scratch, long span) {
+    const long heads = kv->num_heads, d = kv->head_dim;
+    const int64_t slot = new_tokens->slots[b];
+    if (t1 == seq_len && slot >= 0) {
+        const size_t bytes = kv->token_stride * sizeof(float);
+        memcpy(kv->k_cache + slot * kv->token_stride, new_tokens->key + b * new_tokens->key_stride, bytes);
+        memcpy(kv->v_cache + slot * kv->token_stride, new_tokens->value + b * new_tokens->value_stride, bytes);
+    }
+    const float *qb = q + b * q_stride;
+    const int32_t *table = kv->block_tables + b * kv->max_blocks;
+    float *ob = out + b * heads * d;
+    if (spans == 1) {
+        float *o = scratch + heads * span, *m = o + heads * d, *l = m + heads;
+        attend_span(kv, table, qb, t0, t1, scratch, o, m, l);
+        for (long h = 0; h < heads; h++) {
+            memset(ob + h * d, 0, d * sizeof(float));
+            axpy_n(ob + h * d, 1.f / l[h], o + h * d, d);
+        }
+        return;
+    }
+    float *ml = part->ml + i * 2 * heads;
+    attend_span(kv, table, qb, t0, t1, scratch, part->o + i * heads * d, ml, ml + heads);
+    if (__atomic_add_fetch(part->done + b, 1, __ATOMIC_ACQ_REL) == spans) {
+        const long i0 = i - span_index;
+        const float *ml0 = part->ml + i0 * 2 * heads;
+        merge_spans(ob, part->o + i0 * heads * d, ml0, ml0 + heads, spans, heads, d);
+    }
+}
+
+/* Stores the batch's new keys and values (row b of key / value goes to slot slots[b]; -1 is skipped)
+ * and attends: out[b, h, :] = softmax_t(scale * q[b, h, :] . k_t) v_t over tokens t < seq_lens[b] of
+ * request b, whose token t lies in block block_tables[b, t / block_size] at offset t % block_size,
+ * in kv head h / (num_heads / num_kv_heads) (grouped-query attention).
+ * q: rows q_stride floats apart, each [num_heads, head_dim] contiguous (key and value likewise);
+ * out: [batch, num_heads, head_dim] contiguous; head_dim % 8 == 0; block_tables: int32
+ * [batch, max_blocks]; seq_lens: int32 [batch], each >= 1 and counting the new token.
+ * One parallel loop over every span and no barrier inside it: on a loaded machine each barrier
+ * waits for a descheduled thread. */
+void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, const float *key, long key_stride,
+                                   const float *value, long value_stride, const int64_t *slots, float *k_cache,
+                                   float *v_cache, const int32_t *block_tables, const int32_t *seq_lens, long batch,
                                    long num_heads, long num_kv_heads, long head_dim, long block_size,
                                    long max_blocks, float scale, int num_threads) {
-    const long group = num_heads / num_kv_heads;
     const long token_stride = num_kv_heads * head_dim;
-    const long block_stride = block_size * token_stride;
-    const long ahead = 16; /* tokens prefetched ahead: the hardware prefetcher misses block jumps */
+    const PagedKv kv = {k_cache, v_cache, block_tables, max_blocks, block_size, token_stride, block_size * token_stride,
+                        num_heads, num_heads / num_kv_heads, head_dim, scale};
+    const NewTokens new_tokens = {key, value, key_stride, value_stride, slots};
+    long *first = malloc((batch + 1) * sizeof(long));
+    int32_t *start;
+    const long span = plan_spans(seq_lens, batch, first, &start), units = first[batch];
+    Partials part = {NULL, NULL, NULL};
+    if (units > batch) {
+        part.o = malloc(units * num_heads * (head_dim + 2) * sizeof(float));
+        part.ml = part.o + units * num_heads * head_dim;
+        part.done = calloc(batch, sizeof(int));
+    }
 #pragma omp parallel num_threads(num_threads)
     {
-        float *probs = NULL;
-        long capacity = 0;
-#pragma omp for schedule(dynamic, 1)
-        for (long b = 0; b < batch; b++) {
-            const long len = seq_lens[b];
-            if (len * num_heads > capacity) {
-                free(probs);
-                capacity = len * num_heads;
-                probs = malloc(capacity * sizeof(float));
-            }
-            const int32_t *table = block_tables + b * max_blocks;
-            const float *qb = q + b * num_heads * head_dim;
-            float *ob = out + b * num_heads * head_dim;
-#define TOKEN(cache, t) (cache + table[(t) / block_size] * block_stride + ((t) % block_size) * token_stride)
-            for (long t = 0; t < len; t++) {
-                if (t + ahead < len) prefetch_token(TOKEN(k_cache, t + ahead), token_stride);
-                const float *k = TOKEN(k_cache, t);
-                for (long h = 0; h < num_heads; h++) probs[h * len + t] = scale * dot(qb + h * head_dim, k + (h / group) * head_dim, head_dim);
-            }
-            for (long h = 0; h < num_heads; h++) {
-                float *p = probs + h * len, max = p[0];
-                for (long t = 1; t < len; t++) max = p[t] > max ? p[t] : max;
-                const float inv = 1.f / exp_shifted(p, len, max);
-                for (long t = 0; t < len; t++) p[t] *= inv;
-            }
-            memset(ob, 0, num_heads * head_dim * sizeof(float));
-            for (long t = 0; t < len; t++) {
-                if (t + ahead < len) prefetch_token(TOKEN(v_cache, t + ahead), token_stride);
-                const float *v = TOKEN(v_cache, t);
-                for (long h = 0; h < num_heads; h++) axpy(ob + h * head_dim, probs[h * len + t], v + (h / group) * head_dim, head_dim);
-            }
+        float *scratch = malloc((num_heads * span + num_heads * head_dim + 2 * num_heads) * sizeof(float));
+        long b = 0;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (long i = 0; i < units; i++) {
+            while (first[b + 1] <= i) b++; /* each thread is handed spans in increasing order */
+            const long t0 = start[i], t1 = t0 + span < seq_lens[b] ? t0 + span : seq_lens[b];
+            attend_unit(&kv, out, q, q_stride, &new_tokens, b, i, i - first[b], first[b + 1] - first[b], t0, t1,
+                        seq_lens[b], &part, scratch, span);
         }
-        free(probs);
+        free(scratch);
     }
+    free(part.o);
+    free(part.done);
+    free(start);
+    free(first);
 }

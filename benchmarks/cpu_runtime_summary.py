@@ -1,0 +1,85 @@
+"""The CPU-runtime targets checked against one run of benchmarks/cpu_runtime.sh: reads its folder
+and prints (and writes OUT/summary.md) each target with the measured figure and whether it is met.
+
+    python benchmarks/cpu_runtime_summary.py [OUT]    # default benchmarks/results/cpu_runtime
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+
+def vllm_result(folder: Path, engine: str, name: str) -> dict | None:
+    path = folder / "serve" / engine / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def bakeoff_row(folder: Path, engine: str) -> dict | None:
+    path = folder / "shared_prefix" / "results.csv"
+    if not path.is_file():
+        return None
+    return next((row for row in csv.DictReader(path.open()) if row["engine"] == engine), None)
+
+
+def rows(folder: Path) -> list[tuple[str, str, str, bool | None]]:
+    """(target, measured, detail, met) for every target whose inputs exist."""
+    out: list[tuple[str, str, str, bool | None]] = []
+    machine = json.loads((folder / "machine.json").read_text()) if (folder / "machine.json").is_file() else {}
+    floor = machine.get("default_model_fp32_decode_floor_ms")
+    ceiling = machine.get("fp32_ceiling_256in_64out_tok_s")
+    ours, theirs = (vllm_result(folder, e, "c1") for e in ("pagoda", "vllm"))
+    if ours and theirs:
+        tpot, peer = ours["median_tpot_ms"], theirs["median_tpot_ms"]
+        out.append(("TPOT c=1 <= 0.7x vLLM", f"{tpot / peer:.2f}x", f"{tpot:.1f} vs {peer:.1f} ms", tpot <= 0.7 * peer))
+        if floor:
+            met = tpot <= 1.25 * floor
+            out.append(("TPOT c=1 <= 1.25x weight-read floor", f"{tpot / floor:.2f}x", f"floor {floor:.1f} ms", met))
+    ours, theirs = (vllm_result(folder, e, "c32") for e in ("pagoda", "vllm"))
+    if ours and theirs:
+        tps, peer = ours["output_throughput"], theirs["output_throughput"]
+        detail = f"{tps:.1f} vs {peer:.1f}"
+        out.append(("output tok/s c=32 >= 1.3x vLLM", f"{tps / peer:.2f}x", detail, tps >= 1.3 * peer))
+        if ceiling:
+            share = tps / ceiling
+            detail = f"ceiling {ceiling:.0f} tok/s"
+            out.append(("output tok/s c=32 >= 80% of fp32 ceiling", f"{share:.0%}", detail, share >= 0.8))
+    bf16 = vllm_result(folder, "pagoda-bf16", "c32")
+    if bf16 and ours:
+        ratio = bf16["output_throughput"] / ours["output_throughput"]
+        amx = "amx" in (machine.get("kernels_built_for") or [])
+        target = "bf16 c=32 >= 2x fp32 (AMX kind)" + ("" if amx else "; no AMX here: open")
+        out.append((target, f"{ratio:.2f}x", f"{bf16['output_throughput']:.1f} tok/s", ratio >= 2 if amx else None))
+    ours, theirs = (vllm_result(folder, e, "long") for e in ("pagoda", "vllm"))
+    if ours and theirs:
+        for key, label in (("median_ttft_ms", "TTFT"), ("median_tpot_ms", "TPOT")):
+            ratio = ours[key] / theirs[key]
+            detail = f"{ours[key]:.0f} vs {theirs[key]:.0f} ms"
+            out.append((f"4,000-token prompt {label} <= 0.8x vLLM", f"{ratio:.2f}x", detail, ratio <= 0.8))
+    ours, theirs = bakeoff_row(folder, "pagoda"), bakeoff_row(folder, "vllm-cpu")
+    if ours and theirs:
+        ttft, peer = float(ours["ttft_median_ms"]), float(theirs["ttft_median_ms"])
+        detail = f"{ttft:.0f} vs {peer:.0f} ms"
+        out.append(("shared-prefix TTFT p50 <= 0.5x vLLM", f"{ttft / peer:.2f}x", detail, ttft <= 0.5 * peer))
+    if (folder / "busy_core.json").is_file():
+        busy = json.loads((folder / "busy_core.json").read_text())["ratios"]
+        for label, value in busy.items():
+            target = float(label.rsplit(">=", 1)[1].rstrip(")"))
+            out.append((f"generate, one CPU busy: {label}", f"{value:.2f}", "", value >= target))
+    return out
+
+
+def main() -> None:
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/cpu_runtime")
+    lines = ["| target | measured | detail | met |", "|---|---|---|---|"]
+    for target, measured, detail, met in rows(folder):
+        lines.append(f"| {target} | {measured} | {detail} | {'open' if met is None else 'yes' if met else 'no'} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (folder / "summary.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
