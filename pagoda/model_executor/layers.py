@@ -115,6 +115,8 @@ class Rotation(Protocol):
 
 @dataclass(frozen=True)
 class TableRotation:
+    """The step's angles gathered from the tables; rotates out of place, in torch."""
+
     cos: torch.Tensor  # [T, 1, D]
     signed_sin: torch.Tensor  # [T, 1, D]
 

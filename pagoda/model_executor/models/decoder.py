@@ -110,9 +110,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(d, dtype, device)
 
     def forward(self, x, residual, rope: Rotation, kv_cache, attn_metadata):
-        """(the MLP's output, the residual stream before it is added): each norm adds the previous
-        sublayer's output to the stream, so the stream is added to once per sublayer, as in HF's
-        x = x + sublayer(norm(x))."""
+        """Returns (the MLP's output, the residual stream without it): the next norm adds it in, so
+        each sublayer's output joins the stream once, as in HF's x = x + sublayer(norm(x)), and in
+        the same order (stream + output)."""
         x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, rope, kv_cache, attn_metadata)
         x, residual = self.post_attention_layernorm(x, residual)
