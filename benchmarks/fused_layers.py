@@ -1,0 +1,81 @@
+"""What the fused CPU layers (pagoda/model_executor/cpu_layers.py) buy: the decode step time of the
+default model (fp32) with them and with torch's layers, two engines in one process stepped
+alternately (ABBA order), so a busy machine slows both alike. BATCH requests with 256-token
+prompts are prefilled in each, then STEPS decode steps of each are timed.
+
+    PYTHONPATH=. python benchmarks/fused_layers.py [--batch 1 8 32] [--steps 60] [--threads N]
+
+Prints one JSON line per batch size: median step ms of each side, and the median ratio of each
+fused step to the torch step next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def make_llm(fused: bool, threads: int | None):
+    from unittest import mock
+
+    from pagoda import LLM
+    from pagoda.model_executor import cpu_layers
+
+    with mock.patch.object(cpu_layers, "supported", lambda dtype, device: fused and device.type == "cpu"):
+        return LLM(
+            dtype="float32", kv_cache_memory=1.0, max_model_len=2048, max_num_batched_tokens=1024, threads=threads
+        )
+
+
+def timed_step(engine) -> float:
+    start = time.perf_counter()
+    engine.step()
+    return (time.perf_counter() - start) * 1e3
+
+
+def compare(engines: dict, batch: int, steps: int, prompt_len: int) -> dict:
+    from pagoda import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    for engine in engines.values():
+        rng = random.Random(batch)
+        ids = {engine.add_request([rng.randrange(100, 40000) for _ in range(prompt_len)], params) for _ in range(batch)}
+        started: set[str] = set()
+        while started != ids:  # until every prompt is prefilled
+            started.update(update.request_id for update in engine.step())
+        for _ in range(3):
+            engine.step()
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for i in range(steps):
+        order = list(engines) if i % 2 == 0 else list(reversed(engines))
+        for name in order:
+            times[name].append(timed_step(engines[name]))
+    for engine in engines.values():
+        while engine.has_unfinished:
+            engine.step()
+    medians = {f"{name}_ms": round(statistics.median(t), 2) for name, t in times.items()}
+    # each step against its neighbour on the other side: robust to the machine's load drifting
+    paired = statistics.median(f / t for f, t in zip(times["fused"], times["torch"]))
+    return {"batch": batch, **medians, "paired_ratio": round(paired, 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--threads", type=int, help="compute threads (default: the engine's auto pool)")
+    args = ap.parse_args()
+    engines = {"fused": make_llm(True, args.threads).engine, "torch": make_llm(False, args.threads).engine}
+    for batch in args.batch:
+        print(json.dumps(compare(engines, batch, args.steps, args.prompt_len)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
