@@ -3,9 +3,10 @@
 rotary embedding in place on the query and key heads, SiLU(gate) * up.
 
 At load, `convert_model` swaps the model's ResidualRMSNorm, SiluAndMul and RotaryEmbedding
-modules for the ones here, sharing their weights and tables. The fused norm writes in place: the
-residual stream and the sublayer output it is given must be tensors no one else holds, which the
-decoder's are (each is a fresh projection output, or the embedding lookup).
+modules for the ones here, sharing their weights and tables. Norm and rotation write in place:
+the residual stream, the sublayer output a norm is given and the heads a rotation is given must be
+tensors no one else holds, which the decoder's are (fresh projection outputs, the embedding
+lookup, and q/k norm outputs).
 """
 
 from __future__ import annotations
