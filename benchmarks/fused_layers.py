@@ -5,8 +5,9 @@ prompts are prefilled in each, then STEPS decode steps of each are timed.
 
     PYTHONPATH=. python benchmarks/fused_layers.py [--batch 1 8 32] [--steps 60] [--threads N]
 
-Prints one JSON line per batch size: median step ms of each side, and the median ratio of each
-fused step to the torch step next to it.
+Prints one JSON line per batch size: each side's median step time, wall and CPU (the process's:
+with --threads 1, the work done, however long a busy machine keeps it waiting), and the median
+ratio of each fused step to the torch step next to it.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def make_llm(fused: bool, threads: int | None):
         )
 
 
-def timed_step(engine) -> float:
-    start = time.perf_counter()
+def timed_step(engine) -> tuple[float, float]:
+    """Wall and CPU milliseconds of one step."""
+    wall, cpu = time.perf_counter(), time.process_time()
     engine.step()
-    return (time.perf_counter() - start) * 1e3
+    return (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
 
 
 def compare(engines: dict, batch: int, steps: int, prompt_len: int) -> dict:
@@ -51,7 +53,7 @@ def compare(engines: dict, batch: int, steps: int, prompt_len: int) -> dict:
             started.update(update.request_id for update in engine.step())
         for _ in range(3):
             engine.step()
-    times: dict[str, list[float]] = {name: [] for name in engines}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
     for i in range(steps):
         order = list(engines) if i % 2 == 0 else list(reversed(engines))
         for name in order:
@@ -59,10 +61,14 @@ def compare(engines: dict, batch: int, steps: int, prompt_len: int) -> dict:
     for engine in engines.values():
         while engine.has_unfinished:
             engine.step()
-    medians = {f"{name}_ms": round(statistics.median(t), 2) for name, t in times.items()}
-    # each step against its neighbour on the other side: robust to the machine's load drifting
-    paired = statistics.median(f / t for f, t in zip(times["fused"], times["torch"]))
-    return {"batch": batch, **medians, "paired_ratio": round(paired, 3)}
+    result: dict = {"batch": batch}
+    for i, kind in enumerate(("wall", "cpu")):
+        for name, t in times.items():
+            result[f"{name}_{kind}_ms"] = round(statistics.median(s[i] for s in t), 2)
+        # each step against its neighbour on the other side: robust to the machine's load drifting
+        ratios = (f[i] / t[i] for f, t in zip(times["fused"], times["torch"]))
+        result[f"{kind}_paired_ratio"] = round(statistics.median(ratios), 3)
+    return result
 
 
 def main() -> None:
