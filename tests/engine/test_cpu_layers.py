@@ -38,7 +38,14 @@ def test_supported_only_for_float32_on_cpu():
 def run(model_dir, prompts: list[list[int]]):
     llm = LLM(str(model_dir), max_model_len=1024, max_num_batched_tokens=1024, kv_cache_memory=0.05)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0, prompt_logprobs=0)
-    return llm.engine.core.runner.model, [out.outputs[0] for out in llm.generate(prompts, params)]
+    return llm.engine.core.runner.model, llm.generate(prompts, params)
+
+
+def token_logprobs(out) -> list[float]:
+    """The logprob of each prompt token after the first, then of each sampled token."""
+    positions = out.prompt_logprobs[1:] + out.outputs[0].logprobs
+    tokens = out.prompt_token_ids[1:] + out.outputs[0].token_ids
+    return [position[token].logprob for position, token in zip(positions, tokens)]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: q/k norms before the rotation
@@ -54,7 +61,7 @@ def test_fused_layers_give_the_torch_layers_outputs(arch, tmp_path, monkeypatch)
 
     assert type(fused_model.norm) is cpu_layers.CpuResidualRMSNorm and type(torch_model.norm) is ResidualRMSNorm
     for a, b in zip(fused, plain):
-        assert a.token_ids == b.token_ids
-        got = [p.logprob for p in a.prompt_logprobs[1:] + a.logprobs]
-        want = [p.logprob for p in b.prompt_logprobs[1:] + b.logprobs]
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        got, want = token_logprobs(a), token_logprobs(b)
+        assert len(got) == len(a.prompt_token_ids) - 1 + 6
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=1e-4)
