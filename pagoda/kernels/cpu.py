@@ -120,6 +120,12 @@ def load() -> ctypes.CDLL | None:
     lib.pagoda_paged_decode_attention_bf16.restype = None
     lib.pagoda_gemv_bf16.argtypes = [_P, _P, ctypes.c_int, _P, ctypes.c_int, _P, _I64, _I64, ctypes.c_int]
     lib.pagoda_gemv_bf16.restype = None
+    lib.pagoda_rms_norm.argtypes = [_P] * 3 + [_I64] * 2 + [ctypes.c_float, ctypes.c_int]
+    lib.pagoda_add_rms_norm.argtypes = [_P] * 3 + [_I64] * 2 + [ctypes.c_float, ctypes.c_int]
+    lib.pagoda_rotary.argtypes = [_P] * 4 + [_I64] * 4 + [ctypes.c_int]
+    lib.pagoda_silu_mul.argtypes = [_P] * 2 + [_I64] * 2 + [ctypes.c_int]
+    for name in ("pagoda_rms_norm", "pagoda_add_rms_norm", "pagoda_rotary", "pagoda_silu_mul"):
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -266,4 +272,50 @@ def gemv_bf16(
         weight.shape[1],
         torch.get_num_threads(),
     )
+    return out
+
+
+def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rmsnorm(x) * weight over the rows of x [T, n]: float32, contiguous."""
+    out = torch.empty_like(x)
+    lib.pagoda_rms_norm(
+        out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, torch.get_num_threads()
+    )
+    return out
+
+
+def add_rms_norm(lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place: residual += x, then x = rmsnorm(residual) * weight; both [T, n], float32, contiguous."""
+    lib.pagoda_add_rms_norm(
+        x.data_ptr(), residual.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, torch.get_num_threads()
+    )
+
+
+def rotary(
+    lib: ctypes.CDLL,
+    x: torch.Tensor,  # float32 [T, heads, D]: heads contiguous within a token, tokens any stride apart
+    cos: torch.Tensor,  # float32 [max_positions, D], contiguous
+    signed_sin: torch.Tensor,  # float32 [max_positions, D], contiguous, first half negated
+    positions: torch.Tensor,  # int64 [T], contiguous, each < max_positions
+) -> None:
+    """Rotary embedding applied to x in place, HF's rotate-half convention."""
+    tokens, heads, head_dim = x.shape
+    lib.pagoda_rotary(
+        x.data_ptr(),
+        cos.data_ptr(),
+        signed_sin.data_ptr(),
+        positions.data_ptr(),
+        tokens,
+        heads,
+        head_dim,
+        x.stride(0),
+        torch.get_num_threads(),
+    )
+
+
+def silu_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up from gate_up [T, 2n] = [gate | up] (float32, contiguous) -> [T, n]."""
+    rows, width = gate_up.shape
+    out = torch.empty(rows, width // 2)
+    lib.pagoda_silu_mul(out.data_ptr(), gate_up.data_ptr(), rows, width // 2, torch.get_num_threads())
     return out

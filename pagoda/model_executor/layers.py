@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,16 +27,29 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def replace_linears(model: nn.Module, make) -> int:
-    """Replace every Linear of `model` by `make(linear)`, in place, one at a time, so each original
-    is dropped as soon as its replacement exists (its weight freed unless `make` keeps it).
-    Returns how many were replaced."""
-    names = [name for name, module in model.named_modules() if isinstance(module, Linear)]
+def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[Any], nn.Module]) -> int:
+    """Replace every submodule of `model` that is a `kind` by `make(module)`, in place, one at a
+    time, so each original is dropped as soon as its replacement exists (its weights freed unless
+    `make` keeps them). Returns how many were replaced."""
+    names = [name for name, module in model.named_modules() if isinstance(module, kind)]
     for name in names:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, make(getattr(parent, attr)))
     return len(names)
+
+
+def replace_linears(model: nn.Module, make: Callable[[Any], nn.Module]) -> int:
+    return replace_modules(model, Linear, make)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    if dtype == torch.float32:  # torch's fused kernel is bitwise equal to HF's formula in fp32 only
+        return F.rms_norm(x, weight.shape, weight, eps)
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -42,12 +59,30 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        if dtype == torch.float32:  # the fused kernel is bitwise equal to HF's formula in fp32 only
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+class ResidualRMSNorm(nn.Module):
+    """The norm in front of a sublayer, on the residual stream: adds the previous sublayer's output
+    `x` to the stream and returns (the sum normalized, the sum). With no stream yet (the first
+    layer), `x` starts it."""
+
+    def __init__(self, dim: int, eps: float, dtype, device) -> None:
+        super().__init__()
+        self.weight = empty_param(dim, dtype=dtype, device=device)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = x if residual is None else residual + x
+        return rms_norm(residual, self.weight, self.eps), residual
+
+
+class SiluAndMul(nn.Module):
+    """silu(gate) * up from a fused projection's output [T, 2I] = [gate | up] -> [T, I]."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class RotaryEmbedding(nn.Module):
@@ -66,9 +101,27 @@ class RotaryEmbedding(nn.Module):
             "signed_sin", torch.cat((-sin, sin), dim=-1).to(dtype=dtype, device=device), persistent=False
         )
 
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, signed_sin [T, 1, D] for `positions` [T]; looked up once per step, used by every layer."""
-        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
+    def lookup(self, positions: torch.Tensor) -> Rotation:
+        """The rotation of the tokens at `positions` [T]: looked up once per step, used by every layer."""
+        return TableRotation(self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1))
+
+
+class Rotation(Protocol):
+    """Rotates the query or key heads x [T, heads, D] of one step's tokens, each by its position's
+    angles. May rotate x in place: callers use only the returned tensor."""
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class TableRotation:
+    """The step's angles gathered from the tables; rotates out of place, in torch."""
+
+    cos: torch.Tensor  # [T, 1, D]
+    signed_sin: torch.Tensor  # [T, 1, D]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return apply_rotary(x, self.cos, self.signed_sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

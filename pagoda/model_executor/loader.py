@@ -13,7 +13,7 @@ from tqdm import tqdm
 from pagoda.config import ModelConfig
 from pagoda.errors import ConfigError
 from pagoda.generation_config import sampling_defaults
-from pagoda.model_executor import cpu_linear
+from pagoda.model_executor import cpu_layers, cpu_linear
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
@@ -111,6 +111,8 @@ def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderMod
     elif cpu_linear.supported(config.dtype, device):
         logger.info("Packing linear weights for oneDNN")
         cpu_linear.convert_model(model)
+    if cpu_layers.supported(config.dtype, device):
+        cpu_layers.convert_model(model)
     return model.eval()
 
 

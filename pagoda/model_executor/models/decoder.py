@@ -14,7 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.attention.backend import AttentionBackend
-from pagoda.model_executor.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary, empty_param
+from pagoda.model_executor.layers import (
+    Linear,
+    ResidualRMSNorm,
+    RMSNorm,
+    RotaryEmbedding,
+    Rotation,
+    SiluAndMul,
+    empty_param,
+)
 
 
 @dataclass(frozen=True)
@@ -67,19 +75,17 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d.head_dim, d.rms_eps, dtype, device) if spec.qk_norm else None
         self.scale = d.head_dim**-0.5
 
-    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, attn_metadata):
+    def forward(self, x, rope: Rotation, kv_cache, attn_metadata):
         d = self.d
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(-1, d.num_kv_heads, d.head_dim)
         if self.q_norm is None:  # queries and keys rotated in one go: they share each token's angles
-            qk = apply_rotary(
-                qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim), *rope
-            )
+            qk = rope.apply(qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim))
             q, k = qk[:, : d.num_heads], qk[:, d.num_heads :]
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(-1, d.num_heads, d.head_dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, d.num_kv_heads, d.head_dim))
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q, k = rope.apply(q), rope.apply(k)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -89,23 +95,28 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(d.hidden, 2 * d.intermediate, False, dtype, device)
         self.down_proj = Linear(d.intermediate, d.hidden, False, dtype, device)
+        self.act = SiluAndMul()
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, d: Dims, spec: ArchSpec, backend, dtype, device) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(d.hidden, d.rms_eps, dtype, device)
+        self.input_layernorm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.self_attn = Attention(d, spec, backend, dtype, device)
-        self.post_attention_layernorm = RMSNorm(d.hidden, d.rms_eps, dtype, device)
+        self.post_attention_layernorm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.mlp = MLP(d, dtype, device)
 
-    def forward(self, x, rope, kv_cache, attn_metadata):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, attn_metadata)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope: Rotation, kv_cache, attn_metadata):
+        """Returns (the MLP's output, the residual stream without it): the next norm adds it in, so
+        each sublayer's output joins the stream once, as in HF's x = x + sublayer(norm(x)), and in
+        the same order (stream + output)."""
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, kv_cache, attn_metadata)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -114,7 +125,7 @@ class DecoderModel(nn.Module):
         d = self.dims = Dims.from_hf(hf_config)
         self.embed_tokens = empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
         self.layers = nn.ModuleList(DecoderLayer(d, spec, backend, dtype, device) for _ in range(d.num_layers))
-        self.norm = RMSNorm(d.hidden, d.rms_eps, dtype, device)
+        self.norm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = (
             None if self.tie_word_embeddings else empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
@@ -123,11 +134,11 @@ class DecoderModel(nn.Module):
         self.cpu_lm_head: nn.Module | None = None  # set by cpu_linear.convert_model
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed_tokens)
+        x, residual = F.embedding(input_ids, self.embed_tokens), None
         rope = self.rotary.lookup(positions)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, rope, kv_cache, attn_metadata)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, attn_metadata)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.cpu_lm_head is not None:
