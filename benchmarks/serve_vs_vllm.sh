@@ -8,7 +8,7 @@
 # context of 8,192 for both engines unless MAX_MODEL_LEN says otherwise.
 #
 #   benchmarks/serve_vs_vllm.sh [OUT_DIR]    # default benchmarks/results/serve_vs_vllm
-#   env: ENGINES="pagoda vllm" (default both; each runs with the machine to itself),
+#   env: ENGINES="pagoda vllm" (default; also pagoda-bf16: --dtype bfloat16; each runs with the machine to itself; ratios are the first over the last),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
 #        PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4)
 #
@@ -36,6 +36,8 @@ now() { date +%s.%N; }
 server_command() {  # the engine's serve command, same model, dtype, context and KV budget
   case "$1" in
     pagoda) echo python -m pagoda.entrypoints.cli serve "$MODEL_DIR" --port "$PORT" --dtype float32 \
+              --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
+    pagoda-bf16) echo python -m pagoda.entrypoints.cli serve "$MODEL_DIR" --port "$PORT" --dtype bfloat16 \
               --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
     vllm) echo "$PEERS/vllm-cpu.sh" serve "$PORT" --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" ;;
     *) echo "unknown engine $1" >&2; exit 2 ;;
@@ -101,12 +103,12 @@ for level in levels:  # c1, c8, ...: 256 in / 64 out at that concurrency; long: 
 
     rows += [("output tok/s", c, field("output_throughput")), ("TTFT p50 ms", c, field("median_ttft_ms")),
              ("TTFT p99 ms", c, field("p99_ttft_ms")), ("TPOT p50 ms", c, field("median_tpot_ms"))]
-ratio = len(engines) == 2
+ratio = len(engines) >= 2  # the first engine over the last
 print(f"{'metric':<14}{'conc':>7}" + "".join(f"{e:>12}" for e in engines) + (f"{'ratio':>9}" if ratio else ""))
 for label, c, read in rows:
     values = [read(e) for e in engines]
     line = f"{label:<14}{c or '':>7}" + "".join(f"{v:>12.1f}" for v in values)
-    print(line + (f"{values[0] / values[1]:>8.2f}x" if ratio and values[1] else ""))
+    print(line + (f"{values[0] / values[-1]:>8.2f}x" if ratio and values[-1] else ""))
 if ratio:
-    print(f"(ratio: {engines[0]} / {engines[1]}; above 1 is better for tok/s, worse for times)")
+    print(f"(ratio: {engines[0]} / {engines[-1]}; above 1 is better for tok/s, worse for times)")
 EOF
