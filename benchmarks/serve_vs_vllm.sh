@@ -10,7 +10,7 @@
 #   benchmarks/serve_vs_vllm.sh [OUT_DIR]    # default benchmarks/results/serve_vs_vllm
 #   env: ENGINES="pagoda vllm" (default; also pagoda-bf16: --dtype bfloat16; each runs with the machine to itself; ratios are the first over the last),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
-#        PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4)
+#        PAGODA_ARGS (more flags for the pagoda engine), PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4)
 #
 # Needs ../shared/peers (vllm-cpu.sh installs vLLM on first use). Each server runs in its own
 # process group and is stopped (SIGTERM, then SIGKILL) when its half ends, however it ends.
@@ -36,7 +36,7 @@ now() { date +%s.%N; }
 server_command() {  # the engine's serve command, same model, dtype, context and KV budget
   case "$1" in
     pagoda) echo python -m pagoda.entrypoints.cli serve "$MODEL_DIR" --port "$PORT" --dtype float32 \
-              --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
+              --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ${PAGODA_ARGS:-} ;;
     pagoda-bf16) echo python -m pagoda.entrypoints.cli serve "$MODEL_DIR" --port "$PORT" --dtype bfloat16 \
               --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
     vllm) echo "$PEERS/vllm-cpu.sh" serve "$PORT" --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" ;;

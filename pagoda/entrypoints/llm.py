@@ -3,6 +3,8 @@ returning vLLM-shaped `RequestOutput`s (pagoda.outputs)."""
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -50,9 +52,23 @@ class Progress:
             )
 
 
+def show_load_progress() -> None:
+    """Pagoda's INFO lines (each loading step among them) on stderr, as vLLM's LLM prints its own:
+    only where the program has set up no logging (no handler on "pagoda" or the root logger), and
+    not with PAGODA_CONFIGURE_LOGGING=0."""
+    pagoda_logger = logging.getLogger("pagoda")
+    if os.environ.get("PAGODA_CONFIGURE_LOGGING", "1") == "0" or pagoda_logger.handlers or logging.root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    pagoda_logger.addHandler(handler)
+    pagoda_logger.setLevel(logging.INFO)
+
+
 class LLM:
     def __init__(self, model: str | None = None, **engine_args) -> None:
         """`engine_args`: the other fields of EngineArgs; one it lacks is a TypeError that names it."""
+        show_load_progress()
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
         self._decode_token = lru_cache(maxsize=65536)(lambda token_id: self.tokenizer.decode([token_id]))

@@ -5,6 +5,9 @@ reports a missing prompts file in one line."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -78,3 +81,19 @@ def test_generate_missing_prompts_file_is_one_line(tmp_path, capsys):
     assert generate.main(["--prompts-file", str(missing)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(missing) in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("configure", ["1", "0"])
+def test_loading_steps_show_on_the_terminal(tiny_llm, configure):
+    """A program that set up no logging sees each loading step on stderr, as vLLM's LLM prints its
+    own; PAGODA_CONFIGURE_LOGGING=0 keeps it quiet."""
+    model = tiny_llm.engine.config.model.path
+    code = f"from pagoda import LLM; LLM({model!r}, kv_cache_memory=0.01, max_model_len=64)"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PAGODA_CONFIGURE_LOGGING": configure}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    steps = ["Reading the model config", "Loading the tokenizer", "Reading weights", "Allocating the KV cache"]
+    if configure == "1":
+        assert all(step in done.stderr for step in steps), done.stderr
+    else:
+        assert not any(step in done.stderr for step in steps), done.stderr
