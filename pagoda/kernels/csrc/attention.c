@@ -8,108 +8,27 @@
  * out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. A span covers all heads: a token's keys of
  * all kv heads are one contiguous row, and splitting by kv head instead (each work item reading a
  * third of every row, for 3 kv heads) made a thread 30% slower. */
-#include "common.h"
-
-/* The widest float vectors enabled: 16 lanes with AVX-512, else 8. A row of head_dim floats (a
- * multiple of 8) ends in at most one part-filled vector, which AVX-512 reads and writes masked. */
-#ifdef __AVX512F__
-#define LANES 16
-typedef __m512 vec;
-static inline __mmask16 lanes_below(long n) { return (__mmask16)((1u << n) - 1); }
-static inline vec load_n(const float *p, long n) { return n >= LANES ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes_below(n), p); }
-static inline void store_n(float *p, vec v, long n) {
-    if (n >= LANES) _mm512_storeu_ps(p, v);
-    else _mm512_mask_storeu_ps(p, lanes_below(n), v);
-}
-static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
-#define vset1 _mm512_set1_ps
-#define vzero _mm512_setzero_ps
-#define vfmadd _mm512_fmadd_ps
-#define vfnmadd _mm512_fnmadd_ps
-#define vadd _mm512_add_ps
-#define vsub _mm512_sub_ps
-#define vmul _mm512_mul_ps
-#define vmax _mm512_max_ps
-#define vloadu _mm512_loadu_ps
-#define vstoreu _mm512_storeu_ps
-#else
-#define LANES 8
-typedef __m256 vec;
-static inline vec load_n(const float *p, long n) { return _mm256_loadu_ps(p); } /* n is a multiple of 8 */
-static inline void store_n(float *p, vec v, long n) { _mm256_storeu_ps(p, v); }
-static inline float vsum(vec v) { return hsum(v); }
-#define vset1 _mm256_set1_ps
-#define vzero _mm256_setzero_ps
-#define vfmadd _mm256_fmadd_ps
-#define vfnmadd _mm256_fnmadd_ps
-#define vadd _mm256_add_ps
-#define vsub _mm256_sub_ps
-#define vmul _mm256_mul_ps
-#define vmax _mm256_max_ps
-#define vloadu _mm256_loadu_ps
-#define vstoreu _mm256_storeu_ps
-#endif
+#include "vec.h"
 
 /* a . b over n floats, n % 8 == 0. Four accumulators: one dot is a chain of dependent FMAs, and its
  * latency, not the loads, bounds the scoring loop (one accumulator made it 13% slower). */
 static inline float dot_n(const float *a, const float *b, long n) {
-    vec acc0 = vzero(), acc1 = vzero(), acc2 = vzero(), acc3 = vzero();
+    vec acc0 = vset(0.f), acc1 = vset(0.f), acc2 = vset(0.f), acc3 = vset(0.f);
     long i = 0;
-    for (; i + 4 * LANES <= n; i += 4 * LANES) {
-        acc0 = vfmadd(vloadu(a + i), vloadu(b + i), acc0);
-        acc1 = vfmadd(vloadu(a + i + LANES), vloadu(b + i + LANES), acc1);
-        acc2 = vfmadd(vloadu(a + i + 2 * LANES), vloadu(b + i + 2 * LANES), acc2);
-        acc3 = vfmadd(vloadu(a + i + 3 * LANES), vloadu(b + i + 3 * LANES), acc3);
+    for (; i + 4 * VLEN <= n; i += 4 * VLEN) {
+        acc0 = vfmadd(vload(a + i), vload(b + i), acc0);
+        acc1 = vfmadd(vload(a + i + VLEN), vload(b + i + VLEN), acc1);
+        acc2 = vfmadd(vload(a + i + 2 * VLEN), vload(b + i + 2 * VLEN), acc2);
+        acc3 = vfmadd(vload(a + i + 3 * VLEN), vload(b + i + 3 * VLEN), acc3);
     }
-    for (; i < n; i += LANES) acc0 = vfmadd(load_n(a + i, n - i), load_n(b + i, n - i), acc0);
+    for (; i < n; i += VLEN) acc0 = vfmadd(load_n(a + i, n - i), load_n(b + i, n - i), acc0);
     return vsum(vadd(vadd(acc0, acc1), vadd(acc2, acc3)));
 }
 
 /* y += a x over n floats, n % 8 == 0 */
 static inline void axpy_n(float *y, float a, const float *x, long n) {
-    const vec av = vset1(a);
-    for (long i = 0; i < n; i += LANES) store_n(y + i, vfmadd(av, load_n(x + i, n - i), load_n(y + i, n - i)), n - i);
-}
-
-/* e^x for x <= 0 (softmax arguments): e^x = 2^n e^r with n = round(x log2 e), |r| <= ln2 / 2, and
- * e^r from its degree-6 Taylor polynomial (relative error < 2e-7, ~2 ulp). */
-static inline vec vexp_nonpositive(vec x) {
-    x = vmax(x, vset1(-87.f)); /* e^-87 ~ 1.6e-38: the smallest normal float */
-#ifdef __AVX512F__
-    const vec n = _mm512_roundscale_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-    const vec n = _mm256_round_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#endif
-    vec r = vfnmadd(n, vset1(0.693359375f), x); /* ln 2 in two parts, the first exact in float */
-    r = vfnmadd(n, vset1(-2.12194440e-4f), r);
-    vec p = vset1(1.f / 720);
-    p = vfmadd(p, r, vset1(1.f / 120));
-    p = vfmadd(p, r, vset1(1.f / 24));
-    p = vfmadd(p, r, vset1(1.f / 6));
-    p = vfmadd(p, r, vset1(0.5f));
-    p = vfmadd(p, r, vset1(1.f));
-    p = vfmadd(p, r, vset1(1.f));
-#ifdef __AVX512F__
-    return _mm512_scalef_ps(p, n);
-#else
-    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return vmul(p, _mm256_castsi256_ps(two_n));
-#endif
-}
-
-/* p[i] = e^(p[i] - max) for i < n; returns their sum */
-static float vexp_shifted(float *p, long n, float max) {
-    const vec m = vset1(max);
-    vec acc = vzero();
-    long i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        const vec e = vexp_nonpositive(vsub(vloadu(p + i), m));
-        vstoreu(p + i, e);
-        acc = vadd(acc, e);
-    }
-    float sum = vsum(acc);
-    for (; i < n; i++) sum += (p[i] = expf(p[i] - max));
-    return sum;
+    const vec av = vset(a);
+    for (long i = 0; i < n; i += VLEN) store_n(y + i, vfmadd(av, load_n(x + i, n - i), load_n(y + i, n - i)), n - i);
 }
 
 static inline void prefetch_row(const float *p, long n) {
@@ -153,7 +72,7 @@ static void attend_span(const PagedKv *kv, const int32_t *table, const float *q,
             m[h] = s > m[h] ? s : m[h];
         }
     }
-    for (long h = 0; h < heads; h++) l[h] = vexp_shifted(scores + h * n, n, m[h]);
+    for (long h = 0; h < heads; h++) l[h] = exp_shifted(scores + h * n, n, m[h]);
     memset(o, 0, heads * d * sizeof(float));
     for (long t = t0; t < t1; t++) {
         if (t + AHEAD < t1) prefetch_row(token_row(kv->v_cache, kv, table, t + AHEAD), kv->token_stride);

@@ -3,7 +3,7 @@
  * rounded to bf16. With AVX512-BF16, bf16 x bf16 dot products use _mm512_dpbf16_ps (products exact,
  * summed in fp32); without it, bf16 widens to fp32 by a 16-bit shift (bf16 is an fp32's top half)
  * and fp32 FMAs do the rest. bf16 values are passed as uint16_t. */
-#include "common.h"
+#include "vec.h"
 
 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));

@@ -1,0 +1,92 @@
+/* One vector type for the widest ISA the build has (16 lanes with AVX-512, else 8 with AVX2), the
+ * few operations the kernels need on it, and the vectorized exponential they share. */
+#pragma once
+#include "common.h"
+
+#ifdef __AVX512F__
+#define VLEN 16
+#define VEC_OP(op) _mm512_##op##_ps
+typedef __m512 vec;
+typedef __mmask16 vmask;
+static inline vmask first_lanes(long n) { return (vmask)((1u << n) - 1); }
+static inline vec load_part(const float *p, vmask m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline void store_part(float *p, vec v, vmask m) { _mm512_mask_storeu_ps(p, m, v); }
+static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vec v) { _mm512_storeu_ps(p, v); }
+static inline vec vset(float a) { return _mm512_set1_ps(a); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+static inline vec vfmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vfnmadd(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }
+static inline vec vclamp(vec x, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(x, vset(lo)), vset(hi)); }
+static inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vscale2(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n, n integral */
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#else
+#define VLEN 8
+#define VEC_OP(op) _mm256_##op##_ps
+typedef __m256 vec;
+typedef __m256i vmask;
+static inline vmask first_lanes(long n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+static inline vec load_part(const float *p, vmask m) { return _mm256_maskload_ps(p, m); }
+static inline void store_part(float *p, vec v, vmask m) { _mm256_maskstore_ps(p, m, v); }
+static inline vec vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vec v) { _mm256_storeu_ps(p, v); }
+static inline vec vset(float a) { return _mm256_set1_ps(a); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+static inline vec vfmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vfnmadd(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
+static inline vec vclamp(vec x, float lo, float hi) { return _mm256_min_ps(_mm256_max_ps(x, vset(lo)), vset(hi)); }
+static inline vec vround(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vscale2(vec p, vec n) { /* p * 2^n for integral n in [-126, 127]: n + 127 is 2^n's exponent field */
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+static inline float vsum(vec v) { return hsum(v); }
+#endif
+
+/* e^x, x clamped to [-87, 88] (e^x a normal float there): 2^n e^r with n = round(x log2 e),
+ * r = x - n ln 2 in two parts (the first exact in float), |r| <= ln2 / 2, and e^r by its
+ * degree-6 Taylor polynomial (relative error < 2e-7). */
+static inline vec vexp(vec x) {
+    x = vclamp(x, -87.f, 88.f);
+    const vec n = vround(vmul(x, vset(1.44269504088896341f)));
+    vec r = vfnmadd(n, vset(0.693359375f), x);
+    r = vfnmadd(n, vset(-2.12194440e-4f), r);
+    vec p = vset(1.f / 720);
+    p = vfmadd(p, r, vset(1.f / 120));
+    p = vfmadd(p, r, vset(1.f / 24));
+    p = vfmadd(p, r, vset(1.f / 6));
+    p = vfmadd(p, r, vset(0.5f));
+    p = vfmadd(p, r, vset(1.f));
+    p = vfmadd(p, r, vset(1.f));
+    return vscale2(p, n);
+}
+
+static inline vec vsub(vec a, vec b) { return VEC_OP(sub)(a, b); }
+static inline vec vmax(vec a, vec b) { return VEC_OP(max)(a, b); }
+
+/* n floats from p, n > 0: a whole vector, or the first n lanes (the rest zero) */
+static inline vec load_n(const float *p, long n) { return n >= VLEN ? vload(p) : load_part(p, first_lanes(n)); }
+static inline void store_n(float *p, vec v, long n) {
+    if (n >= VLEN) vstore(p, v);
+    else store_part(p, v, first_lanes(n));
+}
+
+/* p[i] = e^(p[i] - max) for i < n, each p[i] <= max (softmax); returns their sum */
+static inline float exp_shifted(float *p, long n, float max) {
+    const vec m = vset(max);
+    vec acc = vset(0.f);
+    long i = 0;
+    for (; i + VLEN <= n; i += VLEN) {
+        const vec e = vexp(vsub(vload(p + i), m));
+        vstore(p + i, e);
+        acc = vadd(acc, e);
+    }
+    float sum = vsum(acc);
+    for (; i < n; i++) sum += (p[i] = expf(p[i] - max));
+    return sum;
+}
