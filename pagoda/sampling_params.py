@@ -6,6 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for per position (vLLM's default cap too)
+LOGPROBS_RANGE = f"must be in [0, {MAX_LOGPROBS}]"
+
 
 @dataclass(frozen=True)
 class ReasoningSpan:
@@ -112,8 +115,12 @@ class SamplingParams:
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be at least 1"),
             (self.min_tokens >= 0, "min_tokens", "must be non-negative"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]"),
-            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt_logprobs", "must be in [0, 20]"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs", LOGPROBS_RANGE),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                "prompt_logprobs",
+                LOGPROBS_RANGE,
+            ),
         ]
         for ok, param, message in checks:
             if not ok:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.engine.outputs import SequenceOutput
+from pagoda.entrypoints import LOG_FORMAT
 from pagoda.model_files import apply_chat_template
 from pagoda.outputs import RequestOutput, request_output
 from pagoda.sampling_params import SamplingParams
@@ -60,7 +61,7 @@ def show_load_progress() -> None:
     if os.environ.get("PAGODA_CONFIGURE_LOGGING", "1") == "0" or pagoda_logger.handlers or logging.root.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     pagoda_logger.addHandler(handler)
     pagoda_logger.setLevel(logging.INFO)
 

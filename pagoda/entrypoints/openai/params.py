@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from pagoda.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams
+from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError, StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0
 
@@ -17,7 +17,7 @@ class ModelLimits:
     max_model_len: int
     vocab_size: int
     generation_defaults: dict  # temperature / top_p / top_k from generation_config.json (vLLM does the same)
-    max_logprobs: int = 20  # --max-logprobs
+    max_logprobs: int = MAX_LOGPROBS  # --max-logprobs
 
 
 def sampling_params(

@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pagoda.entrypoints import LOG_FORMAT
 from pagoda.entrypoints.parsing import Parser
 from pagoda.generation_config import sampling_defaults
+from pagoda.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger("pagoda.serve")
 
@@ -31,9 +33,6 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from pagoda.entrypoints.openai.serving import ServerConfig
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-MAX_LOGPROBS = 20  # the most alternatives SamplingParams admits, and vLLM's default cap
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings
-from pagoda.sampling_params import SamplingParams
+from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams
 from pagoda.structured.compiler import GrammarError
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ class ServerConfig:
     request_log: Path | None = None
     log_prompts: bool = False
     log_requests: bool = False  # a log line per arrival: id, endpoint, sampling parameters; never prompt text
-    max_logprobs: int = 20  # cap on logprobs / top_logprobs / prompt_logprobs per request
+    max_logprobs: int = MAX_LOGPROBS  # cap on logprobs / top_logprobs / prompt_logprobs per request
     generation_defaults: dict | None = None  # sampling defaults; None: the model's generation_config.json
     tools: ToolSettings = field(default_factory=ToolSettings)
     log_stats: bool = True  # the periodic engine line (stats_log.py)
