@@ -163,7 +163,8 @@ def statuses_by_route(report: Path) -> dict[str, Counter[int]]:
         scenario = json.loads(line).get("ScenarioFinished")
         if scenario is None:
             continue
-        for interaction in scenario["recorder"]["interactions"].values():
+        # a scenario skipped at the time limit has a recorder without interactions
+        for interaction in scenario["recorder"].get("interactions", {}).values():
             if interaction.get("response"):
                 statuses[scenario["recorder"]["label"]][interaction["response"]["status_code"]] += 1
     return statuses
