@@ -17,6 +17,12 @@ from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, ThreadConf
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
+if typing.TYPE_CHECKING:
+    import torch
+
+# The CPU default of --max-prefill-with-decodes: measured in benchmarks/results/cpu_runtime/prefill_bound.
+CPU_PREFILL_WITH_DECODES = 256
+
 
 def option(default: object, help: str, *, choices: list[str] | None = None, default_text: str | None = None):
     """A field of EngineArgs with what its flag's --help shows: `help`, then `(default: ...)`,
@@ -52,9 +58,10 @@ class EngineArgs:
         2.0, "KV pool size in GiB on CPU; must hold at least one max_model_len sequence; a GPU ignores it"
     )
     max_prefill_with_decodes: int | None = option(
-        256,
+        None,
         "while any request decodes, a step takes at most this many prompt tokens (bounds the stall a long "
         "prompt's chunk puts on running decodes); 0: no bound beyond --max-num-batched-tokens",
+        default_text=f"{CPU_PREFILL_WITH_DECODES} on CPU, no bound on a GPU",
     )
     block_size: int = option(16, "tokens per KV block")
     enable_prefix_caching: bool = option(True, "the radix prefix cache")
@@ -164,7 +171,7 @@ class EngineArgs:
                 max_model_len=model.max_model_len,
                 policy=self.scheduling_policy,
                 max_queue=self.max_queue,
-                max_prefill_with_decodes=self.max_prefill_with_decodes or None,
+                max_prefill_with_decodes=self.prefill_with_decodes(device),
             ),
             device=device,
             attention_backend=backend.name,
@@ -174,6 +181,16 @@ class EngineArgs:
             enforce_eager=self.enforce_eager,
             grammar_compile_timeout=self.grammar_compile_timeout,
         )
+
+    def prefill_with_decodes(self, device: torch.device) -> int | None:
+        """The step's prompt-token cap while requests decode; None: no cap. The CPU default is a
+        measured trade-off (docs/engine.md); a GPU's step time barely grows with a few thousand
+        more prompt tokens, and capping them there starved prefill (the H200 check's concurrency
+        256 fell to half its throughput under 256)."""
+        cap = self.max_prefill_with_decodes
+        if cap is None:
+            cap = CPU_PREFILL_WITH_DECODES if device.type == "cpu" else 0
+        return cap or None
 
     def thread_config(self) -> ThreadConfig:
         threads = self.threads
