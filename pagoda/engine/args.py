@@ -113,26 +113,11 @@ class EngineArgs:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, *, positional_model: bool) -> None:
-        """One flag per field, `--kebab-case`, typed from the annotation, in an "engine options"
-        group of `parser`; a boolean that defaults to True gets `--no-...` too. `positional_model`:
-        the model is the command's first argument (`pagoda serve MODEL`), else `--model`."""
+        """One flag per field in an "engine options" group of `parser` (`add_option_flags`);
+        `positional_model`: the model is the command's first argument (`pagoda serve MODEL`),
+        else `--model`."""
         group = parser.add_argument_group("engine options", "the same as the keywords of LLM(...)")
-        annotations = typing.get_type_hints(cls)
-        for f in fields(cls):
-            help_text = f"{f.metadata['help']} (default: {f.metadata['default_text'] or '%(default)s'})"
-            if f.name == "model" and positional_model:
-                group.add_argument("model", nargs="?", default=f.default, help=help_text)
-            elif annotations[f.name] is bool:
-                action = argparse.BooleanOptionalAction if f.default else "store_true"
-                group.add_argument(cli_flag(f.name), action=action, default=f.default, help=help_text)
-            else:
-                group.add_argument(
-                    cli_flag(f.name),
-                    type=value_type(annotations[f.name]),
-                    default=f.default,
-                    choices=f.metadata["choices"],
-                    help=help_text,
-                )
+        add_option_flags(group, cls, positional=("model",) if positional_model else ())
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
@@ -212,6 +197,28 @@ class EngineArgs:
         if cores is not None and threads is not None and threads > len(cores):
             raise ConfigError(f"{threads} threads cannot be pinned to {len(cores)} CPUs ({self.bind_cores})")
         return ThreadConfig(threads, cores)
+
+
+def add_option_flags(group, cls: type, positional: tuple[str, ...] = ()) -> None:
+    """One flag per field of the dataclass `cls` (fields made with `option`): `--kebab-case`,
+    typed from the annotation, with the field's help and default; a boolean that defaults to True
+    gets `--no-...` too. The fields named in `positional` are optional positional arguments."""
+    annotations = typing.get_type_hints(cls)
+    for f in fields(cls):
+        help_text = f"{f.metadata['help']} (default: {f.metadata['default_text'] or '%(default)s'})"
+        if f.name in positional:
+            group.add_argument(f.name, nargs="?", default=f.default, help=help_text)
+        elif annotations[f.name] is bool:
+            action = argparse.BooleanOptionalAction if f.default else "store_true"
+            group.add_argument(cli_flag(f.name), action=action, default=f.default, help=help_text)
+        else:
+            group.add_argument(
+                cli_flag(f.name),
+                type=value_type(annotations[f.name]),
+                default=f.default,
+                choices=f.metadata["choices"],
+                help=help_text,
+            )
 
 
 def cli_flag(name: str) -> str:

@@ -1,8 +1,9 @@
 """The FastAPI app: routes over one AsyncEngine. All state is explicit, built here and held by
 the route closures; nothing is global, so tests can build several apps in one process.
 
-Auth (--api-key): every /v1 route and the admin route need `Authorization: Bearer KEY`;
-/health, /version, /metrics, /tokenize and /detokenize stay open (as in vLLM).
+Auth (--api-key): every /v1 route and the admin routes need `Authorization: Bearer KEY`;
+/health, /version, /metrics, /tokenize, /detokenize and the gateway's load and info routes
+(gateway.py) stay open (as in vLLM and SGLang).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pagoda import __version__
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.entrypoints.openai import chat, completions
 from pagoda.entrypoints.openai.errors import APIError, bad_request, install_handlers
+from pagoda.entrypoints.openai.gateway import gateway_routes
 from pagoda.entrypoints.openai.logprobs import TokenTexts
 from pagoda.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from pagoda.entrypoints.openai.params import ModelLimits, check_token_ids
@@ -83,6 +85,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     app.include_router(_v1_routes(state), dependencies=authorized)
     app.include_router(_admin_routes(state), dependencies=authorized)
     app.include_router(_open_routes(state))
+    app.include_router(gateway_routes(state))
     return app
 
 
@@ -135,6 +138,7 @@ def _admin_routes(state: ServerState) -> APIRouter:
     router = APIRouter()
 
     @router.post("/reset_prefix_cache")
+    @router.post("/flush_cache")  # SGLang's name, which a gateway's /flush_cache sends to every worker
     async def reset_prefix_cache() -> Response:
         wait_s = state.config.reset_wait_s
         if not await _reset_when_idle(state.engine, wait_s):

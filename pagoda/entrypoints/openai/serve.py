@@ -1,6 +1,9 @@
 """`pagoda serve [MODEL]`: the OpenAI-compatible server. Flags are spelled as vLLM's; the engine's
 come from EngineArgs.
 
+`--data-parallel-size N` starts N such servers behind SGLang Model Gateway instead
+(data_parallel.py).
+
 Startup: bind the port (a busy one fails at once), serve 503s while the engine loads on threads of
 its own (startup.py), then serve the API and log "ready". SIGTERM or Ctrl-C: stop accepting, let
 in-flight requests finish for --shutdown-timeout seconds, abort the rest, exit 0.
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pagoda.engine.args import EngineArgs  # imports no torch
+    from pagoda.engine.args import EngineArgs, add_option_flags  # imports no torch
+    from pagoda.entrypoints.openai.data_parallel import ScaleArgs
     from pagoda.tools.parsers import PARSERS as TOOL_PARSERS  # pure Python
     from pagoda.tools.reasoning import REASONING_PARSERS
 
@@ -150,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="move the model's <think> section into message.reasoning (default: none)",
     )
     EngineArgs.add_cli_args(p, positional_model=True)
+    scale = p.add_argument_group("data parallelism", "replicas of the engine behind a gateway (docs/scaling.md)")
+    add_option_flags(scale, ScaleArgs)
     return p
 
 
@@ -183,6 +189,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"--tensor-parallel-size {args.tensor_parallel_size}: Pagoda has no tensor parallelism yet; "
             "a model runs on one device (leave it at 1)"
         )
+    if args.data_parallel_size < 1:
+        parser.error(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
     if args.enable_log_requests and args.disable_log_requests:
         parser.error("--enable-log-requests and --disable-log-requests contradict each other")
     if not 0 <= args.max_logprobs <= MAX_LOGPROBS:
@@ -217,6 +225,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     if args.trust_remote_code:
         logger.warning("--trust-remote-code has no effect: Pagoda runs no code from model folders")
+    if args.data_parallel_size > 1:
+        return _serve_replicas(args, argv)
     started = time.monotonic()
     try:
         sock = bind_socket(args.host, args.port)  # first: a busy port fails before the long load
@@ -225,6 +235,20 @@ def main(argv: list[str]) -> int:
         return 1
     with sock:
         return asyncio.run(_serve(sock, args, started))
+
+
+def _serve_replicas(args: argparse.Namespace, argv: list[str]) -> int:
+    """--data-parallel-size N: N replicas behind a gateway on the port (data_parallel.py)."""
+    from pagoda.entrypoints.openai import data_parallel
+    from pagoda.entrypoints.openai.startup import bind_socket
+    from pagoda.errors import ConfigError
+
+    try:
+        bind_socket(args.host, args.port).close()  # a busy port fails before the replicas load
+        return data_parallel.serve(args, argv)
+    except ConfigError as exc:
+        print(f"pagoda serve: {exc}", file=sys.stderr)
+        return 1
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
