@@ -146,7 +146,7 @@ def _routing(summary: Summary) -> str:
             size = "unlimited" if point.cache_tokens is None else f"{point.cache_tokens:,} tokens"
             lines.append(
                 f"  {route.policy if i == 0 else '':<14}{size:<20}{point.reused.share:>9.1%}"
-                f"{point.reused.tokens:>15,}{point.prefill_tokens:>14,}  {spread if i == 0 else ''}"
+                f"{point.reused.tokens:>15,}{point.prefill_tokens:>14,}  {spread if i == 0 else ''}".rstrip()
             )
     return "\n".join(lines)
 
