@@ -29,8 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from pagoda.config import parse_cores
-from pagoda.engine.args import option
+from pagoda.engine.args import EngineArgs, option
 from pagoda.errors import ConfigError
 
 logger = logging.getLogger("pagoda.serve")
@@ -107,20 +106,17 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
 
 def thread_shares(args: argparse.Namespace, replicas: int) -> list[list[str]]:
     """Each replica's thread flags: --bind-cores split into N consecutive runs of CPUs, else the
-    thread count (--threads, $PAGODA_NUM_THREADS, $OMP_NUM_THREADS, or every CPU allowed) divided
-    by N, at least one each."""
-    if args.bind_cores:
-        cores = parse_cores(args.bind_cores)
+    engine's thread count (--threads, $PAGODA_NUM_THREADS, $OMP_NUM_THREADS, or every CPU this
+    process may use) divided by N, at least one each."""
+    threads = EngineArgs.from_cli_args(args).thread_config()  # validated as one engine's would be
+    if threads.bind_cores:
+        cores = threads.bind_cores
         if len(cores) < replicas:
             raise ConfigError(f"--bind-cores {args.bind_cores} names {len(cores)} CPUs for {replicas} replicas")
         per = len(cores) // replicas
         runs = [cores[i * per : (i + 1) * per] for i in range(replicas)]
         return [["--bind-cores", ",".join(map(str, run)), "--threads", str(len(run))] for run in runs]
-    total = args.threads
-    for var in ("PAGODA_NUM_THREADS", "OMP_NUM_THREADS"):
-        if total is None and os.environ.get(var, "").isdigit():
-            total = int(os.environ[var])
-    total = total or len(os.sched_getaffinity(0))
+    total = threads.num_threads or len(os.sched_getaffinity(0))
     return [["--threads", str(max(1, total // replicas))] for _ in range(replicas)]
 
 
