@@ -133,6 +133,7 @@ def test_requests_spread_and_the_api_works_through_the_gateway(deployment):
         assert loads["dp_rank_count"] == 1 and loads["loads"][0]["num_running_reqs"] == 0
         assert httpx.get(f"{url}/get_model_info", timeout=10).json()["is_generation"] is True
     assert httpx.get(f"{deployment.url}/get_server_info", timeout=10).json()["served_model_name"] == MODEL
+    assert httpx.get(f"{deployment.url}/health_generate", timeout=60).status_code == 200
     assert httpx.post(f"{deployment.url}/flush_cache", timeout=30).json()["workers_flushed"] == 2
     assert all(deployment.request_log.with_name(f"requests.{rank}.jsonl").stat().st_size for rank in (0, 1))
 

@@ -4,8 +4,9 @@ SGLang Model Gateway (`smg`) balances Pagoda replicas as it balances SGLang work
 
 - `GET /v1/loads`: the scheduler's load in SGLang's schema (one data-parallel rank); the gateway
   polls it for its load-aware choices and overload protection, preferring it to /metrics.
-- `GET /get_model_info`, `GET /get_server_info`: what the model and the server are; the gateway
-  forwards its own routes of those names to a worker.
+- `GET /get_model_info`, `GET /get_server_info`: what the model and the server are; and
+  `GET /health_generate`: 200 once the engine has generated a token (503 if it cannot). The
+  gateway forwards its own routes of those names to a worker.
 - `POST /flush_cache`: SGLang's name for POST /reset_prefix_cache; the gateway's /flush_cache
   sends it to every worker.
 
@@ -14,14 +15,21 @@ All are open (no API key), as /health and /metrics are: they carry no prompt tex
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 from dataclasses import asdict
 from datetime import UTC, datetime
 
 from fastapi import APIRouter
+from fastapi.responses import Response
 
 from pagoda import __version__
+from pagoda.engine.async_engine import AsyncEngine, EngineDeadError
 from pagoda.entrypoints.openai.serving import ServerState
+from pagoda.sampling_params import SamplingParams
+
+HEALTH_GENERATE_S = 30.0  # past this, a one-token generation counts as a failed check
 
 
 def gateway_routes(state: ServerState) -> APIRouter:
@@ -31,6 +39,10 @@ def gateway_routes(state: ServerState) -> APIRouter:
     @router.get("/v1/loads")
     async def loads() -> dict:
         return {"timestamp": datetime.now(UTC).isoformat(), "dp_rank_count": 1, "loads": [load_snapshot(state)]}
+
+    @router.get("/health_generate")
+    async def health_generate() -> Response:
+        return Response(status_code=200 if await generates_a_token(engine) else 503)
 
     @router.get("/get_model_info")
     async def model_info() -> dict:
@@ -58,6 +70,23 @@ def gateway_routes(state: ServerState) -> APIRouter:
         }
 
     return router
+
+
+async def generates_a_token(engine: AsyncEngine) -> bool:
+    """Whether the engine generates one greedy token for a one-token prompt within HEALTH_GENERATE_S."""
+    prompt = list(engine.config.model.eos_token_ids[:1]) or [0]  # any one token will do
+    request_id = f"health-generate-{uuid.uuid4().hex}"
+
+    async def one_token() -> bool:
+        async for update in engine.generate(request_id, prompt, SamplingParams(max_tokens=1, temperature=0)):
+            if update.finished:
+                return True
+        return False
+
+    try:
+        return await asyncio.wait_for(one_token(), HEALTH_GENERATE_S)
+    except (TimeoutError, EngineDeadError):
+        return False
 
 
 def load_snapshot(state: ServerState) -> dict:
