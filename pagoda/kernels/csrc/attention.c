@@ -215,3 +215,128 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
     free(start);
     free(first);
 }
+
+/* Prefill attention with the decode kernel's arithmetic: query row j of a chunk, at position
+ * p = seq_len - q_len + j, attends over tokens [0, p] exactly as a decode with seq_len p + 1 does
+ * (the same SPAN-token spans from token 0, the same score, exponential and sum order, the same
+ * merge), so a token's output is bitwise the same whether it was computed in a prefill chunk of
+ * any size, after any cached prefix, or as a decode step. Keys and values are read in place from
+ * the paged cache (the chunk's own already stored); the keys past a row's position are skipped, not
+ * masked. A work item is QB consecutive rows of one request: they share each key and value row
+ * while it is in cache, and each keeps its own partial results per span. */
+enum { QB = 8 };
+
+typedef struct {
+    long rows, spans; /* rows of the item; spans of its last (longest) row */
+    float *scores;    /* [QB][heads][SPAN] */
+    float *o, *ml;    /* per row and span: o [heads][d], m [heads] then l [heads] (merge_spans' layout) */
+} RowBlock;
+
+/* One span [t0, t0 + SPAN) of the item's rows r whose context len[r] reaches past t0: scores,
+ * their max and exponentials, and the unnormalized weighted values, as attend_span computes them
+ * for a decode with seq_len len[r]. */
+static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q, long q_stride, const long *len,
+                         long t0, long s, RowBlock *rb) {
+    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group;
+    long first = 0; /* rows first.. reach the span (rows are in increasing position order) */
+    while (len[first] <= t0) first++;
+    const long t_end = len[rb->rows - 1] < t0 + SPAN ? len[rb->rows - 1] : t0 + SPAN;
+    for (long r = first; r < rb->rows; r++) {
+        float *m = rb->ml + (r * rb->spans + s) * 2 * heads;
+        for (long h = 0; h < heads; h++) m[h] = -INFINITY;
+    }
+    for (long t = t0; t < t_end; t++) {
+        if (t + AHEAD < t_end) prefetch_row(token_row(kv->k_cache, kv, table, t + AHEAD), kv->token_stride);
+        const float *k = token_row(kv->k_cache, kv, table, t);
+        for (long r = first; r < rb->rows; r++) {
+            if (t >= len[r]) continue;
+            const float *qr = q + r * q_stride;
+            float *m = rb->ml + (r * rb->spans + s) * 2 * heads, *sc = rb->scores + r * heads * SPAN;
+            for (long h = 0; h < heads; h++) {
+                const float x = kv->scale * dot_n(qr + h * d, k + (h / group) * d, d);
+                sc[h * SPAN + t - t0] = x;
+                m[h] = x > m[h] ? x : m[h];
+            }
+        }
+    }
+    for (long r = first; r < rb->rows; r++) {
+        const long n = (len[r] < t0 + SPAN ? len[r] : t0 + SPAN) - t0;
+        float *m = rb->ml + (r * rb->spans + s) * 2 * heads, *sc = rb->scores + r * heads * SPAN;
+        for (long h = 0; h < heads; h++) m[heads + h] = exp_shifted(sc + h * SPAN, n, m[h]);
+        /* o = sum_t p_t v_t in token order, each lane one fma per token as axpy_n does it */
+        float *o = rb->o + (r * rb->spans + s) * heads * d;
+        for (long h = 0; h < heads; h++)
+            for (long i = 0; i < d; i += 4 * VLEN) {
+                const long w = d - i < 4 * VLEN ? d - i : 4 * VLEN;
+                vec acc[4] = {vset(0.f), vset(0.f), vset(0.f), vset(0.f)};
+                for (long t = t0; t < t0 + n; t++) {
+                    const vec p = vset(sc[h * SPAN + t - t0]);
+                    const float *v = token_row(kv->v_cache, kv, table, t) + (h / group) * d + i;
+                    for (long c = 0; c < 4 && c * VLEN < w; c++) acc[c] = vfmadd(p, load_n(v + c * VLEN, w - c * VLEN), acc[c]);
+                }
+                for (long c = 0; c < 4 && c * VLEN < w; c++) store_n(o + h * d + i + c * VLEN, acc[c], w - c * VLEN);
+            }
+    }
+}
+
+/* out rows of the item: each row's spans merged as the decode kernel merges them */
+static void prefill_rows(const PagedKv *kv, const int32_t *table, float *out, const float *q, long q_stride,
+                         long first_pos, RowBlock *rb) {
+    const long heads = kv->num_heads, d = kv->head_dim;
+    long len[QB];
+    for (long r = 0; r < rb->rows; r++) len[r] = first_pos + r + 1;
+    for (long s = 0; s < rb->spans; s++) prefill_span(kv, table, q, q_stride, len, s * SPAN, s, rb);
+    for (long r = 0; r < rb->rows; r++) {
+        const long spans = (len[r] + SPAN - 1) / SPAN;
+        const float *o = rb->o + r * rb->spans * heads * d, *ml = rb->ml + r * rb->spans * 2 * heads;
+        float *orow = out + r * heads * d;
+        if (spans == 1) {
+            for (long h = 0; h < heads; h++) {
+                memset(orow + h * d, 0, d * sizeof(float));
+                axpy_n(orow + h * d, 1.f / ml[heads + h], o + h * d, d);
+            }
+        } else {
+            merge_spans(orow, o, ml, ml + heads, spans, heads, d);
+        }
+    }
+}
+
+/* The prefill chunks of num_reqs requests: request i's query rows are q rows query_start[i] ..
+ * query_start[i + 1] - 1 (q_stride floats apart, each [num_heads, head_dim]), its last row at
+ * position seq_lens[i] - 1, its tokens in the blocks of block_tables row i, its keys and values
+ * already in the cache. out: [query_start[num_reqs], num_heads, head_dim], contiguous. */
+void pagoda_prefill_attention(float *out, const float *q, long q_stride, const float *k_cache, const float *v_cache,
+                              const int32_t *block_tables, const int32_t *query_start, const int32_t *seq_lens,
+                              long num_reqs, long num_heads, long num_kv_heads, long head_dim,
+                              long block_size, long max_blocks, float scale, int num_threads) {
+    const long token_stride = num_kv_heads * head_dim;
+    const PagedKv kv = {(float *)k_cache, (float *)v_cache, block_tables, max_blocks, block_size, token_stride,
+                        block_size * token_stride, num_heads, num_heads / num_kv_heads, head_dim, scale};
+    long items = 0, longest = 1;
+    for (long i = 0; i < num_reqs; i++) {
+        items += (query_start[i + 1] - query_start[i] + QB - 1) / QB;
+        longest = seq_lens[i] > longest ? seq_lens[i] : longest;
+    }
+    long *item_req = malloc(2 * items * sizeof(long)), *item_row = item_req + items;
+    for (long i = 0, it = 0; i < num_reqs; i++)
+        for (long row = query_start[i]; row < query_start[i + 1]; row += QB) item_req[it] = i, item_row[it++] = row;
+    const long max_spans = (longest + SPAN - 1) / SPAN;
+#pragma omp parallel num_threads(num_threads)
+    {
+        RowBlock rb;
+        rb.scores = malloc((QB * num_heads * SPAN + QB * max_spans * num_heads * (head_dim + 2)) * sizeof(float));
+        rb.o = rb.scores + QB * num_heads * SPAN;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (long it = items - 1; it >= 0; it--) { /* the longest rows first */
+            const long i = item_req[it], row = item_row[it], end = query_start[i + 1];
+            const long first_pos = seq_lens[i] - (end - query_start[i]) + (row - query_start[i]);
+            rb.rows = end - row < QB ? end - row : QB;
+            rb.spans = (first_pos + rb.rows + SPAN - 1) / SPAN;
+            rb.ml = rb.o + QB * rb.spans * num_heads * head_dim;
+            prefill_rows(&kv, block_tables + i * max_blocks, out + row * num_heads * head_dim, q + row * q_stride,
+                         q_stride, first_pos, &rb);
+        }
+        free(rb.scores);
+    }
+    free(item_req);
+}
