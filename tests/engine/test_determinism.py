@@ -88,18 +88,22 @@ def test_default_model_is_deterministic_by_default(default_llm):
     assert default_llm.engine.config.deterministic is DETERMINISTIC_BY_DEFAULT
 
 
+@pytest.fixture(scope="module")
+def batch_llm(default_llm) -> LLM:
+    """The shared default engine where it is deterministic by default, else one that is."""
+    return default_llm if default_llm.engine.config.deterministic else engine(max_model_len=2048, kv_cache_memory=0.5)
+
+
 @pytest.mark.parametrize("size", [2, 5, 32])
-def test_batches_equal_solo(default_llm, prompts, reference, size):
+def test_batches_equal_solo(batch_llm, prompts, reference, size):
     """Batches of different lengths, (for 32) some prompts twice, mixing prefills and decodes."""
-    if not default_llm.engine.config.deterministic:
-        pytest.skip("deterministic serving is off by default")
     rng = random.Random(size)
     indices = (
         [rng.randrange(len(prompts)) for _ in range(size)]
         if size > len(prompts)
         else rng.sample(range(len(prompts)), size)
     )
-    assert_equal_to_solo(reference, indices, together(default_llm, prompts, indices))
+    assert_equal_to_solo(reference, indices, together(batch_llm, prompts, indices))
 
 
 @pytest.mark.parametrize("budget", [29, 61])
