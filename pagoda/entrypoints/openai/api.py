@@ -120,6 +120,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
             "owned_by": "pagoda",
             "root": state.model_name,
             "max_model_len": state.limits.max_model_len,
+            # batch-invariant kernels: equal requests get bitwise-equal logprobs (docs/determinism.md)
+            "deterministic": state.engine.config.deterministic,
         }
         return {"object": "list", "data": [card]}
 

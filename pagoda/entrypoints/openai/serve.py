@@ -284,11 +284,12 @@ def load_app(args: argparse.Namespace) -> tuple[FastAPI, str]:
     engine = AsyncEngine(EngineArgs.from_cli_args(args))
     m = engine.config.model
     logger.info(
-        "loaded %s (%s, %s, max_model_len %d) in %.1f s",
+        "loaded %s (%s, %s, max_model_len %d, deterministic %s) in %.1f s",
         m.name,
         m.architecture,
         str(m.dtype).removeprefix("torch."),
         m.max_model_len,
+        "on" if engine.config.deterministic else "off",
         time.monotonic() - loaded,
     )
     return build_app(engine, config), m.name
