@@ -80,9 +80,9 @@ def _table(lines: list[str], i: int, folder: Path, out: list[str]) -> int:
         rows.append([cell.strip() for cell in lines[i].strip().strip("|").split("|")])
         i += 1
     header, body = rows[0], [r for r in rows[1:] if not all(set(c) <= set("-: ") for c in r)]
-    out.append('<div class="table"><table><thead><tr>')
-    out.extend(f"<th>{_inline(cell, folder)}</th>" for cell in header)
-    out.append("</tr></thead><tbody>")
+    out.append('<div class="table"><table><thead>')
+    out.append("<tr>" + "".join(f"<th>{_inline(cell, folder)}</th>" for cell in header) + "</tr>")
+    out.append("</thead><tbody>")
     for row in body:
         out.append("<tr>" + "".join(f"<td>{_inline(cell, folder)}</td>" for cell in row) + "</tr>")
     out.append("</tbody></table></div>")
