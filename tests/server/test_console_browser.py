@@ -7,6 +7,7 @@ widths); otherwise they go to the test's temporary folder, so every run still ta
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.slow
 LAPTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 390, "height": 844}
 WAVES_FOR_DOCS = 12  # load waves before the README's dashboard screenshot
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 SET_KEY = f"sessionStorage.setItem('pagoda-api-key', {API_KEY!r})"
 
 
@@ -130,7 +132,7 @@ def test_dashboard_counters_move_under_load(page_of, server, client, shots):
     page.screenshot(path=str(shots / "console-dashboard.png"), full_page=True)
     phone = page_of(viewport=PHONE, scheme="dark")
     phone.open("dashboard").wait_for_function(f"{_value('finished')} > 0")
-    phone.page.screenshot(path=str(shots / "console-dashboard-phone.png"), full_page=True)
+    phone.page.screenshot(path=str(shots / "console-dashboard-phone.png"))
     assert console.errors == [] and phone.errors == []
 
 
@@ -191,6 +193,34 @@ def test_playground_streams_the_same_greedy_answer_as_the_api(page_of, client, s
     phone_page.locator(".chat").scroll_into_view_if_needed()
     phone_page.screenshot(path=str(shots / "console-playground-phone.png"))
     assert console.errors == [] and phone.errors == []
+
+
+def test_playground_json_schema_and_tools_boxes(page_of):
+    console = page_of()
+    page = console.open("playground")
+    page.click("details summary")
+    page.fill("#max_tokens", "60")
+    page.fill("#json-schema", '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}')
+    page.fill("#prompt", "Name a city in France.")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant[data-state='done']", timeout=60_000)
+    assert isinstance(json.loads(page.inner_text(".msg.assistant .text"))["city"], str)
+    page.click("#clear")
+    page.fill("#json-schema", "")
+    page.fill("#tools", "[{not json")
+    page.fill("#prompt", "What is the weather in Paris?")
+    page.click("#send")
+    assert "Tools: not valid JSON" in page.inner_text("#settings-error")  # refused before sending
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    page.fill("#tools", json.dumps([tool]))
+    page.select_option("#tool-choice", "required")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant:not([data-state='streaming'])", timeout=60_000)
+    assert page.get_attribute(".msg.assistant", "data-state") == "done", page.inner_text(".msg.assistant")
+    call = page.inner_text(".msg.assistant pre.calls")
+    assert call.startswith("get_weather(") and "city" in json.loads(call[len("get_weather(") : -1])
+    assert "finish: tool_calls" in page.inner_text(".msg.assistant .stats")
+    assert console.errors == []
 
 
 def test_the_stop_button_aborts_the_stream(page_of, server):

@@ -92,7 +92,8 @@ function el(tag, attrs = {}, ...children) {
 const tabHooks = {};
 function showTab() {
   const name = ["dashboard", "playground", "reports"].find((t) => location.hash === `#${t}`) || "dashboard";
-  document.querySelectorAll("section.tab").forEach((section) => (section.hidden = section.id !== name));
+  // sections are named tab-NAME, not NAME, so that the #NAME link does not scroll to them
+  document.querySelectorAll("section.tab").forEach((section) => (section.hidden = section.id !== `tab-${name}`));
   document.querySelectorAll(".tabs a").forEach((a) => a.classList.toggle("active", a.dataset.tab === name));
   tabHooks[name]?.();
 }
@@ -157,6 +158,7 @@ function buildTiles() {
     tile.series.forEach(([, name], i) => legend.append(el("i", { style: `background:${COLORS[i]}` }), name));
     legend.append(el("span", { id: `max-${tile.id}`, class: "max" }));
     const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+    svg.setAttribute("aria-label", `${tile.label}, the last 10 minutes`);
     svg.setAttribute("viewBox", "0 0 600 64");
     svg.setAttribute("preserveAspectRatio", "none");
     svg.id = `plot-${tile.id}`;
@@ -192,7 +194,7 @@ function plot(tile, samples) {
     flush();
   });
   svg.innerHTML = parts.join("");
-  $(`max-${tile.id}`).textContent = `  ·  top ${(tile.scale || fmt.rate)(top)} · 10 min`;
+  $(`max-${tile.id}`).textContent = `top ${(tile.scale || fmt.rate)(top)}`;
 }
 
 function renderDashboard() {
@@ -345,8 +347,9 @@ async function send(text) {
   } catch (error) {
     $("settings-error").textContent = error.message;
     $("settings-error").hidden = false;
-    return;
+    return; // the message stays in the box, to send once the settings are fixed
   }
+  $("prompt").value = "";
   chat.history.push({ role: "user", content: text });
   addMessage("user", text);
   const node = addMessage("assistant", "");
@@ -437,7 +440,6 @@ $("composer").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("prompt").value.trim();
   if (!text || chat.controller) return;
-  $("prompt").value = "";
   send(text);
 });
 $("prompt").addEventListener("keydown", (event) => {
