@@ -65,6 +65,19 @@ def test_the_feed_has_the_requests_numbers_and_never_their_prompts(server, http,
 
 
 @pytest.mark.slow
+def test_the_feed_shows_prompts_only_where_the_server_logs_them(small_server):
+    """The small server runs with --log-prompts (and no key): its rows carry the prompt text.
+    (test_server_small.py ends that server last; this module runs before it.)"""
+    text = f"Say the word {uuid.uuid4().hex[:8]}"
+    base = small_server.base_url
+    body = {"model": MODEL, "prompt": text, "max_tokens": 2}
+    answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+    rows = httpx.get(f"{base}/console/api/feed", timeout=10).json()["requests"]
+    assert next(r for r in rows if r["request_id"] == answer["id"])["prompt"].endswith(text)
+    assert httpx.get(f"{base}/console/api/info", timeout=10).json()["prompts_shown"] is True
+
+
+@pytest.mark.slow
 def test_reports_outside_the_listing_are_not_found(server, http):
     (server.reports / "by-hand").mkdir(exist_ok=True)
     (server.reports / "by-hand" / "report.md").write_text("# by hand\n\n| a | b |\n|---|---|\n| <b>1</b> | 2 |\n")
