@@ -1,5 +1,6 @@
 """What the server records about each engine request as it runs and ends: Prometheus metrics,
-one log line, and (with --request-log) one JSON record. Times are the engine's (time.monotonic()
+one log line, a row for the web console (its non-prompt fields), and (with --request-log) one
+JSON record. Times are the engine's (time.monotonic()
 from the request's arrival at the engine); the record's timestamp is wall-clock."""
 
 from __future__ import annotations
