@@ -238,7 +238,7 @@ def test_the_stop_button_aborts_the_stream(page_of, server):
     deadline = time.monotonic() + 10  # the server sees the disconnect and aborts the engine request
     while _aborts(server) == aborted_before and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _aborts(server) == aborted_before + 1
+    assert _aborts(server) > aborted_before
     assert console.errors == []
 
 
