@@ -3,7 +3,8 @@ the route closures; nothing is global, so tests can build several apps in one pr
 
 Auth (--api-key): every /v1 route and the admin routes need `Authorization: Bearer KEY`;
 /health, /version, /metrics, /tokenize, /detokenize and the gateway's load and info routes
-(gateway.py) stay open (as in vLLM and SGLang).
+(gateway.py) stay open (as in vLLM and SGLang). The web console (console/) serves its page
+openly and its data under the same key as /v1.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from fastapi.responses import JSONResponse, Response
 from pagoda import __version__
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.entrypoints.openai import chat, completions
+from pagoda.entrypoints.openai.console.feed import EngineFeed, RecentRequests
+from pagoda.entrypoints.openai.console.routes import data_routes, page_routes
 from pagoda.entrypoints.openai.errors import APIError, bad_request, install_handlers
 from pagoda.entrypoints.openai.gateway import gateway_routes
 from pagoda.entrypoints.openai.logprobs import TokenTexts
@@ -56,7 +59,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
             dict(model.generation_defaults if config.generation_defaults is None else config.generation_defaults),
             config.max_logprobs,
         ),
-        sinks=RecordSinks(metrics, request_log, config.log_prompts, engine.tokenizer),
+        sinks=RecordSinks(metrics, request_log, config.log_prompts, engine.tokenizer, RecentRequests()),
         token_texts=TokenTexts(engine.tokenizer),
     )
 
@@ -64,14 +67,17 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
 def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     """The engine thread starts with the app (in its event loop) and stops with it."""
     state = build_state(engine, config)
+    feed = EngineFeed(lambda: engine.stats, state.sinks.recent)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
         stats = asyncio.create_task(_log_stats(engine, config)) if config.log_stats else None
+        sampling = asyncio.create_task(feed.run())
         try:
             yield
         finally:
+            sampling.cancel()
             if stats is not None:
                 stats.cancel()
             # joined off the loop, so that cancelled requests still send their aborts meanwhile
@@ -86,6 +92,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     app.include_router(_admin_routes(state), dependencies=authorized)
     app.include_router(_open_routes(state))
     app.include_router(gateway_routes(state))
+    app.include_router(data_routes(state, feed, config.reports), dependencies=authorized)
+    app.include_router(page_routes())
     return app
 
 

@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="append one JSON line per finished request to this file; it holds users' prompts (default: off)",
     )
     p.add_argument(
+        "--reports",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="show the `pagoda bench` / `pagoda bakeoff` result folders in DIR on the console's Reports page "
+        "(default: none)",
+    )
+    p.add_argument(
         "--log-prompts", action="store_true", help="put prompt text in the per-request log line (default: %(default)s)"
     )
     p.add_argument(
@@ -266,7 +274,19 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_logprobs=args.max_logprobs,
         generation_defaults=read_generation_config(args.generation_config),
         tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
+        reports=read_reports_dir(args.reports),
     )
+
+
+def read_reports_dir(path: Path | None) -> Path | None:
+    """--reports DIR, resolved; a ConfigError unless it is a folder."""
+    from pagoda.config import ConfigError
+
+    if path is None:
+        return None
+    if not path.is_dir():
+        raise ConfigError(f"--reports {path}: not a folder")
+    return path.resolve()
 
 
 def load_app(args: argparse.Namespace) -> tuple[FastAPI, str]:
