@@ -42,6 +42,9 @@ def test_the_page_is_open_and_its_data_needs_the_key(server, http):
 def test_the_feed_has_the_requests_numbers_and_never_their_prompts(server, http, client):
     secret = f"a prompt that must not leak {uuid.uuid4().hex}"
     before = http.get("/console/api/feed").json()
+    while not before["samples"]:  # a server started a moment ago has taken no sample yet (1 Hz)
+        time.sleep(0.2)
+        before = http.get("/console/api/feed").json()
     answer = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": secret}], max_tokens=5, temperature=0
     )
