@@ -91,6 +91,40 @@ class SchedulerConfig:
             raise ConfigError(f"scheduling policy must be 'fcfs' or 'lpm', got {self.policy!r}")
 
 
+# Speculation is off for a step whose running batch is larger than this: verifying k + 1 rows per
+# request stops paying once a plain decode step is no longer bound by reading the weights
+# (docs/speculative_decoding.md says how it was chosen and how to measure it).
+SPEC_MAX_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `--speculative-config`): "ngram" proposes the continuation of
+    the longest recent match of the request's last prompt_lookup_min..max tokens in its own
+    tokens; the target verifies num_speculative_tokens per request in one forward pass."""
+
+    method: Literal["ngram"] = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    max_batch_size: int = SPEC_MAX_BATCH_SIZE  # larger running batches decode without speculation
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise ConfigError(f"speculative_config.method must be 'ngram', got {self.method!r}")
+        if self.num_speculative_tokens < 1:
+            raise ConfigError(
+                f"speculative_config.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ConfigError(
+                "speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+        if self.max_batch_size < 1:
+            raise ConfigError(f"speculative_config.max_batch_size must be >= 1, got {self.max_batch_size}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
@@ -103,6 +137,7 @@ class EngineConfig:
     threads: ThreadConfig = ThreadConfig()
     enforce_eager: bool = False  # never replay CUDA graphs
     grammar_compile_timeout: float = 10.0  # seconds a structured-output constraint may take to compile
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding
 
     @property
     def use_cuda_graphs(self) -> bool:

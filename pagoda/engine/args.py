@@ -9,11 +9,12 @@ here is at once a keyword of `LLM(...)` and a flag of both commands. This module
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import typing
 from dataclasses import dataclass, field, fields, replace
 
-from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, ThreadConfig, parse_cores
+from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig, ThreadConfig, parse_cores
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
@@ -110,6 +111,13 @@ class EngineArgs:
         "seconds a structured-output constraint (JSON schema, regex, choice, grammar) may take to compile; "
         "past it the compile is abandoned and the request refused",
     )
+    speculative_config: str | None = option(
+        None,
+        'speculative decoding, as JSON (a dict in LLM(...)): {"method": "ngram", "num_speculative_tokens": 3, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}; "max_batch_size": speculate only while at most this '
+        "many requests run (default 8)",
+        default_text="off",
+    )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, *, positional_model: bool) -> None:
@@ -180,7 +188,26 @@ class EngineArgs:
             threads=self.thread_config(),
             enforce_eager=self.enforce_eager,
             grammar_compile_timeout=self.grammar_compile_timeout,
+            speculative=self.speculative(),
         )
+
+    def speculative(self) -> SpeculativeConfig | None:
+        """The speculative_config option (a JSON string or a dict) as a validated config."""
+        spec = self.speculative_config
+        if spec is None:
+            return None
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"speculative_config is not valid JSON: {exc}") from None
+        if not isinstance(spec, dict):
+            raise ConfigError(f"speculative_config must be a JSON object, got {spec!r}")
+        known = {f.name for f in fields(SpeculativeConfig)}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ConfigError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
+        return SpeculativeConfig(**spec)
 
     def prefill_with_decodes(self, device: torch.device) -> int | None:
         """The step's prompt-token cap while requests decode; None: no cap. The CPU default is a

@@ -8,6 +8,7 @@ from pagoda.config import EngineConfig
 from pagoda.core.kv_cache_manager import KVCacheManager
 from pagoda.core.outputs import SchedulerStats, StepOutputs
 from pagoda.core.scheduler import Scheduler
+from pagoda.core.spec_decode import NgramProposer
 from pagoda.errors import ConfigError
 from pagoda.model_executor.model_runner import ModelRunner
 from pagoda.request import Request
@@ -32,7 +33,8 @@ class EngineCore:
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_cuda_graphs()
         kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, kv)
+        proposer = NgramProposer(config.speculative) if config.speculative is not None else None
+        self.scheduler = Scheduler(config.scheduler, kv, proposer)
         logger.info(
             "KV cache: %d blocks of %d tokens, %d tokens: %.1f sequences of max_model_len=%d at once",
             num_blocks - 1,
