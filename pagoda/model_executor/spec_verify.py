@@ -38,22 +38,36 @@ def verify(
     """logits [sum(1 + len(d)), V]: each request's rows in order, row j scoring the token after
     its j-th query token. Returns each request's verdict."""
     greedy_tokens = logits.argmax(dim=-1).tolist()
+    starts = [0]
+    for draft in drafts:
+        starts.append(starts[-1] + len(draft) + 1)
+    probs = _target_probs(logits, requests, starts)
     results = []
-    start = 0
-    for request, draft in zip(requests, drafts):
+    for request, draft, start in zip(requests, drafts, starts):
         rows = logits[start : start + len(draft) + 1]
         params = request.sampling_params
         if params.greedy:
             accepted, token = _greedy(greedy_tokens[start : start + len(draft) + 1], draft)
         else:
-            accepted, token = _rejection_sample(rows, draft, request, generator_of)
+            accepted, token = _rejection_sample(probs[start : start + len(draft) + 1], draft, request, generator_of)
         logprobs: list[TokenLogprob | None] = [None] * (len(accepted) + 1)
         if params.logprobs is not None:
             raw = torch.log_softmax(rows[: len(accepted) + 1].float(), dim=-1)
             logprobs = [token_logprob(raw[j], t, params.logprobs) for j, t in enumerate([*accepted, token])]
         results.append(Verified(accepted, token, logprobs))
-        start += len(draft) + 1
     return results
+
+
+def _target_probs(logits: torch.Tensor, requests: Sequence[Request], starts: list[int]) -> torch.Tensor:
+    """The sampled requests' target distributions, all their rows in one call (rows of greedy
+    requests are left zero)."""
+    probs = torch.zeros_like(logits, dtype=torch.float32)
+    rows = [j for i, r in enumerate(requests) if not r.sampling_params.greedy for j in range(starts[i], starts[i + 1])]
+    if rows:
+        owners = [r.sampling_params for i, r in enumerate(requests) for _ in range(starts[i], starts[i + 1])]
+        index = torch.tensor(rows, device=logits.device)
+        probs[index] = filtered_probs(logits[index].float(), [owners[j] for j in rows])
+    return probs
 
 
 def _greedy(targets: list[int], draft: list[int]) -> tuple[list[int], int]:
@@ -64,11 +78,11 @@ def _greedy(targets: list[int], draft: list[int]) -> tuple[list[int], int]:
 
 
 def _rejection_sample(
-    rows: torch.Tensor, draft: list[int], request: Request, generator_of: GeneratorOf
+    probs: torch.Tensor, draft: list[int], request: Request, generator_of: GeneratorOf
 ) -> tuple[list[int], int]:
-    probs = filtered_probs(rows.float(), [request.sampling_params] * len(rows))
-    generator = generator_of(request, rows.device) if request.sampling_params.seed is not None else None
-    uniforms = torch.rand(len(draft), generator=generator, device=rows.device).tolist()
+    """probs [1 + k, V]: the target's distribution at each position."""
+    generator = generator_of(request, probs.device) if request.sampling_params.seed is not None else None
+    uniforms = torch.rand(len(draft), generator=generator, device=probs.device).tolist()
     for i, (d, u) in enumerate(zip(draft, uniforms)):
         if u >= float(probs[i, d]):  # rejected: sample the residual, p_i without d
             residual = probs[i].clone()

@@ -232,13 +232,16 @@ CHI2_ALPHA = 1e-3  # a correct sampler fails with probability 0.1% for a random 
 
 
 @torch.inference_mode()
-def test_rejection_sampling_matches_the_target_distribution(tiny):
+def test_rejection_sampling_matches_the_target_distribution(tmp_path):
     """Token 1 is sampled by the prefill; tokens 2 and 3 by verifying two drafts. The joint of
     (t1, t2, t3) under top-k 4 at temperature 1 is computed exactly from transformers; a
     chi-square test compares the counts of 3000 seeded requests with it."""
     from transformers import AutoModelForCausalLM
 
-    path, engines = tiny
+    from pagoda.model_files import load_tokenizer
+
+    # a vocabulary of 512: the sampler's sort over it is cheap for thousands of requests
+    path = write_tiny_model("llama", tmp_path / "llama", load_tokenizer(None), vocab_size=512)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = [11, 22, 33, 44, 55]
     top_k = 4
