@@ -89,14 +89,16 @@ def test_ngram_greedy_equals_plain_decoding_on_the_default_model(default_llm, ng
     for k in (1, 3, 5):
         use_k(ngram_llm, k)
         before = ngram_llm.engine.core.stats()
-        got = [o.outputs[0].token_ids for o in ngram_llm.generate(prompts, params, use_tqdm=False)]
+        got = [o.outputs[0].token_ids for o in ngram_llm.generate(prompts[:1], params, use_tqdm=False)]
         after = ngram_llm.engine.core.stats()
+        got += [o.outputs[0].token_ids for o in ngram_llm.generate(prompts[1:], params, use_tqdm=False)]
         for p, e, g in zip(prompts, expected, got):
-            assert_greedy_match(hf_reference, default_llm.engine.encode(p), e, g, report)
+            assert_greedy_match(hf_reference, list(p), e, g, report)
         accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
         proposed = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+        # the editing answer copies spans of its prompt (57% of 4-token drafts accepted when written)
         assert accepted > 0.3 * proposed, f"k={k}: {accepted} of {proposed} drafts accepted on an editing prompt"
-        assert after.num_steps - before.num_steps < sum(map(len, got)), "speculation saved no step"
+        assert after.num_steps - before.num_steps < len(got[0]), "speculation saved no step"
     print(report)
 
 
@@ -123,9 +125,9 @@ def test_ngram_keeps_stops_max_tokens_and_logprobs(default_llm, ngram_llm):
             want.stop_reason,
         )
         if params.logprobs:
-            for a, b in zip(got.logprobs, want.logprobs):
-                (token,) = [t for t in a if a[t].rank == b[t].rank] or [None]
-                assert token is not None and abs(a[token].logprob - b[token].logprob) < 1e-3
+            assert len(got.logprobs) == len(got.token_ids)
+            for token, a, b in zip(got.token_ids, got.logprobs, want.logprobs):
+                assert set(a) == set(b) and abs(a[token].logprob - b[token].logprob) < 1e-3
 
 
 # ---- a tiny model: every acceptance length, rollback under preemption ----------------------------
