@@ -32,7 +32,7 @@ NAME=smollm2
 URL=http://127.0.0.1:$PORT
 MODEL_DIR=$("$PEERS/smollm2-hf.sh")
 mkdir -p "$OUT"
-python benchmarks/spec_decode_data.py dataset "$OUT/edit.jsonl" "${EDIT_PROMPTS:-32}"
+python benchmarks/spec_decode_data.py dataset "$OUT/edit.json" "${EDIT_PROMPTS:-32}"
 
 server_command() {  # MODE -> the serve command: same model, dtype, context and KV budget
   case "$1" in
@@ -67,7 +67,7 @@ bench_level() {  # DIR LABEL CONCURRENCY vllm-bench-dataset-args...
   shift 3
   curl -sf -X POST "$URL/reset_prefix_cache" >/dev/null || echo "could not reset the prefix cache" >&2
   before=$(spec_counters)
-  "$PEERS/vllm-cpu.sh" bench --backend openai --base-url "$URL" --model "$NAME" --tokenizer "$MODEL_DIR" \
+  "$PEERS/vllm-cpu.sh" bench --base-url "$URL" --model "$NAME" --tokenizer "$MODEL_DIR" \
     --max-concurrency "$c" --seed 0 --temperature 0 "$@" \
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --disable-tqdm \
     --save-result --result-dir "$dir" --result-filename "$label.json" >"$dir/bench-$label.log" 2>&1 \
@@ -94,11 +94,11 @@ run_mode() {  # MODE ROUND
     sleep 0.5
   done
   for c in $EDIT_CONCURRENCY; do
-    bench_level "$dir" "edit-c$c" "$c" --dataset-name custom --dataset-path "$OUT/edit.jsonl" \
-      --custom-output-len 256 --num-prompts "${EDIT_PROMPTS:-32}"
+    bench_level "$dir" "edit-c$c" "$c" --backend openai-chat --endpoint /v1/chat/completions \
+      --dataset-name sharegpt --dataset-path "$OUT/edit.json" --sharegpt-output-len 256 --num-prompts "${EDIT_PROMPTS:-32}"
   done
   for c in $RANDOM_CONCURRENCY; do
-    bench_level "$dir" "random-c$c" "$c" --dataset-name random --random-input-len 256 --random-output-len 64 \
+    bench_level "$dir" "random-c$c" "$c" --backend openai --dataset-name random --random-input-len 256 --random-output-len 64 \
       --ignore-eos --num-prompts "${NUM_PROMPTS:-$((c * 4 > 16 ? c * 4 : 16))}"
   done
   stop_server

@@ -1,12 +1,12 @@
 """Data and tables for benchmarks/spec_decode.sh.
 
-    python benchmarks/spec_decode_data.py dataset OUT.jsonl [COUNT]
-        an editing workload in vLLM bench's `custom` format ({"prompt": ...} per line): real
-        functions of this repository, each with a request to rename one of its variables and
-        reply with the whole code, so the answer repeats long spans of the prompt
-    python benchmarks/spec_decode_data.py table OUT_DIR
-        the table of OUT_DIR/{MODE}/r{ROUND}/{LEVEL}.json (vLLM's result files) and
-        OUT_DIR/{MODE}/r{ROUND}/{LEVEL}.spec (drafts, draft tokens, accepted tokens in the level)
+python benchmarks/spec_decode_data.py dataset OUT.json [COUNT]
+    an editing workload in vLLM bench's `sharegpt` format (sent as chat messages): real
+    functions of this repository, each with a request to rename one of its variables and
+    reply with the whole code, so the answer repeats long spans of the prompt
+python benchmarks/spec_decode_data.py table OUT_DIR
+    the table of OUT_DIR/{MODE}/r{ROUND}/{LEVEL}.json (vLLM's result files) and
+    OUT_DIR/{MODE}/r{ROUND}/{LEVEL}.spec (drafts, draft tokens, accepted tokens in the level)
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import ast
 import json
 import random
 import statistics
-import textwrap
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,38 +41,49 @@ def functions(min_lines: int = 10, max_lines: int = 30) -> list[tuple[str, list[
 def dataset(out: Path, count: int) -> None:
     rng = random.Random(0)
     chosen = rng.sample(functions(), count)
-    with out.open("w") as f:
-        for source, names in chosen:
-            name = rng.choice(names)
-            prompt = (
-                f"Rewrite this Python code with the variable `{name}` renamed to `{name}_value`. "
-                f"Reply with the complete code only.\n```python\n{source}\n```"
-            )
-            f.write(json.dumps({"prompt": prompt}) + "\n")
+    entries = []
+    for source, names in chosen:
+        name = rng.choice(names)
+        prompt = (
+            f"Rewrite this Python code with the variable `{name}` renamed to `{name}_value`. "
+            f"Reply with the complete code only.\n```python\n{source}\n```"
+        )
+        # the answer is only vLLM bench's length hint; --sharegpt-output-len overrides it
+        entries.append({"conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": source}]})
+    out.write_text(json.dumps(entries, indent=1))
 
 
 def table(out: Path) -> None:
-    modes = sorted(p.name for p in out.iterdir() if p.is_dir())
-    levels = sorted({f.stem for m in modes for f in (out / m).glob("r*/*.json")}, key=lambda s: (s.split("-")[0], int(s.split("c")[-1])))
-    print(f"{'workload':<10}{'conc':>5}{'mode':>10}{'out tok/s':>11}{'TPOT p50 ms':>13}{'accept %':>10}{'mean len':>10}{'runs':>6}")
+    # each engine's "-off" mode first: its speed is what the speculative mode is compared with
+    modes = sorted((p.name for p in out.iterdir() if p.is_dir()), key=lambda m: (m.rsplit("-", 1)[0], m[-4:] != "-off"))
+    levels = sorted(
+        {f.stem for m in modes for f in (out / m).glob("r*/*.json")},
+        key=lambda s: (s.split("-")[0], int(s.split("c")[-1])),
+    )
+    widths = {"workload": 10, "conc": 5, "mode": 14, "out tok/s": 11, "TPOT p50 ms": 13, "accept %": 10}
+    widths |= {"mean len": 10, "runs": 6, "vs off": 8}
+    print("".join(f"{h:>{w}}" for h, w in widths.items()))
     for level in levels:
         workload, conc = level.rsplit("-c", 1)
-        base = None
+        speeds = {}
         for mode in modes:
             runs = sorted((out / mode).glob(f"r*/{level}.json"))
             if not runs:
                 continue
             results = [json.loads(r.read_text()) for r in runs]
-            tps = statistics.median(r["output_throughput"] for r in results)
+            speeds[mode] = tps = statistics.median(r["output_throughput"] for r in results)
             tpot = statistics.median(r["median_tpot_ms"] for r in results)
             spec = [json.loads(r.with_suffix(".spec").read_text()) for r in runs if r.with_suffix(".spec").exists()]
             drafts, proposed, accepted = (sum(s[k] for s in spec) for k in ("drafts", "draft_tokens", "accepted"))
-            rate = f"{accepted / proposed * 100:.1f}" if proposed else "-"
-            length = f"{1 + accepted / drafts:.2f}" if drafts else "-"
-            base = base or tps
-            speedup = f"  {tps / base:.2f}x" if base and mode != modes[0] else ""
-            print(f"{workload:<10}{conc:>5}{mode:>10}{tps:>11.1f}{tpot:>13.1f}{rate:>10}{length:>10}{len(runs):>6}{speedup}")
-    print(f"(medians over rounds; speed-ups against {modes[0]}, the first mode in name order)")
+            off = speeds.get(mode.rsplit("-", 1)[0] + "-off")
+            cells = [workload, conc, mode, f"{tps:.1f}", f"{tpot:.1f}"]
+            cells += [
+                f"{accepted / proposed * 100:.1f}" if proposed else "-",
+                f"{1 + accepted / drafts:.2f}" if drafts else "-",
+            ]
+            cells += [str(len(runs)), f"{tps / off:.2f}x" if off and mode.endswith("-ngram") else ""]
+            print("".join(f"{c:>{w}}" for c, w in zip(cells, widths.values())))
+    print("(medians over rounds; vs off: output tok/s over the same engine with speculation off)")
 
 
 if __name__ == "__main__":
