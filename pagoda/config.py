@@ -101,17 +101,22 @@ SPEC_MAX_BATCH_SIZE = 8
 class SpeculativeConfig:
     """Speculative decoding (vLLM's `--speculative-config`): "ngram" proposes the continuation of
     the longest recent match of the request's last prompt_lookup_min..max tokens in its own
-    tokens; the target verifies num_speculative_tokens per request in one forward pass."""
+    tokens, "draft_model" the greedy tokens of a smaller model with the same vocabulary; the
+    target verifies num_speculative_tokens per request in one forward pass."""
 
-    method: Literal["ngram"] = "ngram"
+    method: Literal["ngram", "draft_model"] = "ngram"
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     max_batch_size: int = SPEC_MAX_BATCH_SIZE  # larger running batches decode without speculation
+    model: str | None = None  # draft_model: the draft's HF directory or GGUF file
+    draft: EngineConfig | None = field(default=None, repr=False, compare=False)  # the draft's engine
 
     def __post_init__(self) -> None:
-        if self.method != "ngram":
-            raise ConfigError(f"speculative_config.method must be 'ngram', got {self.method!r}")
+        if self.method not in ("ngram", "draft_model"):
+            raise ConfigError(f"speculative_config.method must be 'ngram' or 'draft_model', got {self.method!r}")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ConfigError("speculative_config.model is needed by, and only by, method 'draft_model'")
         if self.num_speculative_tokens < 1:
             raise ConfigError(
                 f"speculative_config.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"

@@ -26,7 +26,7 @@ from pagoda.core.outputs import (
     StepOutputs,
 )
 from pagoda.core.prefix_cache import PrefixMatch
-from pagoda.core.spec_decode import NgramProposer, SpecCounters
+from pagoda.core.spec_decode import Proposer, SpecCounters
 from pagoda.request import Request, RequestStatus, TokenLogprob
 
 LPM_WINDOW = 128  # waiting requests the longest-prefix-match policy looks at
@@ -38,7 +38,7 @@ class QueueFullError(RuntimeError):
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, proposer: NgramProposer | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, proposer: Proposer | None = None) -> None:
         self.config = config
         self.kv = kv
         self.proposer = proposer  # None: no speculative decoding
@@ -276,6 +276,8 @@ class Scheduler:
         return best, [r for r in window if r is not best and r.arrival_time < best.arrival_time]
 
     def _preempt(self, request: Request) -> None:
+        if self.proposer is not None:
+            self.proposer.finished(request.request_id)
         self.kv.free(request)
         request.block_ids = []
         request.num_computed_tokens = 0
@@ -287,6 +289,8 @@ class Scheduler:
     def _finish(self, request: Request, reason: str) -> None:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        if self.proposer is not None:
+            self.proposer.finished(request.request_id)
         self.kv.free(request)
         request.block_ids = []
         del self.requests[request.request_id]

@@ -41,9 +41,10 @@ def ngram_proposal(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> lis
     return list(tokens[best_end + 1 : best_end + 1 + k])
 
 
-class NgramProposer:
+class Proposer:
     """Drafts for a decoding request, bounded so that they never run past what the request may
-    still generate (max_tokens, max_model_len)."""
+    still generate (max_tokens, max_model_len). A method implements `draft`; the scheduler calls
+    `propose` while it schedules and `finished` when a request ends or is preempted."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
@@ -60,6 +61,14 @@ class NgramProposer:
 
     def draft(self, request: Request, k: int) -> list[int]:
         """Up to k guesses of the request's next tokens."""
+        raise NotImplementedError
+
+    def finished(self, request_id: str) -> None:
+        """The request ended or was preempted: drop what the proposer keeps for it."""
+
+
+class NgramProposer(Proposer):
+    def draft(self, request: Request, k: int) -> list[int]:
         c = self.config
         # the window bounds the search's cost on long sequences; a match further back is rarely useful
         window = request.token_ids[-SEARCH_WINDOW:]

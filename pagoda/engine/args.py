@@ -168,7 +168,7 @@ class EngineArgs:
         backend = select_backend(self.attention_backend, device, model.dtype, model.head_dim)
         if self.grammar_compile_timeout <= 0:
             raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout}")
-        return EngineConfig(
+        config = EngineConfig(
             model=model,
             cache=CacheConfig(
                 self.block_size, self.kv_cache_memory, self.enable_prefix_caching, self.gpu_memory_utilization
@@ -188,8 +188,9 @@ class EngineArgs:
             threads=self.thread_config(),
             enforce_eager=self.enforce_eager,
             grammar_compile_timeout=self.grammar_compile_timeout,
-            speculative=self.speculative(),
         )
+        spec = self.speculative()
+        return config if spec is None else replace(config, speculative=self.draft_config(spec, config))
 
     def speculative(self) -> SpeculativeConfig | None:
         """The speculative_config option (a JSON string or a dict) as a validated config."""
@@ -203,11 +204,26 @@ class EngineArgs:
                 raise ConfigError(f"speculative_config is not valid JSON: {exc}") from None
         if not isinstance(spec, dict):
             raise ConfigError(f"speculative_config must be a JSON object, got {spec!r}")
-        known = {f.name for f in fields(SpeculativeConfig)}
+        known = {f.name for f in fields(SpeculativeConfig)} - {"draft"}
         unknown = sorted(set(spec) - known)
         if unknown:
             raise ConfigError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
+        if "model" in spec:  # vLLM's spelling: a model implies a draft model
+            spec = {"method": "draft_model", **spec}
         return SpeculativeConfig(**spec)
+
+    def draft_config(self, spec: SpeculativeConfig, target: EngineConfig) -> SpeculativeConfig:
+        """A draft model's engine: these options with the draft's files, no speculation of its own."""
+        if spec.model is None:
+            return spec
+        draft = replace(self, model=spec.model, served_model_name=None, tokenizer=None, speculative_config=None)
+        config = draft.create_config()
+        if config.model.vocab_size != target.model.vocab_size:
+            raise ConfigError(
+                f"speculative_config.model: the draft's vocabulary ({config.model.vocab_size} tokens) is not the "
+                f"model's ({target.model.vocab_size}); a draft must share the model's tokenizer"
+            )
+        return replace(spec, draft=config)
 
     def prefill_with_decodes(self, device: torch.device) -> int | None:
         """The step's prompt-token cap while requests decode; None: no cap. The CPU default is a
