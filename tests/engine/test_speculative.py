@@ -4,6 +4,8 @@ target's distribution.
 - n-gram lookup on the default model, several num_speculative_tokens: greedy outputs equal
   speculation off (near-tie rule against transformers), with real acceptance on an editing prompt;
   stop strings, stop tokens, max_tokens and logprobs as without speculation.
+- A draft model: the model as its own draft and a deliberately bad one (a different random
+  model of the same vocabulary) give the same greedy outputs.
 - A tiny model with an oracle proposer (the outputs decoding one at a time gives, corrupted at
   random positions) and with a proposer that is always wrong: every acceptance length and every
   rollback, under preemption by a small pool, chunked prefill, the prefix cache, n > 1 and
@@ -211,7 +213,7 @@ def test_verification_and_rollback_keep_greedy_outputs(tiny, k, error, max_batch
         assert accepted == 0
     else:
         assert accepted > (1 - error) ** k * 0.5 * proposed / k
-    assert after.num_preemptions > before.num_preemptions or k != 1  # the small pool does preempt
+    assert after.num_preemptions > before.num_preemptions or k != 1  # k=1's workload is one that preempts
 
 
 def test_ngram_on_the_tiny_model_keeps_greedy_outputs(tiny):
@@ -226,6 +228,50 @@ def test_ngram_on_the_tiny_model_keeps_greedy_outputs(tiny):
     before = engines[True].engine.core.stats()
     assert run_checked(engines[True], prompts, params) == want
     assert engines[True].engine.core.stats().spec_num_draft_tokens > before.spec_num_draft_tokens
+
+
+# ---- a draft model ------------------------------------------------------------------------------
+@pytest.mark.parametrize("draft", ["self", "bad"])
+def test_a_draft_model_keeps_greedy_outputs(tiny, tmp_path_factory, draft):
+    """The model as its own draft (every draft accepted) and a different random model of the same
+    vocabulary (none accepted): the same outputs as plain decoding, under the small pool's
+    preemptions, and the draft's own KV pool empty at the end."""
+    from pagoda.model_files import load_tokenizer
+
+    path, engines = tiny
+    draft_path = path if draft == "self" else tmp_path_factory.mktemp("draft") / "llama"
+    if draft == "bad":
+        write_tiny_model("llama", draft_path, load_tokenizer(None))
+    block_bytes = 2 * 16 * 2 * 16 * 4 * 2
+    llm = LLM(
+        str(path),
+        max_model_len=TINY_LEN,
+        kv_cache_memory=18 * block_bytes / 2**30,  # one max_model_len sequence and a little more
+        max_num_batched_tokens=64,
+        speculative_config={"model": str(draft_path), "num_speculative_tokens": 3},
+    )
+    prompts, params = tiny_workload(11)
+    want = run_checked(engines[False], prompts, params)
+    assert run_checked(llm, prompts, params) == want
+    stats = llm.engine.core.stats()
+    assert stats.spec_num_draft_tokens > 0 and stats.num_preemptions > 0
+    rate = stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens
+    assert rate > 0.95 if draft == "self" else rate < 0.05
+    proposer = llm.engine.core.scheduler.proposer
+    assert proposer.kv.usage == 0.0 and not proposer.mirrors
+    sampled = llm.generate(prompts[:3], SamplingParams(temperature=1.0, max_tokens=20, seed=5), use_tqdm=False)
+    again = llm.generate(prompts[:3], SamplingParams(temperature=1.0, max_tokens=20, seed=5), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in sampled] == [o.outputs[0].token_ids for o in again]
+
+
+def test_a_draft_model_must_share_the_vocabulary(tiny, tmp_path):
+    from pagoda.engine.args import EngineArgs
+    from pagoda.model_files import load_tokenizer
+
+    path, _ = tiny
+    small = write_tiny_model("llama", tmp_path / "small", load_tokenizer(None), vocab_size=512)
+    with pytest.raises(ConfigError, match="speculative_config.model: the draft's vocabulary"):
+        EngineArgs(model=str(path), speculative_config={"model": str(small)}).create_config()
 
 
 # ---- rejection sampling: exactly the target's distribution ---------------------------------------
