@@ -115,7 +115,8 @@ class EngineArgs:
         None,
         'speculative decoding, as JSON (a dict in LLM(...)): {"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}; "max_batch_size": speculate only while at most this '
-        "many requests run (default 8)",
+        'many requests run (default 8); {"model": PATH, "num_speculative_tokens": 3}: a draft model of the same '
+        "vocabulary",
         default_text="off",
     )
 
