@@ -66,6 +66,9 @@ class Proposer:
     def finished(self, request_id: str) -> None:
         """The request ended or was preempted: drop what the proposer keeps for it."""
 
+    def check_integrity(self) -> None:
+        """Assert the invariants of what the proposer keeps (the tests call it every step)."""
+
 
 class NgramProposer(Proposer):
     def draft(self, request: Request, k: int) -> list[int]:

@@ -69,6 +69,8 @@ class EngineCore:
 
     def check_integrity(self) -> None:
         self.scheduler.kv.check_integrity(self.scheduler.running)
+        if self.scheduler.proposer is not None:
+            self.scheduler.proposer.check_integrity()
 
 
 def make_proposer(config: SpeculativeConfig) -> Proposer:

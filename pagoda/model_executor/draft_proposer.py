@@ -61,6 +61,11 @@ class DraftModelProposer(Proposer):
         if mirror is not None:
             self.kv.free(mirror)
 
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(list(self.mirrors.values()))
+        for mirror in self.mirrors.values():
+            assert mirror.num_computed_tokens < mirror.num_tokens, "a mirror computed past its tokens"
+
     def _sync(self, request: Request) -> Request:
         """The request's mirror, holding the target's tokens; computed only up to where they agree."""
         mirror = self.mirrors.get(request.request_id)
