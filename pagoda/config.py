@@ -91,6 +91,45 @@ class SchedulerConfig:
             raise ConfigError(f"scheduling policy must be 'fcfs' or 'lpm', got {self.policy!r}")
 
 
+# Speculation is off for a step whose running batch is larger than this: verifying k + 1 rows per
+# request stops paying once a plain decode step is no longer bound by reading the weights
+# (docs/speculative_decoding.md says how it was chosen and how to measure it).
+SPEC_MAX_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `--speculative-config`): "ngram" proposes the continuation of
+    the longest recent match of the request's last prompt_lookup_min..max tokens in its own
+    tokens, "draft_model" the greedy tokens of a smaller model with the same vocabulary; the
+    target verifies num_speculative_tokens per request in one forward pass."""
+
+    method: Literal["ngram", "draft_model"] = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    max_batch_size: int = SPEC_MAX_BATCH_SIZE  # larger running batches decode without speculation
+    model: str | None = None  # draft_model: the draft's HF directory or GGUF file
+    draft: EngineConfig | None = field(default=None, repr=False, compare=False)  # the draft's engine
+
+    def __post_init__(self) -> None:
+        if self.method not in ("ngram", "draft_model"):
+            raise ConfigError(f"speculative_config.method must be 'ngram' or 'draft_model', got {self.method!r}")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ConfigError("speculative_config.model is needed by, and only by, method 'draft_model'")
+        if self.num_speculative_tokens < 1:
+            raise ConfigError(
+                f"speculative_config.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ConfigError(
+                "speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+        if self.max_batch_size < 1:
+            raise ConfigError(f"speculative_config.max_batch_size must be >= 1, got {self.max_batch_size}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
@@ -103,6 +142,7 @@ class EngineConfig:
     threads: ThreadConfig = ThreadConfig()
     enforce_eager: bool = False  # never replay CUDA graphs
     grammar_compile_timeout: float = 10.0  # seconds a structured-output constraint may take to compile
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding
     # batch-invariant kernels: a request's logits are bitwise the same whatever else shares its steps,
     # however its prompt was chunked and whatever of it came from the prefix cache (docs/determinism.md)
     deterministic: bool = False

@@ -26,13 +26,17 @@ ARCH_CONFIGS = {
 }
 
 
-def write_tiny_model(arch: str, out: Path, tokenizer, tie_word_embeddings: bool = False) -> Path:
+def write_tiny_model(
+    arch: str, out: Path, tokenizer, tie_word_embeddings: bool = False, vocab_size: int | None = None
+) -> Path:
+    """`vocab_size`: fewer embeddings than the tokenizer has tokens (a model that only ever sees
+    and emits the first ids), where the full vocabulary would make a test slow."""
     import transformers
     from transformers import AutoModelForCausalLM
 
     class_name, extra = ARCH_CONFIGS[arch]
     config = getattr(transformers, class_name)(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,

@@ -15,11 +15,14 @@ from pagoda.request import Request, TokenLogprob
 class SchedulerOutput:
     """The requests of one step, in the scheduler's order, and how many new tokens each computes.
     `finished_request_ids`: requests that ended since the previous step (the runner drops their
-    per-request state, such as a seeded request's random generator)."""
+    per-request state, such as a seeded request's random generator). `draft_token_ids`: per
+    request that speculates this step, its proposed next tokens; such a request's count of new
+    tokens is 1 + len(drafts), its last token followed by the drafts."""
 
     scheduled: tuple[tuple[Request, int], ...]
     num_batched_tokens: int
     finished_request_ids: frozenset[str] = frozenset()
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -29,11 +32,15 @@ class SchedulerOutput:
 @dataclass(frozen=True)
 class ModelRunnerOutput:
     """Per scheduled request, in the step's order: the sampled token (None while its prefill is
-    unfinished), its logprobs, and the prompt logprobs computed this step."""
+    unfinished), its logprobs, and the prompt logprobs computed this step. A request that
+    speculated also has its accepted drafts (with their logprobs), which come before its
+    sampled token; None where no request speculated."""
 
     token_ids: list[int | None]
     logprobs: list[TokenLogprob | None]
     prompt_logprobs: list[list[TokenLogprob] | None]
+    accepted_drafts: list[list[int]] | None = None
+    accepted_logprobs: list[list[TokenLogprob | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,12 @@ class SchedulerStats:
     num_steps: int = 0
     prompt_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits are not computed)
     generation_tokens: int = 0  # tokens sampled so far
+    # speculative decoding, cumulative (pagoda/core/spec_decode.py): requests that speculated in a
+    # step, drafts proposed, drafts accepted, and acceptances per draft position
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

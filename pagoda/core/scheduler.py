@@ -26,6 +26,7 @@ from pagoda.core.outputs import (
     StepOutputs,
 )
 from pagoda.core.prefix_cache import PrefixMatch
+from pagoda.core.spec_decode import Proposer, SpecCounters
 from pagoda.request import Request, RequestStatus, TokenLogprob
 
 LPM_WINDOW = 128  # waiting requests the longest-prefix-match policy looks at
@@ -37,9 +38,11 @@ class QueueFullError(RuntimeError):
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, proposer: Proposer | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.proposer = proposer  # None: no speculative decoding
+        self._spec = SpecCounters()
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -101,6 +104,10 @@ class Scheduler:
             num_steps=self._num_steps,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
+            spec_num_drafts=self._spec.num_drafts,
+            spec_num_draft_tokens=self._spec.num_draft_tokens,
+            spec_num_accepted_tokens=self._spec.num_accepted_tokens,
+            spec_accepted_per_position=tuple(self._spec.accepted_per_position),
         )
 
     # ---- one step --------------------------------------------------------------------------
@@ -108,6 +115,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         prefill_budget = self._prefill_budget()
         scheduled: list[tuple[Request, int]] = []
+        drafts: dict[str, list[int]] = {}
+        speculate = self.proposer is not None and len(self.running) <= self.proposer.config.max_batch_size
         preempted = False
         index = 0
         while index < len(self.running) and budget > 0:
@@ -117,7 +126,13 @@ class Scheduler:
             if num_new == 0:  # a prefill, and this step's prompt tokens are spent
                 index += 1
                 continue
+            draft = self.proposer.propose(request, budget - 1) if speculate and remaining == 1 else []
+            num_new += len(draft)
             while (blocks := self.kv.grow(request, num_new)) is None:
+                if draft:  # drafts are the first thing to give up when the pool is short
+                    num_new -= len(draft)
+                    draft = []
+                    continue
                 self._preempt(self.running.pop())
                 preempted = True
                 if index >= len(self.running):
@@ -125,6 +140,8 @@ class Scheduler:
             else:
                 request.block_ids += blocks
                 scheduled.append((request, num_new))
+                if draft:
+                    drafts[request.request_id] = draft
                 budget -= num_new
                 if remaining > 1:
                     prefill_budget -= num_new
@@ -135,7 +152,7 @@ class Scheduler:
             return SchedulerOutput((), 0)
         finished, self._finished_ids = frozenset(self._finished_ids), []
         num_tokens = sum(n for _, n in scheduled)
-        return SchedulerOutput(tuple(scheduled), num_tokens, finished)
+        return SchedulerOutput(tuple(scheduled), num_tokens, finished, drafts)
 
     def _prefill_budget(self) -> int:
         """Prompt tokens this step may take: max_prefill_with_decodes while a running request
@@ -151,34 +168,61 @@ class Scheduler:
         in the step's order, with the counters after the step."""
         now = time.monotonic()
         outputs = []
-        for (request, num_new), token, logprob, prompt_logprobs in zip(
-            step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs
+        for i, ((request, num_new), token, logprob, prompt_logprobs) in enumerate(
+            zip(step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs)
         ):
             if request.is_finished:  # ended from outside while the step ran
                 continue
             self._prompt_tokens += max(0, min(num_new, request.num_prompt_tokens - request.num_computed_tokens))
+            tokens: list[int] = [] if token is None else [token]
+            logprobs: list[TokenLogprob | None] = [logprob]
+            num_drafts = len(step.draft_token_ids.get(request.request_id, ()))
+            if num_drafts:
+                assert result.accepted_drafts is not None and result.accepted_logprobs is not None
+                accepted = result.accepted_drafts[i]
+                self._spec.record(num_drafts, len(accepted))
+                num_new -= num_drafts - len(accepted)  # rejected drafts' KV is not computed: rolled back
+                tokens, logprobs = accepted + tokens, result.accepted_logprobs[i] + logprobs
             request.num_computed_tokens += num_new
             if prompt_logprobs:
                 request.num_prompt_logprobs += len(prompt_logprobs)
-            if token is not None and request.grammar is not None and not request.grammar.accept_token(token):
-                token = None  # the mask makes this unreachable; were it reached, the output ends before it
-                self.running.remove(request)
-                self._finish(request, "stop")
-            if token is not None:
-                self._generation_tokens += 1
-                request.append_token(token)
-                if request.first_token_time is None:
-                    request.first_token_time = now
-                reason = request.check_stop()
-                if reason is not None:
-                    self.running.remove(request)
-                    self._finish(request, reason)
+            new_tokens, new_logprobs = self._append(request, tokens, logprobs, now)
             if not request.is_finished:
                 request.block_ids = self.kv.cache_blocks(request)
-            if token is not None or prompt_logprobs is not None or request.is_finished:
-                outputs.append(_core_output(request, token, logprob, prompt_logprobs))
+            if new_tokens or prompt_logprobs is not None or request.is_finished:
+                outputs.append(_core_output(request, new_tokens, new_logprobs, prompt_logprobs))
         self._num_steps += 1
         return StepOutputs(outputs, self.stats())
+
+    def _append(
+        self, request: Request, tokens: list[int], logprobs: list[TokenLogprob | None], now: float
+    ) -> tuple[list[int], list[TokenLogprob]]:
+        """Append a step's tokens one at a time, as many as the request takes before it stops
+        (an accepted draft may be followed by a stop token, or reach max_tokens). Returns those
+        tokens and their logprobs."""
+        appended: list[int] = []
+        kept: list[TokenLogprob] = []
+        for token, logprob in zip(tokens, logprobs):
+            if request.grammar is not None and not request.grammar.accept_token(token):
+                # the mask makes this unreachable; were it reached, the output ends before it
+                self.running.remove(request)
+                self._finish(request, "stop")
+                break
+            self._generation_tokens += 1
+            request.append_token(token)
+            appended.append(token)
+            if logprob is not None:
+                kept.append(logprob)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason = request.check_stop()
+            if reason is not None:
+                # tokens after the stop were computed but are not the request's: no KV beyond its tokens
+                request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
+                self.running.remove(request)
+                self._finish(request, reason)
+                break
+        return appended, kept
 
     # ---- helpers ---------------------------------------------------------------------------
     def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
@@ -232,6 +276,8 @@ class Scheduler:
         return best, [r for r in window if r is not best and r.arrival_time < best.arrival_time]
 
     def _preempt(self, request: Request) -> None:
+        if self.proposer is not None:
+            self.proposer.finished(request.request_id)
         self.kv.free(request)
         request.block_ids = []
         request.num_computed_tokens = 0
@@ -243,6 +289,8 @@ class Scheduler:
     def _finish(self, request: Request, reason: str) -> None:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        if self.proposer is not None:
+            self.proposer.finished(request.request_id)
         self.kv.free(request)
         request.block_ids = []
         del self.requests[request.request_id]
@@ -251,14 +299,14 @@ class Scheduler:
 
 def _core_output(
     request: Request,
-    token: int | None,
-    logprob: TokenLogprob | None,
+    tokens: list[int],
+    logprobs: list[TokenLogprob],
     prompt_logprobs: list[TokenLogprob] | None,
 ) -> CoreOutput:
     return CoreOutput(
         request_id=request.request_id,
-        new_token_ids=[] if token is None else [token],
-        new_logprobs=[] if token is None or logprob is None else [logprob],
+        new_token_ids=tokens,
+        new_logprobs=logprobs,
         finish_reason=request.finish_reason,
         stop_reason=request.stop_reason,
         metrics=RequestMetrics(

@@ -9,11 +9,12 @@ here is at once a keyword of `LLM(...)` and a flag of both commands. This module
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import typing
 from dataclasses import dataclass, field, fields, replace
 
-from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, ThreadConfig, parse_cores
+from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig, ThreadConfig, parse_cores
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, resolve_model
 
@@ -122,6 +123,14 @@ class EngineArgs:
         "seconds a structured-output constraint (JSON schema, regex, choice, grammar) may take to compile; "
         "past it the compile is abandoned and the request refused",
     )
+    speculative_config: str | None = option(
+        None,
+        'speculative decoding, as JSON (a dict in LLM(...)): {"method": "ngram", "num_speculative_tokens": 3, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}; "max_batch_size": speculate only while at most this '
+        'many requests run (default 8); {"model": PATH, "num_speculative_tokens": 3}: a draft model of the same '
+        "vocabulary",
+        default_text="off",
+    )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, *, positional_model: bool) -> None:
@@ -158,7 +167,7 @@ class EngineArgs:
         deterministic = self.resolve_deterministic(device, model, backend)
         if self.grammar_compile_timeout <= 0:
             raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout}")
-        return EngineConfig(
+        config = EngineConfig(
             model=model,
             cache=CacheConfig(
                 self.block_size, self.kv_cache_memory, self.enable_prefix_caching, self.gpu_memory_utilization
@@ -180,6 +189,41 @@ class EngineArgs:
             grammar_compile_timeout=self.grammar_compile_timeout,
             deterministic=deterministic,
         )
+        spec = self.speculative()
+        return config if spec is None else replace(config, speculative=self.draft_config(spec, config))
+
+    def speculative(self) -> SpeculativeConfig | None:
+        """The speculative_config option (a JSON string or a dict) as a validated config."""
+        spec = self.speculative_config
+        if spec is None:
+            return None
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"speculative_config is not valid JSON: {exc}") from None
+        if not isinstance(spec, dict):
+            raise ConfigError(f"speculative_config must be a JSON object, got {spec!r}")
+        known = {f.name for f in fields(SpeculativeConfig)} - {"draft"}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ConfigError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
+        if "model" in spec:  # vLLM's spelling: a model implies a draft model
+            spec = {"method": "draft_model", **spec}
+        return SpeculativeConfig(**spec)
+
+    def draft_config(self, spec: SpeculativeConfig, target: EngineConfig) -> SpeculativeConfig:
+        """A draft model's engine: these options with the draft's files, no speculation of its own."""
+        if spec.model is None:
+            return spec
+        draft = replace(self, model=spec.model, served_model_name=None, tokenizer=None, speculative_config=None)
+        config = draft.create_config()
+        if config.model.vocab_size != target.model.vocab_size:
+            raise ConfigError(
+                f"speculative_config.model: the draft's vocabulary ({config.model.vocab_size} tokens) is not the "
+                f"model's ({target.model.vocab_size}); a draft must share the model's tokenizer"
+            )
+        return replace(spec, draft=config)
 
     def prefill_with_decodes(self, device: torch.device) -> int | None:
         """The step's prompt-token cap while requests decode; None: no cap. The CPU default is a

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from pagoda.config import EngineConfig
+from pagoda.config import EngineConfig, SpeculativeConfig
 from pagoda.core.kv_cache_manager import KVCacheManager
 from pagoda.core.outputs import SchedulerStats, StepOutputs
 from pagoda.core.scheduler import Scheduler
+from pagoda.core.spec_decode import NgramProposer, Proposer
 from pagoda.errors import ConfigError
 from pagoda.model_executor.model_runner import ModelRunner
 from pagoda.request import Request
@@ -32,7 +33,8 @@ class EngineCore:
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_cuda_graphs()
         kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, kv)
+        proposer = make_proposer(config.speculative) if config.speculative is not None else None
+        self.scheduler = Scheduler(config.scheduler, kv, proposer)
         logger.info(
             "KV cache: %d blocks of %d tokens, %d tokens: %.1f sequences of max_model_len=%d at once",
             num_blocks - 1,
@@ -67,3 +69,14 @@ class EngineCore:
 
     def check_integrity(self) -> None:
         self.scheduler.kv.check_integrity(self.scheduler.running)
+        if self.scheduler.proposer is not None:
+            self.scheduler.proposer.check_integrity()
+
+
+def make_proposer(config: SpeculativeConfig) -> Proposer:
+    if config.method == "ngram":
+        return NgramProposer(config)
+    from pagoda.model_executor.draft_proposer import DraftModelProposer
+
+    logger.info("Loading the draft model %s", config.model)
+    return DraftModelProposer(config)

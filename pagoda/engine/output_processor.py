@@ -95,15 +95,24 @@ class OutputProcessor:
         out.metrics = core.metrics
         if core.prompt_logprobs:
             out.prompt_logprobs += core.prompt_logprobs
-        out.token_ids_delta = list(core.new_token_ids)
-        out.logprobs_delta = list(core.new_logprobs)
-        out.token_ids += core.new_token_ids
-        out.logprobs += core.new_logprobs
-        new_text = "".join(seq.detokenizer.add(t) for t in core.new_token_ids)
-        if core.finished:
-            new_text += seq.detokenizer.flush()
-        seq.full_text += new_text
-        hit = seq.stops.find(seq.full_text, len(new_text)) if new_text and seq.stops.stop else None
+        tokens = core.new_token_ids
+        hit = None
+        # token by token: a step may bring several (speculative decoding), and a stop string that
+        # the first of them completes ends the output there, as it would one token at a time
+        steps = list(tokens) or [None]  # a finished output with no new token still flushes
+        for count, token in enumerate(steps, 1):
+            new_text = seq.detokenizer.add(token) if token is not None else ""
+            if core.finished and count == len(steps):
+                new_text += seq.detokenizer.flush()
+            seq.full_text += new_text
+            hit = seq.stops.find(seq.full_text, len(new_text)) if new_text and seq.stops.stop else None
+            if hit is not None:
+                tokens = tokens[:count]
+                break
+        out.token_ids_delta = list(tokens)
+        out.logprobs_delta = list(core.new_logprobs[: len(tokens)])
+        out.token_ids += out.token_ids_delta
+        out.logprobs += out.logprobs_delta
         if hit is not None:
             stop_string, cut = hit
             seq.full_text = seq.full_text[:cut]

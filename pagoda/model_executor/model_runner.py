@@ -23,6 +23,7 @@ from pagoda.model_executor.cpu_threads import ComputeThreads
 from pagoda.model_executor.cuda_graphs import MAX_GRAPH_BATCH, CUDAGraphRunner, capture_sizes
 from pagoda.model_executor.loader import load_model
 from pagoda.model_executor.sampler import Sampler, token_logprob
+from pagoda.model_executor.spec_verify import verify
 from pagoda.request import Request, TokenLogprob
 
 if TYPE_CHECKING:
@@ -118,7 +119,17 @@ class ModelRunner:
         prompt_logprobs = (
             self._prompt_logprobs(step, batch, hidden) if batch.wants_prompt_logprobs else [None] * len(step.scheduled)
         )
-        return ModelRunnerOutput(tokens, logprobs, prompt_logprobs)
+        if not batch.verifiers:
+            return ModelRunnerOutput(tokens, logprobs, prompt_logprobs)
+        accepted: list[list[int]] = [[] for _ in step.scheduled]
+        accepted_logprobs: list[list[TokenLogprob | None]] = [[] for _ in step.scheduled]
+        verifying = [r for r, _ in batch.verifiers]
+        drafts = [step.draft_token_ids[r.request_id] for r in verifying]
+        logits = self.model.compute_logits(hidden[batch.verify_indices])
+        for (_, slot), verdict in zip(batch.verifiers, verify(logits, verifying, drafts, self.sampler.generator)):
+            accepted[slot], tokens[slot] = verdict.accepted, verdict.token
+            accepted_logprobs[slot], logprobs[slot] = verdict.logprobs[:-1], verdict.logprobs[-1]
+        return ModelRunnerOutput(tokens, logprobs, prompt_logprobs, accepted, accepted_logprobs)
 
     def _grammar_bitmask(self, requests: list[Request]) -> TokenBitmask | None:
         """The allowed tokens of this step's constrained requests (None when none is)."""
@@ -143,9 +154,10 @@ class ModelRunner:
         starts = [r.num_computed_tokens for r, _ in scheduled]
         query_lens = [n for _, n in scheduled]
         seq_lens = [s + n for s, n in zip(starts, query_lens)]
+        drafts = [step.draft_token_ids.get(r.request_id, []) for r, _ in scheduled]
         token_ids: list[int] = []
-        for (request, n), start in zip(scheduled, starts):
-            token_ids += request.token_ids[start : start + n]
+        for (request, n), start, draft in zip(scheduled, starts, drafts):
+            token_ids += request.token_ids[start : start + n - len(draft)] + draft
         positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, query_lens)])
         max_blocks = max(len(r.block_ids) for r, _ in scheduled)
         tables = np.zeros((len(scheduled), max_blocks), dtype=np.int32)
@@ -167,10 +179,15 @@ class ModelRunner:
             block_size=bs,
             dtype=self.config.model.dtype,
         )
-        sampling_rows = [i for i, (request, _) in enumerate(scheduled) if seq_lens[i] == request.num_tokens]
+        # a request that reaches its end samples its next token, or verifies its drafts (1 + k rows)
+        sampling_rows = [i for i, (r, _) in enumerate(scheduled) if not drafts[i] and seq_lens[i] == r.num_tokens]
         sample_indices = torch.tensor(
             [int(query_start_loc[i + 1]) - 1 for i in sampling_rows], dtype=torch.long, device=device
         )
+        verify_rows = [i for i in range(len(scheduled)) if drafts[i]]
+        verify_indices = [
+            j for i in verify_rows for j in range(query_start_loc[i + 1] - 1 - len(drafts[i]), query_start_loc[i + 1])
+        ]
         query_starts = np.empty(len(order), dtype=np.int32)
         query_starts[order] = query_start_loc[:-1]
         return _Batch(
@@ -180,6 +197,8 @@ class ModelRunner:
             attn_metadata=self.backend.build_metadata(inputs),
             samplers=[(scheduled[i][0], order[i]) for i in sampling_rows],
             sample_indices=sample_indices,
+            verifiers=[(scheduled[i][0], order[i]) for i in verify_rows],
+            verify_indices=torch.tensor(verify_indices, dtype=torch.long, device=device),
             query_starts=query_starts,
             wants_prompt_logprobs=any(
                 r.sampling_params.prompt_logprobs is not None and r.is_prefilling for r, _ in step.scheduled
@@ -214,6 +233,8 @@ class _Batch:
     attn_metadata: object  # the backend's own type, opaque to the runner
     samplers: list[tuple[Request, int]]  # requests that sample this step, with their slot in the step
     sample_indices: torch.Tensor  # the samplers' last query tokens, in the order of `samplers`
+    verifiers: list[tuple[Request, int]]  # requests verifying drafts this step, with their slot in the step
+    verify_indices: torch.Tensor  # each verifier's 1 + k last query tokens, in the order of `verifiers`
     query_starts: np.ndarray  # per request, in the step's order: the batch row of its first query token
     wants_prompt_logprobs: bool
 

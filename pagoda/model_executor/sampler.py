@@ -36,14 +36,15 @@ class Sampler:
     ) -> SamplerOutput:
         """logits [B, V] for the requests' next tokens, in order; `bitmask`: the allowed tokens
         of constrained requests (structured outputs)."""
-        return sample(logits, requests, self._generator, bitmask)
+        return sample(logits, requests, self.generator, bitmask)
 
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget finished requests' generators."""
         for request_id in request_ids:
             self._generators.pop(request_id, None)
 
-    def _generator(self, request: Request, device: torch.device) -> torch.Generator:
+    def generator(self, request: Request, device: torch.device) -> torch.Generator:
+        """A seeded request's own generator."""
         generator = self._generators.get(request.request_id)
         if generator is None:
             seed = request.sampling_params.seed

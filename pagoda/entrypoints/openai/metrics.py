@@ -110,6 +110,17 @@ class _EngineStatsCollector(Collector):
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
             ("num_preemptions", "Preemptions of running sequences.", s.num_preemptions),
+            (
+                "spec_decode_num_drafts",
+                "Speculative decoding: requests that verified drafts in a step.",
+                s.spec_num_drafts,
+            ),
+            ("spec_decode_num_draft_tokens", "Speculative decoding: draft tokens proposed.", s.spec_num_draft_tokens),
+            (
+                "spec_decode_num_accepted_tokens",
+                "Speculative decoding: draft tokens accepted.",
+                s.spec_num_accepted_tokens,
+            ),
         ]
         for name, help_, value in gauges:
             family = GaugeMetricFamily(f"pagoda:{name}", help_, labels=["model_name"])
@@ -118,6 +129,15 @@ class _EngineStatsCollector(Collector):
         for name, help_, value in counters:
             family = CounterMetricFamily(f"pagoda:{name}", help_, labels=["model_name"])
             family.add_metric([self.model_name], value)
+            yield family
+        if s.spec_accepted_per_position:
+            family = CounterMetricFamily(
+                "pagoda:spec_decode_num_accepted_tokens_per_pos",
+                "Speculative decoding: drafts accepted at each draft position (0: the first).",
+                labels=["model_name", "position"],
+            )
+            for position, value in enumerate(s.spec_accepted_per_position):
+                family.add_metric([self.model_name, str(position)], value)
             yield family
 
 

@@ -4,6 +4,9 @@ read it too:
     Avg prompt throughput: 812.4 tokens/s, Avg generation throughput: 95.1 tokens/s, Running: 8 reqs,
     Waiting: 2 reqs, Preemptions: 0, CPU KV cache usage: 41.3%, Prefix cache hit rate: 37.5%
 
+With speculative decoding on, an interval in which requests speculated adds the mean acceptance
+length (tokens per verifying step: accepted drafts + 1) and the draft acceptance rate.
+
 Rates are computed on the event loop from two successive SchedulerStats snapshots (cumulative
 counters the engine thread publishes), so the engine thread does no extra work for them. Lines of an
 idle interval go to debug, so an idle server's log stays quiet.
@@ -44,6 +47,12 @@ def stats_line(before: Snapshot, after: Snapshot, kv_device: str) -> str:
     ]
     if a.prefix_cache_queries:  # since start, as /metrics counts it
         parts.append(f"Prefix cache hit rate: {a.prefix_cache_hits / a.prefix_cache_queries * 100:.1f}%")
+    drafts = a.spec_num_drafts - b.spec_num_drafts
+    if drafts:  # in the interval, as vLLM's SpecDecoding line
+        accepted = a.spec_num_accepted_tokens - b.spec_num_accepted_tokens
+        proposed = a.spec_num_draft_tokens - b.spec_num_draft_tokens
+        parts.append(f"Mean acceptance length: {1 + accepted / drafts:.2f}")
+        parts.append(f"Draft acceptance rate: {accepted / max(proposed, 1) * 100:.1f}%")
     return ", ".join(parts)
 
 
