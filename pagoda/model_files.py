@@ -64,6 +64,12 @@ def resolve_model(model: str | None) -> str:
     )
 
 
+def gguf_path(model: str | None) -> str | None:
+    """The .gguf file a model argument names (None: the default model's), else None."""
+    path = Path(model) if model else Path(default_model_path())
+    return str(path) if path.suffix == ".gguf" and path.is_file() else None
+
+
 def display_name(model: str | None) -> str:
     if not model:
         return DEFAULT_MODEL_NAME
