@@ -145,7 +145,7 @@ class EngineArgs:
             if self.device == "auto" and torch.cuda.is_available()
             else ("cpu" if self.device == "auto" else self.device)
         )
-        path = resolve_model(self.model)
+        path = resolve_model(self.model, gguf_weights=self.quantization != "gguf")
         name = self.served_model_name or display_name(self.model)
         model = load_model_config(
             path,
