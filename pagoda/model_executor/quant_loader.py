@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
+import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,7 +48,9 @@ _GGUF_LINEARS = {
 _GGUF_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 
 
-def unsupported_reason(quantization: str, device: torch.device, dtype: torch.dtype, gguf_file: str | None) -> str | None:
+def unsupported_reason(
+    quantization: str, device: torch.device, dtype: torch.dtype, gguf_file: str | None
+) -> str | None:
     if device.type != "cpu":
         return f"quantization={quantization!r} runs on the CPU; the device is {device}."
     if dtype != torch.float32:
@@ -76,17 +81,12 @@ def load_int8(model: nn.Module, fill: Callable[[Callable[[str, nn.Parameter], No
 
 def load_gguf(model: nn.Module, gguf_file: str) -> None:
     """Fills `model` from the GGUF file, keeping Q4_0 / Q4_1 / Q8_0 tensors in their format."""
-    from gguf import GGUFReader
-
     lib = cpu.load()
-    reader = GGUFReader(gguf_file)
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    if arch != "llama":
-        raise ConfigError(f"quantization='gguf' reads llama-architecture GGUF files; {gguf_file} is {arch!r}.")
-    tensors = {t.name: t for t in reader.tensors}
-    d = model.dims
     with open(gguf_file, "rb") as f:
-        read = _TensorReader(f, tensors, d)
+        arch, tensors = read_gguf_index(f)
+        if arch != "llama":
+            raise ConfigError(f"quantization='gguf' reads llama-architecture GGUF files; {gguf_file} is {arch!r}.")
+        read = _TensorReader(f, tensors, model.dims)
         quantized: dict[str, QuantWeight] = {}
         for i, layer in enumerate(model.layers):
             for ours, names in _GGUF_LINEARS.items():
@@ -104,7 +104,7 @@ def load_gguf(model: nn.Module, gguf_file: str) -> None:
         head = table if model.lm_head is None else read.linear(["output.weight"])
     if isinstance(table, QuantWeight):
         model.quant_embedding = QuantEmbedding(table, lib)
-        model.embed_tokens.data = torch.empty(0, d.hidden)
+        model.embed_tokens.data = torch.empty(0, model.dims.hidden)
     else:
         model.embed_tokens.data = table
     if model.lm_head is not None:
@@ -113,41 +113,104 @@ def load_gguf(model: nn.Module, gguf_file: str) -> None:
     _install(model, quantized, head_layer, lib)
 
 
+@dataclass(frozen=True)
+class GgufTensor:
+    kind: str  # GGML type name: F32, Q4_1, ...
+    shape: tuple[int, ...]  # GGUF's order: columns first
+    offset: int  # from the file's start
+    nbytes: int
+
+
+# GGUF metadata value types: fixed sizes (8 = string, 9 = array are read apart)
+_VALUE_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def read_gguf_index(f) -> tuple[str, dict[str, GgufTensor]]:
+    """The architecture and the tensor table of an open GGUF file (v2/v3), read from its header
+    alone: metadata values are skipped, not built (the `gguf` package's reader makes Python
+    objects of every tokenizer entry, over 100 MB for a 49k vocabulary)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    def unpack(fmt: str):
+        return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
+
+    def string() -> bytes:
+        return f.read(unpack("Q"))
+
+    def skip(kind: int) -> None:
+        if kind == 8:
+            f.seek(unpack("Q"), 1)
+        elif kind == 9:
+            item, count = unpack("I"), unpack("Q")
+            if item in _VALUE_SIZES:
+                f.seek(_VALUE_SIZES[item] * count, 1)
+            else:
+                for _ in range(count):
+                    skip(item)
+        else:
+            f.seek(_VALUE_SIZES[kind], 1)
+
+    if f.read(4) != b"GGUF" or unpack("I") < 2:
+        raise ConfigError("Not a GGUF file of version 2 or later.")
+    tensor_count, kv_count = unpack("Q"), unpack("Q")
+    arch, alignment = "", 32
+    for _ in range(kv_count):
+        key, kind = string(), unpack("I")
+        if key == b"general.architecture" and kind == 8:
+            arch = string().decode()
+        elif key == b"general.alignment" and kind == 4:
+            alignment = unpack("I")
+        else:
+            skip(kind)
+    infos = []
+    for _ in range(tensor_count):
+        name = string().decode()
+        shape = tuple(unpack("Q") for _ in range(unpack("I")))
+        infos.append((name, GGMLQuantizationType(unpack("I")), shape, unpack("Q")))
+    start = -(-f.tell() // alignment) * alignment
+    tensors = {}
+    for name, kind, shape, offset in infos:
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        tensors[name] = GgufTensor(kind.name, shape, start + offset, math.prod(shape) // block * block_bytes)
+    return arch, tensors
+
+
 class _TensorReader:
     """Reads GGUF tensors by name from the open file: quantized ones as QuantWeight rows, the rest
     as float32. Undoes llama.cpp's rotary row order of q and k (its converter permutes their rows
     per head; Pagoda, like transformers, uses the checkpoint's order)."""
 
-    def __init__(self, f, tensors: dict, dims) -> None:
+    def __init__(self, f, tensors: dict[str, GgufTensor], dims) -> None:
         self.f, self.tensors, self.d = f, tensors, dims
 
-    def _raw(self, name: str) -> tuple[torch.Tensor, object]:
+    def _raw(self, name: str) -> tuple[torch.Tensor, GgufTensor]:
         if name not in self.tensors:
             raise ConfigError(f"The GGUF file has no tensor {name!r}.")
         t = self.tensors[name]
-        raw = torch.empty(int(t.n_bytes), dtype=torch.uint8)
-        self.f.seek(int(t.data_offset))
+        raw = torch.empty(t.nbytes, dtype=torch.uint8)
+        self.f.seek(t.offset)
         if self.f.readinto(raw.numpy()) != raw.numel():
             raise ConfigError(f"The GGUF file is truncated at tensor {name!r}.")
-        rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
-        return raw.view(rows, -1), t
+        return raw.view(math.prod(t.shape[1:]), -1), t
 
     def float(self, name: str) -> torch.Tensor:
+        from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
 
         raw, t = self._raw(name)
-        values = dequantize(raw.numpy(), t.tensor_type)
+        values = dequantize(raw.numpy(), GGMLQuantizationType[t.kind])
         return self._order(name, torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)))
 
     def linear(self, names: list[str]) -> QuantWeight | torch.Tensor:
         """The tensors' rows one after another: a QuantWeight where all are in one kept format."""
-        kinds = {self.tensors[n].tensor_type.name if n in self.tensors else None for n in names}
+        kinds = {self.tensors[n].kind if n in self.tensors else None for n in names}
         kind = kinds.pop() if len(kinds) == 1 else None
         if kind not in BLOCK_BYTES:
             return torch.cat([self.float(n) for n in names])
         parts = [self._order(n, self._raw(n)[0]) for n in names]
-        columns = int(self.tensors[names[0]].shape[0])
-        return QuantWeight(kind, torch.cat(parts).contiguous(), None, columns)
+        return QuantWeight(
+            kind, torch.cat(parts) if len(parts) > 1 else parts[0], None, self.tensors[names[0]].shape[0]
+        )
 
     def _order(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         heads = {"attn_q": self.d.num_heads, "attn_k": self.d.num_kv_heads}.get(name.split(".")[-2])
@@ -173,28 +236,27 @@ def _install(model: nn.Module, quantized: dict[str, QuantWeight], head: nn.Modul
     logger.info("Weights resident: %s", resident_summary(model))
 
 
-def resident_summary(model: nn.Module) -> str:
-    """Bytes of weights held, by kind: each quantized tensor once (a tied head shares the table)."""
-    by_format: dict[str, int] = {}
+def weight_bytes(model: nn.Module) -> dict[str, int]:
+    """Bytes of weights held, by format ("float" for float32 tensors): each quantized tensor once
+    (a tied head shares the embedding table), oneDNN's packed copies and the GEMV's plain ones."""
+    sizes: dict[str, int] = {"float": sum(p.numel() * p.element_size() for p in model.parameters())}
     seen: set[int] = set()
-    for module in [*model.modules()]:
+    for module in model.modules():
         weight = getattr(module, "weight", None)
         if isinstance(weight, QuantWeight) and id(weight.data) not in seen:
             seen.add(id(weight.data))
-            by_format[weight.format] = by_format.get(weight.format, 0) + weight.nbytes
-    floats = sum(p.numel() * p.element_size() for p in model.parameters())
-    for module in model.modules():
-        if isinstance(module, CpuLinear):  # oneDNN's packed copy is not a parameter
-            floats += module.packed.numel() * module.packed.element_size()
-    parts = [f"{fmt} {size / 2**20:.1f} MiB" for fmt, size in sorted(by_format.items())]
-    total = sum(by_format.values())
-    return f"quantized {total / 2**20:.1f} MiB ({', '.join(parts)}), float {floats / 2**20:.1f} MiB"
+            sizes[weight.format] = sizes.get(weight.format, 0) + weight.nbytes
+        elif isinstance(module, CpuLinear):  # neither copy is a parameter
+            for t in (module.packed, module.weight):
+                sizes["float"] += 0 if t is None else t.numel() * t.element_size()
+    return sizes
 
 
-def quantized_bytes(model: nn.Module) -> int:
-    seen: dict[int, int] = {}
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, QuantWeight):
-            seen[id(weight.data)] = weight.nbytes
-    return sum(seen.values())
+def resident_bytes(model: nn.Module) -> int:
+    return sum(weight_bytes(model).values())
+
+
+def resident_summary(model: nn.Module) -> str:
+    sizes = weight_bytes(model)
+    parts = ", ".join(f"{fmt} {size / 2**20:.1f} MiB" for fmt, size in sorted(sizes.items()))
+    return f"{sum(sizes.values()) / 2**20:.1f} MiB ({parts})"
