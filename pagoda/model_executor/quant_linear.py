@@ -2,16 +2,11 @@
 
 Formats: GGUF's Q4_0, Q4_1 and Q8_0 blocks as the file stores them (`--quantization gguf`), and I8,
 int8 with one float32 scale per output channel, symmetric, made at load from a float checkpoint
-(`--quantization int8`). No dequantized copy of a matrix is kept.
-
-GGUF formats, everywhere, and I8 without AVX512-VNNI: activations stay float32; the kernels
-dequantize weights in registers and sum in float32, so a layer computes x @ dequantize(w).T up to
-float rounding. One activation row (a batch-1 decode step) takes the GEMV, which streams each
-weight once; two or more take the blocked GEMM, which dequantizes 16 weight rows at a time into a
-per-thread panel and multiplies every activation row by it.
-I8 with AVX512-VNNI (the avx512_vnni build level): activations are quantized per row to int8 too
-(symmetric, max |x| / 127) and multiplied by vpdpbusd in exact integer sums, 64 products an
-instruction, for any number of rows; see `int8_activations`.
+(`--quantization int8`). Activations stay float32 on every path: the kernels dequantize weights in
+registers and sum in float32, so a layer computes x @ dequantize(w).T up to float rounding.
+Paths by shape: one activation row (a batch-1 decode step) takes the GEMV, which streams each weight
+once; two or more rows take the blocked GEMM, which dequantizes 16 weight rows at a time into a
+per-thread panel and multiplies every activation row by it. No dequantized copy of a matrix is kept.
 """
 
 from __future__ import annotations
@@ -61,18 +56,6 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
     scales = (w.abs().amax(dim=1) / 127).clamp(min=_MIN_SCALE)
     codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
     return QuantWeight("I8", codes.view(torch.uint8), scales.contiguous(), weight.shape[1])
-
-
-def int8_activations(lib: ctypes.CDLL) -> bool:
-    """Whether this build's I8 layers quantize their activations (AVX512-VNNI) or keep them float32."""
-    return bool(lib.pagoda_i8_activations_quantized())
-
-
-def quantize_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [m, k] as the VNNI path sees it: each row rounded to 255 levels of max |row| / 127."""
-    amax = x.abs().amax(dim=1, keepdim=True)
-    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-    return torch.round(x / scale) * scale
 
 
 def _call(lib: ctypes.CDLL, name: str, weight: QuantWeight, *args) -> None:

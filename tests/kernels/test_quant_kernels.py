@@ -1,8 +1,6 @@
 """The quantized-weight kernels (csrc/quant.c) against a plain dequantize-then-matmul reference on
 random tensors, built for this CPU and capped at AVX2. The GGUF formats' reference is the `gguf`
-package's own dequantizer, so the block layout is checked too, not only self-consistency. Where
-the build quantizes I8 layers' activations (VNNI), the reference multiplies the same rounded
-activations."""
+package's own dequantizer, so the block layout is checked too, not only self-consistency."""
 
 from __future__ import annotations
 
@@ -13,14 +11,7 @@ import pytest
 import torch
 
 from pagoda.kernels import cpu as cpu_kernels
-from pagoda.model_executor.quant_linear import (
-    QuantWeight,
-    dequantize_rows,
-    int8_activations,
-    quant_matmul,
-    quantize_activations,
-    quantize_int8,
-)
+from pagoda.model_executor.quant_linear import QuantWeight, dequantize_rows, quant_matmul, quantize_int8
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
 
@@ -66,9 +57,8 @@ def test_matmul_matches_dequantize_then_matmul(lib, fmt):
         weight, reference = quantized(fmt, n, k, seed=m * n * k)
         gen = torch.Generator().manual_seed(m + n)
         x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
-        seen = quantize_activations(x) if fmt == "I8" and int8_activations(lib) else x
         for b in (None, bias):
-            expected = seen.double() @ reference.double().T + (0 if b is None else b.double())
+            expected = x.double() @ reference.double().T + (0 if b is None else b.double())
             out = quant_matmul(lib, x, weight, b)
             assert out.shape == (m, n)
             torch.testing.assert_close(out.double(), expected, atol=1e-4 * k**0.5, rtol=1e-5, msg=f"{m}x{n}x{k}")
@@ -87,10 +77,6 @@ def test_int8_quantization_is_symmetric_per_channel():
     assert q.data.view(torch.int8).tolist() == [[127, -64, 32], [0, 0, 0], [-127, 64, 0]]
     torch.testing.assert_close(q.scales[[0, 2]], torch.tensor([1.0 / 127, 3.0 / 127]))
     assert q.scales[1] > 0  # a zero row still has a finite scale
-
-
-def test_int8_activation_path_follows_the_build(lib):
-    assert int8_activations(lib) == ("avx512_vnni" in lib.isa)
 
 
 def test_block_formats_refuse_partial_blocks():

@@ -15,16 +15,6 @@
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3 };
 #define QK 32
 #define NV (QK / VLEN) /* vectors per block */
-/* The GEMM: each thread takes panels of PANEL weight rows, dequantizes a panel once into its own
- * float buffer (PANEL * k floats, cache-resident), and multiplies every activation row by it in
- * tiles of TM activation rows x TN weight rows (TM * TN vector accumulators over k). */
-#define PANEL 16
-#define TM 4
-#if VLEN == 16
-#define TN 4
-#else
-#define TN 2 /* AVX2's 16 registers */
-#endif
 
 static inline long block_bytes(int fmt) { return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : 34; }
 static inline long row_bytes(int fmt, long k) { return fmt == I8 ? k : k / QK * block_bytes(fmt); }
@@ -107,112 +97,10 @@ static inline float row_dot_i8(const int8_t *row, const float *x, long k) {
     return sum;
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* I8 with VNNI: activations quantized too, per row (token): x ~ sx * xq, xq = round(x / sx) in
- * [-127, 127], sx = max |x| / 127, stored as u8 xq + 128 for vpdpbusd (u8 x s8, 64 products a
- * step), and the offset taken back out with the weight row's code sum:
- *   w[r] . x ~ scale[r] * sx * (sum((xq + 128) * q) - 128 * sum(q))
- * Integer sums are exact, so the result depends on neither tile shape nor thread count. */
-#define I8_STEP 64
-
-static inline __mmask64 step_mask(long left) { return left >= I8_STEP ? ~0ULL : (1ULL << left) - 1; }
-
-/* rows of x [m, k] -> u8 codes [m, kp] (kp = k rounded up to 64, padded with 128, i.e. zero) and scales */
-static void quantize_activations(const float *x, long m, long k, long kp, uint8_t *xu, float *sx, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (m > 1)
-    for (long i = 0; i < m; i++) {
-        const float *row = x + i * k;
-        __m512 amax = _mm512_setzero_ps();
-        long c = 0;
-        for (; c + 16 <= k; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + c)));
-        float a = _mm512_reduce_max_ps(amax);
-        for (; c < k; c++) a = fmaxf(a, fabsf(row[c]));
-        const float s = a > 0.f ? a / 127.f : 1.f;
-        sx[i] = s;
-        uint8_t *out = xu + i * kp;
-        const __m512 sv = _mm512_set1_ps(s);
-        for (c = 0; c + 16 <= k; c += 16) {
-            const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(row + c), sv)),
-                                               _mm512_set1_epi32(128));
-            _mm_storeu_si128((__m128i *)(out + c), _mm512_cvtusepi32_epi8(q));
-        }
-        for (; c < k; c++) out[c] = (uint8_t)(lrintf(row[c] / s) + 128);
-        memset(out + k, 128, kp - k);
-    }
-}
-
-/* sum of a row's int8 codes */
-static inline int32_t code_sum(const int8_t *w, long k) {
-    __m512i acc = _mm512_setzero_si512();
-    const __m512i ones = _mm512_set1_epi8(1);
-    for (long c = 0; c < k; c += I8_STEP) acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8(step_mask(k - c), w + c));
-    return _mm512_reduce_add_epi32(acc);
-}
-
-/* the [tm x TN] integer dot products of u8 activation rows and int8 weight rows, over k */
-static inline __attribute__((always_inline)) void i8_tile(int tm, int tn, const uint8_t *xu, long kp, const int8_t *w,
-                                                          long k, int32_t *out) {
-    __m512i acc[TM][4];
-    for (int i = 0; i < tm; i++)
-        for (int j = 0; j < tn; j++) acc[i][j] = _mm512_setzero_si512();
-    for (long c = 0; c < k; c += I8_STEP) {
-        const __mmask64 mask = step_mask(k - c);
-        __m512i wv[4];
-        for (int j = 0; j < tn; j++) wv[j] = _mm512_maskz_loadu_epi8(mask, w + j * k + c);
-        for (int i = 0; i < tm; i++) {
-            const __m512i xv = _mm512_loadu_si512(xu + i * kp + c);
-            for (int j = 0; j < tn; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
-        }
-    }
-    for (int i = 0; i < tm; i++)
-        for (int j = 0; j < tn; j++) out[i * 4 + j] = _mm512_reduce_add_epi32(acc[i][j]);
-}
-
-/* y [m, n] = x @ dequantize(w).T (+ bias) for I8 weights, activations quantized per row */
-static void i8_vnni(const int8_t *w, const float *scales, const float *x, float *y, const float *bias, long m, long n,
-                    long k, int num_threads) {
-    const long kp = (k + I8_STEP - 1) / I8_STEP * I8_STEP, tiles = (n + 3) / 4;
-    uint8_t *xu = aligned_alloc(64, m * kp);
-    float *sx = malloc(sizeof(float) * m);
-    quantize_activations(x, m, k, kp, xu, sx, num_threads);
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (long t = 0; t < tiles; t++) {
-        const long r0 = 4 * t;
-        const int tn = n - r0 < 4 ? (int)(n - r0) : 4;
-        const int8_t *wt = w + r0 * k;
-        int32_t offset[4], dots[TM * 4];
-        for (int j = 0; j < tn; j++) offset[j] = 128 * code_sum(wt + j * k, k);
-        for (long i = 0; i < m; i += TM) {
-            const int tm = m - i < TM ? (int)(m - i) : TM;
-            if (tm == TM && tn == 4) i8_tile(TM, 4, xu + i * kp, kp, wt, k, dots);
-            else i8_tile(tm, tn, xu + i * kp, kp, wt, k, dots);
-            for (int a = 0; a < tm; a++)
-                for (int b = 0; b < tn; b++)
-                    y[(i + a) * n + r0 + b] = sx[i + a] * scales[r0 + b] * (float)(dots[a * 4 + b] - offset[b]) +
-                                              (bias ? bias[r0 + b] : 0.f);
-        }
-    }
-    free(xu);
-    free(sx);
-}
-#define I8_ACTIVATIONS_QUANTIZED 1
-#else
-#define I8_ACTIVATIONS_QUANTIZED 0
-#endif
-
-/* 1 where I8 layers quantize their activations (VNNI), 0 where they stay float32 */
-int pagoda_i8_activations_quantized(void) { return I8_ACTIVATIONS_QUANTIZED; }
-
 /* y[n] = dequantize(w)[n, :] . x (+ bias[n]): one row of activations, the weights streamed once,
  * each thread a contiguous share of the rows. */
 void pagoda_q_gemv(int fmt, const uint8_t *w, const float *scales, const float *x, float *y, const float *bias,
                    long n, long k, int num_threads) {
-#if I8_ACTIVATIONS_QUANTIZED
-    if (fmt == I8) {
-        i8_vnni((const int8_t *)w, scales, x, y, bias, 1, n, k, num_threads);
-        return;
-    }
-#endif
     const long nb = fmt == I8 ? 0 : k / QK, rb = row_bytes(fmt, k);
     float *xsum = malloc(sizeof(float) * (nb + 1));
     for (long b = 0; b < nb; b++) {
@@ -260,6 +148,16 @@ void pagoda_q_dequant_rows(int fmt, const uint8_t *w, const float *scales, const
     for (long i = 0; i < count; i++) dequant_row(fmt, w + ids[i] * rb, scales ? scales[ids[i]] : 1.f, k, out + i * k);
 }
 
+/* The GEMM: each thread takes panels of PANEL weight rows, dequantizes a panel once into its own
+ * float buffer (PANEL * k floats, cache-resident), and multiplies every activation row by it in
+ * tiles of TM activation rows x TN weight rows (TM * TN vector accumulators over k). */
+#define PANEL 16
+#define TM 4
+#if VLEN == 16
+#define TN 4
+#else
+#define TN 2 /* AVX2's 16 registers */
+#endif
 
 /* y[i, j] for i < tm (tm = TM, or 1 for the tail) and j < TN, of x rows i and panel rows j */
 static inline __attribute__((always_inline)) void tile(int tm, const float *x, long ldx, const float *wp, long k,
@@ -291,12 +189,6 @@ static inline __attribute__((always_inline)) void tile(int tm, const float *x, l
 /* y [m, n] = x [m, k] @ dequantize(w).T (+ bias), all float32 and contiguous. */
 void pagoda_q_gemm(int fmt, const uint8_t *w, const float *scales, const float *x, float *y, const float *bias,
                    long m, long n, long k, int num_threads) {
-#if I8_ACTIVATIONS_QUANTIZED
-    if (fmt == I8) {
-        i8_vnni((const int8_t *)w, scales, x, y, bias, m, n, k, num_threads);
-        return;
-    }
-#endif
     const long rb = row_bytes(fmt, k), panels = (n + PANEL - 1) / PANEL;
 #pragma omp parallel num_threads(num_threads)
     {
