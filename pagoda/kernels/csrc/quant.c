@@ -63,25 +63,33 @@ static inline void block_affine(int fmt, const uint8_t *block, float *d, float *
     *c = fmt == Q4_0 ? -8.f * *d : fmt == Q4_1 ? f16_at(block + 2) : 0.f;
 }
 
+/* d * (codes . x_block) + c * sum(x_block) of block b as a vector plus a scalar */
+static inline __attribute__((always_inline)) vec block_dot(int fmt, const uint8_t *block, const float *xb, float xsum,
+                                                           float *offset) {
+    vec codes[NV];
+    block_codes(fmt, block, codes);
+    vec s = vmul(codes[0], vload(xb));
+    for (int j = 1; j < NV; j++) s = vfmadd(codes[j], vload(xb + j * VLEN), s);
+    float d, c;
+    block_affine(fmt, block, &d, &c);
+    *offset += c * xsum;
+    return vmul(s, vset(d));
+}
+
 /* w[row] . x for a block-format row: sum over blocks of d * (codes . x_block) + c * sum(x_block),
- * with xsum[b] = sum(x_block b) precomputed. Two chains over alternate blocks hide FMA latency. */
+ * with xsum[b] = sum(x_block b) precomputed. Two blocks a step, in two chains, hide FMA latency. */
 static inline __attribute__((always_inline)) float row_dot_blocks(int fmt, const uint8_t *row, const float *x,
                                                                   const float *xsum, long nb) {
     const long bb = block_bytes(fmt);
-    vec acc[2] = {vset(0.f), vset(0.f)};
-    float offset = 0.f;
-    for (long b = 0; b < nb; b++) {
-        const uint8_t *block = row + b * bb;
-        vec codes[NV];
-        block_codes(fmt, block, codes);
-        vec s = vmul(codes[0], vload(x + b * QK));
-        for (int j = 1; j < NV; j++) s = vfmadd(codes[j], vload(x + b * QK + j * VLEN), s);
-        float d, c;
-        block_affine(fmt, block, &d, &c);
-        acc[b & 1] = vfmadd(s, vset(d), acc[b & 1]);
-        offset += c * xsum[b];
+    vec acc0 = vset(0.f), acc1 = vset(0.f);
+    float off0 = 0.f, off1 = 0.f;
+    long b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        acc0 = vadd(acc0, block_dot(fmt, row + b * bb, x + b * QK, xsum[b], &off0));
+        acc1 = vadd(acc1, block_dot(fmt, row + (b + 1) * bb, x + (b + 1) * QK, xsum[b + 1], &off1));
     }
-    return vsum(vadd(acc[0], acc[1])) + offset;
+    if (b < nb) acc0 = vadd(acc0, block_dot(fmt, row + b * bb, x + b * QK, xsum[b], &off0));
+    return vsum(vadd(acc0, acc1)) + off0 + off1;
 }
 
 /* codes . x for an int8 row of any length (the scale applied by the caller) */
