@@ -208,20 +208,17 @@ void pagoda_q_gemm(int fmt, const uint8_t *w, const float *scales, const float *
                 if (j < rows) dequant_row(fmt, w + (r0 + j) * rb, scales ? scales[r0 + j] : 1.f, k, wp + j * k);
                 else memset(wp + j * k, 0, sizeof(float) * k);
             }
-            for (long j0 = 0; j0 < rows; j0 += TN) {
-                float out[TM * TN];
-                long i = 0;
-                for (; i + TM <= m; i += TM) {
-                    tile(TM, x + i * k, k, wp + j0 * k, k, out);
-                    for (int a = 0; a < TM; a++)
+            for (long i = 0; i < m;) { /* TM activation rows at a time against the panel, the rest one by one */
+                const int tm = m - i >= TM ? TM : 1;
+                for (long j0 = 0; j0 < rows; j0 += TN) {
+                    float out[TM * TN];
+                    if (tm == TM) tile(TM, x + i * k, k, wp + j0 * k, k, out);
+                    else tile(1, x + i * k, k, wp + j0 * k, k, out);
+                    for (int a = 0; a < tm; a++)
                         for (int b = 0; b < TN && j0 + b < rows; b++)
                             y[(i + a) * n + r0 + j0 + b] = out[a * TN + b] + (bias ? bias[r0 + j0 + b] : 0.f);
                 }
-                for (; i < m; i++) {
-                    tile(1, x + i * k, k, wp + j0 * k, k, out);
-                    for (int b = 0; b < TN && j0 + b < rows; b++)
-                        y[i * n + r0 + j0 + b] = out[b] + (bias ? bias[r0 + j0 + b] : 0.f);
-                }
+                i += tm;
             }
         }
         free(wp);
