@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import struct
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from tqdm import tqdm
@@ -163,7 +166,7 @@ def load_weights(
     for i, file in enumerate(tqdm(files, desc="Loading weights", disable=len(files) < 2)):
         logger.info("Reading weights: file %d of %d (%s; %.2f GiB in all)", i + 1, len(files), file.name, total_gib)
         try:
-            for key, tensor in read_safetensors(file):
+            for key, entry in read_safetensors(file):
                 target = _target(key)
                 if target is None:
                     continue
@@ -173,7 +176,7 @@ def load_weights(
                 if name not in params:
                     raise ConfigError(f"{file.name} has weight {key!r}, which this {config.architecture} does not use.")
                 rows = _slot_rows(slot, model.dims, params[name].shape[0])
-                params[name].data[rows].copy_(tensor)
+                entry.read_into(params[name].data[rows])
                 pending[name] -= rows.stop - rows.start
                 if pending[name] == 0 and on_loaded is not None:
                     on_loaded(name, params[name])
@@ -202,10 +205,39 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each tensor of a safetensors file, read into memory of its own in file order. Plain reads,
-    not a memory map: the file's pages stay out of the process's resident set, so loading holds
-    at most the model plus one tensor."""
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    """One tensor of an open safetensors file, not read yet."""
+
+    file: BinaryIO
+    offset: int  # from the file's start
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    def read(self) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype)
+        self._read(out)
+        return out
+
+    def read_into(self, out: torch.Tensor) -> None:
+        """Fills `out` (of this shape, any dtype): straight from the file when it is contiguous
+        and of this dtype, else through a temporary."""
+        if out.dtype == self.dtype and out.is_contiguous() and tuple(out.shape) == self.shape:
+            self._read(out)
+        else:
+            out.copy_(self.read())
+
+    def _read(self, out: torch.Tensor) -> None:
+        self.file.seek(self.offset)
+        if self.file.readinto(out.reshape(-1).view(torch.uint8).numpy()) != self.nbytes:
+            raise ValueError(f"truncated at byte {self.offset}")
+
+
+def read_safetensors(file: Path) -> Iterator[tuple[str, SafetensorsEntry]]:
+    """Each tensor of a safetensors file in file order, to be read with plain reads, not a memory
+    map: the file's pages stay out of the process's resident set, and a tensor is read straight
+    into the parameter that holds it."""
     with open(file, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(header_len))
@@ -213,11 +245,10 @@ def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
         start = 8 + header_len
         for key, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
             begin, end = info["data_offsets"]
-            raw = torch.empty(end - begin, dtype=torch.uint8)
-            f.seek(start + begin)
-            if f.readinto(raw.numpy()) != end - begin:
-                raise ValueError(f"truncated at tensor {key!r}")
-            yield key, raw.view(_SAFETENSORS_DTYPES[info["dtype"]]).reshape(info["shape"])
+            dtype, shape = _SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"])
+            if math.prod(shape) * dtype.itemsize != end - begin:
+                raise ValueError(f"tensor {key!r}: {end - begin} bytes for shape {list(shape)}")
+            yield key, SafetensorsEntry(f, start + begin, end - begin, dtype, shape)
 
 
 def weight_files(path: Path) -> list[Path]:

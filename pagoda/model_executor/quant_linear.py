@@ -51,11 +51,18 @@ class QuantWeight:
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantWeight:
-    """weight [out, in] -> I8: q = round(w / s) in [-127, 127], s = max |w[row]| / 127 per row."""
-    w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127).clamp(min=_MIN_SCALE)
-    codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-    return QuantWeight("I8", codes.view(torch.uint8), scales.contiguous(), weight.shape[1])
+    """weight [out, in] -> I8: q = round(w / s) in [-127, 127], s = max |w[row]| / 127 per row.
+    In chunks of rows, so the float temporaries stay small beside a large matrix (an LM head)."""
+    rows, columns = weight.shape
+    codes = torch.empty(rows, columns, dtype=torch.int8)
+    scales = torch.empty(rows)
+    step = max(1, 2**20 // max(columns, 1))
+    for start in range(0, rows, step):
+        w = weight[start : start + step].detach().float()
+        s = (w.abs().amax(dim=1) / 127).clamp(min=_MIN_SCALE)
+        codes[start : start + step] = torch.round(w / s[:, None]).clamp(-127, 127)
+        scales[start : start + step] = s
+    return QuantWeight("I8", codes.view(torch.uint8), scales, columns)
 
 
 def _call(lib: ctypes.CDLL, name: str, weight: QuantWeight, *args) -> None:
