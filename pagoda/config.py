@@ -106,6 +106,9 @@ class EngineConfig:
     threads: ThreadConfig = ThreadConfig()
     enforce_eager: bool = False  # never replay CUDA graphs
     grammar_compile_timeout: float = 10.0  # seconds a structured-output constraint may take to compile
+    # batch-invariant kernels: a request's logits are bitwise the same whatever else shares its steps,
+    # however its prompt was chunked and whatever of it came from the prefix cache (docs/determinism.md)
+    deterministic: bool = False
 
     @property
     def use_cuda_graphs(self) -> bool:

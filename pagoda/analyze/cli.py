@@ -13,6 +13,7 @@ from pagoda.analyze.pipeline import analyze_log
 from pagoda.analyze.plot import write_plot
 from pagoda.analyze.recommend import recommend
 from pagoda.analyze.report import render, to_json
+from pagoda.analyze.routing import CACHE_THRESHOLD, POLICIES
 from pagoda.analyze.summary import summarize
 from pagoda.analyze.tokenize import PromptTokenizer
 from pagoda.entrypoints.parsing import Parser
@@ -47,6 +48,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=_token_counts,
         help="cache sizes to simulate with LRU eviction, e.g. 500k,2M (default: a curve of powers of two)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=_positive,
+        default=1,
+        help="forecast N replicas behind SGLang Model Gateway, each with its own cache of every "
+        "--cache-tokens size (default 1: no forecast)",
+    )
+    parser.add_argument(
+        "--routing",
+        type=_policies,
+        default=POLICIES,
+        metavar="POLICY[,POLICY...]",
+        help=f"routing policies to forecast with --replicas: {', '.join(POLICIES)} (default: both)",
+    )
+    parser.add_argument(
+        "--cache-threshold",
+        type=float,
+        default=CACHE_THRESHOLD,
+        help="the gateway's --cache-threshold: the share of a request's text a worker must hold "
+        "for cache-aware routing to prefer it (default %(default)s)",
+    )
     parser.add_argument("--top", type=_positive, default=5, help="shared prefixes to list (default 5)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument(
@@ -70,7 +92,9 @@ def main(argv: list[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     model = None if args.tokenizer == DEFAULT_TOKENIZER else args.tokenizer
     tokenizer = PromptTokenizer(model, _read_template(args.chat_template))
-    analysis = analyze_log(Path(args.log), tokenizer, args.block_size, args.top)
+    analysis = analyze_log(
+        Path(args.log), tokenizer, args.block_size, args.top, args.replicas, args.routing, args.cache_threshold
+    )
     summary = summarize(analysis, args.cache_tokens)
     recommendation = recommend(summary, kv_footprint(model))
     print(to_json(summary, recommendation) if args.json else render(summary, recommendation), end="")
@@ -101,6 +125,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown or not names:
+        choices = ", ".join(POLICIES)
+        raise argparse.ArgumentTypeError(f"unknown routing policy {unknown or text!r}; choose from {choices}")
+    return names
 
 
 def _token_counts(text: str) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pagoda.analyze.errors import AnalyzeError
+from pagoda.analyze.routing import request_text
 from pagoda.jsonl import BadLine, decode, json_object, numbered_lines
 
 Messages = tuple[dict, ...]  # chat messages, handed to the chat template as the server does
@@ -46,6 +47,8 @@ class LogEntry:
     output_ids: np.ndarray | None = None  # generated token ids, when logged
     output_tokens: int | None = None  # generated token count, when logged
     logged_cached_tokens: int | None = None  # the server's own prefix-cache hit, when logged
+    latency_s: float | None = None  # arrival to finish (Pagoda's log), for the routing forecast's loads
+    text: str = ""  # what a gateway routes on (routing.request_text): the body's messages or prompt text
 
 
 @dataclass(frozen=True)
@@ -152,15 +155,23 @@ def _entries(obj: dict, line: int) -> list[LogEntry]:
         "output_ids": output_ids,
         "output_tokens": output_tokens,
         "logged_cached_tokens": _optional_count(obj, "cached_tokens"),
+        "latency_s": _seconds(obj, "latency_s"),
     }
-    if "prompt_token_ids" in obj:
-        return [LogEntry(prompt=_ids(obj["prompt_token_ids"], "prompt_token_ids"), **common)]
     body = obj["body"] if isinstance(obj.get("body"), dict) else obj
+    if "prompt_token_ids" in obj:
+        text = request_text(_messages(body["messages"])) if "messages" in body else _text_prompt(body)
+        return [LogEntry(prompt=_ids(obj["prompt_token_ids"], "prompt_token_ids"), text=text, **common)]
     if "messages" in body:
-        return [LogEntry(prompt=_messages(body["messages"]), **common)]
+        messages = _messages(body["messages"])
+        return [LogEntry(prompt=messages, text=request_text(messages), **common)]
     if "prompt" in body:
-        return [LogEntry(prompt=prompt, **common) for prompt in _prompts(body["prompt"])]
+        return [LogEntry(prompt=prompt, text=request_text(prompt), **common) for prompt in _prompts(body["prompt"])]
     raise BadLine('no "prompt_token_ids", "messages" or "prompt"')
+
+
+def _text_prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
 
 
 def _ids(value: object, name: str) -> np.ndarray:
@@ -194,11 +205,15 @@ def _optional_count(obj: dict, name: str) -> int | None:
 
 
 def _timestamp(obj: dict) -> float | None:
-    value = obj.get("timestamp")
+    return _seconds(obj, "timestamp")
+
+
+def _seconds(obj: dict, name: str) -> float | None:
+    value = obj.get(name)
     if value is None:
         return None
     if type(value) not in (int, float) or not math.isfinite(value):
-        raise BadLine(f"timestamp must be a number, got {value!r}")
+        raise BadLine(f"{name} must be a number, got {value!r}")
     return float(value)
 
 

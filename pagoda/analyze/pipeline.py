@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from pagoda.analyze.errors import AnalyzeError
 from pagoda.analyze.logs import LogEntry, Malformed, in_arrival_order, read_log
+from pagoda.analyze.routing import CACHE_THRESHOLD, RoutedReplay, RoutingReplay
 from pagoda.analyze.simulate import CacheSimulator, ReplayRequest, Simulation
 from pagoda.analyze.tokenize import PromptError, PromptTokenizer
 
@@ -25,6 +26,7 @@ class Analysis:
     malformed_count: int
     malformed: tuple[Malformed, ...]  # the first MALFORMED_KEPT, in file order
     prefix_previews: tuple[str, ...]  # the first characters of each shared prefix
+    routing: tuple[RoutedReplay, ...] = ()  # per routing policy, with --replicas N > 1
 
 
 def analyze_log(
@@ -32,16 +34,21 @@ def analyze_log(
     tokenizer: PromptTokenizer,
     block_size: int = 16,
     top_prefixes: int = 5,
+    replicas: int = 1,
+    policies: tuple[str, ...] = (),
+    cache_threshold: float = CACHE_THRESHOLD,
 ) -> Analysis:
+    """`replicas` > 1: also replay the log through that many replicas under each routing policy."""
     size = _file_size(path)
     if tokenizer.model is not None:
         tokenizer.load()  # a tokenizer named explicitly must work: fail now, not after a long read
     simulator = CacheSimulator(block_size, top_prefixes)
+    routed = [RoutingReplay(p, replicas, block_size, cache_threshold) for p in policies] if replicas > 1 else []
     malformed: list[Malformed] = []
     malformed_count = 0
     with tqdm(total=size, unit="B", unit_scale=True, desc="pagoda analyze", disable=None) as bar:
         for item in in_arrival_order(read_log(path, bar.update)):
-            problem = item if isinstance(item, Malformed) else _replay(item, tokenizer, simulator)
+            problem = item if isinstance(item, Malformed) else _replay(item, tokenizer, simulator, routed)
             if problem is not None:
                 malformed_count += 1
                 if len(malformed) < MALFORMED_KEPT:
@@ -51,10 +58,13 @@ def analyze_log(
         raise AnalyzeError(f"No requests to analyze in {path}: {what}.")
     simulation = simulator.finish()
     previews = tuple(_preview(tokenizer, prefix.tokens) for prefix in simulation.shared_prefixes)
-    return Analysis(path, simulation, malformed_count, tuple(malformed), previews)
+    routing = tuple(replay.finish() for replay in routed)
+    return Analysis(path, simulation, malformed_count, tuple(malformed), previews, routing)
 
 
-def _replay(entry: LogEntry, tokenizer: PromptTokenizer, simulator: CacheSimulator) -> Malformed | None:
+def _replay(
+    entry: LogEntry, tokenizer: PromptTokenizer, simulator: CacheSimulator, routed: list[RoutingReplay]
+) -> Malformed | None:
     """Replay one entry; a prompt that cannot be tokenized comes back as a malformed line."""
     try:
         prompt_ids = tokenizer.ids(entry.prompt)
@@ -62,9 +72,13 @@ def _replay(entry: LogEntry, tokenizer: PromptTokenizer, simulator: CacheSimulat
         return Malformed(entry.line, str(exc))
     if len(prompt_ids) == 0:
         return Malformed(entry.line, "the prompt has no tokens")
-    simulator.add(
-        ReplayRequest(entry.line, prompt_ids, entry.output_ids, entry.output_tokens, entry.logged_cached_tokens)
-    )
+    request = ReplayRequest(entry.line, prompt_ids, entry.output_ids, entry.output_tokens, entry.logged_cached_tokens)
+    simulator.add(request)
+    if routed:
+        finish = entry.timestamp
+        arrival = finish - entry.latency_s if finish is not None and entry.latency_s is not None else None
+        for replay in routed:
+            replay.add(request, entry.text, arrival, finish if arrival is not None else None)
     return None
 
 

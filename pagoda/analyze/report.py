@@ -29,6 +29,7 @@ def render(summary: Summary, recommendation: Recommendation) -> str:
         _hit_ratio_table(summary),
         _shared_prefixes(summary),
         _server_check(summary),
+        _routing(summary),
         _recommendation(recommendation),
     ]
     return "\n\n".join(section for section in sections if section) + "\n"
@@ -126,6 +127,27 @@ def _server_check(summary: Summary) -> str:
     lines += [
         f"  line {line}: predicted {predicted:,}, logged {logged:,}" for line, predicted, logged in check.differences
     ]
+    return "\n".join(lines)
+
+
+def _routing(summary: Summary) -> str:
+    if not summary.routing:
+        return ""
+    replicas = len(summary.routing[0].requests_per_replica)
+    lines = [
+        f"Routing forecast: {replicas} replicas behind SGLang Model Gateway, each with its own cache "
+        f"({summary.block_size}-token blocks)",
+        f"  {'policy':<14}{'cache per replica':<20}{'hit rate':>9}{'prefill saved':>15}{'prefill left':>14}"
+        f"  requests per replica (busiest / mean)",
+    ]
+    for route in summary.routing:
+        spread = f"{'/'.join(map(str, route.requests_per_replica))} ({route.imbalance:.2f})"
+        for i, point in enumerate(route.points):
+            size = "unlimited" if point.cache_tokens is None else f"{point.cache_tokens:,} tokens"
+            lines.append(
+                f"  {route.policy if i == 0 else '':<14}{size:<20}{point.reused.share:>9.1%}"
+                f"{point.reused.tokens:>15,}{point.prefill_tokens:>14,}  {spread if i == 0 else ''}".rstrip()
+            )
     return "\n".join(lines)
 
 

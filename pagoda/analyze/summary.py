@@ -9,6 +9,7 @@ import numpy as np
 
 from pagoda.analyze.logs import Malformed
 from pagoda.analyze.pipeline import Analysis
+from pagoda.analyze.routing import RoutedReplay
 from pagoda.analyze.simulate import GRANULARITIES, Simulation
 
 CURVE_POINTS = 10
@@ -60,6 +61,23 @@ class ServerCheck:
 
 
 @dataclass(frozen=True)
+class RoutingPoint:
+    cache_tokens: int | None  # each replica's cache; None: unlimited
+    reused: Reuse  # prompt tokens served from the replicas' caches, in whole blocks: prefill saved
+    prefill_tokens: int  # prompt tokens the replicas still compute
+
+
+@dataclass(frozen=True)
+class RoutingSummary:
+    """One routing policy over N replicas (routing.py)."""
+
+    policy: str
+    requests_per_replica: tuple[int, ...]
+    imbalance: float  # the busiest replica's requests over the mean: 1.0 is an even spread
+    points: tuple[RoutingPoint, ...]  # unlimited first, then each --cache-tokens size
+
+
+@dataclass(frozen=True)
 class Summary:
     log: str
     block_size: int
@@ -76,6 +94,7 @@ class Summary:
     hit_ratios: dict[str, HitRatios]  # by granularity
     shared_prefixes: tuple[SharedPrefixLine, ...]
     server_check: ServerCheck | None
+    routing: tuple[RoutingSummary, ...] = ()  # with --replicas N > 1
 
 
 def default_capacities(distinct_tokens: int, block_size: int) -> tuple[int, ...]:
@@ -109,6 +128,18 @@ def summarize(analysis: Analysis, capacities: tuple[int, ...] | None = None) -> 
             for prefix, text in zip(sim.shared_prefixes, analysis.prefix_previews)
         ),
         server_check=_server_check(sim),
+        routing=tuple(_routing(replay, capacities or (), prompt_total) for replay in analysis.routing),
+    )
+
+
+def _routing(replay: RoutedReplay, capacities: tuple[int, ...], prompt_total: int) -> RoutingSummary:
+    counts = np.bincount(replay.assignment, minlength=len(replay.replicas))
+    points = []
+    for size in (None, *sorted(capacities)):
+        reused = int(replay.reusable(size).sum())
+        points.append(RoutingPoint(size, Reuse(reused, reused / prompt_total), prompt_total - reused))
+    return RoutingSummary(
+        replay.policy, tuple(int(c) for c in counts), float(counts.max() / counts.mean()), tuple(points)
     )
 
 

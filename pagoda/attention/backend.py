@@ -52,6 +52,9 @@ class BackendSupport:
     dtypes: tuple[torch.dtype, ...]  # the model's activation dtype, which is also the KV cache's
     head_dim_multiple: int = 1  # head_dim must be divisible by it
     cuda_graphs: bool = False  # build_metadata reads only host values and forward never syncs: capturable
+    # created with batch_invariant=True, each query row's output is bitwise the same whatever other rows
+    # share the call, how its request's prompt was chunked and how much of it was already cached
+    batch_invariant: bool = False
 
 
 M = TypeVar("M")  # a backend's per-step metadata

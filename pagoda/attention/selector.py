@@ -70,9 +70,11 @@ def backend_class(name: str) -> type[AttentionBackend]:
     return getattr(importlib.import_module(module), cls)
 
 
-def create_backend(name: str) -> AttentionBackend:
-    """An instance of a backend that select_backend chose (EngineConfig.attention_backend)."""
-    return backend_class(name)()
+def create_backend(name: str, batch_invariant: bool = False) -> AttentionBackend:
+    """An instance of a backend that select_backend chose (EngineConfig.attention_backend);
+    `batch_invariant` (EngineConfig.deterministic) for one whose support declares it."""
+    cls = backend_class(name)
+    return cls(batch_invariant=True) if batch_invariant else cls()
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -1,4 +1,4 @@
-"""Results in every form: the terminal table, results.json, results.csv and report.md.
+"""Results in every form: the terminal table, results.json, results.csv, report.md and report.html.
 
 One schema serves `pagoda bench` (one engine) and `pagoda bakeoff` (several): results.json
 holds the settings, the environment and, per engine, every level with its per-request records.
@@ -246,7 +246,9 @@ def write_results(
     results: Sequence[EngineResult],
     json_name: str = "results.json",
 ) -> list[Path]:
-    """Write results.json (or `json_name`), results.csv, report.md and the plots; returns the files written."""
+    """Write results.json (or `json_name`), results.csv, report.md, the plots and report.html (the
+    markdown and plots in one file, html_report.py); returns the files written."""
+    from pagoda.bench.html_report import write_report_html
     from pagoda.bench.plots import write_plots
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -259,7 +261,7 @@ def write_results(
         writer.writerows(csv_rows(results))
     plots = write_plots(folder, results)
     paths[2].write_text(machine_neutral(markdown(tool, argv, settings, results, [p.name for p in plots]), folder))
-    return paths + plots
+    return paths + plots + [write_report_html(folder, f"{tool} report")]
 
 
 def machine_neutral(text: str, folder: Path) -> str:

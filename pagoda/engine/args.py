@@ -17,6 +17,17 @@ from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, ThreadConf
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, gguf_path, resolve_model
 
+if typing.TYPE_CHECKING:
+    import torch
+
+# The CPU default of --max-prefill-with-decodes: measured in benchmarks/results/cpu_runtime/prefill_bound.
+CPU_PREFILL_WITH_DECODES = 256
+
+# Whether a model that can be served deterministically is, unless told otherwise (--deterministic /
+# --no-deterministic): on where the mode costs at most 10% of throughput at concurrency 1, 8 and 32
+# (benchmarks/determinism.sh measures it).
+DETERMINISTIC_BY_DEFAULT = True
+
 
 def option(default: object, help: str, *, choices: list[str] | None = None, default_text: str | None = None):
     """A field of EngineArgs with what its flag's --help shows: `help`, then `(default: ...)`,
@@ -52,9 +63,10 @@ class EngineArgs:
         2.0, "KV pool size in GiB on CPU; must hold at least one max_model_len sequence; a GPU ignores it"
     )
     max_prefill_with_decodes: int | None = option(
-        256,
+        None,
         "while any request decodes, a step takes at most this many prompt tokens (bounds the stall a long "
         "prompt's chunk puts on running decodes); 0: no bound beyond --max-num-batched-tokens",
+        default_text=f"{CPU_PREFILL_WITH_DECODES} on CPU, no bound on a GPU",
     )
     block_size: int = option(16, "tokens per KV block")
     enable_prefix_caching: bool = option(True, "the radix prefix cache")
@@ -100,6 +112,13 @@ class EngineArgs:
         "dummy: random weights of the model's config, to time a model without its weights",
         choices=["auto", "dummy"],
     )
+    deterministic: bool | None = option(
+        None,
+        "batch-invariant kernels: a request's tokens and logprobs are bitwise the same whatever else runs, "
+        "however its prompt is chunked and whatever of it the prefix cache serves (CPU, float32); refused "
+        "with the reason where it cannot hold",
+        default_text="on where it can hold",
+    )
     grammar_compile_timeout: float = option(
         10.0,
         "seconds a structured-output constraint (JSON schema, regex, choice, grammar) may take to compile; "
@@ -108,26 +127,11 @@ class EngineArgs:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, *, positional_model: bool) -> None:
-        """One flag per field, `--kebab-case`, typed from the annotation, in an "engine options"
-        group of `parser`; a boolean that defaults to True gets `--no-...` too. `positional_model`:
-        the model is the command's first argument (`pagoda serve MODEL`), else `--model`."""
+        """One flag per field in an "engine options" group of `parser` (`add_option_flags`);
+        `positional_model`: the model is the command's first argument (`pagoda serve MODEL`),
+        else `--model`."""
         group = parser.add_argument_group("engine options", "the same as the keywords of LLM(...)")
-        annotations = typing.get_type_hints(cls)
-        for f in fields(cls):
-            help_text = f"{f.metadata['help']} (default: {f.metadata['default_text'] or '%(default)s'})"
-            if f.name == "model" and positional_model:
-                group.add_argument("model", nargs="?", default=f.default, help=help_text)
-            elif annotations[f.name] is bool:
-                action = argparse.BooleanOptionalAction if f.default else "store_true"
-                group.add_argument(cli_flag(f.name), action=action, default=f.default, help=help_text)
-            else:
-                group.add_argument(
-                    cli_flag(f.name),
-                    type=value_type(annotations[f.name]),
-                    default=f.default,
-                    choices=f.metadata["choices"],
-                    help=help_text,
-                )
+        add_option_flags(group, cls, positional=("model",) if positional_model else ())
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
@@ -160,6 +164,7 @@ class EngineArgs:
         if self.tokenizer is not None:
             model = replace(model, tokenizer=self.tokenizer)
         backend = select_backend(self.attention_backend, device, model.dtype, model.head_dim)
+        deterministic = self.resolve_deterministic(device, model, backend)
         if self.grammar_compile_timeout <= 0:
             raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout}")
         return EngineConfig(
@@ -173,7 +178,7 @@ class EngineArgs:
                 max_model_len=model.max_model_len,
                 policy=self.scheduling_policy,
                 max_queue=self.max_queue,
-                max_prefill_with_decodes=self.max_prefill_with_decodes or None,
+                max_prefill_with_decodes=self.prefill_with_decodes(device),
             ),
             device=device,
             attention_backend=backend.name,
@@ -182,7 +187,28 @@ class EngineArgs:
             threads=self.thread_config(),
             enforce_eager=self.enforce_eager,
             grammar_compile_timeout=self.grammar_compile_timeout,
+            deterministic=deterministic,
         )
+
+    def prefill_with_decodes(self, device: torch.device) -> int | None:
+        """The step's prompt-token cap while requests decode; None: no cap. The CPU default is a
+        measured trade-off (docs/engine.md); a GPU's step time barely grows with a few thousand
+        more prompt tokens, and capping them there starved prefill (the H200 check's concurrency
+        256 fell to half its throughput under 256)."""
+        cap = self.max_prefill_with_decodes
+        if cap is None:
+            cap = CPU_PREFILL_WITH_DECODES if device.type == "cpu" else 0
+        return cap or None
+
+    def resolve_deterministic(self, device, model, backend) -> bool:
+        """--deterministic where asked for (ConfigError with the reason where it cannot hold), else
+        DETERMINISTIC_BY_DEFAULT where it can."""
+        from pagoda.model_executor.cpu_invariant import unsupported_reason
+
+        reason = unsupported_reason(device, model.dtype, model.quantization, backend.support.batch_invariant)
+        if self.deterministic and reason is not None:
+            raise ConfigError(f"--deterministic cannot hold here: {reason}.")
+        return reason is None and (self.deterministic if self.deterministic is not None else DETERMINISTIC_BY_DEFAULT)
 
     def thread_config(self) -> ThreadConfig:
         threads = self.threads
@@ -204,6 +230,28 @@ class EngineArgs:
         if cores is not None and threads is not None and threads > len(cores):
             raise ConfigError(f"{threads} threads cannot be pinned to {len(cores)} CPUs ({self.bind_cores})")
         return ThreadConfig(threads, cores)
+
+
+def add_option_flags(group, cls: type, positional: tuple[str, ...] = ()) -> None:
+    """One flag per field of the dataclass `cls` (fields made with `option`): `--kebab-case`,
+    typed from the annotation, with the field's help and default; a boolean that defaults to True
+    or None gets `--no-...` too. The fields named in `positional` are optional positional arguments."""
+    annotations = typing.get_type_hints(cls)
+    for f in fields(cls):
+        help_text = f"{f.metadata['help']} (default: {f.metadata['default_text'] or '%(default)s'})"
+        if f.name in positional:
+            group.add_argument(f.name, nargs="?", default=f.default, help=help_text)
+        elif value_type(annotations[f.name]) is bool:  # None: --x and --no-x both differ from the default
+            action = "store_true" if f.default is False else argparse.BooleanOptionalAction
+            group.add_argument(cli_flag(f.name), action=action, default=f.default, help=help_text)
+        else:
+            group.add_argument(
+                cli_flag(f.name),
+                type=value_type(annotations[f.name]),
+                default=f.default,
+                choices=f.metadata["choices"],
+                help=help_text,
+            )
 
 
 def cli_flag(name: str) -> str:

@@ -124,6 +124,12 @@ def load() -> ctypes.CDLL | None:
     lib.pagoda_add_rms_norm.argtypes = [_P] * 3 + [_I64] * 2 + [ctypes.c_float, ctypes.c_int]
     lib.pagoda_rotary.argtypes = [_P] * 4 + [_I64] * 4 + [ctypes.c_int]
     lib.pagoda_silu_mul.argtypes = [_P] * 2 + [_I64] * 2 + [ctypes.c_int]
+    lib.pagoda_pack_panels.argtypes = [_P, _P, _I64, _I64, ctypes.c_int]
+    lib.pagoda_gemm_invariant.argtypes = [_P, _I64, _P, _I64, _P, _P] + [_I64] * 3 + [ctypes.c_int]
+    lib.pagoda_prefill_attention.argtypes = [_P, _P, _I64] + [_P] * 5 + [_I64] * 6
+    lib.pagoda_prefill_attention.argtypes += [ctypes.c_float, ctypes.c_int]
+    for name in ("pagoda_pack_panels", "pagoda_gemm_invariant", "pagoda_prefill_attention"):
+        getattr(lib, name).restype = None
     for name in ("pagoda_q_gemv", "pagoda_q_gemm"):  # quant.c; wrapped by model_executor/quant_linear.py
         getattr(lib, name).argtypes = [ctypes.c_int] + [_P] * 5 + [_I64] * (2 if name == "pagoda_q_gemv" else 3)
         getattr(lib, name).argtypes += [ctypes.c_int]
@@ -324,4 +330,74 @@ def silu_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
     rows, width = gate_up.shape
     out = torch.empty(rows, width // 2)
     lib.pagoda_silu_mul(out.data_ptr(), gate_up.data_ptr(), rows, width // 2, torch.get_num_threads())
+    return out
+
+
+def prefill_attention(
+    lib: ctypes.CDLL,
+    out: torch.Tensor,  # float32 [T, H, D], contiguous: written
+    query: torch.Tensor,  # float32 [T, H, D]
+    kv_cache: torch.Tensor,  # float32 [2, num_blocks, block_size, Hkv, D], contiguous, the chunks' KV stored
+    block_tables: torch.Tensor,  # int32 [R, max_blocks], contiguous
+    query_start: torch.Tensor,  # int32 [R + 1], contiguous: request i owns rows query_start[i] .. [i + 1] - 1
+    seq_lens: torch.Tensor,  # int32 [R], contiguous: each request's tokens, its chunk's last included
+    scale: float,
+) -> None:
+    """Causal attention of prefill chunks over their paged cache in place, each row computed as a
+    decode at its position computes it (paged_decode_attention): bitwise the same."""
+    query = _rows(query)
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    lib.pagoda_prefill_attention(
+        out.data_ptr(),
+        query.data_ptr(),
+        query.stride(0),
+        kv_cache[0].data_ptr(),
+        kv_cache[1].data_ptr(),
+        block_tables.data_ptr(),
+        query_start.data_ptr(),
+        seq_lens.data_ptr(),
+        seq_lens.shape[0],
+        query.shape[1],
+        num_kv_heads,
+        head_dim,
+        block_size,
+        block_tables.shape[1],
+        scale,
+        torch.get_num_threads(),
+    )
+
+
+PANEL = 16  # output columns per packed panel (csrc/gemm.c)
+
+
+def pack_panels(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] (float32, contiguous) in gemm_invariant's layout: ceil(N / 16) panels of
+    [K, 16], k-major, the columns past N zero."""
+    n, k = weight.shape
+    out = torch.empty(-(-n // PANEL), k, PANEL)
+    lib.pagoda_pack_panels(out.data_ptr(), weight.data_ptr(), n, k, torch.get_num_threads())
+    return out
+
+
+def gemm_invariant(
+    lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int
+) -> torch.Tensor:
+    """x [M, K] (float32, rows contiguous) @ weight.T (+ bias [N]) -> [M, N] from pack_panels(weight),
+    each output summed over k in order whatever M is (batch-invariant)."""
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(m, n)
+    lib.pagoda_gemm_invariant(
+        out.data_ptr(),
+        n,
+        x.data_ptr(),
+        x.stride(0),
+        packed.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        m,
+        n,
+        k,
+        torch.get_num_threads(),
+    )
     return out

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from pagoda.config import ModelConfig
 from pagoda.errors import ConfigError
 from pagoda.generation_config import sampling_defaults
-from pagoda.model_executor import cpu_layers, cpu_linear, quant_loader
+from pagoda.model_executor import cpu_invariant, cpu_layers, cpu_linear, quant_loader
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
@@ -108,7 +108,8 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
     return own if own in (torch.bfloat16, torch.float16) else torch.bfloat16
 
 
-def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderModel:
+def load_model(config: ModelConfig, backend, device: torch.device, batch_invariant: bool = False) -> DecoderModel:
+    """`batch_invariant`: linears by the batch-invariant GEMM (EngineConfig.deterministic)."""
     model = DecoderModel(
         config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device
     )
@@ -119,7 +120,10 @@ def load_model(config: ModelConfig, backend, device: torch.device) -> DecoderMod
     else:
         fill_weights(model, config)
     if config.quantization in quant_loader.CPU_QUANTIZATIONS:
-        pass  # its layers are in place
+        pass  # its layers are in place (deterministic serving refuses quantization)
+    elif batch_invariant:
+        logger.info("Packing linear weights for the batch-invariant GEMM")
+        cpu_invariant.convert_model(model)
     elif config.quantization == "fp8":
         logger.info("Quantizing linear weights to fp8")
         quantize_linears(model)

@@ -40,9 +40,9 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         # the compute pool of the thread that builds the runner, which runs every step after
         self.threads = ComputeThreads(config.threads) if self.device.type == "cpu" else None
-        self.backend = create_backend(config.attention_backend)
+        self.backend = create_backend(config.attention_backend, config.deterministic)
         torch.manual_seed(config.seed)
-        self.model = load_model(config.model, self.backend, self.device)
+        self.model = load_model(config.model, self.backend, self.device, config.deterministic)
         self.sampler = Sampler()
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None  # set by capture_cuda_graphs

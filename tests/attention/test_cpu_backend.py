@@ -50,6 +50,14 @@ def test_matches_reference(isa, scenario, block_size, group):
     assert_matches_reference(make_step(query_lens, seq_lens, block_size=block_size, group=group))
 
 
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("block_size,group", [(16, 3), (1, 2)])
+def test_batch_invariant_matches_reference(isa, scenario, block_size, group):
+    """Deterministic serving's prefills (the decode kernel's arithmetic per row) against SDPA."""
+    step = make_step(*SCENARIOS[scenario], block_size=block_size, group=group)
+    helpers.assert_matches_reference(CpuAttentionBackend(batch_invariant=True), step, 1e-5)
+
+
 @pytest.mark.parametrize("head_dim", [8, 72, 128])
 def test_other_head_dims(head_dim):
     assert_matches_reference(make_step(*SCENARIOS["decode"], head_dim=head_dim, group=2))

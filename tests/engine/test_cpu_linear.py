@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pagoda.kernels import cpu as cpu_kernels
-from pagoda.model_executor import cpu_linear
+from pagoda.model_executor import cpu_invariant, cpu_linear
 from pagoda.model_executor.layers import Linear
 
 pytestmark = pytest.mark.skipif(not cpu_linear.supported(torch.float32, torch.device("cpu")), reason="no oneDNN")
@@ -72,12 +72,12 @@ def test_supported_for_float32_on_cpu_and_bfloat16_where_native(monkeypatch):
 
 
 def test_the_default_model_is_converted(default_llm):
-    """Every projection and the tied LM head are CpuLinear; the embeddings stay plain for lookups."""
+    """Every projection and the tied LM head are CpuLinear (InvariantLinear in deterministic
+    serving); the embeddings stay plain for lookups."""
     model = default_llm.engine.core.runner.model
+    kind = cpu_invariant.InvariantLinear if default_llm.engine.config.deterministic else cpu_linear.CpuLinear
     assert not any(isinstance(m, Linear) for m in model.modules())
-    assert (
-        sum(isinstance(m, cpu_linear.CpuLinear) for m in model.modules()) == 4 * model.dims.num_layers + 1
-    )  # + LM head
+    assert sum(isinstance(m, kind) for m in model.modules()) == 4 * model.dims.num_layers + 1  # + LM head
     for rows in (1, 2):
         hidden = torch.randn(rows, model.dims.hidden)
         torch.testing.assert_close(

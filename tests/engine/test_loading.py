@@ -87,3 +87,17 @@ def test_missing_model_path():
 def test_kv_budget_too_small_for_max_model_len():
     with pytest.raises(ConfigError, match="cannot hold one sequence"):
         LLM(kv_cache_memory=0.001, max_model_len=2048)
+
+
+def test_a_deleted_llm_is_freed(tiny_llama):
+    """Nothing inside the engine keeps it alive once the program drops it (reference cycles are
+    collected): its weights and KV pool go back, which on a GPU is device memory."""
+    import gc
+    import weakref
+
+    llm = LLM(str(tiny_llama), kv_cache_memory=0.05)
+    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4))
+    runner = weakref.ref(llm.engine.core.runner)
+    del llm
+    gc.collect()
+    assert runner() is None

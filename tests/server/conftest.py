@@ -1,7 +1,7 @@
 """Two real `pagoda serve` processes on free loopback ports, shared by the whole session.
 
-- `server`: the default model with a small KV budget, an API key, a request log and tool_choice
-  "auto" enabled; most tests.
+- `server`: the default model with a small KV budget, an API key, a request log, tool_choice
+  "auto" enabled and a --reports folder for the console; most tests.
 - `small_server`: two sequences at a time and a waiting queue of one (so 503 is reachable), prompt
   text in its log lines, a short shutdown grace (SMALL_GRACE_S); the SIGTERM test ends it, so it runs last.
 Both are launched together on first use (their model loads overlap) and killed at the end.
@@ -33,6 +33,7 @@ class Server:
     log_path: Path
     request_log: Path | None = None
     api_key: str | None = None
+    reports: Path | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -55,7 +56,14 @@ class Server:
         pytest.fail(f"the server was not healthy within {STARTUP_TIMEOUT_S} s:\n{self.log()[-3000:]}")
 
 
-def _launch(folder: Path, name: str, *args: str, api_key: str | None = None, request_log: Path | None = None) -> Server:
+def _launch(
+    folder: Path,
+    name: str,
+    *args: str,
+    api_key: str | None = None,
+    request_log: Path | None = None,
+    reports: Path | None = None,
+) -> Server:
     port = free_port()
     log_path = folder / f"{name}.log"
     command = [
@@ -73,11 +81,14 @@ def _launch(folder: Path, name: str, *args: str, api_key: str | None = None, req
         command += ["--api-key", api_key]
     if request_log:
         command += ["--request-log", str(request_log)]
+    if reports:
+        reports.mkdir()
+        command += ["--reports", str(reports)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PAGODA_API_KEY", None)
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Server(process, f"http://127.0.0.1:{port}", log_path, request_log, api_key)
+    return Server(process, f"http://127.0.0.1:{port}", log_path, request_log, api_key, reports)
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +105,7 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
             "--enable-auto-tool-choice",
             api_key=API_KEY,
             request_log=folder / "requests.jsonl",
+            reports=folder / "reports",
         ),
         "small": _launch(
             folder,

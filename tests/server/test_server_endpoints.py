@@ -20,6 +20,9 @@ def test_models_lists_the_served_model(client):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL]
     assert models[0].owned_by == "pagoda" and models[0].model_extra["max_model_len"] == 2048
+    from pagoda.engine.args import DETERMINISTIC_BY_DEFAULT
+
+    assert models[0].model_extra["deterministic"] is DETERMINISTIC_BY_DEFAULT  # fp32 on the CPU
 
 
 def test_tokenize_and_detokenize_round_trip(http):

@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from pagoda.engine.args import DETERMINISTIC_BY_DEFAULT
 from tests.server.helpers import free_port
 from tests.tiny_models import write_tiny_model
 
@@ -90,6 +91,7 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model):
     positions = [log.index(step) for step in steps]
     assert positions == sorted(positions), log
     assert '"GET /v1/models HTTP/1.1" 200' in log  # --access-log
+    assert f"deterministic {'on' if DETERMINISTIC_BY_DEFAULT else 'off'})" in log  # the mode, in the load line
 
 
 def test_a_load_failure_ends_the_process_with_one_line_and_exit_1(tiny_model):
@@ -114,6 +116,15 @@ def test_device_cuda_without_a_gpu_fails_with_one_line_and_exit_1(tiny_model):
     assert process.returncode == 1
     [line] = [line for line in log.splitlines() if line.startswith("pagoda serve:")]
     assert line.startswith("pagoda serve: --device cuda cannot be used: ")
+    assert "Traceback" not in log
+
+
+def test_deterministic_refused_in_bfloat16_with_one_line_and_exit_1(tiny_model):
+    process = start(free_port(), tiny_model, "--deterministic", "--dtype", "bfloat16")
+    _, log = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 1
+    [line] = [line for line in log.splitlines() if line.startswith("pagoda serve:")]
+    assert line.startswith("pagoda serve: --deterministic cannot hold here: ") and "float32 only" in line
     assert "Traceback" not in log
 
 

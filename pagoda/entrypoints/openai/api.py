@@ -1,8 +1,10 @@
 """The FastAPI app: routes over one AsyncEngine. All state is explicit, built here and held by
 the route closures; nothing is global, so tests can build several apps in one process.
 
-Auth (--api-key): every /v1 route and the admin route need `Authorization: Bearer KEY`;
-/health, /version, /metrics, /tokenize and /detokenize stay open (as in vLLM).
+Auth (--api-key): every /v1 route and the admin routes need `Authorization: Bearer KEY`;
+/health, /version, /metrics, /tokenize, /detokenize and the gateway's load and info routes
+(gateway.py) stay open (as in vLLM and SGLang). The web console (console/) serves its page
+openly and its data under the same key as /v1.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from fastapi.responses import JSONResponse, Response
 from pagoda import __version__
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.entrypoints.openai import chat, completions
+from pagoda.entrypoints.openai.console.feed import EngineFeed, RecentRequests
+from pagoda.entrypoints.openai.console.routes import data_routes, page_routes
 from pagoda.entrypoints.openai.errors import APIError, bad_request, install_handlers
+from pagoda.entrypoints.openai.gateway import gateway_routes
 from pagoda.entrypoints.openai.logprobs import TokenTexts
 from pagoda.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from pagoda.entrypoints.openai.params import ModelLimits, check_token_ids
@@ -54,7 +59,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
             dict(model.generation_defaults if config.generation_defaults is None else config.generation_defaults),
             config.max_logprobs,
         ),
-        sinks=RecordSinks(metrics, request_log, config.log_prompts, engine.tokenizer),
+        sinks=RecordSinks(metrics, request_log, config.log_prompts, engine.tokenizer, RecentRequests()),
         token_texts=TokenTexts(engine.tokenizer),
     )
 
@@ -62,14 +67,17 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
 def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     """The engine thread starts with the app (in its event loop) and stops with it."""
     state = build_state(engine, config)
+    feed = EngineFeed(lambda: engine.stats, state.sinks.recent)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
         stats = asyncio.create_task(_log_stats(engine, config)) if config.log_stats else None
+        sampling = asyncio.create_task(feed.run())
         try:
             yield
         finally:
+            sampling.cancel()
             if stats is not None:
                 stats.cancel()
             # joined off the loop, so that cancelled requests still send their aborts meanwhile
@@ -83,6 +91,9 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     app.include_router(_v1_routes(state), dependencies=authorized)
     app.include_router(_admin_routes(state), dependencies=authorized)
     app.include_router(_open_routes(state))
+    app.include_router(gateway_routes(state))
+    app.include_router(data_routes(state, feed, config.reports), dependencies=authorized)
+    app.include_router(page_routes())
     return app
 
 
@@ -117,6 +128,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
             "owned_by": "pagoda",
             "root": state.model_name,
             "max_model_len": state.limits.max_model_len,
+            # batch-invariant kernels: equal requests get bitwise-equal logprobs (docs/determinism.md)
+            "deterministic": state.engine.config.deterministic,
         }
         return {"object": "list", "data": [card]}
 
@@ -135,6 +148,7 @@ def _admin_routes(state: ServerState) -> APIRouter:
     router = APIRouter()
 
     @router.post("/reset_prefix_cache")
+    @router.post("/flush_cache")  # SGLang's name, which a gateway's /flush_cache sends to every worker
     async def reset_prefix_cache() -> Response:
         wait_s = state.config.reset_wait_s
         if not await _reset_when_idle(state.engine, wait_s):

@@ -1,5 +1,6 @@
 """What the server records about each engine request as it runs and ends: Prometheus metrics,
-one log line, and (with --request-log) one JSON record. Times are the engine's (time.monotonic()
+one log line, a row for the web console (its non-prompt fields), and (with --request-log) one
+JSON record. Times are the engine's (time.monotonic()
 from the request's arrival at the engine); the record's timestamp is wall-clock."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from pagoda.engine.outputs import SequenceOutput
+from pagoda.entrypoints.openai.console.feed import RecentRequests
 from pagoda.entrypoints.openai.metrics import ServerMetrics
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
 
@@ -23,6 +25,7 @@ class RecordSinks:
     request_log: RequestLogWriter | None
     log_prompts: bool
     tokenizer: object
+    recent: RecentRequests  # the console's table and percentiles
 
 
 class RequestRecorder:
@@ -66,14 +69,14 @@ class RequestRecorder:
         outs = [latest[k] for k in sorted(latest)]
         reasons = sorted({out.finish_reason or "abort" for out in outs}) or ["abort"]
         summary = _Summary.of(outs, now)
-        self._log_line(prompt, summary, ",".join(reasons))
+        text = self.sinks.tokenizer.decode(self.prompts[prompt]) if self.sinks.log_prompts else None
+        self._log_line(prompt, summary, ",".join(reasons), text)
+        self.sinks.recent.add(self._row(prompt, summary, ",".join(reasons), text), now)
         if self.sinks.request_log is not None:
             self.sinks.request_log.write(self._record(prompt, outs, summary, ",".join(reasons)))
 
-    def _log_line(self, prompt: int, s: _Summary, reasons: str) -> None:
-        text = ""
-        if self.sinks.log_prompts:
-            text = f" prompt={self.sinks.tokenizer.decode(self.prompts[prompt])!r}"
+    def _log_line(self, prompt: int, s: _Summary, reasons: str, prompt_text: str | None) -> None:
+        text = "" if prompt_text is None else f" prompt={prompt_text!r}"
         logger.info(
             "%s %s: prompt_tokens=%d cached_tokens=%d output_tokens=%d ttft=%s e2e=%s finish_reason=%s%s",
             self.engine_ids[prompt],
@@ -86,6 +89,22 @@ class RequestRecorder:
             reasons,
             text,
         )
+
+    def _row(self, prompt: int, s: _Summary, reasons: str, prompt_text: str | None) -> dict:
+        """The request log's non-prompt fields (and the prompt only where lines log it)."""
+        return {
+            "request_id": self.engine_ids[prompt],
+            "endpoint": self.endpoint,
+            "finished": time.time(),
+            "prompt_tokens": len(self.prompts[prompt]),
+            "output_tokens": s.output_tokens,
+            "cached_tokens": s.cached_tokens,
+            "ttft_s": s.ttft_s,
+            "tpot_s": s.tpot_s,
+            "latency_s": s.latency_s,
+            "finish_reason": reasons,
+            "prompt": prompt_text,
+        }
 
     def _record(self, prompt: int, outs: list[SequenceOutput], s: _Summary, reasons: str) -> dict:
         return {
@@ -110,18 +129,24 @@ class _Summary:
     output_tokens: int  # over all n sequences
     ttft_s: float | None  # first token of any sequence
     latency_s: float | None
+    tpot_s: float | None  # the first sequence's mean time per token after its first
 
     @classmethod
     def of(cls, outs: list[SequenceOutput], now: float) -> _Summary:
         if not outs:
-            return cls(0, 0, None, None)
+            return cls(0, 0, None, None, None)
         arrival = min(out.metrics.arrival_time for out in outs)
         firsts = [out.metrics.first_token_time for out in outs if out.metrics.first_token_time is not None]
+        first = outs[0]
+        tpot = None
+        if first.metrics.first_token_time is not None and len(first.token_ids) > 1:
+            tpot = round((now - first.metrics.first_token_time) / (len(first.token_ids) - 1), 6)
         return cls(
             cached_tokens=outs[0].metrics.num_cached_tokens,
             output_tokens=sum(len(out.token_ids) for out in outs),
             ttft_s=round(min(firsts) - arrival, 6) if firsts else None,
             latency_s=round(now - arrival, 6),
+            tpot_s=tpot,
         )
 
 

@@ -1,6 +1,9 @@
 """`pagoda serve [MODEL]`: the OpenAI-compatible server. Flags are spelled as vLLM's; the engine's
 come from EngineArgs.
 
+`--data-parallel-size N` starts N such servers behind SGLang Model Gateway instead
+(data_parallel.py).
+
 Startup: bind the port (a busy one fails at once), serve 503s while the engine loads on threads of
 its own (startup.py), then serve the API and log "ready". SIGTERM or Ctrl-C: stop accepting, let
 in-flight requests finish for --shutdown-timeout seconds, abort the rest, exit 0.
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pagoda.engine.args import EngineArgs  # imports no torch
+    from pagoda.engine.args import EngineArgs, add_option_flags  # imports no torch
+    from pagoda.entrypoints.openai.data_parallel import ScaleArgs
     from pagoda.tools.parsers import PARSERS as TOOL_PARSERS  # pure Python
     from pagoda.tools.reasoning import REASONING_PARSERS
 
@@ -64,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="append one JSON line per finished request to this file; it holds users' prompts (default: off)",
+    )
+    p.add_argument(
+        "--reports",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="show the `pagoda bench` / `pagoda bakeoff` result folders in DIR on the console's Reports page "
+        "(default: none)",
     )
     p.add_argument(
         "--log-prompts", action="store_true", help="put prompt text in the per-request log line (default: %(default)s)"
@@ -150,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="move the model's <think> section into message.reasoning (default: none)",
     )
     EngineArgs.add_cli_args(p, positional_model=True)
+    scale = p.add_argument_group("data parallelism", "replicas of the engine behind a gateway (docs/scaling.md)")
+    add_option_flags(scale, ScaleArgs)
     return p
 
 
@@ -183,6 +197,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"--tensor-parallel-size {args.tensor_parallel_size}: Pagoda has no tensor parallelism yet; "
             "a model runs on one device (leave it at 1)"
         )
+    if args.data_parallel_size < 1:
+        parser.error(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
     if args.enable_log_requests and args.disable_log_requests:
         parser.error("--enable-log-requests and --disable-log-requests contradict each other")
     if not 0 <= args.max_logprobs <= MAX_LOGPROBS:
@@ -217,6 +233,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     if args.trust_remote_code:
         logger.warning("--trust-remote-code has no effect: Pagoda runs no code from model folders")
+    if args.data_parallel_size > 1:
+        return _serve_replicas(args, argv)
     started = time.monotonic()
     try:
         sock = bind_socket(args.host, args.port)  # first: a busy port fails before the long load
@@ -225,6 +243,20 @@ def main(argv: list[str]) -> int:
         return 1
     with sock:
         return asyncio.run(_serve(sock, args, started))
+
+
+def _serve_replicas(args: argparse.Namespace, argv: list[str]) -> int:
+    """--data-parallel-size N: N replicas behind a gateway on the port (data_parallel.py)."""
+    from pagoda.entrypoints.openai import data_parallel
+    from pagoda.entrypoints.openai.startup import bind_socket
+    from pagoda.errors import ConfigError
+
+    try:
+        bind_socket(args.host, args.port).close()  # a busy port fails before the replicas load
+        return data_parallel.serve(args, argv)
+    except ConfigError as exc:
+        print(f"pagoda serve: {exc}", file=sys.stderr)
+        return 1
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -242,7 +274,19 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_logprobs=args.max_logprobs,
         generation_defaults=read_generation_config(args.generation_config),
         tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
+        reports=read_reports_dir(args.reports),
     )
+
+
+def read_reports_dir(path: Path | None) -> Path | None:
+    """--reports DIR, resolved; a ConfigError unless it is a folder."""
+    from pagoda.config import ConfigError
+
+    if path is None:
+        return None
+    if not path.is_dir():
+        raise ConfigError(f"--reports {path}: not a folder")
+    return path.resolve()
 
 
 def load_app(args: argparse.Namespace) -> tuple[FastAPI, str]:
@@ -260,11 +304,12 @@ def load_app(args: argparse.Namespace) -> tuple[FastAPI, str]:
     engine = AsyncEngine(EngineArgs.from_cli_args(args))
     m = engine.config.model
     logger.info(
-        "loaded %s (%s, %s, max_model_len %d) in %.1f s",
+        "loaded %s (%s, %s, max_model_len %d, deterministic %s) in %.1f s",
         m.name,
         m.architecture,
         str(m.dtype).removeprefix("torch."),
         m.max_model_len,
+        "on" if engine.config.deterministic else "off",
         time.monotonic() - loaded,
     )
     return build_app(engine, config), m.name

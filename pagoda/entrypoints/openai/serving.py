@@ -47,6 +47,7 @@ class ServerConfig:
     log_stats: bool = True  # the periodic engine line (stats_log.py)
     log_stats_interval_s: float = DEFAULT_INTERVAL_S
     reset_wait_s: float = 10.0  # how long POST /reset_prefix_cache waits for running requests to finish
+    reports: Path | None = None  # --reports: bench result folders the console renders
 
 
 @dataclass(frozen=True)

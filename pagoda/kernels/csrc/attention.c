@@ -10,9 +10,10 @@
  * third of every row, for 3 kv heads) made a thread 30% slower. */
 #include "vec.h"
 
-/* a . b over n floats, n % 8 == 0. Four accumulators: one dot is a chain of dependent FMAs, and its
- * latency, not the loads, bounds the scoring loop (one accumulator made it 13% slower). */
-static inline float dot_n(const float *a, const float *b, long n) {
+/* a . b over n floats, n % 8 == 0, before its horizontal sum: dot_n is vsum of it. Four
+ * accumulators: one dot is a chain of dependent FMAs, and its latency, not the loads, bounds the
+ * scoring loop (one accumulator made it 13% slower). */
+static inline vec dot_lanes(const float *a, const float *b, long n) {
     vec acc0 = vset(0.f), acc1 = vset(0.f), acc2 = vset(0.f), acc3 = vset(0.f);
     long i = 0;
     for (; i + 4 * VLEN <= n; i += 4 * VLEN) {
@@ -22,8 +23,35 @@ static inline float dot_n(const float *a, const float *b, long n) {
         acc3 = vfmadd(vload(a + i + 3 * VLEN), vload(b + i + 3 * VLEN), acc3);
     }
     for (; i < n; i += VLEN) acc0 = vfmadd(load_n(a + i, n - i), load_n(b + i, n - i), acc0);
-    return vsum(vadd(vadd(acc0, acc1), vadd(acc2, acc3)));
+    return vadd(vadd(acc0, acc1), vadd(acc2, acc3));
 }
+
+static inline float dot_n(const float *a, const float *b, long n) { return vsum(dot_lanes(a, b, n)); }
+
+#ifdef __AVX512F__
+/* The horizontal sums of 16 vectors at once, each added in exactly the pairs _mm512_reduce_add_ps
+ * (vsum) adds it in (floating-point addition being commutative, only the pairing matters): lane
+ * j + 8 to lane j, then j + 4 to j, then 2 to 0 and 3 to 1, then 1 to 0. Returns lane 4 L + j =
+ * the sum of x[4 j + L]. */
+static inline vec vsum16(const vec *x) {
+    vec y[8], z[4], w[2];
+    for (int k = 0; k < 8; k++) /* 256-bit halves: lanes 0-7 of x[2k], then of x[2k + 1] */
+        y[k] = vadd(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x44), _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xEE));
+    for (int k = 0; k < 4; k++) /* 128-bit quarters: x[4k], .., x[4k + 3], 4 lanes each */
+        z[k] = vadd(_mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0x88), _mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++) /* lanes 0, 2 and 1, 3 within each quarter */
+        w[k] = vadd(_mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0x44), _mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0xEE));
+    return vadd(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+/* out[i] = dot_n(q, k[i] + off, d) for the 16 rows k[0..15], bitwise. Inlined where d is a
+ * constant (the common head sizes), whose loops then unroll. */
+static inline __attribute__((always_inline)) vec dot16(const float *q, const float *const *k, long off, long d) {
+    vec x[16];
+    for (int m = 0; m < 16; m++) x[m] = dot_lanes(q, k[4 * (m % 4) + m / 4] + off, d);
+    return vsum16(x);
+}
+#endif
 
 /* y += a x over n floats, n % 8 == 0 */
 static inline void axpy_n(float *y, float a, const float *x, long n) {
@@ -214,4 +242,196 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
     free(part.done);
     free(start);
     free(first);
+}
+
+/* Prefill attention with the decode kernel's arithmetic: query row j of a chunk, at position
+ * p = seq_len - q_len + j, attends over tokens [0, p] exactly as a decode with seq_len p + 1 does
+ * (the same SPAN-token spans from token 0, the same score, exponential and sum order, the same
+ * merge), so a token's output is bitwise the same whether it was computed in a prefill chunk of
+ * any size, after any cached prefix, or as a decode step. Keys and values are read in place from
+ * the paged cache (the chunk's own already stored); the keys past a row's position are skipped, not
+ * masked. A work item is QB consecutive rows of one request: they share each key and value row
+ * while it is in cache, and each keeps its own partial results per span. */
+enum { QB = 8 };
+
+typedef struct {
+    long rows, spans; /* rows of the item; spans of its last (longest) row */
+    float *scores;    /* [QB][heads][SPAN] */
+    float *o, *ml;    /* per row and span: o [heads][d], m [heads] then l [heads] (merge_spans' layout) */
+} RowBlock;
+
+/* max of p[0..n), n > 0. Vectorized, so it may differ from a running max in the sign of a zero
+ * result only, which changes no bit downstream (e^(s - m) and the merge's e^(m_i - M) are the same
+ * for m = +0 and -0). */
+static inline float max_n(const float *p, long n) {
+    vec acc = vset(-INFINITY);
+    long i = 0;
+    for (; i + VLEN <= n; i += VLEN) acc = vmax(acc, vload(p + i));
+    float lanes[VLEN], m = -INFINITY;
+    vstore(lanes, acc);
+    for (long j = 0; j < VLEN; j++) m = lanes[j] > m ? lanes[j] : m;
+    for (; i < n; i++) m = p[i] > m ? p[i] : m;
+    return m;
+}
+
+/* o[r][0..w) += sum_t p_r[t] v_t[0..w) over t in [t_from, t_to), w <= 4 VLEN floats at `off` in
+ * each value row, for `rows` rows (row r's p at p + r * p_stride, its o at o + r * o_stride): each
+ * lane of each row one fma per token in token order, as axpy_n does it. The rows share each value
+ * load. Inlined with constant rows and nv = ceil(w / VLEN), so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void weighted_values(float *o, long o_stride, const float *p,
+                                                                  long p_stride, const float *const *vrow, long off,
+                                                                  long w, long rows, long nv, long t_from, long t_to) {
+    vec acc[4][4];
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < nv; c++) acc[r][c] = load_n(o + r * o_stride + c * VLEN, w - c * VLEN);
+    for (long t = t_from; t < t_to; t++) {
+        const float *v = vrow[t] + off;
+        vec vv[4];
+        for (long c = 0; c < nv; c++) vv[c] = c < nv - 1 ? vload(v + c * VLEN) : load_n(v + c * VLEN, w - c * VLEN);
+        for (long r = 0; r < rows; r++) {
+            const vec pt = vset(p[r * p_stride + t]);
+            for (long c = 0; c < nv; c++) acc[r][c] = vfmadd(pt, vv[c], acc[r][c]);
+        }
+    }
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < nv; c++) store_n(o + r * o_stride + c * VLEN, acc[r][c], w - c * VLEN);
+}
+
+/* weighted_values over a row's whole head (d floats), 4 VLEN at a time, rows <= 4 */
+static void weighted_head(float *o, long o_stride, const float *p, long p_stride, const float *const *vrow, long off,
+                          long d, long rows, long t_from, long t_to) {
+    for (long i = 0; i < d; i += 4 * VLEN) {
+        const long w = d - i < 4 * VLEN ? d - i : 4 * VLEN;
+        float *oi = o + i;
+        if (w == 4 * VLEN && rows == 4)
+            weighted_values(oi, o_stride, p, p_stride, vrow, off + i, w, 4, 4, t_from, t_to);
+        else if (w == 4 * VLEN)
+            for (long r = 0; r < rows; r++)
+                weighted_values(oi + r * o_stride, o_stride, p + r * p_stride, p_stride, vrow, off + i, w, 1, 4, t_from,
+                                t_to);
+        else
+            for (long r = 0; r < rows; r++)
+                weighted_values(oi + r * o_stride, o_stride, p + r * p_stride, p_stride, vrow, off + i, w, 1,
+                                (w + VLEN - 1) / VLEN, t_from, t_to);
+    }
+}
+
+/* One span [t0, t0 + SPAN) of the item's rows r whose context len[r] reaches past t0: scores,
+ * their max and exponentials, and the unnormalized weighted values, as attend_span computes them
+ * for a decode with seq_len len[r]. Rows are consecutive positions: row r sees one token more
+ * than row r - 1. */
+static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q, long q_stride, const long *len,
+                         long t0, long s, RowBlock *rb) {
+    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, rows = rb->rows;
+    long first = 0; /* rows first.. reach the span */
+    while (len[first] <= t0) first++;
+    long n[QB]; /* row r's tokens in the span */
+    for (long r = first; r < rows; r++) n[r] = (len[r] < t0 + SPAN ? len[r] : t0 + SPAN) - t0;
+    const float *krow[SPAN], *vrow[SPAN]; /* the span's tokens, from 0, looked up once */
+    for (long t = 0; t < n[rows - 1]; t++) {
+        krow[t] = token_row(kv->k_cache, kv, table, t0 + t);
+        vrow[t] = token_row(kv->v_cache, kv, table, t0 + t);
+    }
+    for (long r = first; r < rows; r++) {
+        const float *qr = q + r * q_stride;
+        float *sc = rb->scores + r * heads * SPAN;
+        long t = 0;
+#ifdef __AVX512F__
+        for (; t + 16 <= n[r]; t += 16)
+            for (long h = 0; h < heads; h++) {
+                const float *qh = qr + h * d;
+                const long off = (h / group) * d;
+                const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
+                              : d == 128 ? dot16(qh, krow + t, off, 128)
+                                         : dot16(qh, krow + t, off, d);
+                vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
+            }
+#endif
+        for (; t < n[r]; t++)
+            for (long h = 0; h < heads; h++) sc[h * SPAN + t] = kv->scale * dot_n(qr + h * d, krow[t] + (h / group) * d, d);
+    }
+    for (long r = first; r < rows; r++) {
+        float *ml = rb->ml + (r * rb->spans + s) * 2 * heads, *sc = rb->scores + r * heads * SPAN;
+        for (long h = 0; h < heads; h++) {
+            ml[h] = max_n(sc + h * SPAN, n[r]);
+            ml[heads + h] = exp_shifted(sc + h * SPAN, n[r], ml[h]);
+        }
+        memset(rb->o + (r * rb->spans + s) * heads * d, 0, heads * d * sizeof(float));
+    }
+    /* o = sum_t p_t v_t: four rows at a time over the tokens they all see, then each row's rest */
+    const long o_stride = rb->spans * heads * d;
+    for (long r = first; r < rows; r += 4) {
+        const long nr = rows - r < 4 ? rows - r : 4;
+        for (long h = 0; h < heads; h++) {
+            float *o = rb->o + (r * rb->spans + s) * heads * d + h * d;
+            const float *p = rb->scores + r * heads * SPAN + h * SPAN;
+            const long off = (h / group) * d;
+            weighted_head(o, o_stride, p, heads * SPAN, vrow, off, d, nr, 0, n[r]);
+            for (long j = 1; j < nr; j++)
+                weighted_head(o + j * o_stride, o_stride, p + j * heads * SPAN, heads * SPAN, vrow, off, d, 1, n[r],
+                              n[r + j]);
+        }
+    }
+}
+
+/* out rows of the item: each row's spans merged as the decode kernel merges them */
+static void prefill_rows(const PagedKv *kv, const int32_t *table, float *out, const float *q, long q_stride,
+                         long first_pos, RowBlock *rb) {
+    const long heads = kv->num_heads, d = kv->head_dim;
+    long len[QB];
+    for (long r = 0; r < rb->rows; r++) len[r] = first_pos + r + 1;
+    for (long s = 0; s < rb->spans; s++) prefill_span(kv, table, q, q_stride, len, s * SPAN, s, rb);
+    for (long r = 0; r < rb->rows; r++) {
+        const long spans = (len[r] + SPAN - 1) / SPAN;
+        const float *o = rb->o + r * rb->spans * heads * d, *ml = rb->ml + r * rb->spans * 2 * heads;
+        float *orow = out + r * heads * d;
+        if (spans == 1) {
+            for (long h = 0; h < heads; h++) {
+                memset(orow + h * d, 0, d * sizeof(float));
+                axpy_n(orow + h * d, 1.f / ml[heads + h], o + h * d, d);
+            }
+        } else {
+            merge_spans(orow, o, ml, ml + heads, spans, heads, d);
+        }
+    }
+}
+
+/* The prefill chunks of num_reqs requests: request i's query rows are q rows query_start[i] ..
+ * query_start[i + 1] - 1 (q_stride floats apart, each [num_heads, head_dim]), its last row at
+ * position seq_lens[i] - 1, its tokens in the blocks of block_tables row i, its keys and values
+ * already in the cache. out: [query_start[num_reqs], num_heads, head_dim], contiguous. */
+void pagoda_prefill_attention(float *out, const float *q, long q_stride, const float *k_cache, const float *v_cache,
+                              const int32_t *block_tables, const int32_t *query_start, const int32_t *seq_lens,
+                              long num_reqs, long num_heads, long num_kv_heads, long head_dim,
+                              long block_size, long max_blocks, float scale, int num_threads) {
+    const long token_stride = num_kv_heads * head_dim;
+    const PagedKv kv = {(float *)k_cache, (float *)v_cache, block_tables, max_blocks, block_size, token_stride,
+                        block_size * token_stride, num_heads, num_heads / num_kv_heads, head_dim, scale};
+    long items = 0, longest = 1;
+    for (long i = 0; i < num_reqs; i++) {
+        items += (query_start[i + 1] - query_start[i] + QB - 1) / QB;
+        longest = seq_lens[i] > longest ? seq_lens[i] : longest;
+    }
+    long *item_req = malloc(2 * items * sizeof(long)), *item_row = item_req + items;
+    for (long i = 0, it = 0; i < num_reqs; i++)
+        for (long row = query_start[i]; row < query_start[i + 1]; row += QB) item_req[it] = i, item_row[it++] = row;
+    const long max_spans = (longest + SPAN - 1) / SPAN;
+#pragma omp parallel num_threads(num_threads)
+    {
+        RowBlock rb;
+        rb.scores = malloc((QB * num_heads * SPAN + QB * max_spans * num_heads * (head_dim + 2)) * sizeof(float));
+        rb.o = rb.scores + QB * num_heads * SPAN;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (long it = items - 1; it >= 0; it--) { /* the longest rows first */
+            const long i = item_req[it], row = item_row[it], end = query_start[i + 1];
+            const long first_pos = seq_lens[i] - (end - query_start[i]) + (row - query_start[i]);
+            rb.rows = end - row < QB ? end - row : QB;
+            rb.spans = (first_pos + rb.rows + SPAN - 1) / SPAN;
+            rb.ml = rb.o + QB * rb.spans * num_heads * head_dim;
+            prefill_rows(&kv, block_tables + i * max_blocks, out + row * num_heads * head_dim, q + row * q_stride,
+                         q_stride, first_pos, &rb);
+        }
+        free(rb.scores);
+    }
+    free(item_req);
 }

@@ -1,0 +1,500 @@
+// The Pagoda console: a live dashboard of the engine, a chat playground and benchmark reports.
+// Plain JavaScript, no build step and nothing fetched from elsewhere. Every data call carries the
+// API key (kept in sessionStorage, this tab only) when the server asks for one.
+"use strict";
+
+const KEY_STORE = "pagoda-api-key";
+const HISTORY_S = 600; // the plots span the last ten minutes, as the server's ring buffer does
+const POLL_MS = 1000;
+const TABLE_ROWS = 50;
+const $ = (id) => document.getElementById(id);
+
+class Unauthorized extends Error {}
+
+// ---- HTTP --------------------------------------------------------------------------------------
+const api = {
+  key: sessionStorage.getItem(KEY_STORE) || "",
+  headers(extra = {}) {
+    return this.key ? { ...extra, Authorization: `Bearer ${this.key}` } : extra;
+  },
+  async get(path) {
+    const response = await fetch(path, { headers: this.headers(), cache: "no-store" });
+    if (response.status === 401) throw new Unauthorized();
+    if (!response.ok) throw new Error(await errorText(response));
+    return response.json();
+  },
+};
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    return body.error?.message || JSON.stringify(body);
+  } catch {
+    return `HTTP ${response.status}`;
+  }
+}
+
+// The key prompt: resolves once the user has entered a key (which the next call then tries).
+let keyWaiters = [];
+function askForKey(refused) {
+  $("key-error").hidden = !refused;
+  $("key-prompt").hidden = false;
+  $("key-input").focus();
+  return new Promise((resolve) => keyWaiters.push(resolve));
+}
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  api.key = $("key-input").value.trim();
+  sessionStorage.setItem(KEY_STORE, api.key);
+  $("key-prompt").hidden = true;
+  const waiters = keyWaiters;
+  keyWaiters = [];
+  waiters.forEach((resolve) => resolve());
+});
+
+// A data call that asks for the key on a 401 and tries again with it.
+async function authorized(call) {
+  let refused = Boolean(api.key);
+  for (;;) {
+    try {
+      return await call();
+    } catch (error) {
+      if (!(error instanceof Unauthorized)) throw error;
+      await askForKey(refused);
+      refused = true;
+    }
+  }
+}
+
+// ---- formatting --------------------------------------------------------------------------------
+const fmt = {
+  int: (v) => (v == null ? "–" : Math.round(v).toLocaleString("en-US")),
+  rate: (v) => (v == null ? "–" : v < 10 ? v.toFixed(1) : Math.round(v).toLocaleString("en-US")),
+  pct: (v) => (v == null ? "–" : `${(v * 100).toFixed(1)}%`),
+  ms: (s) => (s == null ? "–" : s < 1 ? `${(s * 1000).toFixed(s < 0.01 ? 1 : 0)} ms` : `${s.toFixed(2)} s`),
+  time: (unix) => new Date(unix * 1000).toLocaleTimeString([], { hour12: false }),
+};
+
+// "chatcmpl-a41b9b6d4d73…": the prefix and enough of the id to tell rows apart
+const shortId = (id) => (id.length > 22 ? `${id.slice(0, 21)}…` : id);
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (name === "class") node.className = value;
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+// ---- tabs --------------------------------------------------------------------------------------
+const tabHooks = {};
+function showTab() {
+  const name = ["dashboard", "playground", "reports"].find((t) => location.hash === `#${t}`) || "dashboard";
+  // sections are named tab-NAME, not NAME, so that the #NAME link does not scroll to them
+  document.querySelectorAll("section.tab").forEach((section) => (section.hidden = section.id !== `tab-${name}`));
+  document.querySelectorAll(".tabs a").forEach((a) => a.classList.toggle("active", a.dataset.tab === name));
+  tabHooks[name]?.();
+}
+window.addEventListener("hashchange", showTab);
+
+// ---- dashboard ---------------------------------------------------------------------------------
+// Each tile: a headline value, a line under it, and the last ten minutes of one or more series.
+const TILES = [
+  {
+    id: "requests", label: "Requests running / waiting",
+    value: (s) => `${s.running} / ${s.waiting}`,
+    series: [["running", "running"], ["waiting", "waiting"]],
+  },
+  {
+    id: "throughput", label: "Output tokens/s",
+    value: (s) => fmt.rate(s.generation_tps), sub: (s) => `prompt: ${fmt.rate(s.prompt_tps)} tokens/s`,
+    series: [["generation_tps", "output"], ["prompt_tps", "prompt"]],
+  },
+  {
+    id: "kv", label: "KV cache usage", value: (s) => fmt.pct(s.kv_usage),
+    series: [["kv_usage", "used"]], max: 1, scale: fmt.pct,
+  },
+  {
+    id: "hits", label: "Prefix-cache hit rate, last minute", value: (s) => fmt.pct(s.hit_rate_minute),
+    sub: (s) => `since start: ${fmt.pct(s.hit_rate_total)}`,
+    series: [["hit_rate_minute", "last minute"], ["hit_rate_total", "since start"]], max: 1, scale: fmt.pct,
+  },
+  {
+    id: "preemptions", label: "Preemptions since start", value: (s) => fmt.int(s.preemptions),
+    sub: (s, samples) => `last minute: ${fmt.int(s.preemptions - valueAgo(samples, "preemptions", 60))}`,
+    series: [["preemptions", "since start"]],
+  },
+  {
+    id: "ttft", label: "TTFT p50, last minute", value: (s) => fmt.ms(s.ttft_p50),
+    sub: (s) => `p90 ${fmt.ms(s.ttft_p90)} · p99 ${fmt.ms(s.ttft_p99)}`,
+    series: [["ttft_p50", "p50"], ["ttft_p90", "p90"], ["ttft_p99", "p99"]], scale: fmt.ms,
+  },
+  {
+    id: "tpot", label: "TPOT p50, last minute", value: (s) => fmt.ms(s.tpot_p50),
+    sub: (s) => `p90 ${fmt.ms(s.tpot_p90)} · p99 ${fmt.ms(s.tpot_p99)}`,
+    series: [["tpot_p50", "p50"], ["tpot_p90", "p90"], ["tpot_p99", "p99"]], scale: fmt.ms,
+  },
+  {
+    id: "finished", label: "Requests finished, last minute", value: (s) => fmt.int(s.finished_minute),
+    series: [["finished_minute", "finished"]],
+  },
+];
+const COLORS = ["var(--s1)", "var(--s2)", "var(--s3)"];
+
+const feed = { samples: [], rows: [], afterSample: 0, afterRequest: 0 };
+
+function valueAgo(samples, key, seconds) {
+  const latest = samples[samples.length - 1];
+  const old = samples.find((s) => s.time >= latest.time - seconds) || samples[0];
+  return old[key];
+}
+
+function buildTiles() {
+  const tiles = $("tiles");
+  for (const tile of TILES) {
+    const legend = el("div", { class: "legend" });
+    tile.series.forEach(([, name], i) => legend.append(el("i", { style: `background:${COLORS[i]}` }), name));
+    legend.append(el("span", { id: `max-${tile.id}`, class: "max" }));
+    const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+    svg.setAttribute("aria-label", `${tile.label}, the last 10 minutes`);
+    svg.setAttribute("viewBox", "0 0 600 64");
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.id = `plot-${tile.id}`;
+    tiles.append(
+      el("div", { class: "tile", id: `tile-${tile.id}` },
+        el("div", { class: "label" }, tile.label),
+        el("div", { class: "value", id: `value-${tile.id}` }, "–"),
+        el("div", { class: "sub", id: `sub-${tile.id}` }),
+        svg, legend),
+    );
+  }
+}
+
+// Polylines over the last HISTORY_S seconds; a missing value (null) breaks the line.
+function plot(tile, samples) {
+  const svg = $(`plot-${tile.id}`);
+  const now = samples.length ? samples[samples.length - 1].time : Date.now() / 1000;
+  const values = tile.series.flatMap(([key]) => samples.map((s) => s[key]).filter((v) => v != null));
+  const top = tile.max || Math.max(...values, 0) * 1.1 || 1;
+  const parts = ['<line class="axis" x1="0" y1="63.5" x2="600" y2="63.5"/>'];
+  tile.series.forEach(([key], i) => {
+    let points = [];
+    const flush = () => {
+      if (points.length) parts.push(`<polyline style="stroke:${COLORS[i]}" points="${points.join(" ")}"/>`);
+      points = [];
+    };
+    for (const s of samples) {
+      if (s[key] == null) { flush(); continue; }
+      const x = ((s.time - (now - HISTORY_S)) / HISTORY_S) * 600;
+      const y = 62 - (Math.min(s[key], top) / top) * 60;
+      points.push(`${x.toFixed(1)},${y.toFixed(1)}`);
+    }
+    flush();
+  });
+  svg.innerHTML = parts.join("");
+  $(`max-${tile.id}`).textContent = `top ${(tile.scale || fmt.rate)(top)}`;
+}
+
+function renderDashboard() {
+  const samples = feed.samples;
+  if (samples.length) {
+    const latest = samples[samples.length - 1];
+    for (const tile of TILES) {
+      $(`value-${tile.id}`).textContent = tile.value(latest);
+      $(`sub-${tile.id}`).textContent = tile.sub ? tile.sub(latest, samples) : "";
+      plot(tile, samples);
+    }
+  }
+  const body = $("requests").tBodies[0];
+  body.replaceChildren(
+    ...feed.rows.slice().reverse().map((r) => {
+      const row = el("tr", {},
+        el("td", { title: `${r.request_id} (${r.endpoint})` }, shortId(r.request_id)),
+        el("td", {}, fmt.time(r.finished)),
+        el("td", {}, fmt.int(r.prompt_tokens)),
+        el("td", {}, fmt.int(r.cached_tokens)),
+        el("td", {}, fmt.int(r.output_tokens)),
+        el("td", {}, fmt.ms(r.ttft_s)),
+        el("td", {}, fmt.ms(r.tpot_s)),
+        el("td", {}, r.finish_reason));
+      if (r.prompt != null) row.append(el("td", { class: "prompt" }, r.prompt.slice(0, 200)));
+      return row;
+    }),
+  );
+  $("requests-note").textContent = feed.rows.length ? `last ${feed.rows.length}` : "none yet";
+}
+
+function renderInfo(info) {
+  $("model-name").textContent = info.model;
+  document.title = `Pagoda · ${info.model}`;
+  const rows = [
+    ["model", info.model], ["architecture", info.architecture], ["dtype", info.dtype],
+    ["quantization", info.quantization], ["device", info.device], ["attention", info.attention_backend],
+    ["CUDA graphs", info.cuda_graphs ? "on" : "off"], ["max_model_len", fmt.int(info.max_model_len)],
+    ["max_num_seqs", info.max_num_seqs], ["max_num_batched_tokens", fmt.int(info.max_num_batched_tokens)],
+    ["scheduling", info.scheduling_policy], ["block_size", info.block_size],
+    ["prefix caching", info.prefix_caching ? "on" : "off"],
+    info.kv_cache_memory_gib != null ? ["KV cache memory", `${info.kv_cache_memory_gib} GiB`] : null,
+    info.gpu_memory_utilization != null ? ["GPU memory use", fmt.pct(info.gpu_memory_utilization)] : null,
+    ["pagoda", info.version],
+  ].filter(Boolean);
+  $("engine-info").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
+  if (info.prompts_shown) $("requests").tHead.rows[0].append(el("th", {}, "prompt"));
+}
+
+async function poll() {
+  const conn = $("conn");
+  try {
+    if (!document.hidden) {
+      const path = `/console/api/feed?after=${feed.afterSample}&after_request=${feed.afterRequest}`;
+      const data = await authorized(() => api.get(path));
+      if (data.samples.length) {
+        feed.samples.push(...data.samples);
+        feed.afterSample = data.samples[data.samples.length - 1].seq;
+        const since = feed.samples[feed.samples.length - 1].time - HISTORY_S;
+        feed.samples = feed.samples.filter((s) => s.time >= since);
+      }
+      if (data.requests.length) {
+        feed.rows = feed.rows.concat(data.requests).slice(-TABLE_ROWS);
+        feed.afterRequest = data.requests[data.requests.length - 1].seq;
+      }
+      renderDashboard();
+      conn.className = "conn live";
+      conn.title = "live: updated every second";
+    }
+  } catch (error) {
+    conn.className = "conn down";
+    conn.title = `feed: ${error.message}`;
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+// ---- playground --------------------------------------------------------------------------------
+const chat = { history: [], controller: null };
+
+function number(id) {
+  const text = $(id).value.trim();
+  return text === "" ? undefined : Number(text);
+}
+
+// The request body from the settings; throws with the field's name when a JSON box does not parse.
+function chatRequest(messages) {
+  const body = { model: $("model-name").textContent, messages, stream: true, stream_options: { include_usage: true } };
+  for (const id of ["temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty"]) {
+    const value = number(id);
+    if (value !== undefined) body[id] = value;
+  }
+  const schema = $("json-schema").value.trim();
+  if (schema) {
+    body.response_format = { type: "json_schema", json_schema: { name: "schema", schema: parseJSON(schema, "JSON schema") } };
+  }
+  const tools = $("tools").value.trim();
+  if (tools) {
+    body.tools = parseJSON(tools, "Tools");
+    body.tool_choice = $("tool-choice").value;
+  }
+  return body;
+}
+
+function parseJSON(text, what) {
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new Error(`${what}: not valid JSON (${error.message})`);
+  }
+}
+
+function addMessage(role, text) {
+  $("messages").querySelector(".empty")?.remove();
+  const node = el("div", { class: `msg ${role}` }, el("div", { class: "text" }, text));
+  $("messages").append(node);
+  node.scrollIntoView({ block: "end" });
+  return node;
+}
+
+// Reads an SSE body, calling `onEvent` with each parsed data payload until [DONE].
+async function readEvents(response, onEvent) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      for (const line of event.split("\n")) {
+        if (!line.startsWith("data: ")) continue;
+        const data = line.slice(6);
+        if (data === "[DONE]") return;
+        onEvent(JSON.parse(data));
+      }
+    }
+  }
+}
+
+async function send(text) {
+  $("settings-error").hidden = true;
+  const system = $("system").value.trim();
+  const messages = [...(system ? [{ role: "system", content: system }] : []), ...chat.history, { role: "user", content: text }];
+  let body;
+  try {
+    body = chatRequest(messages);
+  } catch (error) {
+    $("settings-error").textContent = error.message;
+    $("settings-error").hidden = false;
+    return; // the message stays in the box, to send once the settings are fixed
+  }
+  $("prompt").value = "";
+  chat.history.push({ role: "user", content: text });
+  addMessage("user", text);
+  const node = addMessage("assistant", "");
+  node.dataset.state = "streaming";
+  const out = node.querySelector(".text");
+  const stats = el("div", { class: "stats" });
+  node.append(stats);
+  chat.controller = new AbortController();
+  setBusy(true);
+  const started = performance.now();
+  let first = null;
+  let usage = null;
+  let finish = null;
+  const calls = [];
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: api.headers({ "Content-Type": "application/json" }),
+      body: JSON.stringify(body),
+      signal: chat.controller.signal,
+    });
+    if (response.status === 401) {
+      chat.history.pop();
+      node.remove();
+      await askForKey(true);
+      return;
+    }
+    if (!response.ok) throw new Error(await errorText(response));
+    await readEvents(response, (chunk) => {
+      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.usage) usage = chunk.usage;
+      const choice = chunk.choices?.[0];
+      if (!choice) return;
+      const delta = choice.delta || {};
+      if (delta.content) {
+        first ??= performance.now();
+        out.textContent += delta.content;
+      }
+      for (const call of delta.tool_calls || []) {
+        first ??= performance.now();
+        const entry = (calls[call.index] ??= { name: "", arguments: "" });
+        entry.name += call.function?.name || "";
+        entry.arguments += call.function?.arguments || "";
+      }
+      if (choice.finish_reason) finish = choice.finish_reason;
+    });
+    node.dataset.state = "done";
+  } catch (error) {
+    if (error.name === "AbortError") {
+      finish = "stopped";
+      node.dataset.state = "stopped";
+    } else {
+      node.dataset.state = "error";
+      node.append(el("div", { class: "error" }, error.message));
+    }
+  } finally {
+    chat.controller = null;
+    setBusy(false);
+  }
+  if (calls.length) {
+    node.append(el("pre", { class: "calls" }, calls.map((c) => `${c.name}(${c.arguments})`).join("\n")));
+  }
+  chat.history.push({ role: "assistant", content: out.textContent });
+  stats.textContent = messageStats(usage, started, first, performance.now(), finish);
+  node.scrollIntoView({ block: "end" });
+}
+
+function messageStats(usage, started, first, ended, finish) {
+  const parts = [];
+  if (usage) {
+    parts.push(`prompt ${usage.prompt_tokens} tokens`, `cached ${usage.prompt_tokens_details?.cached_tokens ?? 0}`);
+    parts.push(`output ${usage.completion_tokens}`);
+  }
+  if (first != null) parts.push(`TTFT ${fmt.ms((first - started) / 1000)}`);
+  if (usage && first != null && usage.completion_tokens > 1 && ended > first) {
+    parts.push(`${((usage.completion_tokens - 1) / ((ended - first) / 1000)).toFixed(1)} tokens/s`);
+  }
+  if (finish) parts.push(`finish: ${finish}`);
+  return parts.join(" · ");
+}
+
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("stop").disabled = !busy;
+}
+
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = $("prompt").value.trim();
+  if (!text || chat.controller) return;
+  send(text);
+});
+$("prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    $("composer").requestSubmit();
+  }
+});
+$("stop").addEventListener("click", () => chat.controller?.abort());
+$("clear").addEventListener("click", () => {
+  chat.controller?.abort();
+  chat.history = [];
+  $("messages").replaceChildren(el("p", { class: "muted empty" }, "Send a message to start a chat."));
+});
+
+// ---- reports -----------------------------------------------------------------------------------
+async function loadReports(info) {
+  const note = $("reports-note");
+  if (!info.reports) {
+    note.textContent = "Start the server with --reports DIR to see the pagoda bench / bakeoff result folders in DIR here.";
+    $("report-select").hidden = true;
+    $("report").hidden = true;
+    return;
+  }
+  const { reports } = await authorized(() => api.get("/console/api/reports"));
+  const select = $("report-select");
+  const current = select.value;
+  select.replaceChildren(...reports.map((name) => el("option", { value: name }, name === "." ? "(the folder itself)" : name)));
+  note.textContent = reports.length ? `${reports.length} in the --reports folder, newest first` : "No report.md under the --reports folder yet.";
+  if (reports.includes(current)) select.value = current;
+  if (reports.length) await showReport(select.value);
+}
+
+async function showReport(name) {
+  const report = $("report");
+  try {
+    const data = await authorized(() => api.get(`/console/api/reports/${name.split("/").map(encodeURIComponent).join("/")}`));
+    report.innerHTML = data.html; // built by the server from report.md with every text escaped
+  } catch (error) {
+    report.replaceChildren(el("p", { class: "error" }, error.message));
+  }
+}
+
+// ---- start -------------------------------------------------------------------------------------
+async function start() {
+  buildTiles();
+  const info = await authorized(() => api.get("/console/api/info"));
+  renderInfo(info);
+  $("report-select").addEventListener("change", (event) => showReport(event.target.value));
+  tabHooks.reports = () => loadReports(info).catch((error) => ($("reports-note").textContent = error.message));
+  showTab();
+  poll();
+}
+
+start().catch((error) => {
+  $("conn").className = "conn down";
+  $("conn").title = error.message;
+});

@@ -1,0 +1,59 @@
+"""Deterministic serving's linear layers (EngineConfig.deterministic): every output of every linear,
+the LM head's included, summed over its inputs in one order fixed by the layer's shape, whatever
+number of rows the step has (csrc/gemm.c). oneDNN and the GEMV kernel each fix an order too, but
+different ones, and oneDNN's changes with the number of rows: a request's logprobs moved by up to
+1.2e-5 with what else shared its steps.
+
+The mode's other parts hold by construction: norms, rotary and SiLU*up are computed row by row in
+C (cpu_layers), attention by the cpu backend's batch-invariant kernels, log-softmax and sampling
+per row (sampler.py). docs/determinism.md says what is invariant and what is refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from pagoda.kernels import cpu
+from pagoda.model_executor.layers import replace_linears
+
+
+def unsupported_reason(
+    device: torch.device, dtype: torch.dtype, quantization: str | None, backend_invariant: bool
+) -> str | None:
+    """Why deterministic serving cannot hold for this configuration, or None when it can."""
+    if device.type != "cpu":
+        return f"its batch-invariant kernels run on the CPU only, not on {device.type}"
+    if dtype != torch.float32:
+        return f"its batch-invariant kernels compute in float32 only (got {str(dtype).removeprefix('torch.')})"
+    if quantization is not None:
+        return f"quantized ({quantization}) linears have no batch-invariant kernel"
+    if not backend_invariant:
+        return "the attention backend is not batch-invariant (choose --attention-backend cpu)"
+    if cpu.load() is None:
+        return "Pagoda's C kernels cannot be built here (they need gcc and an x86-64 CPU with AVX2 and FMA)"
+    return None
+
+
+class InvariantLinear(nn.Module):
+    """y = x @ weight.T + bias from the weight packed for the batch-invariant GEMM (the plain
+    weight is not kept)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL) -> None:
+        super().__init__()
+        self.lib, self.out_features = lib, weight.shape[0]
+        self.packed = cpu.pack_panels(lib, weight.detach().contiguous())
+        self.bias = None if bias is None else bias.detach().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu.gemm_invariant(self.lib, x, self.packed, self.bias, self.out_features)
+
+
+def convert_model(model) -> None:
+    """Every Linear of a DecoderModel replaced by its InvariantLinear, and an InvariantLinear LM
+    head for compute_logits (over the embeddings when they are tied; they stay plain for lookups)."""
+    lib = cpu.load()
+    replace_linears(model, lambda linear: InvariantLinear(linear.weight, linear.bias, lib))
+    model.cpu_lm_head = InvariantLinear(model.embed_tokens if model.lm_head is None else model.lm_head, None, lib)
