@@ -8,7 +8,10 @@
 # context of 8,192 for both engines unless MAX_MODEL_LEN says otherwise.
 #
 #   benchmarks/serve_vs_vllm.sh [OUT_DIR]    # default benchmarks/results/serve_vs_vllm
-#   env: ENGINES="pagoda vllm" (default; also pagoda-bf16: --dtype bfloat16; each runs with the machine to itself; ratios are the first over the last),
+#   env: ENGINES="pagoda vllm" (default; also pagoda-bf16: --dtype bfloat16; pagoda-gguf: the Q4_1 file with
+#        --quantization gguf; pagoda-int8: the HF directory with --quantization int8; llamacpp: llama.cpp's
+#        server on the Q4_1 file (llamacpp.sh's venv, through llamacpp_server.py; N_THREADS (1) and N_THREADS_BATCH (2)
+#        as llamacpp.sh); each runs with the machine to itself; ratios are the first over the last),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
 #        PAGODA_ARGS (more flags for the pagoda engine), PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4)
 #
@@ -29,6 +32,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 NAME=smollm2
 URL=http://127.0.0.1:$PORT
 MODEL_DIR=$("$PEERS/smollm2-hf.sh")
+GGUF_FILE=$(. "$PEERS/common.sh" && smollm2_gguf)  # the Q4_1 file llamacpp.sh serves
+LLAMACPP_PYTHON=$(. "$PEERS/common.sh" && echo "$PEERS_HOME/llamacpp-venv/bin/python")
+case " $ENGINES " in *" llamacpp "*) "$PEERS/llamacpp.sh" install ;; esac
 mkdir -p "$OUT"
 
 now() { date +%s.%N; }
@@ -39,7 +45,14 @@ server_command() {  # the engine's serve command, same model, dtype, context and
               --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ${PAGODA_ARGS:-} ;;
     pagoda-bf16) echo python -m pagoda.entrypoints.cli serve "$MODEL_DIR" --port "$PORT" --dtype bfloat16 \
               --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
+    pagoda-gguf) echo python -m pagoda.entrypoints.cli serve "$GGUF_FILE" --port "$PORT" \
+              --quantization gguf --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
+    pagoda-int8) echo python -m pagoda.entrypoints.cli serve "$MODEL_DIR" --port "$PORT" --quantization int8 \
+              --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
     vllm) echo "$PEERS/vllm-cpu.sh" serve "$PORT" --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" ;;
+    llamacpp) echo "$LLAMACPP_PYTHON" benchmarks/llamacpp_server.py --model "$GGUF_FILE" --host 127.0.0.1 \
+              --port "$PORT" --n_ctx "$MAX_MODEL_LEN" --n_threads "${N_THREADS:-1}" --n_threads_batch "${N_THREADS_BATCH:-2}" \
+              --interrupt_requests False --model_alias "$NAME" ;;
     *) echo "unknown engine $1" >&2; exit 2 ;;
   esac
 }

@@ -50,7 +50,10 @@ class ModelConfig:
     generation_defaults: dict = field(default_factory=dict, compare=False)
     tokenizer: str | None = None  # an HF directory or .gguf file of another tokenizer; None: the model's
     load_format: Literal["auto", "dummy"] = "auto"  # dummy: random weights of the config's shapes
-    quantization: Literal["fp8"] | None = None  # fp8: linear weights in float8_e4m3fn
+    # fp8: linear weights in float8_e4m3fn (GPU); gguf: a GGUF file's Q4_0/Q4_1/Q8_0 tensors kept as
+    # stored; int8: per-channel int8 linear weights and LM head (CPU)
+    quantization: Literal["fp8", "gguf", "int8"] | None = None
+    gguf_file: str | None = None  # the .gguf file `path` was converted from, if any
 
 
 @dataclass(frozen=True)

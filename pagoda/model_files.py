@@ -2,7 +2,9 @@
 
 A GGUF file is converted once into an HF-format directory (config, tokenizer, fp32 safetensors)
 in Pagoda's cache, keyed by the file's path, size and mtime; every later load reads that
-directory, so one loading path serves both formats and a warm start takes seconds.
+directory, so one loading path serves both formats and a warm start takes seconds. With
+quantization="gguf" the weights are read from the file itself, and the directory holds only the
+config and tokenizer.
 """
 
 from __future__ import annotations
@@ -47,21 +49,28 @@ def cache_root() -> Path:
     return Path(os.environ.get("PAGODA_CACHE", Path.home() / ".cache" / "pagoda"))
 
 
-def resolve_model(model: str | None) -> str:
-    """Return an HF-format directory for `model` (None: the default model)."""
+def resolve_model(model: str | None, gguf_weights: bool = True) -> str:
+    """Return an HF-format directory for `model` (None: the default model). `gguf_weights=False`:
+    a GGUF file's directory gets its config and tokenizer only (its weights are read from the file)."""
     path = Path(model) if model else Path(default_model_path())
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} has no config.json: not a Hugging Face model directory.")
         return str(path)
     if path.is_file() and path.suffix == ".gguf":
-        return str(convert_gguf(path))
+        return str(convert_gguf(path, gguf_weights))
     if path.exists():
         raise ConfigError(f"{path} is neither a Hugging Face model directory nor a .gguf file.")
     raise ConfigError(
         f"Model {str(path)!r} not found. Give a local Hugging Face directory or a .gguf file "
         "(nothing is downloaded from a model hub)."
     )
+
+
+def gguf_path(model: str | None) -> str | None:
+    """The .gguf file a model argument names (None: the default model's), else None."""
+    path = Path(model) if model else Path(default_model_path())
+    return str(path) if path.suffix == ".gguf" and path.is_file() else None
 
 
 def display_name(model: str | None) -> str:
@@ -71,17 +80,17 @@ def display_name(model: str | None) -> str:
     return path.stem if path.suffix == ".gguf" else path.name
 
 
-def convert_gguf(gguf_path: Path) -> Path:
+def convert_gguf(gguf_path: Path, weights: bool = True) -> Path:
     stat = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_root() / "gguf" / f"{gguf_path.stem}-{key}"
-    if (target / "model.safetensors").is_file():
+    target = cache_root() / "gguf" / f"{gguf_path.stem}-{key}{'' if weights else '-config'}"
+    if (target / ("model.safetensors" if weights else "config.json")).is_file():
         return target
     logger.info("Converting %s to an HF directory in %s (once)", gguf_path.name, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     try:
-        _write_hf_dir(gguf_path, staging)
+        _write_hf_dir(gguf_path, staging, weights)
         os.replace(staging, target) if not target.exists() else shutil.rmtree(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -89,7 +98,7 @@ def convert_gguf(gguf_path: Path) -> Path:
     return target
 
 
-def _write_hf_dir(gguf_path: Path, out: Path) -> None:
+def _write_hf_dir(gguf_path: Path, out: Path, weights: bool) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -103,16 +112,17 @@ def _write_hf_dir(gguf_path: Path, out: Path) -> None:
         raise ConfigError(f"Cannot read GGUF file {gguf_path}: {exc}") from exc
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
-    logger.info("Reading and dequantizing the GGUF tensors")
-    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)["tensors"]
-    logger.info("Writing them as float32 safetensors")
-    tensors = {k: torch.as_tensor(v).to(torch.float32).contiguous() for k, v in tensors.items()}
-    if getattr(config, "tie_word_embeddings", False):
-        tensors.pop("lm_head.weight", None)
     config.architectures = [type(skeleton).__name__]
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if weights:
+        logger.info("Reading and dequantizing the GGUF tensors")
+        tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)["tensors"]
+        logger.info("Writing them as float32 safetensors")
+        tensors = {k: torch.as_tensor(v).to(torch.float32).contiguous() for k, v in tensors.items()}
+        if getattr(config, "tie_word_embeddings", False):
+            tensors.pop("lm_head.weight", None)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     generation = {"eos_token_id": config.eos_token_id, "bos_token_id": config.bos_token_id}
     eos_token = tokenizer.eos_token_id
     if eos_token is not None and eos_token != config.eos_token_id:

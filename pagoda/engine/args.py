@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig, ThreadConfig, parse_cores
 from pagoda.errors import ConfigError
-from pagoda.model_files import display_name, resolve_model
+from pagoda.model_files import display_name, gguf_path, resolve_model
 
 if typing.TYPE_CHECKING:
     import torch
@@ -102,8 +102,10 @@ class EngineArgs:
     enforce_eager: bool = option(False, "GPU: no CUDA graphs for decode steps")
     quantization: str | None = option(
         None,
-        "fp8: float8 linear weights with per-channel scales (GPU, compute capability >= 8.9)",
-        choices=["fp8"],
+        "fp8: float8 linear weights with per-channel scales (GPU, compute capability >= 8.9); gguf: a .gguf "
+        "model's Q4_0/Q4_1/Q8_0 tensors kept in their format (CPU); int8: per-channel int8 linear weights and "
+        "LM head (CPU); see docs/quantization.md",
+        choices=["fp8", "gguf", "int8"],
         default_text="none",
     )
     load_format: str = option(
@@ -156,10 +158,17 @@ class EngineArgs:
             if self.device == "auto" and torch.cuda.is_available()
             else ("cpu" if self.device == "auto" else self.device)
         )
-        path = resolve_model(self.model)
+        path = resolve_model(self.model, gguf_weights=self.quantization != "gguf")
         name = self.served_model_name or display_name(self.model)
         model = load_model_config(
-            path, name, self.dtype, self.max_model_len, device, self.load_format, self.quantization
+            path,
+            name,
+            self.dtype,
+            self.max_model_len,
+            device,
+            self.load_format,
+            self.quantization,
+            gguf_path(self.model),
         )
         if self.tokenizer is not None:
             model = replace(model, tokenizer=self.tokenizer)

@@ -130,6 +130,12 @@ def load() -> ctypes.CDLL | None:
     lib.pagoda_prefill_attention.argtypes += [ctypes.c_float, ctypes.c_int]
     for name in ("pagoda_pack_panels", "pagoda_gemm_invariant", "pagoda_prefill_attention"):
         getattr(lib, name).restype = None
+    for name in ("pagoda_q_gemv", "pagoda_q_gemm"):  # quant.c; wrapped by model_executor/quant_linear.py
+        getattr(lib, name).argtypes = [ctypes.c_int] + [_P] * 5 + [_I64] * (2 if name == "pagoda_q_gemv" else 3)
+        getattr(lib, name).argtypes += [ctypes.c_int]
+        getattr(lib, name).restype = None
+    lib.pagoda_q_dequant_rows.argtypes = [ctypes.c_int] + [_P] * 3 + [_I64] * 2 + [_P, ctypes.c_int]
+    lib.pagoda_q_dequant_rows.restype = None
     for name in ("pagoda_rms_norm", "pagoda_add_rms_norm", "pagoda_rotary", "pagoda_silu_mul"):
         getattr(lib, name).restype = None
     return lib

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from tqdm import tqdm
@@ -13,7 +18,7 @@ from tqdm import tqdm
 from pagoda.config import ModelConfig
 from pagoda.errors import ConfigError
 from pagoda.generation_config import sampling_defaults
-from pagoda.model_executor import cpu_invariant, cpu_layers, cpu_linear
+from pagoda.model_executor import cpu_invariant, cpu_layers, cpu_linear, quant_loader
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
@@ -30,7 +35,7 @@ _BY_MODEL_TYPE = {
 
 
 LOAD_FORMATS = ("auto", "dummy")
-QUANTIZATIONS = (None, "fp8")
+QUANTIZATIONS = (None, "fp8", *quant_loader.CPU_QUANTIZATIONS)
 
 
 def load_model_config(
@@ -41,13 +46,14 @@ def load_model_config(
     device: torch.device,
     load_format: str = "auto",
     quantization: str | None = None,
+    gguf_file: str | None = None,
 ) -> ModelConfig:
     from transformers import AutoConfig
 
     if load_format not in LOAD_FORMATS:
         raise ConfigError(f"Unknown load_format {load_format!r}; choose auto or dummy.")
     if quantization not in QUANTIZATIONS:
-        raise ConfigError(f"Unknown quantization {quantization!r}; fp8 is supported (or none).")
+        raise ConfigError(f"Unknown quantization {quantization!r}; choose fp8, gguf or int8 (or none).")
 
     try:
         hf_config = AutoConfig.from_pretrained(path)
@@ -67,6 +73,10 @@ def load_model_config(
     resolved_dtype = resolve_dtype(dtype, hf_config, device)
     if quantization == "fp8":
         check_fp8_support(device, resolved_dtype)
+    elif quantization is not None:
+        reason = quant_loader.unsupported_reason(quantization, device, resolved_dtype, gguf_file)
+        if reason:
+            raise ConfigError(reason)
     return ModelConfig(
         path=path,
         name=name,
@@ -82,6 +92,7 @@ def load_model_config(
         generation_defaults=sampling_defaults(generation),
         load_format=load_format,
         quantization=quantization,
+        gguf_file=gguf_file,
     )
 
 
@@ -102,11 +113,15 @@ def load_model(config: ModelConfig, backend, device: torch.device, batch_invaria
     model = DecoderModel(
         config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device
     )
-    if config.load_format == "dummy":
-        init_dummy_weights(model, config.hf_config)
+    if config.quantization == "gguf":
+        quant_loader.load_gguf(model, config.gguf_file)
+    elif config.quantization == "int8":
+        quant_loader.load_int8(model, lambda on_loaded: fill_weights(model, config, on_loaded))
     else:
-        load_weights(model, config)
-    if batch_invariant:
+        fill_weights(model, config)
+    if config.quantization in quant_loader.CPU_QUANTIZATIONS:
+        pass  # its layers are in place (deterministic serving refuses quantization)
+    elif batch_invariant:
         logger.info("Packing linear weights for the batch-invariant GEMM")
         cpu_invariant.convert_model(model)
     elif config.quantization == "fp8":
@@ -120,6 +135,17 @@ def load_model(config: ModelConfig, backend, device: torch.device, batch_invaria
     return model.eval()
 
 
+def fill_weights(model: DecoderModel, config: ModelConfig, on_loaded=None) -> None:
+    """The weights from the checkpoint, or random ones for load_format="dummy"; `on_loaded` as
+    load_weights calls it."""
+    if config.load_format != "dummy":
+        load_weights(model, config, on_loaded)
+        return
+    init_dummy_weights(model, config.hf_config)
+    for name, param in list(model.named_parameters()) if on_loaded else ():
+        on_loaded(name, param)
+
+
 def init_dummy_weights(model: DecoderModel, hf_config) -> None:
     """Random weights of the config's shapes (load_format="dummy"), to time a model whose weights
     are not at hand: norm weights 1, the rest N(0, initializer_range) from the global seed."""
@@ -131,10 +157,12 @@ def init_dummy_weights(model: DecoderModel, hf_config) -> None:
             param.data.normal_(0.0, std)
 
 
-def load_weights(model: DecoderModel, config: ModelConfig) -> None:
-    """Fill `model`'s parameters from the safetensors files of config.path."""
-    from safetensors import safe_open
-
+def load_weights(
+    model: DecoderModel, config: ModelConfig, on_loaded: Callable[[str, torch.nn.Parameter], None] | None = None
+) -> None:
+    """Fill `model`'s parameters from the safetensors files of config.path; `on_loaded(name, param)`
+    is called as each parameter is complete (int8 quantization replaces it there, so at most one
+    float copy of a weight is resident at a time)."""
     params = dict(model.named_parameters())
     pending = {name: p.shape[0] for name, p in params.items()}  # rows still to load
     files = weight_files(Path(config.path))
@@ -142,22 +170,20 @@ def load_weights(model: DecoderModel, config: ModelConfig) -> None:
     for i, file in enumerate(tqdm(files, desc="Loading weights", disable=len(files) < 2)):
         logger.info("Reading weights: file %d of %d (%s; %.2f GiB in all)", i + 1, len(files), file.name, total_gib)
         try:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    target = _target(key)
-                    if target is None:
-                        continue
-                    name, slot = target
-                    if name == "lm_head" and model.lm_head is None:
-                        continue  # tied to the embeddings
-                    if name not in params:
-                        raise ConfigError(
-                            f"{file.name} has weight {key!r}, which this {config.architecture} does not use."
-                        )
-                    tensor = f.get_tensor(key)
-                    rows = _slot_rows(slot, model.dims, params[name].shape[0])
-                    params[name].data[rows].copy_(tensor)
-                    pending[name] -= rows.stop - rows.start
+            for key, entry in read_safetensors(file):
+                target = _target(key)
+                if target is None:
+                    continue
+                name, slot = target
+                if name == "lm_head" and model.lm_head is None:
+                    continue  # tied to the embeddings
+                if name not in params:
+                    raise ConfigError(f"{file.name} has weight {key!r}, which this {config.architecture} does not use.")
+                rows = _slot_rows(slot, model.dims, params[name].shape[0])
+                entry.read_into(params[name].data[rows])
+                pending[name] -= rows.stop - rows.start
+                if pending[name] == 0 and on_loaded is not None:
+                    on_loaded(name, params[name])
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt file
@@ -167,6 +193,66 @@ def load_weights(model: DecoderModel, config: ModelConfig) -> None:
         raise ConfigError(
             f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
         )
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    """One tensor of an open safetensors file, not read yet."""
+
+    file: BinaryIO
+    offset: int  # from the file's start
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    def read(self) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype)
+        self._read(out)
+        return out
+
+    def read_into(self, out: torch.Tensor) -> None:
+        """Fills `out` (of this shape, any dtype): straight from the file when it is contiguous
+        and of this dtype, else through a temporary."""
+        if out.dtype == self.dtype and out.is_contiguous() and tuple(out.shape) == self.shape:
+            self._read(out)
+        else:
+            out.copy_(self.read())
+
+    def _read(self, out: torch.Tensor) -> None:
+        self.file.seek(self.offset)
+        if self.file.readinto(out.reshape(-1).view(torch.uint8).numpy()) != self.nbytes:
+            raise ValueError(f"truncated at byte {self.offset}")
+
+
+def read_safetensors(file: Path) -> Iterator[tuple[str, SafetensorsEntry]]:
+    """Each tensor of a safetensors file in file order, to be read with plain reads, not a memory
+    map: the file's pages stay out of the process's resident set, and a tensor is read straight
+    into the parameter that holds it."""
+    with open(file, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+        header.pop("__metadata__", None)
+        start = 8 + header_len
+        for key, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            begin, end = info["data_offsets"]
+            dtype, shape = _SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"])
+            if math.prod(shape) * dtype.itemsize != end - begin:
+                raise ValueError(f"tensor {key!r}: {end - begin} bytes for shape {list(shape)}")
+            yield key, SafetensorsEntry(f, start + begin, end - begin, dtype, shape)
 
 
 def weight_files(path: Path) -> list[Path]:

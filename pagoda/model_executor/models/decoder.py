@@ -131,10 +131,12 @@ class DecoderModel(nn.Module):
             None if self.tie_word_embeddings else empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
         )
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions, dtype, device)
-        self.cpu_lm_head: nn.Module | None = None  # set by cpu_linear.convert_model
+        self.cpu_lm_head: nn.Module | None = None  # set by cpu_linear.convert_model or quant_loader
+        self.quant_embedding: nn.Module | None = None  # set by quant_loader: embed_tokens is then empty
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        x, residual = F.embedding(input_ids, self.embed_tokens), None
+        lookup = self.quant_embedding
+        x, residual = F.embedding(input_ids, self.embed_tokens) if lookup is None else lookup(input_ids), None
         rope = self.rotary.lookup(positions)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, rope, kv_cache, attn_metadata)

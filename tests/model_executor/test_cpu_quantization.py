@@ -1,0 +1,167 @@
+"""Quantized weights on the CPU end to end: `--quantization gguf` on the shipped Q4_1 file computes
+the dequantized model's function (greedy tokens equal under the near-tie rule); every format stays
+within its documented accuracy bounds against the float32 model on the same weights (bounds in
+docs/quantization.md, set from benchmarks/quantization_accuracy.py's measurements); loading holds
+no float copy of the model (RSS growth under twice the resident weights)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pagoda import LLM, SamplingParams
+from pagoda.engine.args import EngineArgs
+from pagoda.errors import ConfigError
+from pagoda.kernels import cpu as cpu_kernels
+from pagoda.model_executor.quant_loader import rotary_row_order
+from pagoda.model_files import default_model_path
+from tests.gguf_files import requantize_gguf
+from tests.reference import assert_greedy_match
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine"),
+]
+
+# A fixed public-domain text (the Gettysburg Address) of about 330 tokens, scored position by position
+TEXT = (
+    "Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived in "
+    "Liberty, and dedicated to the proposition that all men are created equal. Now we are engaged in a great "
+    "civil war, testing whether that nation, or any nation so conceived and so dedicated, can long endure. We "
+    "are met on a great battle-field of that war. We have come to dedicate a portion of that field, as a final "
+    "resting place for those who here gave their lives that that nation might live. It is altogether fitting "
+    "and proper that we should do this. But, in a larger sense, we can not dedicate -- we can not consecrate -- "
+    "we can not hallow -- this ground. The brave men, living and dead, who struggled here, have consecrated it, "
+    "far above our poor power to add or detract. The world will little note, nor long remember what we say "
+    "here, but it can never forget what they did here. It is for us the living, rather, to be dedicated here "
+    "to the unfinished work which they who fought here have thus far so nobly advanced. It is rather for us to "
+    "be here dedicated to the great task remaining before us -- that from these honored dead we take increased "
+    "devotion to that cause for which they gave the last full measure of devotion -- that we here highly "
+    "resolve that these dead shall not have died in vain -- that this nation, under God, shall have a new birth "
+    "of freedom -- and that government of the people, by the people, for the people, shall not perish from "
+    "the earth."
+)
+# per format: (max mean |delta logprob|, min top-1 agreement, max perplexity ratio) against fp32;
+# the measured values on this text are in docs/quantization.md
+BOUNDS = {
+    "gguf-Q4_1": (1e-4, 0.99, 1.001),  # measured: 6.5e-6, 1.000, 1.0000
+    "gguf-Q8_0": (0.12, 0.94, 1.03),  # measured: 0.079, 0.965, 1.0001
+    "gguf-Q4_0": (1.4, 0.45, 1.9),  # measured: 1.09, 0.529, 1.666 (Q4_1 weights rounded twice)
+    "int8": (0.16, 0.9, 1.03),  # measured: 0.111, 0.930, 0.9989
+}
+PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):", "1, 2, 3, 5, 8,"]
+
+
+@pytest.fixture(scope="module")
+def requantized(request) -> dict[str, str]:
+    """Q8_0 and Q4_0 files made once from the shipped Q4_1 file, kept in pytest's cache."""
+    folder = request.config.cache.mkdir("pagoda-requantized")
+    source = default_model_path()
+    return {
+        fmt: str(requantize_gguf(source, folder / f"SmolLM2-135M-Instruct.{fmt}.gguf", fmt)) for fmt in ("Q8_0", "Q4_0")
+    }
+
+
+def load(model: str | None, quantization: str) -> LLM:
+    return LLM(model, quantization=quantization, kv_cache_memory=0.2, max_model_len=1024)
+
+
+def scores(llm: LLM, ids: list[int]) -> tuple[list[float], list[int]]:
+    """Each position's logprob of the text's next token, and its top-1 token."""
+    out = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)[0]
+    positions = out.prompt_logprobs[1:]
+    return [p[t].logprob for t, p in zip(ids[1:], positions)], [
+        next(t for t, lp in p.items() if lp.rank == 1) for p in positions
+    ]
+
+
+@pytest.fixture(scope="module")
+def fp32_scores(default_llm) -> tuple[list[int], tuple[list[float], list[int]]]:
+    ids = default_llm.tokenizer.encode(TEXT)
+    return ids, scores(default_llm, ids)
+
+
+def test_gguf_q4_1_is_the_dequantized_model(default_llm, hf_reference, fp32_scores):
+    """Same greedy tokens as the default (dequantized) load, under the near-tie rule; and accurate."""
+    llm = load(None, "gguf")
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    report: list = []
+    for ours, theirs in zip(llm.generate(PROMPTS, params), default_llm.generate(PROMPTS, params)):
+        prompt_ids = theirs.prompt_token_ids
+        assert_greedy_match(hf_reference, prompt_ids, theirs.outputs[0].token_ids, ours.outputs[0].token_ids, report)
+    check_bounds("gguf-Q4_1", llm, fp32_scores)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_requantized_gguf_within_bounds(requantized, fp32_scores, fmt):
+    check_bounds(f"gguf-{fmt}", load(requantized[fmt], "gguf"), fp32_scores)
+
+
+def test_int8_within_bounds(default_model_dir, fp32_scores):
+    check_bounds("int8", load(default_model_dir, "int8"), fp32_scores)
+
+
+def check_bounds(name: str, llm: LLM, fp32_scores) -> None:
+    ids, (ref_lp, ref_top) = fp32_scores
+    lp, top = scores(llm, ids)
+    mean_delta = sum(abs(a - b) for a, b in zip(ref_lp, lp)) / len(lp)
+    agreement = sum(a == b for a, b in zip(ref_top, top)) / len(top)
+    ppl_ratio = math.exp((sum(ref_lp) - sum(lp)) / len(lp))
+    max_delta, min_agreement, max_ratio = BOUNDS[name]
+    measured = f"{name}: mean |delta| {mean_delta:.2e}, top-1 {agreement:.3f}, perplexity ratio {ppl_ratio:.4f}"
+    assert mean_delta <= max_delta and agreement >= min_agreement and ppl_ratio <= max_ratio, measured
+
+
+def test_rotary_row_order_undoes_llama_cpp_permutation():
+    """llama.cpp's converter: w.reshape(heads, 2, D/2, ...).swapaxes(1, 2); the order undoes it."""
+    heads, rows = 3, 24
+    checkpoint = torch.arange(rows)
+    in_file = checkpoint.reshape(heads, 2, rows // heads // 2).transpose(1, 2).reshape(-1)
+    assert in_file[rotary_row_order(rows, heads)].tolist() == checkpoint.tolist()
+
+
+def test_quantization_refused_where_it_cannot_serve(default_model_dir):
+    with pytest.raises(ConfigError, match="needs a .gguf model file"):
+        EngineArgs(default_model_dir, quantization="gguf").create_config()
+    with pytest.raises(ConfigError, match="computes in float32"):
+        EngineArgs(default_model_dir, quantization="int8", dtype="bfloat16").create_config()
+
+
+MEASURE_LOAD = """
+import json, sys, torch
+from pagoda.engine.args import EngineArgs
+from pagoda.model_executor.loader import load_model
+from pagoda.model_executor.quant_loader import resident_bytes
+from pagoda.attention.selector import select_backend
+
+config = EngineArgs(sys.argv[1] or None, quantization=sys.argv[2]).create_config()
+backend = select_backend(config.attention_backend, torch.device("cpu"), torch.float32, config.model.head_dim)
+def rss(field):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(field + ":"))
+open("/proc/self/clear_refs", "w").write("5")  # resets the peak (VmHWM) to the current RSS
+baseline = rss("VmRSS")
+model = load_model(config.model, backend, torch.device("cpu"))
+lookup, head = model.quant_embedding, model.cpu_lm_head
+shared = lookup is not None and head.weight is lookup.weight  # the tied head reads the quantized table
+print(json.dumps({"growth": rss("VmHWM") - baseline, "resident": resident_bytes(model), "shared": shared}))
+"""
+
+
+@pytest.mark.parametrize("quantization", ["gguf", "int8"])
+def test_loading_holds_no_float_copy(default_model_dir, quantization):
+    """Peak RSS growth while loading, over the baseline after imports and config, stays below twice
+    the weights the quantized model keeps (a float32 copy would be 6x for Q4_1, 4x for int8); the
+    GGUF model's tied head is its quantized embedding table."""
+    model = "" if quantization == "gguf" else default_model_dir
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE_LOAD, model, quantization], capture_output=True, text=True, check=True
+    )
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert measured["shared"] == (quantization == "gguf")  # int8: a float table for the lookup, int8 head
+    assert measured["resident"] < 300 * 2**20  # the float model is 540 MB
+    assert measured["growth"] < 2 * measured["resident"], measured
