@@ -242,8 +242,11 @@ class Correctness:
         )
         self.report.check("structured outputs: the bitmask on the device", self.bitmask_on_device)
         self.report.check("structured outputs: a regex holds", functools.partial(self.regex_holds, fp32))
+        del fp32
+        self.report.check("fp32 n-gram speculation vs transformers", self.speculative)
         if self.dry_run:
             return
+        fp32 = self.engine(dtype="float32")
         # No local may keep a partial past the `del` below: it would keep the engine's GPU memory.
         self.report.check(
             "fp32 vs transformers, graphs off", functools.partial(self.against_reference, fp32, eager=True)
@@ -373,6 +376,18 @@ class Correctness:
             "detail": f"worst relative error {worst:.1e} (bf16 output rounding ~4e-3)",
             "errors": errors,
         }
+
+    def speculative(self) -> dict:
+        """Greedy tokens with n-gram speculation (unigram matches, so the tiny model's random text
+        still gets drafts) equal transformers' under the near-tie rule: verification through the
+        device's attention, rollback of rejected drafts."""
+        spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+        eng = self.engine(dtype="float32", speculative_config=spec)
+        result = self.against_reference(eng)
+        counters = eng.core.scheduler.stats()
+        result["detail"] += f"; {counters.spec_num_accepted_tokens}/{counters.spec_num_draft_tokens} drafts accepted"
+        result["ok"] = result["ok"] and counters.spec_num_draft_tokens > 0
+        return result
 
     def fp8_generates(self) -> dict:
         eng = self.engine(dtype="bfloat16", quantization="fp8")
