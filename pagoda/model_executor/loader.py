@@ -225,9 +225,10 @@ class SafetensorsEntry:
         return out
 
     def read_into(self, out: torch.Tensor) -> None:
-        """Fills `out` (of this shape, any dtype): straight from the file when it is contiguous
-        and of this dtype, else through a temporary."""
-        if out.dtype == self.dtype and out.is_contiguous() and tuple(out.shape) == self.shape:
+        """Fills `out` (of this shape, any dtype, any device): straight from the file when it is in
+        host memory, contiguous and of this dtype, else through a temporary in host memory."""
+        direct = out.device.type == "cpu" and out.dtype == self.dtype and out.is_contiguous()
+        if direct and tuple(out.shape) == self.shape:
             self._read(out)
         else:
             out.copy_(self.read())
