@@ -58,9 +58,11 @@ PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibo
 
 
 @pytest.fixture(scope="module")
-def requantized(request) -> dict[str, str]:
-    """Q8_0 and Q4_0 files made once from the shipped Q4_1 file, kept in pytest's cache."""
-    folder = request.config.cache.mkdir("pagoda-requantized")
+def requantized(request, tmp_path_factory) -> dict[str, str]:
+    """Q8_0 and Q4_0 files made once from the shipped Q4_1 file, kept in pytest's cache (in a
+    temporary folder where the cache plugin is off: `-p no:cacheprovider`)."""
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir("pagoda-requantized") if cache is not None else tmp_path_factory.mktemp("requantized")
     source = default_model_path()
     return {
         fmt: str(requantize_gguf(source, folder / f"SmolLM2-135M-Instruct.{fmt}.gguf", fmt)) for fmt in ("Q8_0", "Q4_0")
