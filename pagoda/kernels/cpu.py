@@ -42,6 +42,26 @@ ISA_LEVELS = (
     ("amx", ("amx_tile", "amx_bf16", "amx_int8"), ("-mamx-tile", "-mamx-bf16", "-mamx-int8")),
 )
 _P, _I64 = ctypes.c_void_p, ctypes.c_long
+_F, _INT = ctypes.c_float, ctypes.c_int
+# The kernels that return nothing, by their argument types (csrc/*.c); each ends with the thread count.
+_VOID_SIGNATURES = {
+    "pagoda_paged_decode_attention": [_P, _P, _I64, _P, _I64, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT],
+    "pagoda_store_kv": [_P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _INT],
+    "pagoda_gemv": [_P] * 4 + [_I64] * 2 + [_INT],
+    "pagoda_paged_decode_attention_bf16": [_P] * 6 + [_I64] * 6 + [_F, _INT],
+    "pagoda_gemv_bf16": [_P, _P, _INT, _P, _INT, _P, _I64, _I64, _INT],
+    "pagoda_rms_norm": [_P] * 3 + [_I64] * 2 + [_F, _INT],
+    "pagoda_add_rms_norm": [_P] * 3 + [_I64] * 2 + [_F, _INT],
+    "pagoda_rotary": [_P] * 4 + [_I64] * 4 + [_INT],
+    "pagoda_silu_mul": [_P] * 2 + [_I64] * 2 + [_INT],
+    "pagoda_pack_panels": [_P, _P, _I64, _I64, _INT],
+    "pagoda_gemm_invariant": [_P, _I64, _P, _I64, _P, _P] + [_I64] * 3 + [_INT],
+    "pagoda_prefill_attention": [_P, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT],
+    # quant.c, wrapped by model_executor/quant_linear.py: the format first
+    "pagoda_q_gemv": [_INT] + [_P] * 5 + [_I64] * 2 + [_INT],
+    "pagoda_q_gemm": [_INT] + [_P] * 5 + [_I64] * 3 + [_INT],
+    "pagoda_q_dequant_rows": [_INT] + [_P] * 3 + [_I64] * 2 + [_P, _INT],
+}
 
 
 def cpu_flags() -> frozenset[str]:
@@ -107,37 +127,11 @@ def load() -> ctypes.CDLL | None:
             os.replace(built, target)  # atomic: concurrent builders all end with one whole file
     lib = ctypes.CDLL(str(target))
     lib.isa = isa
-    lib.pagoda_paged_decode_attention.argtypes = [_P, _P, _I64, _P, _I64, _P, _I64] + [_P] * 5 + [_I64] * 6
-    lib.pagoda_paged_decode_attention.argtypes += [ctypes.c_float, ctypes.c_int]
-    lib.pagoda_paged_decode_attention.restype = None
-    lib.pagoda_store_kv.argtypes = [_P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, ctypes.c_int]
-    lib.pagoda_store_kv.restype = None
-    lib.pagoda_gemv.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_int]
-    lib.pagoda_gemv.restype = None
+    for name, argtypes in _VOID_SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
     lib.pagoda_bind_threads.argtypes = [_P, ctypes.c_int]
     lib.pagoda_bind_threads.restype = ctypes.c_int
-    lib.pagoda_paged_decode_attention_bf16.argtypes = [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
-    lib.pagoda_paged_decode_attention_bf16.restype = None
-    lib.pagoda_gemv_bf16.argtypes = [_P, _P, ctypes.c_int, _P, ctypes.c_int, _P, _I64, _I64, ctypes.c_int]
-    lib.pagoda_gemv_bf16.restype = None
-    lib.pagoda_rms_norm.argtypes = [_P] * 3 + [_I64] * 2 + [ctypes.c_float, ctypes.c_int]
-    lib.pagoda_add_rms_norm.argtypes = [_P] * 3 + [_I64] * 2 + [ctypes.c_float, ctypes.c_int]
-    lib.pagoda_rotary.argtypes = [_P] * 4 + [_I64] * 4 + [ctypes.c_int]
-    lib.pagoda_silu_mul.argtypes = [_P] * 2 + [_I64] * 2 + [ctypes.c_int]
-    lib.pagoda_pack_panels.argtypes = [_P, _P, _I64, _I64, ctypes.c_int]
-    lib.pagoda_gemm_invariant.argtypes = [_P, _I64, _P, _I64, _P, _P] + [_I64] * 3 + [ctypes.c_int]
-    lib.pagoda_prefill_attention.argtypes = [_P, _P, _I64] + [_P] * 5 + [_I64] * 6
-    lib.pagoda_prefill_attention.argtypes += [ctypes.c_float, ctypes.c_int]
-    for name in ("pagoda_pack_panels", "pagoda_gemm_invariant", "pagoda_prefill_attention"):
-        getattr(lib, name).restype = None
-    for name in ("pagoda_q_gemv", "pagoda_q_gemm"):  # quant.c; wrapped by model_executor/quant_linear.py
-        getattr(lib, name).argtypes = [ctypes.c_int] + [_P] * 5 + [_I64] * (2 if name == "pagoda_q_gemv" else 3)
-        getattr(lib, name).argtypes += [ctypes.c_int]
-        getattr(lib, name).restype = None
-    lib.pagoda_q_dequant_rows.argtypes = [ctypes.c_int] + [_P] * 3 + [_I64] * 2 + [_P, ctypes.c_int]
-    lib.pagoda_q_dequant_rows.restype = None
-    for name in ("pagoda_rms_norm", "pagoda_add_rms_norm", "pagoda_rotary", "pagoda_silu_mul"):
-        getattr(lib, name).restype = None
     return lib
 
 
