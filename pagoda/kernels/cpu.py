@@ -61,6 +61,10 @@ _VOID_SIGNATURES = {
     "pagoda_q_gemv": [_INT] + [_P] * 5 + [_I64] * 2 + [_INT],
     "pagoda_q_gemm": [_INT] + [_P] * 5 + [_I64] * 3 + [_INT],
     "pagoda_q_dequant_rows": [_INT] + [_P] * 3 + [_I64] * 2 + [_P, _INT],
+    # qdot.c (GGUF blocks, int8 activations), likewise
+    "pagoda_qd_pack": [_INT, _P, _P, _I64, _I64, _INT],
+    "pagoda_qd_dequant_rows": [_INT, _P, _P, _I64, _I64, _P, _INT],
+    "pagoda_qd_matmul": [_INT] + [_P] * 4 + [_I64] * 3 + [_INT],
 }
 
 

@@ -1,6 +1,6 @@
 """Loading a model with quantized weights on the CPU (`quantization="gguf"` or `"int8"`).
 
-gguf: the GGUF file's Q4_0, Q4_1 and Q8_0 tensors are read as stored, into QuantLinear layers (the
+gguf: the GGUF file's Q4_0, Q4_1 and Q8_0 tensors are read as stored and packed, into QuantLinear layers (the
 fused q/k/v and gate/up projections are their parts' rows one after another), the embedding table
 into a QuantEmbedding and, for a tied model, the same table serves the LM head. Tensors in other
 formats are dequantized to float32 as the default load does. Reads are plain reads into memory
@@ -32,6 +32,7 @@ from pagoda.model_executor.quant_linear import (
     QuantEmbedding,
     QuantLinear,
     QuantWeight,
+    pack_gguf,
     quantize_int8,
 )
 
@@ -86,7 +87,7 @@ def load_gguf(model: nn.Module, gguf_file: str) -> None:
         arch, tensors = read_gguf_index(f)
         if arch != "llama":
             raise ConfigError(f"quantization='gguf' reads llama-architecture GGUF files; {gguf_file} is {arch!r}.")
-        read = _TensorReader(f, tensors, model.dims)
+        read = _TensorReader(f, tensors, model.dims, lib)
         quantized: dict[str, QuantWeight] = {}
         for i, layer in enumerate(model.layers):
             for ours, names in _GGUF_LINEARS.items():
@@ -180,8 +181,8 @@ class _TensorReader:
     as float32. Undoes llama.cpp's rotary row order of q and k (its converter permutes their rows
     per head; Pagoda, like transformers, uses the checkpoint's order)."""
 
-    def __init__(self, f, tensors: dict[str, GgufTensor], dims) -> None:
-        self.f, self.tensors, self.d = f, tensors, dims
+    def __init__(self, f, tensors: dict[str, GgufTensor], dims, lib: ctypes.CDLL) -> None:
+        self.f, self.tensors, self.d, self.lib = f, tensors, dims, lib
 
     def _raw(self, name: str) -> tuple[torch.Tensor, GgufTensor]:
         if name not in self.tensors:
@@ -208,9 +209,8 @@ class _TensorReader:
         if kind not in BLOCK_BYTES:
             return torch.cat([self.float(n) for n in names])
         parts = [self._order(n, self._raw(n)[0]) for n in names]
-        return QuantWeight(
-            kind, torch.cat(parts) if len(parts) > 1 else parts[0], None, self.tensors[names[0]].shape[0]
-        )
+        rows = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return pack_gguf(self.lib, kind, rows, self.tensors[names[0]].shape[0])
 
     def _order(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         heads = {"attn_q": self.d.num_heads, "attn_k": self.d.num_kv_heads}.get(name.split(".")[-2])

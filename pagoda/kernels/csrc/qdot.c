@@ -1,0 +1,270 @@
+/* GGUF's Q4_0, Q4_1 and Q8_0 linear layers with int8 activations and integer dot products, as
+ * llama.cpp computes them; one arithmetic for every batch size and instruction set.
+ *
+ * Activations: each row of x is cut into blocks of 32 values, each quantized to int8 codes a with
+ * one float scale da = max|x| / 127 (a = round-to-even(x * (1 / da))), and the codes' sum asum.
+ * Weights: a block of 32 columns of one row is dw * (q - 8) (Q4_0), dw * q + mw (Q4_1) or
+ * dw * q (Q8_0). Per output and block the exact integer isum = sum(q * a) (minus 8 * asum for
+ * Q4_0) is combined in float32, blocks in order:
+ *   acc = fma(dw * da, (float)isum, acc)          then, Q4_1 only:  acc = fma(mw, da * asum, acc)
+ * and y = acc + bias. Integer sums are exact and the float steps are the same IEEE operations in
+ * every lane of every path, so a row's result does not depend on the batch it is in (the GEMV is
+ * the GEMM with one row) nor on AVX2 vs AVX-512 (VNNI or not).
+ *
+ * Packed weight layout (made once at load by pagoda_qd_pack from GGUF's rows): panels of 16 rows
+ * (the last one padded with zero rows), each panel its blocks in order, each block
+ *   dw: 16 fp16 (one per row), Q4_1 then mw: 16 fp16,
+ *   codes: Q4: 4 groups of [16 rows][4 bytes]: group g byte t holds column 4g+t in its low nibble
+ *          and column 16+4g+t in its high one; Q8_0: 8 groups of [16 rows][4 int8], columns 4g+t.
+ * so one 64-byte load feeds a dot product of 4 columns for 16 rows, lane = row: no horizontal
+ * sums. The bytes are GGUF's, rearranged: same size. */
+#include "vec.h"
+
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+#define QK 32
+#define PR 16 /* rows per panel */
+
+static inline long gguf_block_bytes(int fmt) { return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : 34; }
+static inline long header_bytes(int fmt) { return fmt == Q4_1 ? 64 : 32; }
+static inline long packed_block_bytes(int fmt) { return header_bytes(fmt) + (fmt == Q8_0 ? 512 : 256); }
+static inline long panel_bytes(int fmt, long k) { return k / QK * packed_block_bytes(fmt); }
+
+static inline float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* code of column c (0..31) of a GGUF block */
+static inline int gguf_code(int fmt, const uint8_t *block, int c) {
+    if (fmt == Q8_0) return ((const int8_t *)block)[2 + c];
+    const uint8_t byte = block[(fmt == Q4_0 ? 2 : 4) + (c & 15)];
+    return c < 16 ? byte & 15 : byte >> 4;
+}
+
+/* packed [ceil(n / 16), panel bytes] from GGUF rows w [n, k / 32 blocks] */
+void pagoda_qd_pack(int fmt, const uint8_t *w, uint8_t *packed, long n, long k, int num_threads) {
+    const long nb = k / QK, gb = gguf_block_bytes(fmt), pb = packed_block_bytes(fmt), h = header_bytes(fmt);
+    const long panels = (n + PR - 1) / PR;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (long p = 0; p < panels; p++) {
+        uint8_t *out = packed + p * nb * pb;
+        memset(out, 0, nb * pb);
+        for (long r = 0; r < PR && p * PR + r < n; r++) {
+            const uint8_t *row = w + (p * PR + r) * nb * gb;
+            for (long b = 0; b < nb; b++) {
+                const uint8_t *src = row + b * gb;
+                uint8_t *dst = out + b * pb;
+                memcpy(dst + 2 * r, src, 2);
+                if (fmt == Q4_1) memcpy(dst + 32 + 2 * r, src + 2, 2);
+                for (int g = 0; g < (fmt == Q8_0 ? 8 : 4); g++)
+                    for (int t = 0; t < 4; t++) {
+                        uint8_t *byte = dst + h + g * 64 + r * 4 + t;
+                        if (fmt == Q8_0) *byte = (uint8_t)gguf_code(fmt, src, 4 * g + t);
+                        else *byte = (uint8_t)(gguf_code(fmt, src, 4 * g + t) | gguf_code(fmt, src, 16 + 4 * g + t) << 4);
+                    }
+            }
+        }
+    }
+}
+
+/* out[i, :] = dequantize(w)[ids[i], :] (an embedding lookup), exactly the float values GGUF defines */
+void pagoda_qd_dequant_rows(int fmt, const uint8_t *packed, const int64_t *ids, long count, long k, float *out,
+                            int num_threads) {
+    const long nb = k / QK, pb = packed_block_bytes(fmt), h = header_bytes(fmt);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (long i = 0; i < count; i++) {
+        const long r = ids[i] % PR;
+        const uint8_t *panel = packed + ids[i] / PR * nb * pb;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *blk = panel + b * pb;
+            const float d = half_at(blk + 2 * r);
+            const float c = fmt == Q4_0 ? -8.f * d : fmt == Q4_1 ? half_at(blk + 32 + 2 * r) : 0.f;
+            float *o = out + i * k + b * QK;
+            for (int g = 0; g < (fmt == Q8_0 ? 8 : 4); g++)
+                for (int t = 0; t < 4; t++) {
+                    const uint8_t byte = blk[h + g * 64 + r * 4 + t];
+                    if (fmt == Q8_0) o[4 * g + t] = d * (float)(int8_t)byte;
+                    else {
+                        o[4 * g + t] = fmaf(d, (float)(byte & 15), c); /* d * q exact: 11 x 4 bits */
+                        o[16 + 4 * g + t] = fmaf(d, (float)(byte >> 4), c);
+                    }
+                }
+        }
+    }
+}
+
+/* One row of activations quantized: codes q[kp] (kp = k rounded up to 32, zero-padded), and per
+ * block its scale d and the codes' sum. */
+static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *sum) {
+    for (long b = 0; b * QK < k; b++) {
+        const long n = k - b * QK < QK ? k - b * QK : QK;
+        float amax = 0.f;
+        for (long j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[b * QK + j]));
+        const float scale = amax / 127.f, inv = scale != 0.f ? 1.f / scale : 0.f;
+        int32_t s = 0;
+        for (long j = 0; j < QK; j++) {
+            const int v = j < n ? (int)nearbyintf(x[b * QK + j] * inv) : 0; /* ties to even */
+            q[b * QK + j] = (int8_t)v;
+            s += v;
+        }
+        d[b] = scale;
+        sum[b] = s;
+    }
+}
+
+/* The integer part: s += the 4-byte dot products of u (unsigned codes) with a (int8 codes
+ * broadcast), per 32-bit lane. Q8_0's signed weights go in as w ^ 0x80 = w + 128 on VNNI (the
+ * caller takes 128 * asum off), or by the sign trick without it (maddubs's int16 pairs would
+ * overflow on 255 * 127 * 2). */
+#ifdef __AVX512F__
+typedef __m512i ivec;
+#define ILANES 16
+static inline ivec iload(const uint8_t *p) { return _mm512_loadu_si512(p); }
+static inline ivec ibcast(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+static inline ivec izero(void) { return _mm512_setzero_si512(); }
+static inline ivec iand(ivec a, int m) { return _mm512_and_si512(a, _mm512_set1_epi8((char)m)); }
+static inline ivec ishr4(ivec a) { return _mm512_srli_epi16(a, 4); }
+static inline ivec isub_scaled(ivec s, int by, int32_t v) { return _mm512_sub_epi32(s, _mm512_set1_epi32(by * v)); }
+static inline vec ifloat(ivec v) { return _mm512_cvtepi32_ps(v); }
+static inline vec halfs(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+#ifdef __AVX512VNNI__
+static inline ivec dot_u8(ivec s, ivec u, ivec a) { return _mm512_dpbusd_epi32(s, u, a); }
+static inline ivec dot_s8(ivec s, ivec w, ivec a) {
+    return _mm512_dpbusd_epi32(s, _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80)), a);
+}
+#define Q8_OFFSET 128
+#else
+static inline ivec dot_u8(ivec s, ivec u, ivec a) {
+    return _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1)));
+}
+static inline ivec dot_s8(ivec s, ivec w, ivec a) {
+    const ivec signed_a = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), _mm512_setzero_si512(), a);
+    return dot_u8(s, _mm512_abs_epi8(w), signed_a);
+}
+#define Q8_OFFSET 0
+#endif
+#else
+typedef __m256i ivec;
+#define ILANES 8
+static inline ivec iload(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline ivec ibcast(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+static inline ivec izero(void) { return _mm256_setzero_si256(); }
+static inline ivec iand(ivec a, int m) { return _mm256_and_si256(a, _mm256_set1_epi8((char)m)); }
+static inline ivec ishr4(ivec a) { return _mm256_srli_epi16(a, 4); }
+static inline ivec isub_scaled(ivec s, int by, int32_t v) { return _mm256_sub_epi32(s, _mm256_set1_epi32(by * v)); }
+static inline vec ifloat(ivec v) { return _mm256_cvtepi32_ps(v); }
+static inline vec halfs(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline ivec dot_u8(ivec s, ivec u, ivec a) {
+    return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
+}
+static inline ivec dot_s8(ivec s, ivec w, ivec a) { return dot_u8(s, _mm256_abs_epi8(w), _mm256_sign_epi8(a, w)); }
+#define Q8_OFFSET 0
+#endif
+#define HALVES (PR / ILANES) /* vectors per panel row group: 1 (AVX-512) or 2 (AVX2) */
+
+/* Activations of one call, quantized: row i's codes at q + i * kp, its blocks' scales and sums
+ * at d + i * nb, sum + i * nb. */
+typedef struct {
+    const int8_t *q;
+    const float *d;
+    const int32_t *sum;
+    long kp, nb;
+} qacts;
+
+/* y[i0 + i, panel rows] for i < TM: the panel's blocks in order, lane = panel row */
+#define TM 4
+static inline __attribute__((always_inline)) void panel_tile(int fmt, int tm, const uint8_t *panel, const qacts *x,
+                                                             long i0, vec acc[TM][HALVES]) {
+    const long pb = packed_block_bytes(fmt), h = header_bytes(fmt);
+    for (int i = 0; i < tm; i++)
+        for (int v = 0; v < HALVES; v++) acc[i][v] = vset(0.f);
+    for (long b = 0; b < x->nb; b++) {
+        const uint8_t *blk = panel + b * pb;
+        ivec s[TM][HALVES];
+        for (int i = 0; i < tm; i++)
+            for (int v = 0; v < HALVES; v++) s[i][v] = izero();
+        for (int g = 0; g < (fmt == Q8_0 ? 8 : 4); g++)
+            for (int v = 0; v < HALVES; v++) {
+                const ivec codes = iload(blk + h + g * 64 + v * 32);
+                if (fmt == Q8_0) {
+                    for (int i = 0; i < tm; i++)
+                        s[i][v] = dot_s8(s[i][v], codes, ibcast(x->q + (i0 + i) * x->kp + b * QK + 4 * g));
+                } else {
+                    const ivec lo = iand(codes, 0x0F), hi = iand(ishr4(codes), 0x0F);
+                    for (int i = 0; i < tm; i++) {
+                        const int8_t *a = x->q + (i0 + i) * x->kp + b * QK + 4 * g;
+                        s[i][v] = dot_u8(dot_u8(s[i][v], lo, ibcast(a)), hi, ibcast(a + 16));
+                    }
+                }
+            }
+        for (int v = 0; v < HALVES; v++) {
+            const vec dw = halfs(blk + v * 2 * ILANES);
+            const vec mw = fmt == Q4_1 ? halfs(blk + 32 + v * 2 * ILANES) : dw;
+            for (int i = 0; i < tm; i++) {
+                const float da = x->d[(i0 + i) * x->nb + b];
+                const int32_t asum = x->sum[(i0 + i) * x->nb + b];
+                ivec isum = s[i][v];
+                if (fmt == Q4_0) isum = isub_scaled(isum, 8, asum);
+                if (fmt == Q8_0 && Q8_OFFSET) isum = isub_scaled(isum, Q8_OFFSET, asum);
+                acc[i][v] = vfmadd(vmul(dw, vset(da)), ifloat(isum), acc[i][v]);
+                if (fmt == Q4_1) acc[i][v] = vfmadd(mw, vset(da * (float)asum), acc[i][v]);
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void panel_rows(int fmt, const uint8_t *panel, const qacts *x, long m,
+                                                             float *y, long n, long r0, const float *bias) {
+    const long rows = n - r0 < PR ? n - r0 : PR;
+    float bias_panel[PR] = {0};
+    if (bias)
+        for (long j = 0; j < rows; j++) bias_panel[j] = bias[r0 + j];
+    for (long i0 = 0; i0 < m; i0 += TM) {
+        const int tm = m - i0 < TM ? (int)(m - i0) : TM;
+        vec acc[TM][HALVES];
+        switch (tm) { /* constant tile heights, so the accumulators stay in registers */
+        case TM: panel_tile(fmt, TM, panel, x, i0, acc); break;
+        case 3: panel_tile(fmt, 3, panel, x, i0, acc); break;
+        case 2: panel_tile(fmt, 2, panel, x, i0, acc); break;
+        default: panel_tile(fmt, 1, panel, x, i0, acc); break;
+        }
+        for (int i = 0; i < tm; i++) {
+            float out[PR];
+            for (int v = 0; v < HALVES; v++) vstore(out + v * ILANES, vadd(acc[i][v], vload(bias_panel + v * ILANES)));
+            memcpy(y + (i0 + i) * n + r0, out, sizeof(float) * rows);
+        }
+    }
+}
+
+/* y [m, n] = x [m, k] @ w.T (+ bias) on packed w, float32 in and out: activations quantized once,
+ * then each thread a contiguous share of the panels, every activation row against each panel
+ * while it is in cache. m == 1 is the GEMV: the same code. */
+void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,
+                      long k, int num_threads) {
+    const long nb = k / QK, kp = nb * QK, panels = (n + PR - 1) / PR, pbytes = panel_bytes(fmt, k);
+    int8_t *q = malloc(m * kp);
+    float *d = malloc(sizeof(float) * m * nb);
+    int32_t *sum = malloc(sizeof(int32_t) * m * nb);
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (m > 1)
+    for (long i = 0; i < m; i++) quantize_row(x + i * k, k, q + i * kp, d + i * nb, sum + i * nb);
+    const qacts acts = {q, d, sum, kp, nb};
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (long p = 0; p < panels; p++) {
+        const uint8_t *panel = packed + p * pbytes;
+        if (fmt == Q4_0) panel_rows(Q4_0, panel, &acts, m, y, n, p * PR, bias);
+        else if (fmt == Q4_1) panel_rows(Q4_1, panel, &acts, m, y, n, p * PR, bias);
+        else panel_rows(Q8_0, panel, &acts, m, y, n, p * PR, bias);
+    }
+    free(q);
+    free(d);
+    free(sum);
+}
