@@ -1,6 +1,10 @@
-"""The quantized-weight kernels (csrc/quant.c) against a plain dequantize-then-matmul reference on
-random tensors, built for this CPU and capped at AVX2. The GGUF formats' reference is the `gguf`
-package's own dequantizer, so the block layout is checked too, not only self-consistency."""
+"""The quantized-weight kernels on random tensors, built for this CPU and capped at AVX2.
+I8 (csrc/quant.c, float activations) against a plain dequantize-then-matmul reference. GGUF's
+formats (csrc/qdot.c, int8 activations) against the same arithmetic written plainly in torch from
+the file's blocks (activations quantized per 32-block, integer block dots, float combination),
+and bitwise: a row's output is the same alone (GEMV) as in a batch (GEMM), and on AVX2 as on
+this CPU's widest path. Embedding rows equal the `gguf` package's own dequantizer, so the block
+layout is checked too, not only self-consistency."""
 
 from __future__ import annotations
 
@@ -11,7 +15,13 @@ import pytest
 import torch
 
 from pagoda.kernels import cpu as cpu_kernels
-from pagoda.model_executor.quant_linear import QuantWeight, dequantize_rows, quant_matmul, quantize_int8
+from pagoda.model_executor.quant_linear import (
+    QuantWeight,
+    dequantize_rows,
+    pack_gguf,
+    quant_matmul,
+    quantize_int8,
+)
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
 
@@ -23,38 +33,105 @@ SHAPES = [(1, 1, 32), (1, 7, 64), (1, 33, 96), (1, 1000, 576), (2, 5, 32), (3, 1
 I8_SHAPES = SHAPES + [(1, 9, 40), (5, 19, 13), (1, 3, 7), (6, 33, 100)]
 
 
-@pytest.fixture(params=["native", "avx2"], scope="module")
-def lib(request) -> ctypes.CDLL:
+def build(isa: str) -> ctypes.CDLL:
     patch = pytest.MonkeyPatch()
-    if request.param == "avx2":
+    if isa == "avx2":
         patch.setenv("PAGODA_CPU_ISA", "avx2")
     cpu_kernels.load.cache_clear()
     lib = cpu_kernels.load()
-    assert lib is not None and (request.param == "native" or lib.isa[-1] == "avx2")
-    yield lib
     patch.undo()
     cpu_kernels.load.cache_clear()
+    assert lib is not None and (isa == "native" or lib.isa[-1] == "avx2")
+    return lib
 
 
-def quantized(fmt: str, rows: int, columns: int, seed: int) -> tuple[QuantWeight, torch.Tensor]:
+@pytest.fixture(scope="module")
+def libs() -> dict[str, ctypes.CDLL]:
+    return {isa: build(isa) for isa in ("native", "avx2")}
+
+
+@pytest.fixture(params=["native", "avx2"])
+def lib(request, libs) -> ctypes.CDLL:
+    return libs[request.param]
+
+
+def gguf_rows(fmt: str, weight: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """`weight` quantized by the `gguf` package: the file's rows and their float32 values."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    qtype = GGMLQuantizationType[fmt]
+    data = np.ascontiguousarray(quantize(weight.numpy(), qtype))
+    return data, torch.from_numpy(np.ascontiguousarray(dequantize(data, qtype), dtype=np.float32))
+
+
+def quantized(lib, fmt: str, rows: int, columns: int, seed: int) -> tuple[QuantWeight, torch.Tensor]:
     """A random weight in `fmt` and its float32 values by the reference dequantizer."""
     weight = torch.randn(rows, columns, generator=torch.Generator().manual_seed(seed))
     if fmt == "I8":
         q = quantize_int8(weight)
         return q, q.data.view(torch.int8).float() * q.scales[:, None]
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize, quantize
-
-    qtype = GGMLQuantizationType[fmt]
-    data = quantize(weight.numpy(), qtype)
-    reference = torch.from_numpy(np.ascontiguousarray(dequantize(data, qtype), dtype=np.float32))
-    return QuantWeight(fmt, torch.from_numpy(np.ascontiguousarray(data)), None, columns), reference
+    data, reference = gguf_rows(fmt, weight)
+    return pack_gguf(lib, fmt, torch.from_numpy(data), columns), reference
 
 
-@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0", "I8"])
-def test_matmul_matches_dequantize_then_matmul(lib, fmt):
-    for m, n, k in I8_SHAPES if fmt == "I8" else SHAPES:
-        weight, reference = quantized(fmt, n, k, seed=m * n * k)
+def block_fields(fmt: str, data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GGUF rows [n, blocks * bytes] -> per block d, m (0 where none) [n, nb] and codes [n, nb, 32]
+    (Q4_0's still offset by 8), read plainly from the bytes."""
+    n = data.shape[0]
+    blocks = data.reshape(n, -1, {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[fmt])
+    d = torch.from_numpy(blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    m = torch.zeros_like(d)
+    if fmt == "Q8_0":
+        return d, m, torch.from_numpy(blocks[:, :, 2:].copy().view(np.int8).astype(np.int64))
+    if fmt == "Q4_1":
+        m = torch.from_numpy(blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    nibbles = torch.from_numpy(blocks[:, :, -16:].astype(np.int64))
+    return d, m, torch.cat([nibbles & 15, nibbles >> 4], dim=2)
+
+
+def reference_matmul(fmt: str, x: torch.Tensor, data: np.ndarray) -> torch.Tensor:
+    """llama.cpp's arithmetic written plainly: x's 32-blocks quantized to int8 codes a with scale
+    da = max|x| / 127, exact integer dots per block, summed as sum(dw * da * isum [+ mw * da * sum(a)])."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    da = blocks.abs().amax(dim=2) / 127
+    inv = torch.where(da != 0, 1 / da, torch.zeros_like(da))
+    a = torch.round(blocks * inv[..., None]).long()  # ties to even, as the kernel
+    dw, mw, q = block_fields(fmt, data)
+    if fmt == "Q4_0":
+        q = q - 8
+    isum = torch.einsum("mbj,nbj->mnb", a, q)  # exact, int64
+    terms = dw[None].double() * da[:, None].double() * isum.double()
+    terms += mw[None].double() * (da * a.sum(dim=2)).double()[:, None]
+    return terms.sum(dim=2)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_matmul_matches_int8_reference(libs, fmt):
+    for m, n, k in SHAPES:
+        weight = torch.randn(n, k, generator=torch.Generator().manual_seed(m * n * k))
+        data, _ = gguf_rows(fmt, weight)
+        gen = torch.Generator().manual_seed(m + n)
+        x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
+        x[0, :32] = 0  # an all-zero block: scale 0
+        expected = reference_matmul(fmt, x, data)
+        outputs = []
+        for lib in libs.values():
+            packed = pack_gguf(lib, fmt, torch.from_numpy(data), k)
+            for b in (None, bias):
+                out = quant_matmul(lib, x, packed, b)
+                want = expected + (0 if b is None else b.double())
+                torch.testing.assert_close(out.double(), want, atol=1e-4 * k**0.5, rtol=1e-5, msg=f"{m}x{n}x{k}")
+            alone = torch.cat([quant_matmul(lib, x[i : i + 1], packed, bias) for i in range(m)])
+            assert torch.equal(alone, out), f"GEMV rows differ from the GEMM's, {fmt} {m}x{n}x{k}"
+            outputs.append(out)
+        assert torch.equal(outputs[0], outputs[1]), f"AVX2 differs from the native path, {fmt} {m}x{n}x{k}"
+
+
+def test_int8_matmul_matches_dequantize_then_matmul(lib):
+    fmt = "I8"
+    for m, n, k in I8_SHAPES:
+        weight, reference = quantized(lib, fmt, n, k, seed=m * n * k)
         gen = torch.Generator().manual_seed(m + n)
         x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
         for b in (None, bias):
@@ -66,7 +143,7 @@ def test_matmul_matches_dequantize_then_matmul(lib, fmt):
 
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0", "I8"])
 def test_dequantized_rows_are_exact(lib, fmt):
-    weight, reference = quantized(fmt, 50, 96, seed=7)
+    weight, reference = quantized(lib, fmt, 50, 96, seed=7)
     ids = torch.tensor([[0, 49], [3, 3]])
     torch.testing.assert_close(dequantize_rows(lib, weight, ids), reference[ids.reshape(-1)], atol=0, rtol=0)
 
@@ -79,6 +156,8 @@ def test_int8_quantization_is_symmetric_per_channel():
     assert q.scales[1] > 0  # a zero row still has a finite scale
 
 
-def test_block_formats_refuse_partial_blocks():
+def test_block_formats_refuse_partial_blocks(libs):
     with pytest.raises(ValueError, match="blocks of 32"):
-        QuantWeight("Q8_0", torch.zeros(2, 34, dtype=torch.uint8), None, 48)
+        QuantWeight("Q8_0", torch.zeros(1, 34 * 16, dtype=torch.uint8), None, 48, 2)
+    with pytest.raises(ValueError, match="bad rows"):
+        pack_gguf(libs["native"], "Q8_0", torch.zeros(2, 34, dtype=torch.uint8), 48)
