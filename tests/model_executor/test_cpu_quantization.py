@@ -1,5 +1,5 @@
-"""Quantized weights on the CPU end to end: `--quantization gguf` on the shipped Q4_1 file computes
-the dequantized model's function (greedy tokens equal under the near-tie rule); every format stays
+"""Quantized weights on the CPU end to end: `--quantization gguf` on the shipped Q4_1 file gives each
+request the same tokens whatever batch it shares (int8 activations, one arithmetic); every format stays
 within its documented accuracy bounds against the float32 model on the same weights (bounds in
 docs/quantization.md, set from benchmarks/quantization_accuracy.py's measurements); loading holds
 no float copy of the model (RSS growth under twice the resident weights)."""
@@ -21,7 +21,6 @@ from pagoda.kernels import cpu as cpu_kernels
 from pagoda.model_executor.quant_loader import rotary_row_order
 from pagoda.model_files import default_model_path
 from tests.gguf_files import requantize_gguf
-from tests.reference import assert_greedy_match
 
 pytestmark = [
     pytest.mark.slow,
@@ -88,14 +87,14 @@ def fp32_scores(default_llm) -> tuple[list[int], tuple[list[float], list[int]]]:
     return ids, scores(default_llm, ids)
 
 
-def test_gguf_q4_1_is_the_dequantized_model(default_llm, hf_reference, fp32_scores):
-    """Same greedy tokens as the default (dequantized) load, under the near-tie rule; and accurate."""
+def test_gguf_q4_1_batch_invariant_and_within_bounds(fp32_scores):
+    """Activations are quantized, so greedy output is not the dequantized load's (the bounds say how
+    close it is); but a request's tokens are the same alone as in a batch of four."""
     llm = load(None, "gguf")
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    report: list = []
-    for ours, theirs in zip(llm.generate(PROMPTS, params), default_llm.generate(PROMPTS, params)):
-        prompt_ids = theirs.prompt_token_ids
-        assert_greedy_match(hf_reference, prompt_ids, theirs.outputs[0].token_ids, ours.outputs[0].token_ids, report)
+    batched = [out.outputs[0].token_ids for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+    alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+    assert batched == alone
     check_bounds("gguf-Q4_1", llm, fp32_scores)
 
 

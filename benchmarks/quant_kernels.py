@@ -1,0 +1,64 @@
+"""GFLOP/s of the GGUF int8-activation kernels (csrc/qdot.c) against oneDNN's float32 GEMM (torch)
+on the default model's layer shapes, at 1, 8, 32 and 256 activation rows. Runs alternate between
+the two (A B A B ...) and the best of each is reported, so a busy machine skews both alike.
+
+    python benchmarks/quant_kernels.py [--formats Q4_1,Q8_0,Q4_0] [--repeats 5] [--seconds 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pagoda.kernels import cpu  # noqa: E402
+from pagoda.model_executor.quant_linear import pack_gguf, quant_matmul  # noqa: E402
+from tests.kernels.test_quant_kernels import gguf_rows  # noqa: E402
+
+# (name, out, in) of SmolLM2-135M: q/o, k or v, gate or up, down, the tied LM head
+SHAPES = [("576x576", 576, 576), ("576x192", 192, 576), ("576x1536", 1536, 576), ("1536x576", 576, 1536)]
+HEAD = ("head 576x49152", 49152, 576)
+ROWS = (1, 8, 32, 256)
+
+
+def rate(fn, flops: float, seconds: float) -> float:
+    """GFLOP/s of fn over at least `seconds` of calls."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        fn()
+        calls += 1
+    return flops * calls / elapsed / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--formats", default="Q4_1,Q8_0,Q4_0")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=0.2)
+    args = parser.parse_args()
+    lib = cpu.load()
+    print(f"kernels: {'+'.join(lib.isa)}, threads {torch.get_num_threads()}")
+    print("| format | shape | M | int8 kernel GFLOP/s | oneDNN fp32 GFLOP/s | ratio |\n|---|---|---|---|---|---|")
+    for fmt in args.formats.split(","):
+        for name, n, k in SHAPES + [HEAD]:
+            weight = torch.randn(n, k)
+            packed = pack_gguf(lib, fmt, torch.from_numpy(gguf_rows(fmt, weight)[0]), k)
+            for m in ROWS if (name, n, k) != HEAD else (1, 8, 32):
+                x = torch.randn(m, k)
+                flops = 2.0 * m * n * k
+                ours, theirs = 0.0, 0.0
+                for _ in range(args.repeats):
+                    ours = max(ours, rate(partial(quant_matmul, lib, x, packed, None), flops, args.seconds))
+                    theirs = max(theirs, rate(partial(torch.mm, x, weight.T), flops, args.seconds))
+                print(f"| {fmt} | {name} | {m} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
