@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-FORMAT_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "I8": 3}  # as csrc/quant.c and qdot.c number them
+FORMAT_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}  # as csrc/qdot.c numbers them
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32 columns, as GGUF stores them
 BLOCK = 32
 PANEL_ROWS = 16  # rows per packed panel (csrc/qdot.c)
@@ -28,7 +28,7 @@ _MIN_SCALE = 1e-12  # an all-zero row still gets a finite scale
 
 @dataclass(frozen=True)
 class QuantWeight:
-    """A weight [out_features, in_features] in one of FORMAT_IDS' formats: `data` uint8, for I8
+    """A weight [out_features, in_features] in I8 or one of FORMAT_IDS' formats: `data` uint8, for I8
     [rows, in_features] int8 codes with `scales` float32 [rows]; for the GGUF formats csrc/qdot.c's
     packed panels [ceil(rows / 16), bytes per panel] (made by `pack_gguf`) and `scales` None."""
 
@@ -84,11 +84,6 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
     return QuantWeight("I8", codes.view(torch.uint8), scales, columns, rows)
 
 
-def _call(lib: ctypes.CDLL, name: str, weight: QuantWeight, *args) -> None:
-    scales = None if weight.scales is None else weight.scales.data_ptr()
-    getattr(lib, name)(FORMAT_IDS[weight.format], weight.data.data_ptr(), scales, *args, torch.get_num_threads())
-
-
 def quant_matmul(lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """x [m, in] (float32) @ weight.T + bias -> float32 [m, out]. GGUF formats: int8 activations,
     one kernel for every m; I8: float activations, the GEMV for m == 1, the blocked GEMM otherwise."""
@@ -97,7 +92,7 @@ def quant_matmul(lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: t
     out = torch.empty(rows, weight.out_features)
     if rows == 0:
         return out
-    bias_ptr = None if bias is None else bias.data_ptr()
+    bias_ptr, threads = None if bias is None else bias.data_ptr(), torch.get_num_threads()
     if weight.format != "I8":
         lib.pagoda_qd_matmul(
             FORMAT_IDS[weight.format],
@@ -108,22 +103,13 @@ def quant_matmul(lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: t
             rows,
             weight.out_features,
             x.shape[1],
-            torch.get_num_threads(),
+            threads,
         )
-    elif rows == 1:
-        _call(lib, "pagoda_q_gemv", weight, x.data_ptr(), out.data_ptr(), bias_ptr, weight.out_features, x.shape[1])
     else:
-        _call(
-            lib,
-            "pagoda_q_gemm",
-            weight,
-            x.data_ptr(),
-            out.data_ptr(),
-            bias_ptr,
-            rows,
-            weight.out_features,
-            x.shape[1],
-        )
+        shape = (rows,) if rows > 1 else ()  # the GEMM takes the row count, the GEMV does not
+        kernel = lib.pagoda_i8_gemm if rows > 1 else lib.pagoda_i8_gemv
+        w, scales = weight.data.data_ptr(), weight.scales.data_ptr()
+        kernel(w, scales, x.data_ptr(), out.data_ptr(), bias_ptr, *shape, weight.out_features, x.shape[1], threads)
     return out
 
 
@@ -131,12 +117,11 @@ def dequantize_rows(lib: ctypes.CDLL, weight: QuantWeight, ids: torch.Tensor) ->
     """dequantize(weight)[ids] -> float32 [len(ids), in]."""
     ids = ids.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), weight.in_features)
-    if weight.format != "I8":
-        code, threads = FORMAT_IDS[weight.format], torch.get_num_threads()
-        args = (ids.data_ptr(), ids.numel(), weight.in_features, out.data_ptr(), threads)
-        lib.pagoda_qd_dequant_rows(code, weight.data.data_ptr(), *args)
-        return out
-    _call(lib, "pagoda_q_dequant_rows", weight, ids.data_ptr(), ids.numel(), weight.in_features, out.data_ptr())
+    args = (ids.data_ptr(), ids.numel(), weight.in_features, out.data_ptr(), torch.get_num_threads())
+    if weight.format == "I8":
+        lib.pagoda_i8_dequant_rows(weight.data.data_ptr(), weight.scales.data_ptr(), *args)
+    else:
+        lib.pagoda_qd_dequant_rows(FORMAT_IDS[weight.format], weight.data.data_ptr(), *args)
     return out
 
 
