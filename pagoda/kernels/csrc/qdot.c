@@ -94,19 +94,30 @@ void pagoda_qd_dequant_rows(int fmt, const uint8_t *packed, const int64_t *ids, 
     }
 }
 
+#ifdef __AVX512F__
+static inline __m512i vround_int(vec v) { return _mm512_cvtps_epi32(v); } /* ties to even (MXCSR default) */
+static inline void store_ints(int32_t *p, __m512i v) { _mm512_storeu_si512(p, v); }
+#else
+static inline __m256i vround_int(vec v) { return _mm256_cvtps_epi32(v); }
+static inline void store_ints(int32_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
+#endif
+
 /* One row of activations quantized: codes q[kp] (kp = k rounded up to 32, zero-padded), and per
- * block its scale d and the codes' sum. */
+ * block its scale d and the codes' sum. Every step is exact or one IEEE operation (max, one
+ * division, one reciprocal, one product, rounding to nearest even), so any vector width gives the
+ * same codes. */
 static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *sum) {
     for (long b = 0; b * QK < k; b++) {
         const long n = k - b * QK < QK ? k - b * QK : QK;
-        float amax = 0.f;
-        for (long j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[b * QK + j]));
+        float v[QK] = {0}, amax = 0.f;
+        memcpy(v, x + b * QK, sizeof(float) * n);
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(v[j]));
         const float scale = amax / 127.f, inv = scale != 0.f ? 1.f / scale : 0.f;
-        int32_t s = 0;
-        for (long j = 0; j < QK; j++) {
-            const int v = j < n ? (int)nearbyintf(x[b * QK + j] * inv) : 0; /* ties to even */
-            q[b * QK + j] = (int8_t)v;
-            s += v;
+        int32_t codes[QK], s = 0;
+        for (int j = 0; j < QK; j += VLEN) store_ints(codes + j, vround_int(vmul(vload(v + j), vset(inv))));
+        for (int j = 0; j < QK; j++) {
+            q[b * QK + j] = (int8_t)codes[j];
+            s += codes[j];
         }
         d[b] = scale;
         sum[b] = s;
