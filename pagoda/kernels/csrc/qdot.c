@@ -95,9 +95,10 @@ void pagoda_qd_dequant_rows(int fmt, const uint8_t *packed, const int64_t *ids, 
 }
 
 #ifdef __AVX512F__
+static inline vec vabs(vec v) { return _mm512_abs_ps(v); }
 static inline __m512i vround_int(vec v) { return _mm512_cvtps_epi32(v); } /* ties to even (MXCSR default) */
-static inline void store_ints(int32_t *p, __m512i v) { _mm512_storeu_si512(p, v); }
 #else
+static inline vec vabs(vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
 static inline __m256i vround_int(vec v) { return _mm256_cvtps_epi32(v); }
 static inline void store_ints(int32_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
 #endif
@@ -111,14 +112,26 @@ static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *s
         const long n = k - b * QK < QK ? k - b * QK : QK;
         float v[QK] = {0}, amax = 0.f;
         memcpy(v, x + b * QK, sizeof(float) * n);
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(v[j]));
+        vec vmaxabs = vset(0.f);
+        for (int j = 0; j < QK; j += VLEN) vmaxabs = vmax(vmaxabs, vabs(vload(v + j)));
+        float lanes[VLEN];
+        vstore(lanes, vmaxabs);
+        for (int j = 0; j < VLEN; j++) amax = lanes[j] > amax ? lanes[j] : amax;
         const float scale = amax / 127.f, inv = scale != 0.f ? 1.f / scale : 0.f;
-        int32_t codes[QK], s = 0;
+        int32_t s = 0;
+#ifdef __AVX512F__
+        const __m512i c0 = vround_int(vmul(vload(v), vset(inv))), c1 = vround_int(vmul(vload(v + 16), vset(inv)));
+        _mm_storeu_si128((__m128i *)(q + b * QK), _mm512_cvtepi32_epi8(c0));
+        _mm_storeu_si128((__m128i *)(q + b * QK + 16), _mm512_cvtepi32_epi8(c1));
+        s = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+#else
+        int32_t codes[QK];
         for (int j = 0; j < QK; j += VLEN) store_ints(codes + j, vround_int(vmul(vload(v + j), vset(inv))));
         for (int j = 0; j < QK; j++) {
             q[b * QK + j] = (int8_t)codes[j];
             s += codes[j];
         }
+#endif
         d[b] = scale;
         sum[b] = s;
     }
