@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -312,7 +313,14 @@ def load_app(args: argparse.Namespace) -> tuple[FastAPI, str]:
         "on" if engine.config.deterministic else "off",
         time.monotonic() - loaded,
     )
-    return build_app(engine, config), m.name
+    app = build_app(engine, config)
+    # What startup built (the model's modules, the tokenizer, the app: ~340,000 objects) lives as
+    # long as the process. Frozen, the cyclic GC no longer walks it: a full collection while
+    # serving took ~175 ms with the GIL held (every stream stalled); it now walks only what
+    # serving allocates. As vLLM does; only here, since an offline LLM may be dropped and rebuilt.
+    gc.collect()
+    gc.freeze()
+    return app, m.name
 
 
 async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) -> int:
