@@ -10,7 +10,8 @@
 #   benchmarks/spec_decode.sh [OUT_DIR]     # default benchmarks/results/spec_decode
 #   env: SPEC (the JSON for --speculative-config; default ngram, k=4, lookup 2..4), ROUNDS (3),
 #        MODES ("pagoda-off pagoda-ngram"; add "vllm-off vllm-ngram" for vLLM's CPU build with the
-#        same --speculative-config), EDIT_CONCURRENCY, RANDOM_CONCURRENCY, EDIT_PROMPTS (32),
+#        same --speculative-config; "pagoda-draft": the default model's 4-bit GGUF, served natively,
+#        drafting for the fp32 model, with DRAFT_SPEC), EDIT_CONCURRENCY, RANDOM_CONCURRENCY, EDIT_PROMPTS (32),
 #        NUM_PROMPTS (random: max(16, 4 x concurrency)), PORT (18400), KV_GIB (4), MAX_MODEL_LEN (2048)
 #   quick check: ROUNDS=1 EDIT_CONCURRENCY=1 RANDOM_CONCURRENCY=1 EDIT_PROMPTS=2 NUM_PROMPTS=2 benchmarks/spec_decode.sh /tmp/sd
 #
@@ -21,6 +22,8 @@ cd "$(dirname "$0")/.."
 PEERS=${PEERS:-$(cd .. && pwd)/shared/peers}
 OUT=${1:-$PWD/benchmarks/results/spec_decode}
 SPEC=${SPEC:-'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'}
+GGUF=$(python -c 'from pagoda.model_files import default_model_path; print(default_model_path())')
+DRAFT_SPEC=${DRAFT_SPEC:-"{\"model\": \"$GGUF\", \"quantization\": \"gguf\", \"num_speculative_tokens\": 3}"}
 ROUNDS=${ROUNDS:-3}
 MODES=${MODES:-pagoda-off pagoda-ngram}
 EDIT_CONCURRENCY=${EDIT_CONCURRENCY:-1 8}
@@ -38,7 +41,7 @@ server_command() {  # MODE -> the serve command: same model, dtype, context and 
   case "$1" in
     pagoda-off) echo python -m pagoda.entrypoints.cli serve "$MODEL_DIR" --port "$PORT" --dtype float32 \
               --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" --kv-cache-memory "$KV_GIB" ;;
-    pagoda-ngram) echo "$(server_command pagoda-off)" --speculative-config ;;
+    pagoda-ngram | pagoda-draft) echo "$(server_command pagoda-off)" --speculative-config ;;
     vllm-off) echo "$PEERS/vllm-cpu.sh" serve "$PORT" --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" ;;
     vllm-ngram) echo "$(server_command vllm-off)" --speculative-config ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;
@@ -84,6 +87,7 @@ run_mode() {  # MODE ROUND
   # shellcheck disable=SC2046 # the command is split into words on purpose
   case "$mode" in
     *-ngram) setsid $(server_command "$mode") "$SPEC" >"$dir/server.log" 2>&1 & ;;
+    *-draft) setsid $(server_command "$mode") "$DRAFT_SPEC" >"$dir/server.log" 2>&1 & ;;
     *) setsid $(server_command "$mode") >"$dir/server.log" 2>&1 & ;;
   esac
   SERVER=$!

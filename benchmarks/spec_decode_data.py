@@ -81,7 +81,7 @@ def table(out: Path) -> None:
                 f"{accepted / proposed * 100:.1f}" if proposed else "-",
                 f"{1 + accepted / drafts:.2f}" if drafts else "-",
             ]
-            cells += [str(len(runs)), f"{tps / off:.2f}x" if off and mode.endswith("-ngram") else ""]
+            cells += [str(len(runs)), f"{tps / off:.2f}x" if off and not mode.endswith("-off") else ""]
             print("".join(f"{c:>{w}}" for c, w in zip(cells, widths.values())))
     print("(medians over rounds; vs off: output tok/s over the same engine with speculation off)")
 

@@ -113,6 +113,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     max_batch_size: int = SPEC_MAX_BATCH_SIZE  # larger running batches decode without speculation
     model: str | None = None  # draft_model: the draft's HF directory or GGUF file
+    quantization: str | None = None  # draft_model: how the draft's weights are kept (--quantization)
     draft: EngineConfig | None = field(default=None, repr=False, compare=False)  # the draft's engine
 
     def __post_init__(self) -> None:
@@ -120,6 +121,8 @@ class SpeculativeConfig:
             raise ConfigError(f"speculative_config.method must be 'ngram' or 'draft_model', got {self.method!r}")
         if (self.method == "draft_model") != (self.model is not None):
             raise ConfigError("speculative_config.model is needed by, and only by, method 'draft_model'")
+        if self.quantization is not None and self.model is None:
+            raise ConfigError("speculative_config.quantization applies only to a draft model")
         if self.num_speculative_tokens < 1:
             raise ConfigError(
                 f"speculative_config.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"

@@ -117,6 +117,9 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
         drafts: dict[str, list[int]] = {}
         speculate = self.proposer is not None and len(self.running) <= self.proposer.config.max_batch_size
+        # drafted for every decoding request at once (a draft model runs them as one batch); a
+        # request's drafts are cut to the step's budget where it takes them
+        proposals = self.proposer.propose(self.running) if speculate else {}
         preempted = False
         index = 0
         while index < len(self.running) and budget > 0:
@@ -126,7 +129,7 @@ class Scheduler:
             if num_new == 0:  # a prefill, and this step's prompt tokens are spent
                 index += 1
                 continue
-            draft = self.proposer.propose(request, budget - 1) if speculate and remaining == 1 else []
+            draft = proposals.get(request.request_id, [])[: budget - 1]  # budget >= 1 here
             num_new += len(draft)
             while (blocks := self.kv.grow(request, num_new)) is None:
                 if draft:  # drafts are the first thing to give up when the pool is short

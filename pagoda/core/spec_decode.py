@@ -42,22 +42,32 @@ def ngram_proposal(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> lis
 
 
 class Proposer:
-    """Drafts for a decoding request, bounded so that they never run past what the request may
-    still generate (max_tokens, max_model_len). A method implements `draft`; the scheduler calls
-    `propose` while it schedules and `finished` when a request ends or is preempted."""
+    """Drafts for decoding requests, bounded so that they never run past what a request may still
+    generate (max_tokens, max_model_len). A method implements `draft` (one request) or
+    `draft_batch` (all of a step's requests at once); the scheduler calls `propose` while it
+    schedules and `finished` when a request ends or is preempted."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
 
-    def propose(self, request: Request, limit: int) -> list[int]:
-        """At most min(num_speculative_tokens, limit) drafts for `request`'s next tokens."""
-        if request.is_prefilling or not can_speculate(request):
-            return []
+    def propose(self, requests: Sequence[Request]) -> dict[str, list[int]]:
+        """Drafts by request id, at most num_speculative_tokens each, for those of `requests`
+        that can speculate."""
+        wanted = [(r, k) for r in requests if (k := self._num_drafts(r)) > 0]
+        return self.draft_batch(wanted) if wanted else {}
+
+    def _num_drafts(self, request: Request) -> int:
+        decoding = not request.is_prefilling and request.num_tokens - request.num_computed_tokens == 1
+        if not decoding or not can_speculate(request):
+            return 0
         room = request.max_model_len - request.num_tokens
         if request.sampling_params.max_tokens is not None:
             room = min(room, request.sampling_params.max_tokens - request.num_output_tokens)
-        k = min(self.config.num_speculative_tokens, limit, room - 1)  # the step's own token needs room too
-        return self.draft(request, k) if k > 0 else []
+        return min(self.config.num_speculative_tokens, room - 1)  # the step's own token needs room too
+
+    def draft_batch(self, wanted: Sequence[tuple[Request, int]]) -> dict[str, list[int]]:
+        """Up to k guesses of each request's next tokens, for each (request, k) in `wanted`."""
+        return {request.request_id: self.draft(request, k) for request, k in wanted}
 
     def draft(self, request: Request, k: int) -> list[int]:
         """Up to k guesses of the request's next tokens."""

@@ -129,8 +129,8 @@ class EngineArgs:
         None,
         'speculative decoding, as JSON (a dict in LLM(...)): {"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}; "max_batch_size": speculate only while at most this '
-        'many requests run (default 8); {"model": PATH, "num_speculative_tokens": 3}: a draft model of the same '
-        "vocabulary",
+        'many requests run (default 8); {"model": PATH, "num_speculative_tokens": 3, "quantization": "gguf"}: a '
+        "draft model of the same vocabulary, its weights optionally quantized",
         default_text="off",
     )
 
@@ -225,7 +225,17 @@ class EngineArgs:
         """A draft model's engine: these options with the draft's files, no speculation of its own."""
         if spec.model is None:
             return spec
-        draft = replace(self, model=spec.model, served_model_name=None, tokenizer=None, speculative_config=None)
+        # the draft's outputs are only ever proposals, so it need not be deterministic (which a
+        # quantized draft cannot be); it keeps the target's other options
+        draft = replace(
+            self,
+            model=spec.model,
+            quantization=spec.quantization,
+            deterministic=None,
+            served_model_name=None,
+            tokenizer=None,
+            speculative_config=None,
+        )
         config = draft.create_config()
         if config.model.vocab_size != target.model.vocab_size:
             raise ConfigError(

@@ -8,11 +8,13 @@ mirror's computed count falls back to the common prefix, so rejected drafts' KV 
 exactly as the target's is. A greedy draft is a point mass on its argmax, so the runner's
 rejection sampling keeps a sampled request's distribution exactly the target's.
 
-Drafting runs request by request (one forward pass of the draft per proposed token and request):
-simple and correct, not yet batched across requests.
+A step's drafting runs all its speculating requests together: k forward passes of the draft,
+each over every request still drafting.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -39,20 +41,29 @@ class DraftModelProposer(Proposer):
         self._synced: dict[str, int] = {}  # request id -> the target's token count at the last sync
 
     @torch.inference_mode()
-    def draft(self, request: Request, k: int) -> list[int]:
-        mirror = self._sync(request)
-        drafts: list[int] = []
-        for _ in range(k):
-            num_new = mirror.num_tokens - mirror.num_computed_tokens
-            blocks = self.kv.grow(mirror, num_new)
-            if blocks is None:  # the draft's pool is full: propose what there is
+    def draft_batch(self, wanted: Sequence[tuple[Request, int]]) -> dict[str, list[int]]:
+        """Each pass of the draft runs every request still drafting: its first pass catches a
+        mirror up on the target's new tokens (a short prefill), the later ones decode."""
+        drafts: dict[str, list[int]] = {request.request_id: [] for request, _ in wanted}
+        active = [(self._sync(request), k) for request, k in wanted]
+        while active:
+            batch = []
+            for mirror, k in active:
+                num_new = mirror.num_tokens - mirror.num_computed_tokens
+                blocks = self.kv.grow(mirror, num_new)
+                if blocks is None:  # the draft's pool is full: this request proposes what it has
+                    continue
+                mirror.block_ids += blocks
+                batch.append((mirror, k, num_new))
+            if not batch:
                 break
-            mirror.block_ids += blocks
-            token = self.runner.execute(SchedulerOutput(((mirror, num_new),), num_new)).token_ids[0]
-            assert token is not None
-            mirror.num_computed_tokens += num_new
-            mirror.append_token(token)
-            drafts.append(token)
+            step = SchedulerOutput(tuple((m, n) for m, _, n in batch), sum(n for _, _, n in batch))
+            for (mirror, _, num_new), token in zip(batch, self.runner.execute(step).token_ids):
+                assert token is not None
+                mirror.num_computed_tokens += num_new
+                mirror.append_token(token)
+                drafts[mirror.request_id].append(token)
+            active = [(m, k) for m, k, _ in batch if len(drafts[m.request_id]) < k]
         return drafts
 
     def finished(self, request_id: str) -> None:

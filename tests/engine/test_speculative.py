@@ -25,7 +25,7 @@ from pagoda import LLM, SamplingParams
 from pagoda.config import SpeculativeConfig
 from pagoda.core.spec_decode import NgramProposer, ngram_proposal
 from pagoda.errors import ConfigError
-from pagoda.model_files import apply_chat_template
+from pagoda.model_files import apply_chat_template, default_model_path
 from tests.reference import assert_greedy_match
 from tests.tiny_models import write_tiny_model
 
@@ -60,6 +60,8 @@ def test_speculative_config_errors_name_the_field():
         EngineArgs(speculative_config={"method": "eagle"}).speculative()
     with pytest.raises(ConfigError, match="unknown key"):
         EngineArgs(speculative_config={"prompt_lookup": 3}).speculative()
+    with pytest.raises(ConfigError, match="quantization applies only to a draft model"):
+        EngineArgs(speculative_config={"method": "ngram", "quantization": "gguf"}).speculative()
     with pytest.raises(ConfigError, match="not valid JSON"):
         EngineArgs(speculative_config="{ngram").speculative()
     spec = EngineArgs(speculative_config='{"method": "ngram", "num_speculative_tokens": 5}').speculative()
@@ -264,6 +266,28 @@ def test_a_draft_model_keeps_greedy_outputs(tiny, tmp_path_factory, draft):
     sampled = llm.generate(prompts[:3], SamplingParams(temperature=1.0, max_tokens=20, seed=5), use_tqdm=False)
     again = llm.generate(prompts[:3], SamplingParams(temperature=1.0, max_tokens=20, seed=5), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in sampled] == [o.outputs[0].token_ids for o in again]
+
+
+@pytest.mark.slow
+def test_the_quantized_file_drafts_for_its_fp32_load(default_llm):
+    """The measured case: the default model's 4-bit file served natively (`"quantization": "gguf"`)
+    drafts for the fp32 load of the same file, four requests drafted as one batch: the fp32
+    model's greedy outputs exactly (the deterministic mode verifies k + 1 rows as it decodes
+    one), and most drafts accepted."""
+    llm = LLM(
+        kv_cache_memory=0.25,
+        max_model_len=2048,
+        speculative_config={"model": default_model_path(), "quantization": "gguf", "num_speculative_tokens": 3},
+    )
+    proposer = llm.engine.core.scheduler.proposer
+    assert proposer.runner.config.model.quantization == "gguf"
+    prompts = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):", "1, 2, 3, 5, 8,"]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in default_llm.generate(prompts, params, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    stats = llm.engine.core.stats()
+    assert stats.spec_num_accepted_tokens > 0.8 * stats.spec_num_draft_tokens > 0
+    assert proposer.kv.usage == 0.0 and not proposer.mirrors
 
 
 def test_a_draft_model_must_share_the_vocabulary(tiny, tmp_path):
