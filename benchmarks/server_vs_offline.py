@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from pagoda.bench.launcher import LaunchSpec, launched, wait_until_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT.parent / "shared" / "peers"
@@ -59,33 +59,14 @@ def server(args: argparse.Namespace, seed: int) -> dict:
     command = [sys.executable, "-m", "pagoda.entrypoints.cli", "serve", args.model, "--port", str(args.port)]
     command += ["--served-model-name", "m", "--max-model-len", "2048", "--kv-cache-memory", "4"]
     command += args.serve_args.split()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
-        log = open(Path(tmp) / "server.log", "w")
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(f"http://127.0.0.1:{args.port}", proc)
+        spec = LaunchSpec(tuple(command), Path(tmp) / "server.log", env)
+        with launched(spec) as proc:
+            wait_until_ready(proc, spec, f"http://127.0.0.1:{args.port}", time.perf_counter())
             c32 = client(args, 32, args.c32_prompts, seed, tmp)
             c1 = client(args, 1, args.c1_prompts, seed, tmp)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
     return {"c32_tok_s": c32["output_throughput"], "c1_tpot_ms": c1["median_tpot_ms"]}
-
-
-def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"pagoda serve exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(base_url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise SystemExit("pagoda serve did not become ready")
 
 
 def client(args: argparse.Namespace, concurrency: int, num_prompts: int, seed: int, tmp: str) -> dict:
