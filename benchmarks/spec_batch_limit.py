@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 
 from pagoda import LLM, SamplingParams
@@ -34,12 +35,18 @@ class Always(Proposer):
         return future[request.num_output_tokens : request.num_output_tokens + k]
 
 
-def time_steps(llm: LLM, prompts: list[list[int]], steps: int, tag: str) -> tuple[float, list[list[int]]]:
-    """Seconds per decode step over `steps` steps once every prompt is prefilled, and the outputs."""
+def time_steps(
+    llm: LLM, prompts: list[list[int]], steps: int, tag: str, warmup: int = 0
+) -> tuple[float, list[list[int]]]:
+    """Seconds per decode step over `steps` steps once every prompt is prefilled and `warmup`
+    more steps ran (a draft model's first step prefills the prompts into its own cache), and the
+    outputs."""
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=steps * 8 + 8, ignore_eos=True)
     ids = [engine.add_request(p, params, request_id=f"{tag}{i}-x") for i, p in enumerate(prompts)]
     while any(r.is_prefilling for r in engine.core.scheduler.requests.values()):
+        engine.step()
+    for _ in range(warmup):
         engine.step()
     start = time.perf_counter()
     for _ in range(steps):
@@ -52,13 +59,45 @@ def time_steps(llm: LLM, prompts: list[list[int]], steps: int, tag: str) -> tupl
     return elapsed, outputs
 
 
+def draft_limit(args: argparse.Namespace) -> None:
+    """Real draft-model steps against plain ones, by batch size, alternated `rounds` times."""
+    spec = {"model": args.draft, "num_speculative_tokens": args.k, "max_batch_size": 4096}
+    if args.draft_quantization:
+        spec["quantization"] = args.draft_quantization
+    llm = LLM(args.model, kv_cache_memory=4, max_model_len=1024, max_num_batched_tokens=4096, speculative_config=spec)
+    scheduler = llm.engine.core.scheduler
+    proposer = scheduler.proposer
+    rng = random.Random(0)
+    print(f"draft {args.draft} ({args.draft_quantization or 'as loaded'}), k={args.k}")
+    print(f"{'batch':>6}{'decode ms':>11}{'spec ms':>9}{'accept len':>12}{'speed-up':>10}")
+    for batch in args.batches:
+        plain, speculated, lengths = [], [], []
+        for r in range(args.rounds):
+            prompts = [[rng.randrange(100, 40000) for _ in range(256)] for _ in range(batch)]
+            scheduler.proposer = None
+            plain.append(time_steps(llm, prompts, args.steps, f"p{batch}-{r}-", warmup=2)[0])
+            scheduler.proposer = proposer
+            before = llm.engine.core.stats()
+            speculated.append(time_steps(llm, prompts, args.steps, f"d{batch}-{r}-", warmup=2)[0])
+            after = llm.engine.core.stats()
+            drafts = after.spec_num_drafts - before.spec_num_drafts
+            lengths.append(1 + (after.spec_num_accepted_tokens - before.spec_num_accepted_tokens) / max(drafts, 1))
+        p, d, n = statistics.median(plain), statistics.median(speculated), statistics.mean(lengths)
+        print(f"{batch:>6}{p * 1e3:>11.1f}{d * 1e3:>9.1f}{n:>12.2f}{n * p / d:>10.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--draft", default=None, help="a draft model: time real drafting steps")
+    parser.add_argument("--draft-quantization", default=None)
+    parser.add_argument("--rounds", type=int, default=2, help="--draft: plain/speculative alternations per batch")
     args = parser.parse_args()
+    if args.draft:
+        return draft_limit(args)
     llm = LLM(args.model, kv_cache_memory=4, max_model_len=1024, max_num_batched_tokens=4096)
     rng = random.Random(0)
     print(f"k={args.k}; speculating pays while the ratio is below the mean acceptance length")
