@@ -1,8 +1,9 @@
-"""GFLOP/s of the GGUF int8-activation kernels (csrc/qdot.c) against oneDNN's float32 GEMM (torch)
-on the default model's layer shapes, at 1, 8, 32 and 256 activation rows. Runs alternate between
-the two (A B A B ...) and the best of each is reported, so a busy machine skews both alike.
+"""GFLOP/s of the int8-activation kernels (csrc/qdot.c: GGUF's formats and `--quantization int8`'s
+I8) against oneDNN's float32 GEMM (torch) on the default model's layer shapes, at 1, 8, 32 and 256
+activation rows. Runs alternate between the two (A B A B ...) and the best of each is reported, so
+a busy machine skews both alike.
 
-    python benchmarks/quant_kernels.py [--formats Q4_1,Q8_0,Q4_0] [--repeats 5] [--seconds 0.2]
+    python benchmarks/quant_kernels.py [--formats Q4_1,Q8_0,Q4_0,I8] [--repeats 5] [--seconds 0.2]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pagoda.kernels import cpu  # noqa: E402
-from pagoda.model_executor.quant_linear import pack_gguf, quant_matmul  # noqa: E402
+from pagoda.model_executor.quant_linear import pack_gguf, quant_matmul, quantize_int8  # noqa: E402
 from tests.kernels.test_quant_kernels import gguf_rows  # noqa: E402
 
 # (name, out, in) of SmolLM2-135M: q/o, k or v, gate or up, down, the tied LM head
@@ -39,7 +40,7 @@ def rate(fn, flops: float, seconds: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--formats", default="Q4_1,Q8_0,Q4_0")
+    parser.add_argument("--formats", default="Q4_1,Q8_0,Q4_0,I8")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=0.2)
     args = parser.parse_args()
@@ -49,7 +50,10 @@ def main() -> None:
     for fmt in args.formats.split(","):
         for name, n, k in SHAPES + [HEAD]:
             weight = torch.randn(n, k)
-            packed = pack_gguf(lib, fmt, torch.from_numpy(gguf_rows(fmt, weight)[0]), k)
+            if fmt == "I8":
+                packed = quantize_int8(weight)
+            else:
+                packed = pack_gguf(lib, fmt, torch.from_numpy(gguf_rows(fmt, weight)[0]), k)
             for m in ROWS if (name, n, k) != HEAD else (1, 8, 32):
                 x = torch.randn(m, k)
                 flops = 2.0 * m * n * k

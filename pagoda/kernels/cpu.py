@@ -57,10 +57,7 @@ _VOID_SIGNATURES = {
     "pagoda_pack_panels": [_P, _P, _I64, _I64, _INT],
     "pagoda_gemm_invariant": [_P, _I64, _P, _I64, _P, _P] + [_I64] * 3 + [_INT],
     "pagoda_prefill_attention": [_P, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT],
-    # quant.c (int8) and qdot.c (GGUF blocks, the format first), wrapped by model_executor/quant_linear.py
-    "pagoda_i8_gemv": [_P] * 5 + [_I64] * 2 + [_INT],
-    "pagoda_i8_gemm": [_P] * 5 + [_I64] * 3 + [_INT],
-    "pagoda_i8_dequant_rows": [_P] * 3 + [_I64] * 2 + [_P, _INT],
+    # qdot.c (GGUF blocks and I8, the format first), wrapped by model_executor/quant_linear.py
     "pagoda_qd_pack": [_INT, _P, _P, _I64, _I64, _INT],
     "pagoda_qd_dequant_rows": [_INT, _P, _P, _I64, _I64, _P, _INT],
     "pagoda_qd_matmul": [_INT] + [_P] * 4 + [_I64] * 3 + [_INT],

@@ -1,33 +1,40 @@
-/* GGUF's Q4_0, Q4_1 and Q8_0 linear layers with int8 activations and integer dot products, as
- * llama.cpp computes them; one arithmetic for every batch size and instruction set.
+/* Linear layers on quantized weights with int8 activations and integer dot products, as llama.cpp
+ * computes them; one arithmetic for every batch size and instruction set. Formats: GGUF's Q4_0,
+ * Q4_1 and Q8_0, and I8 (`--quantization int8`: int8 codes with one float32 scale per row).
  *
  * Activations: each row of x is cut into blocks of 32 values, each quantized to int8 codes a with
  * one float scale da = max|x| / 127 (a = round-to-even(x * (1 / da))), and the codes' sum asum.
  * Weights: a block of 32 columns of one row is dw * (q - 8) (Q4_0), dw * q + mw (Q4_1) or
- * dw * q (Q8_0). Per output and block the exact integer isum = sum(q * a) (minus 8 * asum for
- * Q4_0) is combined in float32, blocks in order:
+ * dw * q (Q8_0); a row of I8 is s * q, one scale s for the whole row (k any size: the last block
+ * zero-padded in weights and activations). Per output and block the exact integer
+ * isum = sum(q * a) (minus 8 * asum for Q4_0) is combined in float32, blocks in order:
  *   acc = fma(dw * da, (float)isum, acc)          then, Q4_1 only:  acc = fma(mw, da * asum, acc)
- * and y = acc + bias. Integer sums are exact and the float steps are the same IEEE operations in
- * every lane of every path, so a row's result does not depend on the batch it is in (the GEMV is
- * the GEMM with one row) nor on AVX2 vs AVX-512 (VNNI or not).
+ * and y = acc + bias; for I8 acc = fma(da, (float)isum, acc) and the row's scale once at the end,
+ * y = fma(acc, s, bias). Integer sums are exact and the float steps are the same IEEE operations
+ * in every lane of every path, so a row's result does not depend on the batch it is in (the GEMV
+ * is the GEMM with one row) nor on AVX2 vs AVX-512 (VNNI or not).
  *
  * Packed weight layout (made once at load by pagoda_qd_pack from GGUF's rows): panels of 16 rows
  * (the last one padded with zero rows), each panel its blocks in order, each block
  *   dw: 16 fp16 (one per row), Q4_1 then mw: 16 fp16,
  *   codes: Q4: 4 groups of [16 rows][4 bytes]: group g byte t holds column 4g+t in its low nibble
- *          and column 16+4g+t in its high one; Q8_0: 8 groups of [16 rows][4 int8], columns 4g+t.
+ *          and column 16+4g+t in its high one; Q8_0 and I8: 8 groups of [16 rows][4 int8], columns 4g+t.
  * so one 64-byte load feeds a dot product of 4 columns for 16 rows, lane = row: no horizontal
- * sums. The bytes are GGUF's, rearranged: same size. */
+ * sums. The GGUF bytes are the file's, rearranged: same size. An I8 panel starts with its 16 rows'
+ * float32 scales, then its blocks, which have no header (made by model_executor/quant_linear.py). */
 #include "vec.h"
 
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3 };
 #define QK 32
 #define PR 16 /* rows per panel */
 
+static inline int byte_codes(int fmt) { return fmt == Q8_0 || fmt == I8; } /* one signed byte per code */
+static inline int code_groups(int fmt) { return byte_codes(fmt) ? 8 : 4; }
 static inline long gguf_block_bytes(int fmt) { return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : 34; }
-static inline long header_bytes(int fmt) { return fmt == Q4_1 ? 64 : 32; }
-static inline long packed_block_bytes(int fmt) { return header_bytes(fmt) + (fmt == Q8_0 ? 512 : 256); }
-static inline long panel_bytes(int fmt, long k) { return k / QK * packed_block_bytes(fmt); }
+static inline long header_bytes(int fmt) { return fmt == Q4_1 ? 64 : fmt == I8 ? 0 : 32; }
+static inline long packed_block_bytes(int fmt) { return header_bytes(fmt) + code_groups(fmt) * 64; }
+static inline long panel_head(int fmt) { return fmt == I8 ? PR * sizeof(float) : 0; } /* I8's row scales */
+static inline long panel_bytes(int fmt, long k) { return panel_head(fmt) + (k + QK - 1) / QK * packed_block_bytes(fmt); }
 
 static inline float half_at(const uint8_t *p) {
     uint16_t h;
@@ -42,7 +49,7 @@ static inline int gguf_code(int fmt, const uint8_t *block, int c) {
     return c < 16 ? byte & 15 : byte >> 4;
 }
 
-/* packed [ceil(n / 16), panel bytes] from GGUF rows w [n, k / 32 blocks] */
+/* packed [ceil(n / 16), panel bytes] from GGUF rows w [n, k / 32 blocks] (GGUF formats only) */
 void pagoda_qd_pack(int fmt, const uint8_t *w, uint8_t *packed, long n, long k, int num_threads) {
     const long nb = k / QK, gb = gguf_block_bytes(fmt), pb = packed_block_bytes(fmt), h = header_bytes(fmt);
     const long panels = (n + PR - 1) / PR;
@@ -68,7 +75,8 @@ void pagoda_qd_pack(int fmt, const uint8_t *w, uint8_t *packed, long n, long k, 
     }
 }
 
-/* out[i, :] = dequantize(w)[ids[i], :] (an embedding lookup), exactly the float values GGUF defines */
+/* out[i, :] = dequantize(w)[ids[i], :] (an embedding lookup), exactly the float values GGUF defines
+ * (GGUF formats only: an I8 model's embedding table stays float) */
 void pagoda_qd_dequant_rows(int fmt, const uint8_t *packed, const int64_t *ids, long count, long k, float *out,
                             int num_threads) {
     const long nb = k / QK, pb = packed_block_bytes(fmt), h = header_bytes(fmt);
@@ -204,7 +212,8 @@ typedef struct {
     long kp, nb;
 } qacts;
 
-/* y[i0 + i, panel rows] for i < TM: the panel's blocks in order, lane = panel row */
+/* acc[i] for activation rows i0 + i, i < TM, lane = panel row: the panel's blocks in order (for I8
+ * before the row scales) */
 #define TM 4
 static inline __attribute__((always_inline)) void panel_tile(int fmt, int tm, const uint8_t *panel, const qacts *x,
                                                              long i0, vec acc[TM][HALVES]) {
@@ -212,14 +221,14 @@ static inline __attribute__((always_inline)) void panel_tile(int fmt, int tm, co
     for (int i = 0; i < tm; i++)
         for (int v = 0; v < HALVES; v++) acc[i][v] = vset(0.f);
     for (long b = 0; b < x->nb; b++) {
-        const uint8_t *blk = panel + b * pb;
+        const uint8_t *blk = panel + panel_head(fmt) + b * pb;
         ivec s[TM][HALVES];
         for (int i = 0; i < tm; i++)
             for (int v = 0; v < HALVES; v++) s[i][v] = izero();
-        for (int g = 0; g < (fmt == Q8_0 ? 8 : 4); g++)
+        for (int g = 0; g < code_groups(fmt); g++)
             for (int v = 0; v < HALVES; v++) {
                 const ivec codes = iload(blk + h + g * 64 + v * 32);
-                if (fmt == Q8_0) {
+                if (byte_codes(fmt)) {
                     for (int i = 0; i < tm; i++)
                         s[i][v] = dot_s8(s[i][v], codes, ibcast(x->q + (i0 + i) * x->kp + b * QK + 4 * g));
                 } else {
@@ -231,15 +240,16 @@ static inline __attribute__((always_inline)) void panel_tile(int fmt, int tm, co
                 }
             }
         for (int v = 0; v < HALVES; v++) {
-            const vec dw = halfs(blk + v * 2 * ILANES);
+            const vec dw = fmt == I8 ? vset(1.f) : halfs(blk + v * 2 * ILANES);
             const vec mw = fmt == Q4_1 ? halfs(blk + 32 + v * 2 * ILANES) : dw;
             for (int i = 0; i < tm; i++) {
                 const float da = x->d[(i0 + i) * x->nb + b];
                 const int32_t asum = x->sum[(i0 + i) * x->nb + b];
                 ivec isum = s[i][v];
                 if (fmt == Q4_0) isum = isub_scaled(isum, 8, asum);
-                if (fmt == Q8_0 && Q8_OFFSET) isum = isub_scaled(isum, Q8_OFFSET, asum);
-                acc[i][v] = vfmadd(vmul(dw, vset(da)), ifloat(isum), acc[i][v]);
+                if (byte_codes(fmt) && Q8_OFFSET) isum = isub_scaled(isum, Q8_OFFSET, asum);
+                const vec scale = fmt == I8 ? vset(da) : vmul(dw, vset(da));
+                acc[i][v] = vfmadd(scale, ifloat(isum), acc[i][v]);
                 if (fmt == Q4_1) acc[i][v] = vfmadd(mw, vset(da * (float)asum), acc[i][v]);
             }
         }
@@ -263,7 +273,11 @@ static inline __attribute__((always_inline)) void panel_rows(int fmt, const uint
         }
         for (int i = 0; i < tm; i++) {
             float out[PR];
-            for (int v = 0; v < HALVES; v++) vstore(out + v * ILANES, vadd(acc[i][v], vload(bias_panel + v * ILANES)));
+            for (int v = 0; v < HALVES; v++) {
+                const vec b = vload(bias_panel + v * ILANES);
+                const float *row_scales = (const float *)panel; /* I8 */
+                vstore(out + v * ILANES, fmt == I8 ? vfmadd(acc[i][v], vload(row_scales + v * ILANES), b) : vadd(acc[i][v], b));
+            }
             memcpy(y + (i0 + i) * n + r0, out, sizeof(float) * rows);
         }
     }
@@ -274,7 +288,7 @@ static inline __attribute__((always_inline)) void panel_rows(int fmt, const uint
  * while it is in cache. m == 1 is the GEMV: the same code. */
 void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,
                       long k, int num_threads) {
-    const long nb = k / QK, kp = nb * QK, panels = (n + PR - 1) / PR, pbytes = panel_bytes(fmt, k);
+    const long nb = (k + QK - 1) / QK, kp = nb * QK, panels = (n + PR - 1) / PR, pbytes = panel_bytes(fmt, k);
     int8_t *q = malloc(m * kp);
     float *d = malloc(sizeof(float) * m * nb);
     int32_t *sum = malloc(sizeof(int32_t) * m * nb);
@@ -286,7 +300,8 @@ void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, 
         const uint8_t *panel = packed + p * pbytes;
         if (fmt == Q4_0) panel_rows(Q4_0, panel, &acts, m, y, n, p * PR, bias);
         else if (fmt == Q4_1) panel_rows(Q4_1, panel, &acts, m, y, n, p * PR, bias);
-        else panel_rows(Q8_0, panel, &acts, m, y, n, p * PR, bias);
+        else if (fmt == Q8_0) panel_rows(Q8_0, panel, &acts, m, y, n, p * PR, bias);
+        else panel_rows(I8, panel, &acts, m, y, n, p * PR, bias);
     }
     free(q);
     free(d);
