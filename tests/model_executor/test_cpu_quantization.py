@@ -1,5 +1,6 @@
-"""Quantized weights on the CPU end to end: `--quantization gguf` on the shipped Q4_1 file gives each
-request the same tokens whatever batch it shares (int8 activations, one arithmetic); every format stays
+"""Quantized weights on the CPU end to end: `--quantization gguf` on the shipped Q4_1 file and
+`--quantization int8` on the HF directory give each request the same tokens whatever batch it shares
+(int8 activations, one arithmetic); every format stays
 within its documented accuracy bounds against the float32 model on the same weights (bounds in
 docs/quantization.md, set from benchmarks/quantization_accuracy.py's measurements); loading holds
 no float copy of the model (RSS growth under twice the resident weights)."""
@@ -87,14 +88,18 @@ def fp32_scores(default_llm) -> tuple[list[int], tuple[list[float], list[int]]]:
     return ids, scores(default_llm, ids)
 
 
-def test_gguf_q4_1_batch_invariant_and_within_bounds(fp32_scores):
-    """Activations are quantized, so greedy output is not the dequantized load's (the bounds say how
+def assert_batch_invariant(llm: LLM) -> None:
+    """Activations are quantized, so greedy output is not the float model's (the bounds say how
     close it is); but a request's tokens are the same alone as in a batch of four."""
-    llm = load(None, "gguf")
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     batched = [out.outputs[0].token_ids for out in llm.generate(PROMPTS, params, use_tqdm=False)]
     alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
     assert batched == alone
+
+
+def test_gguf_q4_1_batch_invariant_and_within_bounds(fp32_scores):
+    llm = load(None, "gguf")
+    assert_batch_invariant(llm)
     check_bounds("gguf-Q4_1", llm, fp32_scores)
 
 
@@ -103,8 +108,10 @@ def test_requantized_gguf_within_bounds(requantized, fp32_scores, fmt):
     check_bounds(f"gguf-{fmt}", load(requantized[fmt], "gguf"), fp32_scores)
 
 
-def test_int8_within_bounds(default_model_dir, fp32_scores):
-    check_bounds("int8", load(default_model_dir, "int8"), fp32_scores)
+def test_int8_batch_invariant_and_within_bounds(default_model_dir, fp32_scores):
+    llm = load(default_model_dir, "int8")
+    assert_batch_invariant(llm)
+    check_bounds("int8", llm, fp32_scores)
 
 
 def check_bounds(name: str, llm: LLM, fp32_scores) -> None:
