@@ -2,7 +2,7 @@
 # Quantized weights on the CPU (docs/quantization.md) in one run on this machine:
 #  1. the CPU: model name and flags (the kernels' paths differ with AVX-512, VNNI, AMX)
 #  2. quantization_accuracy.py: each format against the fp32 model on a 2,048-token text (not a timing)
-#  3. quant_kernels.py: the GGUF kernels' GFLOP/s against oneDNN fp32 on the model's layer shapes (kernels.md)
+#  3. quant_kernels.py: the GGUF and int8 kernels' GFLOP/s against oneDNN fp32 on the model's layer shapes (kernels.md)
 #  4. quantization_speed.py: prefill tok/s (1,024-token prompt) and batch-1 decode ms/token, offline, per format
 #  5. serve_vs_vllm.sh: the server at concurrency 1, 8, 32 (random 256 in / 64 out, vLLM's client) for
 #     Pagoda --quantization gguf on the Q4_1 file, Pagoda --quantization int8 on the fp32 HF directory,
