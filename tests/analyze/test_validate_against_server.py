@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +22,13 @@ from openai import OpenAI
 from pagoda.analyze.cli import main
 from pagoda.analyze.pipeline import analyze_log
 from pagoda.analyze.tokenize import PromptTokenizer
+from tests.server.helpers import free_port
 
 from .conftest import STORY, SYSTEM
 
 pytestmark = pytest.mark.slow
 
 STARTUP_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -12,12 +11,6 @@ STUB = Path(__file__).with_name("bench_stub_server.py")
 
 def stub_command(*args: str, port: int = 0) -> list[str]:
     return [sys.executable, str(STUB), "--port", str(port), *args]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -8,9 +8,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from bench_helpers import free_port, read_results, stub_command
+from bench_helpers import read_results, stub_command
 
 from pagoda.bench import bakeoff
+from tests.server.helpers import free_port
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from bench_helpers import free_port, read_results, stub_command, write_jsonl
+from bench_helpers import read_results, stub_command, write_jsonl
 
 from pagoda.bench import cli
+from tests.server.helpers import free_port
 
 PAGODA = [sys.executable, "-m", "pagoda.entrypoints.cli"]
 

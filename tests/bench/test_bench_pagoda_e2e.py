@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_helpers import free_port, read_results
+from bench_helpers import read_results
 
 from pagoda.bench import cli
+from tests.server.helpers import free_port
 
 pytestmark = [
     pytest.mark.slow,

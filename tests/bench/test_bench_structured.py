@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-from bench_helpers import free_port, read_results, run_bench, stub_command, write_jsonl
+from bench_helpers import read_results, run_bench, stub_command, write_jsonl
 from bench_stub_server import example
 
 from pagoda.bench import bakeoff, cli
@@ -23,6 +23,7 @@ from pagoda.bench.runner import Exchange, to_record
 from pagoda.bench.schemas import TASKS, grade, response_format, schema_of
 from pagoda.bench.settings import parse_settings
 from pagoda.bench.tokens import LazyTokenizer
+from tests.server.helpers import free_port
 
 PERSON_TASK = next(task for task in TASKS if task.name == "person")
 PERSON = PERSON_TASK.schema

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-from bench_helpers import free_port, read_results, run_bench, stub_command, write_jsonl
+from bench_helpers import read_results, run_bench, stub_command, write_jsonl
 from bench_stub_server import example
 
 from pagoda.bench import bakeoff, cli
@@ -27,6 +27,7 @@ from pagoda.bench.runner import Exchange, to_record
 from pagoda.bench.settings import UsageError, parse_settings
 from pagoda.bench.tokens import LazyTokenizer
 from pagoda.bench.tool_calls import BY_NAME, TOOLS, Call, compare_calls, grade_calls, requires_calls, tools_of
+from tests.server.helpers import free_port
 
 WEATHER = BY_NAME["get_weather"]
 OFFERED = {"get_weather": WEATHER.parameters, "get_time": BY_NAME["get_time"].parameters}
