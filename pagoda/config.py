@@ -94,10 +94,11 @@ class SchedulerConfig:
             raise ConfigError(f"scheduling policy must be 'fcfs' or 'lpm', got {self.policy!r}")
 
 
-# Speculation is off for a step whose running batch is larger than this: verifying k + 1 rows per
-# request stops paying once a plain decode step is no longer bound by reading the weights
-# (docs/speculative_decoding.md says how it was chosen and how to measure it).
-SPEC_MAX_BATCH_SIZE = 8
+# Speculation is off for a step whose running batch is larger than its method's limit: verifying
+# k + 1 rows per request stops paying once a plain decode step is no longer bound by reading the
+# weights, and a draft model's k passes cost more the larger the batch they run over
+# (docs/speculative_decoding.md says how each was measured).
+SPEC_MAX_BATCH_SIZE = {"ngram": 8, "draft_model": 2}
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    max_batch_size: int = SPEC_MAX_BATCH_SIZE  # larger running batches decode without speculation
+    max_batch_size: int | None = None  # larger batches decode without speculation; None: SPEC_MAX_BATCH_SIZE[method]
     model: str | None = None  # draft_model: the draft's HF directory or GGUF file
     quantization: str | None = None  # draft_model: how the draft's weights are kept (--quantization)
     draft: EngineConfig | None = field(default=None, repr=False, compare=False)  # the draft's engine
@@ -132,6 +133,8 @@ class SpeculativeConfig:
                 "speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
             )
+        if self.max_batch_size is None:
+            object.__setattr__(self, "max_batch_size", SPEC_MAX_BATCH_SIZE[self.method])
         if self.max_batch_size < 1:
             raise ConfigError(f"speculative_config.max_batch_size must be >= 1, got {self.max_batch_size}")
 

@@ -129,8 +129,8 @@ class EngineArgs:
         None,
         'speculative decoding, as JSON (a dict in LLM(...)): {"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}; "max_batch_size": speculate only while at most this '
-        'many requests run (default 8); {"model": PATH, "num_speculative_tokens": 3, "quantization": "gguf"}: a '
-        "draft model of the same vocabulary, its weights optionally quantized",
+        'many requests run (default 8 for ngram, 2 for a draft model); {"model": PATH, "num_speculative_tokens": 3, '
+        '"quantization": "gguf"}: a draft model of the same vocabulary, its weights optionally quantized',
         default_text="off",
     )
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from pagoda import LLM, SamplingParams
-from pagoda.config import SpeculativeConfig
+from pagoda.config import SPEC_MAX_BATCH_SIZE, SpeculativeConfig
 from pagoda.core.spec_decode import NgramProposer, ngram_proposal
 from pagoda.errors import ConfigError
 from pagoda.model_files import apply_chat_template, default_model_path
@@ -66,6 +66,11 @@ def test_speculative_config_errors_name_the_field():
         EngineArgs(speculative_config="{ngram").speculative()
     spec = EngineArgs(speculative_config='{"method": "ngram", "num_speculative_tokens": 5}').speculative()
     assert spec == SpeculativeConfig(num_speculative_tokens=5)
+    # each method's measured batch limit unless one is given: a draft model's passes cost more per request
+    assert spec.max_batch_size == SPEC_MAX_BATCH_SIZE["ngram"]
+    draft = SpeculativeConfig(method="draft_model", model="draft.gguf")
+    assert draft.max_batch_size == SPEC_MAX_BATCH_SIZE["draft_model"] < spec.max_batch_size
+    assert SpeculativeConfig(method="draft_model", model="draft.gguf", max_batch_size=6).max_batch_size == 6
 
 
 # ---- the default model: n-gram lookup ------------------------------------------------------------
