@@ -103,10 +103,8 @@ void pagoda_qd_dequant_rows(int fmt, const uint8_t *packed, const int64_t *ids, 
 }
 
 #ifdef __AVX512F__
-static inline vec vabs(vec v) { return _mm512_abs_ps(v); }
 static inline __m512i vround_int(vec v) { return _mm512_cvtps_epi32(v); } /* ties to even (MXCSR default) */
 #else
-static inline vec vabs(vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
 static inline __m256i vround_int(vec v) { return _mm256_cvtps_epi32(v); }
 static inline void store_ints(int32_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
 #endif

@@ -23,6 +23,7 @@ static inline vec vclamp(vec x, float lo, float hi) { return _mm512_min_ps(_mm51
 static inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vscale2(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n, n integral */
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+static inline vec vabs(vec v) { return _mm512_abs_ps(v); }
 #else
 #define VLEN 8
 #define VEC_OP(op) _mm256_##op##_ps
@@ -46,6 +47,7 @@ static inline vec vscale2(vec p, vec n) { /* p * 2^n for integral n in [-126, 12
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 static inline float vsum(vec v) { return hsum(v); }
+static inline vec vabs(vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); } /* the sign bit cleared */
 #endif
 
 /* e^x, x clamped to [-87, 88] (e^x a normal float there): 2^n e^r with n = round(x log2 e),
