@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,11 +29,14 @@ class TokenLogprob:
 
 class Grammar(Protocol):
     """A structured-output constraint's state for one request (pagoda.structured.RequestGrammar):
-    the scheduler advances it with each sampled token and ends the request when it is complete."""
+    the scheduler advances it with each sampled token and ends the request when it is complete,
+    and cuts speculative drafts to the part it accepts."""
 
     def accept_token(self, token_id: int) -> bool: ...
 
     def is_terminated(self) -> bool: ...
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int: ...
 
 
 @dataclass(eq=False)

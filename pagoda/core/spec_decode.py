@@ -52,9 +52,15 @@ class Proposer:
 
     def propose(self, requests: Sequence[Request]) -> dict[str, list[int]]:
         """Drafts by request id, at most num_speculative_tokens each, for those of `requests`
-        that can speculate."""
+        that can speculate. A constrained request's drafts end before the first its grammar
+        refuses and after one that completes it: the rest could never be accepted."""
         wanted = [(r, k) for r in requests if (k := self._num_drafts(r)) > 0]
-        return self.draft_batch(wanted) if wanted else {}
+        drafts = self.draft_batch(wanted) if wanted else {}
+        for request, _ in wanted:
+            draft = drafts.get(request.request_id)
+            if draft and request.grammar is not None:
+                drafts[request.request_id] = draft[: request.grammar.valid_prefix(draft)]
+        return drafts
 
     def _num_drafts(self, request: Request) -> int:
         decoding = not request.is_prefilling and request.num_tokens - request.num_computed_tokens == 1
@@ -93,15 +99,15 @@ SEARCH_WINDOW = 4096  # trailing tokens searched for a match
 
 def can_speculate(request: Request) -> bool:
     """Requests whose next tokens can be verified position by position from the target's logits
-    alone. Penalties and an active min_tokens change the distribution with each accepted token,
-    and a grammar constrains each position by the ones before; those requests decode one token
-    at a time."""
+    and, for a constrained request, its grammar's mask at each position (the runner fills one per
+    draft). Penalties and an active min_tokens change the distribution with each accepted token,
+    and a logit bias is applied by the sampler alone; those requests decode one token at a time
+    (min_tokens does not act on a constrained request: its grammar decides where it ends)."""
     params = request.sampling_params
     return (
-        request.grammar is None
-        and not params.uses_penalties
+        not params.uses_penalties
         and not params.logit_bias
-        and request.num_output_tokens >= params.min_tokens
+        and (request.grammar is not None or request.num_output_tokens >= params.min_tokens)
     )
 
 

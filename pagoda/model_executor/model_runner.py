@@ -126,18 +126,21 @@ class ModelRunner:
         verifying = [r for r, _ in batch.verifiers]
         drafts = [step.draft_token_ids[r.request_id] for r in verifying]
         logits = self.model.compute_logits(hidden[batch.verify_indices])
-        for (_, slot), verdict in zip(batch.verifiers, verify(logits, verifying, drafts, self.sampler.generator)):
+        bitmask = self._grammar_bitmask(verifying, drafts)
+        verdicts = verify(logits, verifying, drafts, self.sampler.generator, bitmask)
+        for (_, slot), verdict in zip(batch.verifiers, verdicts):
             accepted[slot], tokens[slot] = verdict.accepted, verdict.token
             accepted_logprobs[slot], logprobs[slot] = verdict.logprobs[:-1], verdict.logprobs[-1]
         return ModelRunnerOutput(tokens, logprobs, prompt_logprobs, accepted, accepted_logprobs)
 
-    def _grammar_bitmask(self, requests: list[Request]) -> TokenBitmask | None:
-        """The allowed tokens of this step's constrained requests (None when none is)."""
+    def _grammar_bitmask(self, requests: list[Request], drafts: list[list[int]] | None = None) -> TokenBitmask | None:
+        """The allowed tokens of this step's constrained requests (None when none is): one row
+        per request sampling, or, with `drafts`, one per position a request verifies."""
         if all(request.grammar is None for request in requests):
             return None
         from pagoda.structured.grammar import step_bitmask  # xgrammar: only once a request is constrained
 
-        return step_bitmask(requests, self.config.model.vocab_size)
+        return step_bitmask(requests, self.config.model.vocab_size, drafts)
 
     def _forward(self, batch: _Batch) -> torch.Tensor:
         """A pure-decode step that fits a bucket replays that bucket's CUDA graph; the rest run eagerly."""

@@ -10,17 +10,25 @@ token d, so draft i is accepted with probability min(1, p_i(d) / q(d)) = p_i(d);
 token is drawn from the residual max(p_i - q, 0) normalized, which is p_i with d removed. When every
 draft is accepted, one more token is drawn from p_k. A seeded request draws all of this from its
 own generator, so it is reproducible (not equal to its output without speculation).
+
+A constrained request's rows are masked by its grammar first (row i: the tokens allowed after
+drafts 0..i-1), so both rules see the distribution the sampler would draw from at that position;
+logprobs stay the model's, before the mask, as the sampler's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagoda.model_executor.sampler import filtered_probs, token_logprob
 from pagoda.request import Request, TokenLogprob
+
+if TYPE_CHECKING:  # xgrammar is imported only where a request is constrained
+    from pagoda.structured.grammar import TokenBitmask
 
 GeneratorOf = Callable[[Request, torch.device], torch.Generator]
 
@@ -33,15 +41,24 @@ class Verified:
 
 
 def verify(
-    logits: torch.Tensor, requests: Sequence[Request], drafts: Sequence[list[int]], generator_of: GeneratorOf
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    drafts: Sequence[list[int]],
+    generator_of: GeneratorOf,
+    bitmask: TokenBitmask | None = None,
 ) -> list[Verified]:
     """logits [sum(1 + len(d)), V]: each request's rows in order, row j scoring the token after
-    its j-th query token. Returns each request's verdict."""
-    greedy_tokens = logits.argmax(dim=-1).tolist()
+    its j-th query token; `bitmask`: the allowed tokens of constrained requests' rows. Returns
+    each request's verdict."""
+    allowed = logits
+    if bitmask is not None:
+        allowed = logits.float().clone()
+        bitmask.apply(allowed)
+    greedy_tokens = allowed.argmax(dim=-1).tolist()
     starts = [0]
     for draft in drafts:
         starts.append(starts[-1] + len(draft) + 1)
-    probs = _target_probs(logits, requests, starts)
+    probs = _target_probs(allowed, requests, starts)
     results = []
     for request, draft, start in zip(requests, drafts, starts):
         rows = logits[start : start + len(draft) + 1]

@@ -3,11 +3,17 @@
 The scheduler advances each request's matcher with its sampled token (`accept_token`) and ends the
 request when the grammar is complete (`is_terminated`); the model runner fills one bitmask row per
 constrained request (`fill_bitmask`) and the sampler applies the rows to the logits.
+
+With speculative decoding the scheduler cuts a request's drafts at the first the grammar refuses
+(`valid_prefix`), and the runner fills one row per verified position (`fill_bitmasks`): row i holds
+what the grammar allows after drafts 0..i-1. Both try the drafts and roll back, so the state only
+ever advances by the tokens the scheduler appends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,14 +38,15 @@ class RequestGrammar:
         self._opened = 0  # tokens of think_start taken so far
         self._state = "answer" if not think_end else ("opening" if think_start else "thinking")
         self._recent: list[int] = []  # the thinking's last tokens, to spot think_end
+        self._matched = 0  # tokens the matcher accepted (what `_tentative` rolls back is counted here)
 
     def accept_token(self, token_id: int) -> bool:
         if self._state == "answer":
-            return bool(self._matcher.accept_token(token_id))
+            return self._match(token_id)
         if self._state == "opening":
             if token_id != self._think_start[self._opened]:
                 self._state = "answer"  # it answers at once: the grammar takes this token
-                return bool(self._matcher.accept_token(token_id))
+                return self._match(token_id)
             self._opened += 1
             if self._opened == len(self._think_start):
                 self._state = "thinking"
@@ -49,8 +56,49 @@ class RequestGrammar:
             self._state = "answer"
         return True
 
+    def _match(self, token_id: int) -> bool:
+        accepted = bool(self._matcher.accept_token(token_id))
+        self._matched += accepted
+        return accepted
+
     def is_terminated(self) -> bool:
         return self._state == "answer" and bool(self._matcher.is_terminated())
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` the grammar accepts one after another from here, none past one
+        that completes it (a speculative proposal's part that may be verified). The state is
+        left as it was."""
+        n = 0
+        with self._tentative():
+            while n < len(tokens) and not self.is_terminated() and self.accept_token(tokens[n]):
+                n += 1
+        return n
+
+    def fill_bitmasks(self, bitmask: torch.Tensor, row: int, drafts: Sequence[int]) -> list[int]:
+        """Fill row `row + i` with the tokens allowed after drafts[:i], for i = 0..len(drafts):
+        the masks of a verification's positions. Returns the rows masked; the state is left as it
+        was. Rows past a draft the grammar refuses or one that completes it stay unmasked: the
+        scheduler proposes no such drafts, and were one there, its own row (masked) rejects it,
+        so no later row can decide a token."""
+        masked = []
+        with self._tentative():
+            for i in range(len(drafts) + 1):
+                if self.fill_bitmask(bitmask, row + i):
+                    masked.append(row + i)
+                if i == len(drafts) or not self.accept_token(drafts[i]) or self.is_terminated():
+                    break
+        return masked
+
+    @contextmanager
+    def _tentative(self) -> Iterator[None]:
+        """Tokens accepted inside are rolled back on leaving."""
+        saved = (self._state, self._opened, self._recent, self._matched)
+        try:
+            yield
+        finally:
+            if self._matched > saved[3]:
+                self._matcher.rollback(self._matched - saved[3])
+            self._state, self._opened, self._recent, self._matched = saved
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
         """Fill row `row` with the allowed tokens; False when nothing is masked (thinking)."""
@@ -80,14 +128,20 @@ class TokenBitmask:
         xgrammar.apply_token_bitmask_inplace(logits, bits, vocab_size=self.vocab_size, indices=self.rows)
 
 
-def step_bitmask(requests: Sequence[Request], vocab_size: int) -> TokenBitmask | None:
-    """The bitmask for the requests sampling this step, in order; None when none is masked."""
-    bits = xgrammar.allocate_token_bitmask(len(requests), vocab_size)
-    rows = []
-    for i, request in enumerate(requests):
+def step_bitmask(
+    requests: Sequence[Request], vocab_size: int, drafts: Sequence[Sequence[int]] | None = None
+) -> TokenBitmask | None:
+    """The bitmask for the requests' rows this step, in order: one row per request sampling, or,
+    with `drafts`, 1 + len(draft) rows per request verifying its drafts. None when none is masked."""
+    drafts = drafts if drafts is not None else [()] * len(requests)
+    bits = xgrammar.allocate_token_bitmask(sum(1 + len(d) for d in drafts), vocab_size)
+    rows: list[int] = []
+    start = 0
+    for request, draft in zip(requests, drafts):
         grammar = request.grammar
-        if isinstance(grammar, RequestGrammar) and grammar.fill_bitmask(bits, i):
-            rows.append(i)
+        if isinstance(grammar, RequestGrammar):
+            rows += grammar.fill_bitmasks(bits, start, draft)
+        start += 1 + len(draft)
     return TokenBitmask(bits, rows, vocab_size) if rows else None
 
 

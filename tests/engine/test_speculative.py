@@ -239,6 +239,109 @@ def test_ngram_on_the_tiny_model_keeps_greedy_outputs(tiny):
     assert engines[True].engine.core.stats().spec_num_draft_tokens > before.spec_num_draft_tokens
 
 
+# ---- structured outputs: drafts pass the grammar's mask ------------------------------------------
+GRAMMAR_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}},
+    "required": ["ok", "color"],
+    "additionalProperties": False,
+}
+GRAMMAR_REGEX = r"[0-9]{3}-[a-z]{2,4}"
+GRAMMAR_CHOICES = ["yes", "no", "maybe not"]
+
+
+def constrained_workload(seed: int):
+    """Constrained requests of each kind (a JSON schema, a regex, a choice), greedy and sampled,
+    beside an unconstrained one; every constraint is bounded, so each ends complete."""
+    from pagoda.sampling_params import StructuredOutputsParams as S
+
+    rng = random.Random(seed)
+    constraints = [S(json=GRAMMAR_SCHEMA), S(regex=GRAMMAR_REGEX), S(choice=GRAMMAR_CHOICES), S(json=GRAMMAR_SCHEMA)]
+    prompts = [[rng.randrange(3, 1000) for _ in range(rng.randint(5, 30))] for _ in range(len(constraints) + 1)]
+    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=c) for c in constraints]
+    params.append(SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    return prompts, params
+
+
+def assert_follows_grammar(llm: LLM, params: SamplingParams, token_ids: list[int]) -> None:
+    import json
+    import re
+
+    import jsonschema
+
+    constraint = params.structured_outputs
+    if constraint is None:
+        return
+    text = llm.tokenizer.decode(token_ids, skip_special_tokens=True)
+    if constraint.json is not None:
+        jsonschema.validate(json.loads(text), constraint.json)
+    elif constraint.regex is not None:
+        assert re.fullmatch(constraint.regex, text), text
+    else:
+        assert text in constraint.choice, text
+
+
+class CutRecorder(OracleProposer):
+    """An oracle whose drafts are grammar-invalid from a random position on (`bad` there), and
+    which records the drafts before and after the grammar's cut."""
+
+    def __init__(self, config: SpeculativeConfig, expected, bad: int) -> None:
+        super().__init__(config, expected, 0.0)
+        self.bad, self.raw, self.cut = bad, [], []
+
+    def draft(self, request, k):
+        out = super().draft(request, k)
+        if out and request.grammar is not None:
+            out[self.rng.randrange(len(out)) :] = [self.bad] * (k - self.rng.randrange(len(out)))
+        self.raw.append(list(out))
+        return out
+
+    def propose(self, requests):
+        drafts = super().propose(requests)
+        self.cut += [d for d in drafts.values() if d]
+        return drafts
+
+
+def test_constrained_requests_speculate_and_keep_their_greedy_outputs(tiny):
+    """A JSON schema, a regex and a choice with speculation: the outputs of plain decoding, valid
+    under the grammar. Drafts that are valid but wrong (the other JSON request's output) are
+    rejected by verification under the mask; a proposer whose drafts turn grammar-invalid has
+    them cut before verification. A sampled constrained request speculates and stays valid."""
+    _, engines = tiny
+    prompts, params = constrained_workload(3)
+    want = run_checked(engines[False], prompts, params)
+    for p, w in zip(params, want):
+        assert_follows_grammar(engines[False], p, w[0])
+    assert want[0] != want[3]  # the two JSON requests answer differently
+    expected = {tuple(p): w[0] for p, w in zip(prompts, want)}
+    swapped = {**expected, tuple(prompts[0]): want[3][0], tuple(prompts[3]): want[0][0]}
+    sampled_prompt, sampled = (
+        [7, 8, 9],
+        SamplingParams(temperature=1.0, seed=1, max_tokens=60, **{"structured_outputs": params[0].structured_outputs}),
+    )
+    swapped[tuple(sampled_prompt)] = want[0][0]
+    config = SpeculativeConfig(num_speculative_tokens=3)
+    spec = engines[True].engine.core.scheduler
+    spec.proposer = OracleProposer(config, swapped, 0.0)
+    before = spec.stats()
+    got = run_checked(engines[True], prompts + [sampled_prompt], params + [sampled])
+    after = spec.stats()
+    assert got[:-1] == want
+    assert_follows_grammar(engines[True], sampled, got[-1][0])
+    proposed = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+    accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
+    assert 0 < accepted < proposed
+    # drafts turning grammar-invalid: " the" fits no position of these grammars
+    bad = engines[True].tokenizer.encode(" the", add_special_tokens=False)[0]
+    spec.proposer = recorder = CutRecorder(config, expected, bad)
+    before = spec.stats()
+    assert run_checked(engines[True], prompts, params) == want
+    after = spec.stats()
+    assert any(bad in d for d in recorder.raw) and not any(bad in d for d in recorder.cut)
+    assert 0 < after.spec_num_draft_tokens - before.spec_num_draft_tokens <= sum(map(len, recorder.cut))
+    assert after.spec_num_accepted_tokens > before.spec_num_accepted_tokens
+
+
 # ---- a draft model ------------------------------------------------------------------------------
 @pytest.mark.parametrize("draft", ["self", "bad"])
 def test_a_draft_model_keeps_greedy_outputs(tiny, tmp_path_factory, draft):

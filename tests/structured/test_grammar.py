@@ -74,3 +74,38 @@ def test_optional_thinking_opens_with_its_tag_or_answers_at_once(setup):
     answer(opening, tokenizer, "yes")
     direct = RequestGrammar(compiled, start, end)
     answer(direct, tokenizer, "no")  # no thinking: the grammar took the first token
+
+
+def rows_allowed(bits: torch.Tensor, rows: list[int], vocab: int) -> list[set[int]]:
+    flags = (bits[rows, :, None] >> torch.arange(32)) & 1
+    return [set(torch.nonzero(f.flatten()[:vocab]).flatten().tolist()) for f in flags]
+
+
+def test_drafts_are_tried_and_rolled_back(setup):
+    """Speculation: valid_prefix cuts a proposal at the first token the grammar refuses and after
+    one that completes it; fill_bitmasks gives row i the tokens allowed after drafts[:i]. Neither
+    moves the grammar, thinking state included."""
+    tokenizer, compiled = setup
+    eos, yes, no = tokenizer.eos_token_id, ids(tokenizer, "yes"), ids(tokenizer, "no")
+    vocab = len(tokenizer)
+    grammar = RequestGrammar(compiled)
+    assert grammar.valid_prefix([*yes, eos, *no]) == len(yes) + 1  # nothing after the grammar completes
+    assert grammar.valid_prefix([*no, *yes]) == len(no)
+    assert grammar.valid_prefix(ids(tokenizer, "maybe")) == 0
+    bits = torch.zeros(4, (vocab + 31) // 32, dtype=torch.int32)
+    assert grammar.fill_bitmasks(bits, 1, [*yes, eos]) == [1, 2]  # none after the end token
+    assert rows_allowed(bits, [1, 2], vocab) == [allowed(RequestGrammar(compiled), vocab), {eos}]
+    assert not bits[[0, 3]].any()
+    answer(grammar, tokenizer, "no")  # untouched: it still takes either answer
+
+    end = ids(tokenizer, "</think>")
+    thinking = RequestGrammar(compiled, (), end)
+    bits = torch.zeros(len(end) + 2, (vocab + 31) // 32, dtype=torch.int32)
+    masked = thinking.fill_bitmasks(bits, 0, [*end, yes[0]])
+    assert masked == [len(end), len(end) + 1]  # free while thinking; the grammar's after the tag
+    assert yes[0] in rows_allowed(bits, [len(end)], vocab)[0]
+    assert thinking.valid_prefix([*end, *ids(tokenizer, "maybe")]) == len(end)
+    assert allowed(thinking, vocab) is None  # still thinking
+    for token in ids(tokenizer, "hmm") + end:
+        assert thinking.accept_token(token)
+    answer(thinking, tokenizer, "yes")
