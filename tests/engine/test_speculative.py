@@ -141,6 +141,44 @@ def test_ngram_keeps_stops_max_tokens_and_logprobs(default_llm, ngram_llm):
                 assert set(a) == set(b) and abs(a[token].logprob - b[token].logprob) < 1e-3
 
 
+COPY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+        "admin": {"type": "boolean"},
+    },
+    "required": ["name", "tags", "admin"],
+}
+
+
+@pytest.mark.slow
+def test_ngram_with_structured_outputs_on_the_default_model(default_llm, ngram_llm):
+    """A JSON schema whose answer copies its prompt, a regex and a choice: greedy outputs of
+    plain decoding, valid, and the JSON request's drafts accepted through the grammar's mask."""
+    from pagoda.sampling_params import StructuredOutputsParams as S
+
+    use_k(ngram_llm, 4)
+    document = '{"name": "Ada Lovelace", "tags": ["math", "code", "poetry"], "admin": true}'
+    asks = [f"Copy this JSON exactly, nothing else: {document}", "Give a code like 123-ab.", "Is water wet?"]
+    prompts = [apply_chat_template(default_llm.tokenizer, [{"role": "user", "content": a}]) for a in asks]
+    constraints = [S(json=COPY_SCHEMA), S(regex=GRAMMAR_REGEX), S(choice=GRAMMAR_CHOICES)]
+    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=c) for c in constraints]
+    want = [o.outputs[0] for o in default_llm.generate(prompts, params, use_tqdm=False)]
+    before = ngram_llm.engine.core.stats()
+    got = [o.outputs[0] for o in ngram_llm.generate(prompts[:1], params[:1], use_tqdm=False)]
+    after = ngram_llm.engine.core.stats()
+    got += [o.outputs[0] for o in ngram_llm.generate(prompts[1:], params[1:], use_tqdm=False)]
+    if default_llm.engine.config.deterministic and ngram_llm.engine.config.deterministic:
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert got[0].text == document  # the copy, drafted by lookup from the prompt
+    for p, out in zip(params, got):
+        assert out.finish_reason == "stop"
+        assert_follows_grammar(ngram_llm, p, list(out.token_ids))
+    proposed = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+    assert after.spec_num_accepted_tokens - before.spec_num_accepted_tokens > 0.5 * proposed > 0
+
+
 # ---- a tiny model: every acceptance length, rollback under preemption ----------------------------
 class OracleProposer(NgramProposer):
     """Proposes what plain decoding produced, each draft token wrong with probability `error`."""
@@ -340,6 +378,26 @@ def test_constrained_requests_speculate_and_keep_their_greedy_outputs(tiny):
     assert any(bad in d for d in recorder.raw) and not any(bad in d for d in recorder.cut)
     assert 0 < after.spec_num_draft_tokens - before.spec_num_draft_tokens <= sum(map(len, recorder.cut))
     assert after.spec_num_accepted_tokens > before.spec_num_accepted_tokens
+
+
+def test_ngram_speculates_for_constrained_requests_on_the_tiny_model(tiny):
+    """n-gram lookup for a JSON schema, a regex and a choice: each prompt holds its own earlier
+    answer, so lookups find drafts, some of which the grammar and the target accept."""
+    _, engines = tiny
+    prompts, params = constrained_workload(3)
+    prompts, params = prompts[:-1], params[:-1]  # the constrained requests alone: the counters are theirs
+    first = run_checked(engines[False], prompts, params)
+    prompts = [p + out[0] + p for p, out in zip(prompts, first)]
+    want = run_checked(engines[False], prompts, params)
+    spec = engines[True].engine.core.scheduler
+    spec.proposer = NgramProposer(SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1))
+    before = spec.stats()
+    assert run_checked(engines[True], prompts, params) == want
+    after = spec.stats()
+    assert after.spec_num_draft_tokens > before.spec_num_draft_tokens
+    assert after.spec_num_accepted_tokens > before.spec_num_accepted_tokens
+    for p, w in zip(params, want):
+        assert_follows_grammar(engines[True], p, w[0])
 
 
 # ---- a draft model ------------------------------------------------------------------------------
