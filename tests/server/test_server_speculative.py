@@ -1,5 +1,6 @@
 """`pagoda serve --speculative-config` (vLLM's spelling): a streamed greedy answer equals the
-plain server's, and /metrics counts drafts, draft tokens and accepted tokens (per position too)."""
+plain server's, and /metrics counts drafts, draft tokens and accepted tokens (per position too);
+a request with a JSON schema speculates too and returns the plain server's answer."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from pagoda.core.outputs import SchedulerStats
 from pagoda.entrypoints.openai.stats_log import Snapshot, stats_line
-from tests.engine.test_speculative import EDIT_PROMPT
+from tests.engine.test_speculative import COPY_SCHEMA, EDIT_PROMPT
 from tests.server.conftest import _launch
 from tests.server.helpers import MODEL, metric, wait_idle
 
@@ -52,6 +53,30 @@ def test_speculative_server_streams_the_plain_servers_answer_and_counts_drafts(s
     ]
     assert 0 < accepted <= proposed <= 4 * drafts
     assert sum(per_position) == accepted and per_position == sorted(per_position, reverse=True)
+
+
+def test_a_json_schema_request_speculates_and_returns_the_plain_answer(spec_server, client):
+    document = '{"name": "Ada Lovelace", "tags": ["math", "code"], "admin": false}'
+    messages = [{"role": "user", "content": f"Copy this JSON exactly, nothing else: {document}"}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": COPY_SCHEMA}}
+    spec = openai.OpenAI(base_url=spec_server.base_url + "/v1", api_key="none")
+    before = wait_idle(spec_server.base_url)
+    answers = [
+        c.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=60, temperature=0, response_format=response_format
+        ).choices[0]
+        for c in (spec, client)
+    ]
+    after = wait_idle(spec_server.base_url)
+    assert answers[0].message.content == answers[1].message.content == document
+    assert answers[0].finish_reason == "stop"
+
+    def grew(name: str) -> float:
+        return metric(after, name) - metric(before, name)
+
+    assert grew("pagoda:spec_decode_num_accepted_tokens_total") > 0.5 * grew(
+        "pagoda:spec_decode_num_draft_tokens_total"
+    )
 
 
 def test_the_engine_line_reports_mean_acceptance_length_over_the_interval():
