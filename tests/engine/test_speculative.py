@@ -405,7 +405,7 @@ def test_ngram_speculates_for_constrained_requests_on_the_tiny_model(tiny):
 def test_a_draft_model_keeps_greedy_outputs(tiny, tmp_path_factory, draft):
     """The model as its own draft (every draft accepted) and a different random model of the same
     vocabulary (none accepted): the same outputs as plain decoding, under the small pool's
-    preemptions, and the draft's own KV pool empty at the end."""
+    preemptions, and the draft's own KV pool empty at the end; constrained requests too."""
     from pagoda.model_files import load_tokenizer
 
     path, engines = tiny
@@ -432,6 +432,14 @@ def test_a_draft_model_keeps_greedy_outputs(tiny, tmp_path_factory, draft):
     sampled = llm.generate(prompts[:3], SamplingParams(temperature=1.0, max_tokens=20, seed=5), use_tqdm=False)
     again = llm.generate(prompts[:3], SamplingParams(temperature=1.0, max_tokens=20, seed=5), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in sampled] == [o.outputs[0].token_ids for o in again]
+    # constrained requests: the draft proposes without the grammar, which cuts its drafts
+    prompts, params = constrained_workload(3)
+    before = llm.engine.core.stats()
+    assert run_checked(llm, prompts, params) == run_checked(engines[False], prompts, params)
+    after = llm.engine.core.stats()
+    assert after.spec_num_draft_tokens > before.spec_num_draft_tokens
+    if draft == "self":  # the valid part of its unconstrained argmax is the target's masked argmax
+        assert after.spec_num_accepted_tokens > before.spec_num_accepted_tokens
 
 
 @pytest.mark.slow
