@@ -163,7 +163,7 @@ def test_ngram_with_structured_outputs_on_the_default_model(default_llm, ngram_l
     asks = [f"Copy this JSON exactly, nothing else: {document}", "Give a code like 123-ab.", "Is water wet?"]
     prompts = [apply_chat_template(default_llm.tokenizer, [{"role": "user", "content": a}]) for a in asks]
     constraints = [S(json=COPY_SCHEMA), S(regex=GRAMMAR_REGEX), S(choice=GRAMMAR_CHOICES)]
-    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=c) for c in constraints]
+    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=c, logprobs=1) for c in constraints]
     want = [o.outputs[0] for o in default_llm.generate(prompts, params, use_tqdm=False)]
     before = ngram_llm.engine.core.stats()
     got = [o.outputs[0] for o in ngram_llm.generate(prompts[:1], params[:1], use_tqdm=False)]
@@ -172,6 +172,8 @@ def test_ngram_with_structured_outputs_on_the_default_model(default_llm, ngram_l
     if default_llm.engine.config.deterministic and ngram_llm.engine.config.deterministic:
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert got[0].text == document  # the copy, drafted by lookup from the prompt
+    for a, b in zip(got[0].logprobs, want[0].logprobs):  # the model's, before the mask
+        assert set(a) == set(b) and all(abs(a[t].logprob - b[t].logprob) < 1e-3 for t in a)
     for p, out in zip(params, got):
         assert out.finish_reason == "stop"
         assert_follows_grammar(ngram_llm, p, list(out.token_ids))
