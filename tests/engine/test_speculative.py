@@ -420,7 +420,8 @@ def test_a_draft_model_keeps_greedy_outputs(tiny, tmp_path_factory, draft):
         max_model_len=TINY_LEN,
         kv_cache_memory=18 * block_bytes / 2**30,  # one max_model_len sequence and a little more
         max_num_batched_tokens=64,
-        speculative_config={"model": str(draft_path), "num_speculative_tokens": 3},
+        # every running request drafts, in batches of many (above the draft's default limit)
+        speculative_config={"model": str(draft_path), "num_speculative_tokens": 3, "max_batch_size": 64},
     )
     prompts, params = tiny_workload(11)
     want = run_checked(engines[False], prompts, params)
@@ -453,7 +454,12 @@ def test_the_quantized_file_drafts_for_its_fp32_load(default_llm):
     llm = LLM(
         kv_cache_memory=0.25,
         max_model_len=2048,
-        speculative_config={"model": default_model_path(), "quantization": "gguf", "num_speculative_tokens": 3},
+        speculative_config={
+            "model": default_model_path(),
+            "quantization": "gguf",
+            "num_speculative_tokens": 3,
+            "max_batch_size": 4,  # above the draft's default (2): the four run as one batch
+        },
     )
     proposer = llm.engine.core.scheduler.proposer
     assert proposer.runner.config.model.quantization == "gguf"
