@@ -250,9 +250,18 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * merge), so a token's output is bitwise the same whether it was computed in a prefill chunk of
  * any size, after any cached prefix, or as a decode step. Keys and values are read in place from
  * the paged cache (the chunk's own already stored); the keys past a row's position are skipped, not
- * masked. A work item is QB consecutive rows of one request: they share each key and value row
- * while it is in cache, and each keeps its own partial results per span. */
-enum { QB = 8 };
+ * masked. A work item is QB consecutive rows of one request, each with its own partial results per
+ * span. Within a span the item walks the keys, then the values, a tile at a time (KTILE, VTILE
+ * tokens: a few KB, held in L1), every row and head of the item using the tile before the next is
+ * read: each key and value row comes from L2 (or further) once per item, not once per row and head
+ * (a span's keys, 192 KB for 3 kv heads of 64, do not fit L1). Only the loop order changes: each
+ * score is the same dot product, and each output lane's chain of fused multiply-adds still runs
+ * over the span's tokens in order, its accumulator kept in memory from one tile to the next. */
+enum {
+    QB = 8,
+    KTILE = 16, /* dot16's 16 tokens: with 3 kv heads of 64, 12 KB of keys beside the item's queries */
+    VTILE = 32, /* 24 KB of values; each row's accumulators are loaded and stored once a tile */
+};
 
 typedef struct {
     long rows, spans; /* rows of the item; spans of its last (longest) row */
@@ -316,13 +325,75 @@ static void weighted_head(float *o, long o_stride, const float *p, long p_stride
     }
 }
 
+static inline void prefetch_tokens(const float *const *row, long from, long to, long n) {
+    for (long t = from; t < to; t++) prefetch_row(row[t], n);
+}
+
+/* Scores of the span's tokens [0, n[r]) for rows r = first.. of the item, scaled, into row r's
+ * scores[h][t]: a KTILE-token tile of keys at a time, all rows and heads. On AVX-512 a row's tokens
+ * go 16 at a time (dot16, aligned to the span's start) while 16 remain, the rest one by one, as
+ * the decode kernel's dot_n gives them. */
+static void prefill_scores(const PagedKv *kv, const float *const *krow, const float *q, long q_stride, const long *n,
+                           long first, long rows, float *scores) {
+    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, last = n[rows - 1];
+    for (long a = 0; a < last; a += KTILE) {
+        prefetch_tokens(krow, a + KTILE, a + 2 * KTILE < last ? a + 2 * KTILE : last, kv->token_stride);
+        for (long r = first; r < rows; r++) {
+            if (n[r] <= a) continue;
+            const float *qr = q + r * q_stride;
+            float *sc = scores + r * heads * SPAN;
+            const long b = n[r] < a + KTILE ? n[r] : a + KTILE;
+            long t = a;
+#ifdef __AVX512F__
+            for (; t + 16 <= b; t += 16)
+                for (long h = 0; h < heads; h++) {
+                    const float *qh = qr + h * d;
+                    const long off = (h / group) * d;
+                    const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
+                                  : d == 128 ? dot16(qh, krow + t, off, 128)
+                                             : dot16(qh, krow + t, off, d);
+                    vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
+                }
+#endif
+            for (; t < b; t++)
+                for (long h = 0; h < heads; h++) sc[h * SPAN + t] = kv->scale * dot_n(qr + h * d, krow[t] + (h / group) * d, d);
+        }
+    }
+}
+
+/* o[r] += sum_t p_r[t] v_t over the span's tokens [0, n[r]) for rows r = first.. (o zeroed before):
+ * a VTILE-token tile of values at a time; in it four rows at a time over the tokens they all see,
+ * then each row's rest, so that every row's chains run over the tokens in order. */
+static void prefill_values(const PagedKv *kv, const float *const *vrow, const long *n, long first, long rows, long s,
+                           RowBlock *rb) {
+    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, last = n[rows - 1];
+    const long o_stride = rb->spans * heads * d, p_stride = heads * SPAN;
+    for (long a = 0; a < last; a += VTILE) {
+        prefetch_tokens(vrow, a + VTILE, a + 2 * VTILE < last ? a + 2 * VTILE : last, kv->token_stride);
+        const long b = a + VTILE < last ? a + VTILE : last;
+        for (long h = 0; h < heads; h++) /* the heads of a kv head one after another, on its values */
+            for (long r = first; r < rows; r += 4) {
+                const long nr = rows - r < 4 ? rows - r : 4, shared = n[r] < b ? n[r] : b;
+                float *o = rb->o + (r * rb->spans + s) * heads * d + h * d;
+                const float *p = rb->scores + r * p_stride + h * SPAN;
+                const long off = (h / group) * d;
+                if (a < shared) weighted_head(o, o_stride, p, p_stride, vrow, off, d, nr, a, shared);
+                for (long j = 1; j < nr; j++) {
+                    const long from = a > n[r] ? a : n[r], to = n[r + j] < b ? n[r + j] : b;
+                    if (from < to)
+                        weighted_head(o + j * o_stride, o_stride, p + j * p_stride, p_stride, vrow, off, d, 1, from, to);
+                }
+            }
+    }
+}
+
 /* One span [t0, t0 + SPAN) of the item's rows r whose context len[r] reaches past t0: scores,
  * their max and exponentials, and the unnormalized weighted values, as attend_span computes them
  * for a decode with seq_len len[r]. Rows are consecutive positions: row r sees one token more
  * than row r - 1. */
 static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q, long q_stride, const long *len,
                          long t0, long s, RowBlock *rb) {
-    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, rows = rb->rows;
+    const long d = kv->head_dim, heads = kv->num_heads, rows = rb->rows;
     long first = 0; /* rows first.. reach the span */
     while (len[first] <= t0) first++;
     long n[QB]; /* row r's tokens in the span */
@@ -332,24 +403,7 @@ static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q
         krow[t] = token_row(kv->k_cache, kv, table, t0 + t);
         vrow[t] = token_row(kv->v_cache, kv, table, t0 + t);
     }
-    for (long r = first; r < rows; r++) {
-        const float *qr = q + r * q_stride;
-        float *sc = rb->scores + r * heads * SPAN;
-        long t = 0;
-#ifdef __AVX512F__
-        for (; t + 16 <= n[r]; t += 16)
-            for (long h = 0; h < heads; h++) {
-                const float *qh = qr + h * d;
-                const long off = (h / group) * d;
-                const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
-                              : d == 128 ? dot16(qh, krow + t, off, 128)
-                                         : dot16(qh, krow + t, off, d);
-                vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
-            }
-#endif
-        for (; t < n[r]; t++)
-            for (long h = 0; h < heads; h++) sc[h * SPAN + t] = kv->scale * dot_n(qr + h * d, krow[t] + (h / group) * d, d);
-    }
+    prefill_scores(kv, krow, q, q_stride, n, first, rows, rb->scores);
     for (long r = first; r < rows; r++) {
         float *ml = rb->ml + (r * rb->spans + s) * 2 * heads, *sc = rb->scores + r * heads * SPAN;
         for (long h = 0; h < heads; h++) {
@@ -358,20 +412,7 @@ static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q
         }
         memset(rb->o + (r * rb->spans + s) * heads * d, 0, heads * d * sizeof(float));
     }
-    /* o = sum_t p_t v_t: four rows at a time over the tokens they all see, then each row's rest */
-    const long o_stride = rb->spans * heads * d;
-    for (long r = first; r < rows; r += 4) {
-        const long nr = rows - r < 4 ? rows - r : 4;
-        for (long h = 0; h < heads; h++) {
-            float *o = rb->o + (r * rb->spans + s) * heads * d + h * d;
-            const float *p = rb->scores + r * heads * SPAN + h * SPAN;
-            const long off = (h / group) * d;
-            weighted_head(o, o_stride, p, heads * SPAN, vrow, off, d, nr, 0, n[r]);
-            for (long j = 1; j < nr; j++)
-                weighted_head(o + j * o_stride, o_stride, p + j * heads * SPAN, heads * SPAN, vrow, off, d, 1, n[r],
-                              n[r + j]);
-        }
-    }
+    prefill_values(kv, vrow, n, first, rows, s, rb);
 }
 
 /* out rows of the item: each row's spans merged as the decode kernel merges them */
