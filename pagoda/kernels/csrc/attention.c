@@ -258,9 +258,10 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * score is the same dot product, and each output lane's chain of fused multiply-adds still runs
  * over the span's tokens in order, its accumulator kept in memory from one tile to the next. */
 enum {
-    QB = 8,
+    QB = 16, /* the most rows of a work item: more share each tile, whose reads then cost less a row */
     KTILE = 16, /* dot16's 16 tokens: with 3 kv heads of 64, 12 KB of keys beside the item's queries */
-    VTILE = 32, /* 24 KB of values; each row's accumulators are loaded and stored once a tile */
+    VTILE = 64, /* tokens of values: one kv head's 16 KB in use at a time; each row's accumulators are
+                 * loaded and stored once a tile and head */
 };
 
 typedef struct {
@@ -346,17 +347,18 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
             long t = a;
 #ifdef __AVX512F__
             for (; t + 16 <= b; t += 16)
-                for (long h = 0; h < heads; h++) {
-                    const float *qh = qr + h * d;
-                    const long off = (h / group) * d;
-                    const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
-                                  : d == 128 ? dot16(qh, krow + t, off, 128)
-                                             : dot16(qh, krow + t, off, d);
-                    vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
-                }
+                for (long h = 0, off = 0; h < heads; off += d) /* off: kv head h / group's */
+                    for (long j = 0; j < group; j++, h++) {
+                        const float *qh = qr + h * d;
+                        const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
+                                      : d == 128 ? dot16(qh, krow + t, off, 128)
+                                                 : dot16(qh, krow + t, off, d);
+                        vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
+                    }
 #endif
             for (; t < b; t++)
-                for (long h = 0; h < heads; h++) sc[h * SPAN + t] = kv->scale * dot_n(qr + h * d, krow[t] + (h / group) * d, d);
+                for (long h = 0, off = 0; h < heads; off += d)
+                    for (long j = 0; j < group; j++, h++) sc[h * SPAN + t] = kv->scale * dot_n(qr + h * d, krow[t] + off, d);
         }
     }
 }
@@ -448,14 +450,20 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const f
     const long token_stride = num_kv_heads * head_dim;
     const PagedKv kv = {(float *)k_cache, (float *)v_cache, block_tables, max_blocks, block_size, token_stride,
                         block_size * token_stride, num_heads, num_heads / num_kv_heads, head_dim, scale};
+    /* rows per item: QB, fewer where that would leave threads idle (a 46-row hit on 2 threads: 4
+     * items of 12 rows, not 3 of 16); the results do not depend on it */
+    const long total_rows = query_start[num_reqs], per_thread = 2 * (long)num_threads;
+    long item_rows = (total_rows + per_thread - 1) / per_thread;
+    item_rows = item_rows > QB ? QB : item_rows < 4 ? 4 : item_rows;
     long items = 0, longest = 1;
     for (long i = 0; i < num_reqs; i++) {
-        items += (query_start[i + 1] - query_start[i] + QB - 1) / QB;
+        items += (query_start[i + 1] - query_start[i] + item_rows - 1) / item_rows;
         longest = seq_lens[i] > longest ? seq_lens[i] : longest;
     }
     long *item_req = malloc(2 * items * sizeof(long)), *item_row = item_req + items;
     for (long i = 0, it = 0; i < num_reqs; i++)
-        for (long row = query_start[i]; row < query_start[i + 1]; row += QB) item_req[it] = i, item_row[it++] = row;
+        for (long row = query_start[i]; row < query_start[i + 1]; row += item_rows)
+            item_req[it] = i, item_row[it++] = row;
     const long max_spans = (longest + SPAN - 1) / SPAN;
 #pragma omp parallel num_threads(num_threads)
     {
@@ -466,7 +474,7 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const f
         for (long it = items - 1; it >= 0; it--) { /* the longest rows first */
             const long i = item_req[it], row = item_row[it], end = query_start[i + 1];
             const long first_pos = seq_lens[i] - (end - query_start[i]) + (row - query_start[i]);
-            rb.rows = end - row < QB ? end - row : QB;
+            rb.rows = end - row < item_rows ? end - row : item_rows;
             rb.spans = (first_pos + rb.rows + SPAN - 1) / SPAN;
             rb.ml = rb.o + QB * rb.spans * num_heads * head_dim;
             prefill_rows(&kv, block_tables + i * max_blocks, out + row * num_heads * head_dim, q + row * q_stride,
