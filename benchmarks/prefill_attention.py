@@ -12,7 +12,7 @@ of 16, the blocks shuffled as a pool leaves them):
 `--step` also times the whole hit step offline, each tree in its own process, alternated: an fp32
 `LLM` (--model) caches a 1,024-token prefix, then `generate(prefix + 46 new tokens, max_tokens=1)`.
 
-    PYTHONPATH=. python benchmarks/prefill_attention.py [--baseline main] [--rounds 7] [--step]
+    PYTHONPATH=. python benchmarks/prefill_attention.py [--baseline main] [--rounds 7] [--threads N] [--step]
 
 Prints one line per case: the median over rounds of each side's median call time, its GFLOP/s
 (4 flops per query head, head lane and key seen: scores and weighted values) and the ratio of
@@ -123,8 +123,8 @@ STEP_CHILD = """
 import json, os, random, statistics, sys, time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from pagoda import LLM, SamplingParams
-model, repeats = sys.argv[1], int(sys.argv[2])
-llm = LLM(model, dtype="float32", max_model_len=2048, kv_cache_memory=1.0)
+model, repeats, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llm = LLM(model, dtype="float32", max_model_len=2048, kv_cache_memory=1.0, threads=threads)
 rng = random.Random(0)
 vocab = llm.engine.config.model.vocab_size
 prefix = [rng.randrange(100, vocab) for _ in range(1024)]
@@ -138,15 +138,14 @@ print(json.dumps(statistics.median(hit() for _ in range(repeats))))
 """
 
 
-def step_case(trees: list[Path], model: str, rounds: int, repeats: int) -> dict:
+def step_case(trees: list[Path], model: str, rounds: int, repeats: int, threads: int) -> dict:
     """The whole hit step offline, each tree in a fresh process, alternated; medians in ms."""
     times: list[list[float]] = [[] for _ in trees]
     for _ in range(rounds):
         for i, tree in enumerate(trees):
             env = {**os.environ, "PYTHONPATH": str(tree), "PAGODA_CONFIGURE_LOGGING": "0"}
-            child = subprocess.run(
-                [sys.executable, "-c", STEP_CHILD, model, str(repeats)], env=env, capture_output=True, text=True
-            )
+            command = [sys.executable, "-c", STEP_CHILD, model, str(repeats), str(threads)]
+            child = subprocess.run(command, env=env, capture_output=True, text=True)
             if child.returncode != 0:
                 raise RuntimeError(f"hit step in {tree} failed:\n{child.stderr[-3000:]}")
             times[i].append(json.loads(child.stdout.strip().splitlines()[-1]))
@@ -163,15 +162,17 @@ def main() -> None:
     ap.add_argument("--step", action="store_true", help="also time the whole hit step offline")
     ap.add_argument("--step-repeats", type=int, default=10, help="hit steps timed per process")
     ap.add_argument("--model", default=MODEL, help="an fp32 HF directory of the default model, for --step")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads of the kernel and model")
     args = ap.parse_args()
-    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    threads = args.threads
     print(f"ISA {'+'.join(cpu.cpu_isa())}, {threads} threads; {args.baseline} against this checkout, medians")
     with tempfile.TemporaryDirectory() as tmp:
         base = extract(args.baseline, Path(tmp) / "base")
         libs = [build(base / CSRC, Path(tmp) / "base.so"), build(ROOT / CSRC, Path(tmp) / "this.so")]
         rows = kernel_cases(libs, args.rounds, args.seconds, args.tokens)
         if args.step:
-            rows.append(step_case([base, ROOT], args.model, args.rounds, args.step_repeats))
+            rows.append(step_case([base, ROOT], args.model, args.rounds, args.step_repeats, threads))
     print(f"{'case':<48}{args.baseline + ' ms':>10}{'this ms':>10}{'ratio':>7}{'GFLOP/s':>17}")
     for r in rows:
         rates = ""

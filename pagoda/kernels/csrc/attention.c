@@ -250,18 +250,20 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * merge), so a token's output is bitwise the same whether it was computed in a prefill chunk of
  * any size, after any cached prefix, or as a decode step. Keys and values are read in place from
  * the paged cache (the chunk's own already stored); the keys past a row's position are skipped, not
- * masked. A work item is QB consecutive rows of one request, each with its own partial results per
- * span. Within a span the item walks the keys, then the values, a tile at a time (KTILE, VTILE
- * tokens: a few KB, held in L1), every row and head of the item using the tile before the next is
- * read: each key and value row comes from L2 (or further) once per item, not once per row and head
- * (a span's keys, 192 KB for 3 kv heads of 64, do not fit L1). Only the loop order changes: each
+ * masked. A work item is up to QB consecutive rows of one request, each with its own partial
+ * results per span. Within a span the item walks the keys, then the values, a tile at a time
+ * (KTILE, VTILE tokens), every row and head of the item using a tile before the next: each key and
+ * value row is read from L2 or L3 once per item, then from L1, instead of once per row (a span's
+ * keys, 192 KB for 3 kv heads of 64, do not fit L1's 48 KB). Only the loop order changes: each
  * score is the same dot product, and each output lane's chain of fused multiply-adds still runs
- * over the span's tokens in order, its accumulator kept in memory from one tile to the next. */
+ * over the span's tokens in order, its accumulator kept in memory from one tile to the next. The
+ * rest of the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 63 adds and 30
+ * shuffles (dot16), and software prefetching of the next tile measured no faster. */
 enum {
-    QB = 16, /* the most rows of a work item: more share each tile, whose reads then cost less a row */
-    KTILE = 16, /* dot16's 16 tokens: with 3 kv heads of 64, 12 KB of keys beside the item's queries */
-    VTILE = 64, /* tokens of values: one kv head's 16 KB in use at a time; each row's accumulators are
-                 * loaded and stored once a tile and head */
+    QB = 16,    /* the most rows of an item: the more share a tile, the less its first reads cost a row */
+    KTILE = 16, /* dot16's tokens: 12 KB of keys for 3 kv heads of 64 */
+    VTILE = 64, /* one kv head's values, 16 KB for 64, in use at a time (the heads loop outermost);
+                 * each row's accumulators are loaded and stored once a tile and head */
 };
 
 typedef struct {
@@ -326,10 +328,6 @@ static void weighted_head(float *o, long o_stride, const float *p, long p_stride
     }
 }
 
-static inline void prefetch_tokens(const float *const *row, long from, long to, long n) {
-    for (long t = from; t < to; t++) prefetch_row(row[t], n);
-}
-
 /* Scores of the span's tokens [0, n[r]) for rows r = first.. of the item, scaled, into row r's
  * scores[h][t]: a KTILE-token tile of keys at a time, all rows and heads. On AVX-512 a row's tokens
  * go 16 at a time (dot16, aligned to the span's start) while 16 remain, the rest one by one, as
@@ -338,7 +336,6 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
                            long first, long rows, float *scores) {
     const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, last = n[rows - 1];
     for (long a = 0; a < last; a += KTILE) {
-        prefetch_tokens(krow, a + KTILE, a + 2 * KTILE < last ? a + 2 * KTILE : last, kv->token_stride);
         for (long r = first; r < rows; r++) {
             if (n[r] <= a) continue;
             const float *qr = q + r * q_stride;
@@ -371,7 +368,6 @@ static void prefill_values(const PagedKv *kv, const float *const *vrow, const lo
     const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, last = n[rows - 1];
     const long o_stride = rb->spans * heads * d, p_stride = heads * SPAN;
     for (long a = 0; a < last; a += VTILE) {
-        prefetch_tokens(vrow, a + VTILE, a + 2 * VTILE < last ? a + 2 * VTILE : last, kv->token_stride);
         const long b = a + VTILE < last ? a + VTILE : last;
         for (long h = 0; h < heads; h++) /* the heads of a kv head one after another, on its values */
             for (long r = first; r < rows; r += 4) {
