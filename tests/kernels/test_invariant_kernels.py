@@ -96,7 +96,8 @@ def decode_rows(lib, query, kv, table, first_pos, scale):
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 @pytest.mark.parametrize(
-    "block_size,kv_heads,group,head_dim", [(16, 3, 3, 64), (1, 2, 2, 16), (16, 1, 4, 72), (24, 4, 1, 128)]
+    "block_size,kv_heads,group,head_dim",
+    [(16, 3, 3, 64), (8, 2, 2, 64), (1, 2, 2, 16), (16, 1, 4, 72), (24, 4, 1, 128)],
 )
 def test_prefill_rows_equal_decodes(libs, isa, block_size, kv_heads, group, head_dim):
     """Rows across several 256-token spans, chunked many ways (a chunk, its 8-row work items and the

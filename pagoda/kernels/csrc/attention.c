@@ -33,15 +33,24 @@ static inline float dot_n(const float *a, const float *b, long n) { return vsum(
  * (vsum) adds it in (floating-point addition being commutative, only the pairing matters): lane
  * j + 8 to lane j, then j + 4 to j, then 2 to 0 and 3 to 1, then 1 to 0. Returns lane 4 L + j =
  * the sum of x[4 j + L]. */
-static inline vec vsum16(const vec *x) {
-    vec y[8], z[4], w[2];
-    for (int k = 0; k < 8; k++) /* 256-bit halves: lanes 0-7 of x[2k], then of x[2k + 1] */
-        y[k] = vadd(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x44), _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xEE));
+static inline vec vsum16_halves(vec a, vec b) { /* 256-bit halves: lanes 0-7 of a, then of b */
+    return vadd(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+/* vsum16 after its first step: y[k] = vsum16_halves(x[2k], x[2k + 1]) */
+static inline vec vsum16_rest(const vec *y) {
+    vec z[4], w[2];
     for (int k = 0; k < 4; k++) /* 128-bit quarters: x[4k], .., x[4k + 3], 4 lanes each */
         z[k] = vadd(_mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0x88), _mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0xDD));
     for (int k = 0; k < 2; k++) /* lanes 0, 2 and 1, 3 within each quarter */
         w[k] = vadd(_mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0x44), _mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0xEE));
     return vadd(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+static inline vec vsum16(const vec *x) {
+    vec y[8];
+    for (int k = 0; k < 8; k++) y[k] = vsum16_halves(x[2 * k], x[2 * k + 1]);
+    return vsum16_rest(y);
 }
 
 /* out[i] = dot_n(q, k[i] + off, d) for the 16 rows k[0..15], bitwise. Inlined where d is a
@@ -50,6 +59,19 @@ static inline __attribute__((always_inline)) vec dot16(const float *q, const flo
     vec x[16];
     for (int m = 0; m < 16; m++) x[m] = dot_lanes(q, k[4 * (m % 4) + m / 4] + off, d);
     return vsum16(x);
+}
+
+/* out[j] = dot16(q + j d, k, off, d) for the nh <= 3 query heads j of one kv head, bitwise, each key
+ * row loaded once for all of them (the tokens in dot16's order, two at a time, each pair summed
+ * at once). Inlined with constant nh and d. */
+static inline __attribute__((always_inline)) void dot16_heads(const float *q, long nh, const float *const *k, long off,
+                                                              long d, vec *out) {
+    vec y[3][8];
+    for (int i = 0; i < 8; i++) {
+        const float *a = k[4 * (2 * i % 4) + 2 * i / 4] + off, *b = k[4 * ((2 * i + 1) % 4) + (2 * i + 1) / 4] + off;
+        for (long j = 0; j < nh; j++) y[j][i] = vsum16_halves(dot_lanes(q + j * d, a, d), dot_lanes(q + j * d, b, d));
+    }
+    for (long j = 0; j < nh; j++) out[j] = vsum16_rest(y[j]);
 }
 #endif
 
@@ -256,9 +278,10 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * value row is read from L2 or L3 once per item, then from L1, instead of once per row (a span's
  * keys, 192 KB for 3 kv heads of 64, do not fit L1's 48 KB). Only the loop order changes: each
  * score is the same dot product, and each output lane's chain of fused multiply-adds still runs
- * over the span's tokens in order, its accumulator kept in memory from one tile to the next. The
- * rest of the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 63 adds and 30
- * shuffles (dot16), and software prefetching of the next tile measured no faster. */
+ * over the span's tokens in order, its accumulator kept in memory from one tile to the next; the
+ * query heads of a kv head (up to 3, head_dim 64) share each key load (dot16_heads). The rest of
+ * the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 63 adds and 30 shuffles
+ * (dot16); software prefetching of the next tile measured no faster. */
 enum {
     QB = 16,    /* the most rows of an item: the more share a tile, the less its first reads cost a row */
     KTILE = 16, /* dot16's tokens: 12 KB of keys for 3 kv heads of 64 */
@@ -344,7 +367,14 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
             long t = a;
 #ifdef __AVX512F__
             for (; t + 16 <= b; t += 16)
-                for (long h = 0, off = 0; h < heads; off += d) /* off: kv head h / group's */
+                for (long h = 0, off = 0; h < heads; off += d) { /* off: kv head h / group's */
+                    if (d == 64 && (group == 2 || group == 3)) {
+                        vec x[3];
+                        if (group == 3) dot16_heads(qr + h * d, 3, krow + t, off, 64, x);
+                        else dot16_heads(qr + h * d, 2, krow + t, off, 64, x);
+                        for (long j = 0; j < group; j++, h++) vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x[j]));
+                        continue;
+                    }
                     for (long j = 0; j < group; j++, h++) {
                         const float *qh = qr + h * d;
                         const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
@@ -352,6 +382,7 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
                                                  : dot16(qh, krow + t, off, d);
                         vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
                     }
+                }
 #endif
             for (; t < b; t++)
                 for (long h = 0, off = 0; h < heads; off += d)
