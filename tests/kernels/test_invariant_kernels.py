@@ -95,15 +95,20 @@ def decode_rows(lib, query, kv, table, first_pos, scale):
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
-@pytest.mark.parametrize("block_size,kv_heads,group,head_dim", [(16, 3, 3, 64), (1, 2, 2, 16), (16, 1, 4, 72)])
+@pytest.mark.parametrize(
+    "block_size,kv_heads,group,head_dim",
+    [(16, 3, 3, 64), (8, 2, 2, 64), (1, 2, 2, 16), (16, 1, 4, 72), (24, 4, 1, 128)],
+)
 def test_prefill_rows_equal_decodes(libs, isa, block_size, kv_heads, group, head_dim):
-    """Rows across several 256-token spans, chunked many ways: each equals its decode bitwise."""
+    """Rows across several 256-token spans, chunked many ways (a chunk, its 8-row work items and the
+    spans' key and value tiles ending anywhere; a 46-row hit after 530 cached): each equals its
+    decode bitwise."""
     lib, total = libs[isa], 600
     torch.manual_seed(head_dim)
     kv, table = paged_cache(total, block_size, kv_heads, head_dim)
     query, scale = torch.randn(total, kv_heads * group, head_dim), head_dim**-0.5
     expected = decode_rows(lib, query, kv, table, 0, scale)
-    for chunks in ([total], [1, 255, 1, 343], [300, 300], [17, 256, 327]):
+    for chunks in ([total], [1, 255, 1, 343], [300, 300], [17, 256, 327], [530, 46, 24]):
         start = 0
         for size in chunks:
             out = torch.empty(size, kv_heads * group, head_dim)

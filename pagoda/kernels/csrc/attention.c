@@ -33,15 +33,24 @@ static inline float dot_n(const float *a, const float *b, long n) { return vsum(
  * (vsum) adds it in (floating-point addition being commutative, only the pairing matters): lane
  * j + 8 to lane j, then j + 4 to j, then 2 to 0 and 3 to 1, then 1 to 0. Returns lane 4 L + j =
  * the sum of x[4 j + L]. */
-static inline vec vsum16(const vec *x) {
-    vec y[8], z[4], w[2];
-    for (int k = 0; k < 8; k++) /* 256-bit halves: lanes 0-7 of x[2k], then of x[2k + 1] */
-        y[k] = vadd(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x44), _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xEE));
+static inline vec vsum16_halves(vec a, vec b) { /* 256-bit halves: lanes 0-7 of a, then of b */
+    return vadd(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+/* vsum16 after its first step: y[k] = vsum16_halves(x[2k], x[2k + 1]) */
+static inline vec vsum16_rest(const vec *y) {
+    vec z[4], w[2];
     for (int k = 0; k < 4; k++) /* 128-bit quarters: x[4k], .., x[4k + 3], 4 lanes each */
         z[k] = vadd(_mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0x88), _mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0xDD));
     for (int k = 0; k < 2; k++) /* lanes 0, 2 and 1, 3 within each quarter */
         w[k] = vadd(_mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0x44), _mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0xEE));
     return vadd(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+static inline vec vsum16(const vec *x) {
+    vec y[8];
+    for (int k = 0; k < 8; k++) y[k] = vsum16_halves(x[2 * k], x[2 * k + 1]);
+    return vsum16_rest(y);
 }
 
 /* out[i] = dot_n(q, k[i] + off, d) for the 16 rows k[0..15], bitwise. Inlined where d is a
@@ -50,6 +59,19 @@ static inline __attribute__((always_inline)) vec dot16(const float *q, const flo
     vec x[16];
     for (int m = 0; m < 16; m++) x[m] = dot_lanes(q, k[4 * (m % 4) + m / 4] + off, d);
     return vsum16(x);
+}
+
+/* out[j] = dot16(q + j d, k, off, d) for the nh <= 3 query heads j of one kv head, bitwise, each key
+ * row loaded once for all of them (the tokens in dot16's order, two at a time, each pair summed
+ * at once). Inlined with constant nh and d. */
+static inline __attribute__((always_inline)) void dot16_heads(const float *q, long nh, const float *const *k, long off,
+                                                              long d, vec *out) {
+    vec y[3][8];
+    for (int i = 0; i < 8; i++) {
+        const float *a = k[4 * (2 * i % 4) + 2 * i / 4] + off, *b = k[4 * ((2 * i + 1) % 4) + (2 * i + 1) / 4] + off;
+        for (long j = 0; j < nh; j++) y[j][i] = vsum16_halves(dot_lanes(q + j * d, a, d), dot_lanes(q + j * d, b, d));
+    }
+    for (long j = 0; j < nh; j++) out[j] = vsum16_rest(y[j]);
 }
 #endif
 
@@ -250,9 +272,22 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * merge), so a token's output is bitwise the same whether it was computed in a prefill chunk of
  * any size, after any cached prefix, or as a decode step. Keys and values are read in place from
  * the paged cache (the chunk's own already stored); the keys past a row's position are skipped, not
- * masked. A work item is QB consecutive rows of one request: they share each key and value row
- * while it is in cache, and each keeps its own partial results per span. */
-enum { QB = 8 };
+ * masked. A work item is up to QB consecutive rows of one request, each with its own partial
+ * results per span. Within a span the item walks the keys, then the values, a tile at a time
+ * (KTILE, VTILE tokens), every row and head of the item using a tile before the next: each key and
+ * value row is read from L2 or L3 once per item, then from L1, instead of once per row (a span's
+ * keys, 192 KB for 3 kv heads of 64, do not fit L1's 48 KB). Only the loop order changes: each
+ * score is the same dot product, and each output lane's chain of fused multiply-adds still runs
+ * over the span's tokens in order, its accumulator kept in memory from one tile to the next; the
+ * query heads of a kv head (up to 3, head_dim 64) share each key load (dot16_heads). The rest of
+ * the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 63 adds and 30 shuffles
+ * (dot16); software prefetching of the next tile measured no faster. */
+enum {
+    QB = 16,    /* the most rows of an item: the more share a tile, the less its first reads cost a row */
+    KTILE = 16, /* dot16's tokens: 12 KB of keys for 3 kv heads of 64 */
+    VTILE = 64, /* one kv head's values, 16 KB for 64, in use at a time (the heads loop outermost);
+                 * each row's accumulators are loaded and stored once a tile and head */
+};
 
 typedef struct {
     long rows, spans; /* rows of the item; spans of its last (longest) row */
@@ -316,13 +351,78 @@ static void weighted_head(float *o, long o_stride, const float *p, long p_stride
     }
 }
 
+/* Scores of the span's tokens [0, n[r]) for rows r = first.. of the item, scaled, into row r's
+ * scores[h][t]: a KTILE-token tile of keys at a time, all rows and heads. On AVX-512 a row's tokens
+ * go 16 at a time (dot16, aligned to the span's start) while 16 remain, the rest one by one, as
+ * the decode kernel's dot_n gives them. */
+static void prefill_scores(const PagedKv *kv, const float *const *krow, const float *q, long q_stride, const long *n,
+                           long first, long rows, float *scores) {
+    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, last = n[rows - 1];
+    for (long a = 0; a < last; a += KTILE) {
+        for (long r = first; r < rows; r++) {
+            if (n[r] <= a) continue;
+            const float *qr = q + r * q_stride;
+            float *sc = scores + r * heads * SPAN;
+            const long b = n[r] < a + KTILE ? n[r] : a + KTILE;
+            long t = a;
+#ifdef __AVX512F__
+            for (; t + 16 <= b; t += 16)
+                for (long h = 0, off = 0; h < heads; off += d) { /* off: kv head h / group's */
+                    if (d == 64 && (group == 2 || group == 3)) {
+                        vec x[3];
+                        if (group == 3) dot16_heads(qr + h * d, 3, krow + t, off, 64, x);
+                        else dot16_heads(qr + h * d, 2, krow + t, off, 64, x);
+                        for (long j = 0; j < group; j++, h++) vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x[j]));
+                        continue;
+                    }
+                    for (long j = 0; j < group; j++, h++) {
+                        const float *qh = qr + h * d;
+                        const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
+                                      : d == 128 ? dot16(qh, krow + t, off, 128)
+                                                 : dot16(qh, krow + t, off, d);
+                        vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
+                    }
+                }
+#endif
+            for (; t < b; t++)
+                for (long h = 0, off = 0; h < heads; off += d)
+                    for (long j = 0; j < group; j++, h++) sc[h * SPAN + t] = kv->scale * dot_n(qr + h * d, krow[t] + off, d);
+        }
+    }
+}
+
+/* o[r] += sum_t p_r[t] v_t over the span's tokens [0, n[r]) for rows r = first.. (o zeroed before):
+ * a VTILE-token tile of values at a time; in it four rows at a time over the tokens they all see,
+ * then each row's rest, so that every row's chains run over the tokens in order. */
+static void prefill_values(const PagedKv *kv, const float *const *vrow, const long *n, long first, long rows, long s,
+                           RowBlock *rb) {
+    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, last = n[rows - 1];
+    const long o_stride = rb->spans * heads * d, p_stride = heads * SPAN;
+    for (long a = 0; a < last; a += VTILE) {
+        const long b = a + VTILE < last ? a + VTILE : last;
+        for (long h = 0; h < heads; h++) /* the heads of a kv head one after another, on its values */
+            for (long r = first; r < rows; r += 4) {
+                const long nr = rows - r < 4 ? rows - r : 4, shared = n[r] < b ? n[r] : b;
+                float *o = rb->o + (r * rb->spans + s) * heads * d + h * d;
+                const float *p = rb->scores + r * p_stride + h * SPAN;
+                const long off = (h / group) * d;
+                if (a < shared) weighted_head(o, o_stride, p, p_stride, vrow, off, d, nr, a, shared);
+                for (long j = 1; j < nr; j++) {
+                    const long from = a > n[r] ? a : n[r], to = n[r + j] < b ? n[r + j] : b;
+                    if (from < to)
+                        weighted_head(o + j * o_stride, o_stride, p + j * p_stride, p_stride, vrow, off, d, 1, from, to);
+                }
+            }
+    }
+}
+
 /* One span [t0, t0 + SPAN) of the item's rows r whose context len[r] reaches past t0: scores,
  * their max and exponentials, and the unnormalized weighted values, as attend_span computes them
  * for a decode with seq_len len[r]. Rows are consecutive positions: row r sees one token more
  * than row r - 1. */
 static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q, long q_stride, const long *len,
                          long t0, long s, RowBlock *rb) {
-    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, rows = rb->rows;
+    const long d = kv->head_dim, heads = kv->num_heads, rows = rb->rows;
     long first = 0; /* rows first.. reach the span */
     while (len[first] <= t0) first++;
     long n[QB]; /* row r's tokens in the span */
@@ -332,24 +432,7 @@ static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q
         krow[t] = token_row(kv->k_cache, kv, table, t0 + t);
         vrow[t] = token_row(kv->v_cache, kv, table, t0 + t);
     }
-    for (long r = first; r < rows; r++) {
-        const float *qr = q + r * q_stride;
-        float *sc = rb->scores + r * heads * SPAN;
-        long t = 0;
-#ifdef __AVX512F__
-        for (; t + 16 <= n[r]; t += 16)
-            for (long h = 0; h < heads; h++) {
-                const float *qh = qr + h * d;
-                const long off = (h / group) * d;
-                const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
-                              : d == 128 ? dot16(qh, krow + t, off, 128)
-                                         : dot16(qh, krow + t, off, d);
-                vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
-            }
-#endif
-        for (; t < n[r]; t++)
-            for (long h = 0; h < heads; h++) sc[h * SPAN + t] = kv->scale * dot_n(qr + h * d, krow[t] + (h / group) * d, d);
-    }
+    prefill_scores(kv, krow, q, q_stride, n, first, rows, rb->scores);
     for (long r = first; r < rows; r++) {
         float *ml = rb->ml + (r * rb->spans + s) * 2 * heads, *sc = rb->scores + r * heads * SPAN;
         for (long h = 0; h < heads; h++) {
@@ -358,20 +441,7 @@ static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q
         }
         memset(rb->o + (r * rb->spans + s) * heads * d, 0, heads * d * sizeof(float));
     }
-    /* o = sum_t p_t v_t: four rows at a time over the tokens they all see, then each row's rest */
-    const long o_stride = rb->spans * heads * d;
-    for (long r = first; r < rows; r += 4) {
-        const long nr = rows - r < 4 ? rows - r : 4;
-        for (long h = 0; h < heads; h++) {
-            float *o = rb->o + (r * rb->spans + s) * heads * d + h * d;
-            const float *p = rb->scores + r * heads * SPAN + h * SPAN;
-            const long off = (h / group) * d;
-            weighted_head(o, o_stride, p, heads * SPAN, vrow, off, d, nr, 0, n[r]);
-            for (long j = 1; j < nr; j++)
-                weighted_head(o + j * o_stride, o_stride, p + j * heads * SPAN, heads * SPAN, vrow, off, d, 1, n[r],
-                              n[r + j]);
-        }
-    }
+    prefill_values(kv, vrow, n, first, rows, s, rb);
 }
 
 /* out rows of the item: each row's spans merged as the decode kernel merges them */
@@ -407,14 +477,20 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const f
     const long token_stride = num_kv_heads * head_dim;
     const PagedKv kv = {(float *)k_cache, (float *)v_cache, block_tables, max_blocks, block_size, token_stride,
                         block_size * token_stride, num_heads, num_heads / num_kv_heads, head_dim, scale};
+    /* rows per item: QB, fewer where that would leave threads idle (a 46-row hit on 2 threads: 4
+     * items of 12 rows, not 3 of 16); the results do not depend on it */
+    const long total_rows = query_start[num_reqs], per_thread = 2 * (long)num_threads;
+    long item_rows = (total_rows + per_thread - 1) / per_thread;
+    item_rows = item_rows > QB ? QB : item_rows < 4 ? 4 : item_rows;
     long items = 0, longest = 1;
     for (long i = 0; i < num_reqs; i++) {
-        items += (query_start[i + 1] - query_start[i] + QB - 1) / QB;
+        items += (query_start[i + 1] - query_start[i] + item_rows - 1) / item_rows;
         longest = seq_lens[i] > longest ? seq_lens[i] : longest;
     }
     long *item_req = malloc(2 * items * sizeof(long)), *item_row = item_req + items;
     for (long i = 0, it = 0; i < num_reqs; i++)
-        for (long row = query_start[i]; row < query_start[i + 1]; row += QB) item_req[it] = i, item_row[it++] = row;
+        for (long row = query_start[i]; row < query_start[i + 1]; row += item_rows)
+            item_req[it] = i, item_row[it++] = row;
     const long max_spans = (longest + SPAN - 1) / SPAN;
 #pragma omp parallel num_threads(num_threads)
     {
@@ -425,7 +501,7 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const f
         for (long it = items - 1; it >= 0; it--) { /* the longest rows first */
             const long i = item_req[it], row = item_row[it], end = query_start[i + 1];
             const long first_pos = seq_lens[i] - (end - query_start[i]) + (row - query_start[i]);
-            rb.rows = end - row < QB ? end - row : QB;
+            rb.rows = end - row < item_rows ? end - row : item_rows;
             rb.spans = (first_pos + rb.rows + SPAN - 1) / SPAN;
             rb.ml = rb.o + QB * rb.spans * num_heads * head_dim;
             prefill_rows(&kv, block_tables + i * max_blocks, out + row * num_heads * head_dim, q + row * q_stride,
