@@ -1,12 +1,14 @@
 """The CPU serving path: decodes read their keys and values in place from the paged cache through
-a compiled C kernel (no gather copy); prefill chunks run through torch's SDPA as in the torch
-backend (sdpa.py). In bfloat16 the KV cache is bfloat16 and the decode kernel computes in float32
-(csrc/bf16.c); every build of the kernels has it.
+a compiled C kernel (no gather copy). In float32, prefill chunks do too, through a C kernel that
+computes each query row with the decode kernel's arithmetic, so a token's attention output is
+bitwise the same in a chunk of any size, after any cached prefix, or as a decode: the backend is
+batch-invariant in float32 whatever the mode. (It is also faster than torch's SDPA over a gathered
+copy of the cache: one 4,000-token prompt's prefill 3.1-3.3 s against 5.6-5.8 s, 32 x 256-token
+prompts 393-396 out tok/s against 341-377, Q4_1 model, 2 Zen 5 cores, 2026-12-01.)
 
-Batch-invariant (deterministic serving, float32): prefill chunks go through a C kernel that
-computes each query row with the decode kernel's arithmetic, reading the paged cache in place, so
-a token's attention output is bitwise the same in a chunk of any size, after any cached prefix, or
-as a decode.
+In bfloat16 the KV cache is bfloat16, the decode kernel computes in float32 (csrc/bf16.c; every
+build of the kernels has it) and prefill chunks run through torch's SDPA as in the torch backend
+(sdpa.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class PagedDecodes:
 
 @dataclass(frozen=True)
 class PagedPrefills:
-    """The prefill chunks (the requests after the decodes) as the batch-invariant kernel reads them."""
+    """The prefill chunks (the requests after the decodes) as the float32 prefill kernel reads them."""
 
     block_tables: torch.Tensor  # int32 [num_prefills, max_blocks], contiguous
     query_start: torch.Tensor  # int32 [num_prefills + 1]: request i's rows of the batch
@@ -42,8 +44,8 @@ class CpuAttentionMetadata:
     slot_mapping: torch.Tensor
     num_decodes: int
     decodes: PagedDecodes | None  # None without decodes
-    prefills: tuple[PrefillChunk, ...]  # for SDPA; empty when batch-invariant
-    paged_prefills: PagedPrefills | None  # batch-invariant with prefills only
+    prefills: tuple[PrefillChunk, ...]  # bfloat16's, for SDPA; empty in float32
+    paged_prefills: PagedPrefills | None  # float32's, with prefills only
 
 
 _NO_KERNELS = "its C kernels cannot be built here (they need gcc and an x86-64 CPU with AVX2 and FMA)"
@@ -59,18 +61,18 @@ class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
     def unavailable_reason(cls, device: torch.device) -> str | None:
         return _NO_KERNELS if cpu_kernels.load() is None else None
 
-    def __init__(self, batch_invariant: bool = False) -> None:
+    def __init__(self, batch_invariant: bool = False) -> None:  # float32 is batch-invariant either way
         lib = cpu_kernels.load()
         if lib is None:
             raise ConfigError(f"The cpu attention backend is unavailable: {_NO_KERNELS}.")
-        self.lib, self.batch_invariant = lib, batch_invariant
+        self.lib = lib
 
     def build_metadata(self, inputs: AttentionInputs) -> CpuAttentionMetadata:
         nd = inputs.num_decodes
         decodes = None
         if nd:
             decodes = PagedDecodes(decode_block_tables(inputs).contiguous(), inputs.seq_lens[:nd].contiguous())
-        if not self.batch_invariant:
+        if inputs.dtype != torch.float32:
             return CpuAttentionMetadata(inputs.slot_mapping, nd, decodes, prefill_chunks(inputs), None)
         paged = None
         if nd < inputs.num_reqs:
@@ -104,7 +106,6 @@ class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
             cpu_kernels.prefill_attention(
                 self.lib, out, query, kv_cache, p.block_tables, p.query_start, p.seq_lens, scale
             )
-        attend_prefills(out, query, key, value, kv_cache, metadata.prefills, scale)
         return out
 
     def _forward_bf16(self, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float):
