@@ -53,11 +53,14 @@ static inline vec vsum16(const vec *x) {
     return vsum16_rest(y);
 }
 
+/* The token whose dot product is vsum16's x[m], so that lane j of the sum is token j's */
+static inline int dot16_token(int m) { return 4 * (m % 4) + m / 4; }
+
 /* out[i] = dot_n(q, k[i] + off, d) for the 16 rows k[0..15], bitwise. Inlined where d is a
  * constant (the common head sizes), whose loops then unroll. */
 static inline __attribute__((always_inline)) vec dot16(const float *q, const float *const *k, long off, long d) {
     vec x[16];
-    for (int m = 0; m < 16; m++) x[m] = dot_lanes(q, k[4 * (m % 4) + m / 4] + off, d);
+    for (int m = 0; m < 16; m++) x[m] = dot_lanes(q, k[dot16_token(m)] + off, d);
     return vsum16(x);
 }
 
@@ -68,7 +71,7 @@ static inline __attribute__((always_inline)) void dot16_heads(const float *q, lo
                                                               long d, vec *out) {
     vec y[3][8];
     for (int i = 0; i < 8; i++) {
-        const float *a = k[4 * (2 * i % 4) + 2 * i / 4] + off, *b = k[4 * ((2 * i + 1) % 4) + (2 * i + 1) / 4] + off;
+        const float *a = k[dot16_token(2 * i)] + off, *b = k[dot16_token(2 * i + 1)] + off;
         for (long j = 0; j < nh; j++) y[j][i] = vsum16_halves(dot_lanes(q + j * d, a, d), dot_lanes(q + j * d, b, d));
     }
     for (long j = 0; j < nh; j++) out[j] = vsum16_rest(y[j]);
