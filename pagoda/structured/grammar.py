@@ -37,7 +37,8 @@ class RequestGrammar:
         self._think_start, self._think_end = think_start, think_end
         self._opened = 0  # tokens of think_start taken so far
         self._state = "answer" if not think_end else ("opening" if think_start else "thinking")
-        self._recent: list[int] = []  # last thinking tokens, to spot think_end; rebound, never mutated (_tentative keeps a reference)
+        # the thinking's last tokens, to spot think_end; rebound, never mutated (_tentative keeps a reference)
+        self._recent: list[int] = []
         self._matched = 0  # tokens the matcher accepted (what `_tentative` rolls back is counted here)
 
     def accept_token(self, token_id: int) -> bool:
