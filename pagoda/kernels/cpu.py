@@ -50,10 +50,10 @@ _VOID_SIGNATURES = {
     "pagoda_gemv": [_P] * 4 + [_I64] * 2 + [_INT],
     "pagoda_paged_decode_attention_bf16": [_P] * 6 + [_I64] * 6 + [_F, _INT],
     "pagoda_gemv_bf16": [_P, _P, _INT, _P, _INT, _P, _I64, _I64, _INT],
-    "pagoda_rms_norm": [_P] * 3 + [_I64] * 2 + [_F, _INT],
-    "pagoda_add_rms_norm": [_P] * 3 + [_I64] * 2 + [_F, _INT],
-    "pagoda_rotary": [_P] * 4 + [_I64] * 4 + [_INT],
-    "pagoda_silu_mul": [_P] * 2 + [_I64] * 2 + [_INT],
+    "pagoda_rms_norm": [_P] * 3 + [_I64] * 2 + [_F, _INT, _INT],
+    "pagoda_add_rms_norm": [_P] * 3 + [_I64] * 2 + [_F, _INT, _INT],
+    "pagoda_rotary": [_P] * 4 + [_I64] * 4 + [_INT, _INT],
+    "pagoda_silu_mul": [_P] * 2 + [_I64] * 2 + [_INT, _INT],
     "pagoda_pack_panels": [_P, _P, _I64, _I64, _INT],
     "pagoda_gemm_invariant": [_P, _I64, _P, _I64, _P, _P] + [_I64] * 3 + [_INT],
     "pagoda_prefill_attention": [_P, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT],
@@ -281,27 +281,50 @@ def gemv_bf16(
     return out
 
 
+# The fused kernels (csrc/fused.c) take float32 or bfloat16 tensors, as torch computes each dtype.
+FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _is_bf16(x: torch.Tensor) -> int:
+    assert x.dtype in FUSED_DTYPES, x.dtype
+    return int(x.dtype == torch.bfloat16)
+
+
 def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """rmsnorm(x) * weight over the rows of x [T, n]: float32, contiguous."""
+    """rmsnorm(x) * weight over the rows of x [T, n]: contiguous, weight in x's dtype."""
     out = torch.empty_like(x)
     lib.pagoda_rms_norm(
-        out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, torch.get_num_threads()
+        out.data_ptr(),
+        x.data_ptr(),
+        weight.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        eps,
+        _is_bf16(x),
+        torch.get_num_threads(),
     )
     return out
 
 
 def add_rms_norm(lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    """In place: residual += x, then x = rmsnorm(residual) * weight; both [T, n], float32, contiguous."""
+    """In place: residual += x, then x = rmsnorm(residual) * weight; all of one dtype, [T, n] contiguous."""
     lib.pagoda_add_rms_norm(
-        x.data_ptr(), residual.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, torch.get_num_threads()
+        x.data_ptr(),
+        residual.data_ptr(),
+        weight.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        eps,
+        _is_bf16(x),
+        torch.get_num_threads(),
     )
 
 
 def rotary(
     lib: ctypes.CDLL,
-    x: torch.Tensor,  # float32 [T, heads, D]: heads contiguous within a token, tokens any stride apart
-    cos: torch.Tensor,  # float32 [max_positions, D], contiguous
-    signed_sin: torch.Tensor,  # float32 [max_positions, D], contiguous, first half negated
+    x: torch.Tensor,  # [T, heads, D]: heads contiguous within a token, tokens any stride apart
+    cos: torch.Tensor,  # [max_positions, D] in x's dtype, contiguous
+    signed_sin: torch.Tensor,  # [max_positions, D] in x's dtype, contiguous, first half negated
     positions: torch.Tensor,  # int64 [T], contiguous, each < max_positions
 ) -> None:
     """Rotary embedding applied to x in place, HF's rotate-half convention."""
@@ -315,15 +338,18 @@ def rotary(
         heads,
         head_dim,
         x.stride(0),
+        _is_bf16(x),
         torch.get_num_threads(),
     )
 
 
 def silu_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up from gate_up [T, 2n] = [gate | up] (float32, contiguous) -> [T, n]."""
+    """silu(gate) * up from gate_up [T, 2n] = [gate | up] (contiguous) -> [T, n] in its dtype."""
     rows, width = gate_up.shape
-    out = torch.empty(rows, width // 2)
-    lib.pagoda_silu_mul(out.data_ptr(), gate_up.data_ptr(), rows, width // 2, torch.get_num_threads())
+    out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
+    lib.pagoda_silu_mul(
+        out.data_ptr(), gate_up.data_ptr(), rows, width // 2, _is_bf16(gate_up), torch.get_num_threads()
+    )
     return out
 
 

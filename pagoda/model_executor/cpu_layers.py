@@ -1,4 +1,4 @@
-"""The small ops of a decoder layer on the CPU in float32, each one call into Pagoda's C kernels
+"""The small ops of a decoder layer on the CPU in float32 and bfloat16, each one call into Pagoda's C kernels
 (csrc/fused.c) instead of several torch dispatches: the residual add fused into the norm after it,
 rotary embedding in place on the query and key heads, SiLU(gate) * up.
 
@@ -22,7 +22,7 @@ from pagoda.model_executor.layers import ResidualRMSNorm, RotaryEmbedding, SiluA
 
 
 def supported(dtype: torch.dtype, device: torch.device) -> bool:
-    return device.type == "cpu" and dtype == torch.float32
+    return device.type == "cpu" and dtype in cpu.FUSED_DTYPES
 
 
 class CpuResidualRMSNorm(nn.Module):

@@ -1,4 +1,4 @@
-"""The fused CPU layers (cpu_layers): swapped in at load for float32 on a CPU, and a model's
+"""The fused CPU layers (cpu_layers): swapped in at load for float32 (and bfloat16) on a CPU, and a model's
 outputs with them equal those of the torch layers within float32 rounding, in prefills and batched
 decodes. (Rows split across threads: tests/kernels/test_fused_kernels.py, and the default model's
 greedy tests, whose prefill chunks are large enough.)"""
@@ -29,9 +29,10 @@ def test_the_default_model_is_converted(default_llm):
     assert "layers.0.input_layernorm.weight" in dict(model.named_parameters())  # names unchanged
 
 
-def test_supported_only_for_float32_on_cpu():
+def test_supported_for_float32_and_bfloat16_on_cpu():
     assert cpu_layers.supported(torch.float32, torch.device("cpu"))
-    assert not cpu_layers.supported(torch.bfloat16, torch.device("cpu"))
+    assert cpu_layers.supported(torch.bfloat16, torch.device("cpu"))
+    assert not cpu_layers.supported(torch.float16, torch.device("cpu"))
     assert not cpu_layers.supported(torch.float32, torch.device("cuda"))
 
 

@@ -1,7 +1,11 @@
 /* The small ops around a decoder layer's projections, each one pass over its rows: RMSNorm, the
  * residual add fused into the next RMSNorm, rotary embedding in place on the query and key heads,
  * and SiLU(gate) * up. In torch each is several dispatches of a few floats' work; here each is one
- * call. Any lengths: whole vectors, then one masked part vector.
+ * call. Any lengths: whole vectors, then one part vector.
+ * Each takes float32 rows or, where `bf16` is set, bfloat16 ones (uint16_t, an fp32's top half),
+ * computed as torch computes that dtype: values widened to fp32 and each op's result rounded to
+ * bf16 (to nearest even), so a bf16 row takes the roundings of torch's layers. For float32,
+ * round_to() is the identity and each kernel the float code it was.
  * Each runs at 6-13 floats per ns on one core (measured with AVX-512), so a decode batch of a small
  * model is a few microseconds of work: rows are split across threads only from PARALLEL_MIN floats
  * (~30 us), and below it no OpenMP runtime call is made at all (even a region with a false if()
@@ -10,143 +14,198 @@
 
 #define PARALLEL_MIN (1L << 18)
 
+/* v rounded to the nearest bf16 (ties to even), kept as fp32; a NaN stays a quiet NaN */
+static inline vec round_bf16(vec v) {
+#ifdef __AVX512F__
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+#else
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    const __m256 quiet = _mm256_castsi256_ps(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)));
+    const __m256 chosen = _mm256_blendv_ps(_mm256_castsi256_ps(r), quiet, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_and_ps(chosen, _mm256_castsi256_ps(_mm256_set1_epi32((int)0xffff0000u)));
+#endif
+}
+
+static inline vec round_to(vec v, int bf16) { return bf16 ? round_bf16(v) : v; }
+
+static inline size_t value_size(int bf16) { return bf16 ? sizeof(uint16_t) : sizeof(float); }
+
+/* VLEN values from p + i (float or bf16), widened to fp32 */
+static inline vec load_row(const void *p, long i, int bf16) {
+    if (!bf16) return vload((const float *)p + i);
+    const uint16_t *q = (const uint16_t *)p + i;
+#ifdef __AVX512F__
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q)), 16));
+#else
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)q)), 16));
+#endif
+}
+
+/* VLEN values to p + i, rounded to bf16 where `bf16` */
+static inline void store_row(void *p, long i, vec v, int bf16) {
+    if (!bf16) {
+        vstore((float *)p + i, v);
+        return;
+    }
+    uint16_t *q = (uint16_t *)p + i;
+#ifdef __AVX512F__
+    const __m512i top = _mm512_srli_epi32(_mm512_castps_si512(round_bf16(v)), 16);
+    _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi32_epi16(top));
+#else
+    const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(round_bf16(v)), 16); /* each < 2^16 */
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
+    _mm_storeu_si128((__m128i *)q, _mm256_castsi256_si128(packed));
+#endif
+}
+
+/* min(n, VLEN) values from p + i, the lanes past n zero (a row's last part goes through a buffer) */
+static inline vec load_n_row(const void *p, long i, long n, int bf16) {
+    if (n >= VLEN) return load_row(p, i, bf16);
+    float room[VLEN] = {0}; /* room for VLEN values of either size */
+    memcpy(room, (const char *)p + i * value_size(bf16), n * value_size(bf16));
+    return load_row(room, 0, bf16);
+}
+
+/* the first min(n, VLEN) lanes of v to p + i */
+static inline void store_n_row(void *p, long i, vec v, long n, int bf16) {
+    if (n >= VLEN) {
+        store_row(p, i, v, bf16);
+        return;
+    }
+    float room[VLEN];
+    store_row(room, 0, v, bf16);
+    memcpy((char *)p + i * value_size(bf16), room, n * value_size(bf16));
+}
+
 /* sum of x[i]^2 */
-static inline float sum_squares(const float *x, long n) {
+static inline float sum_squares(const void *x, long n, int bf16) {
     vec acc = vset(0.f);
-    long i = 0;
-    for (; i + VLEN <= n; i += VLEN) acc = vfmadd(vload(x + i), vload(x + i), acc);
-    if (i < n) {
-        const vec v = load_part(x + i, first_lanes(n - i));
+    for (long i = 0; i < n; i += VLEN) {
+        const vec v = load_n_row(x, i, n - i, bf16);
         acc = vfmadd(v, v, acc);
     }
     return vsum(acc);
 }
 
 /* r[i] += x[i]; returns the sum of the new r[i]^2 */
-static inline float add_sum_squares(float *r, const float *x, long n) {
+static inline float add_sum_squares(void *r, const void *x, long n, int bf16) {
     vec acc = vset(0.f);
-    long i = 0;
-    for (; i + VLEN <= n; i += VLEN) {
-        const vec v = vadd(vload(r + i), vload(x + i));
-        vstore(r + i, v);
-        acc = vfmadd(v, v, acc);
-    }
-    if (i < n) {
-        const vmask m = first_lanes(n - i);
-        const vec v = vadd(load_part(r + i, m), load_part(x + i, m));
-        store_part(r + i, v, m);
+    for (long i = 0; i < n; i += VLEN) {
+        const vec v = round_to(vadd(load_n_row(r, i, n - i, bf16), load_n_row(x, i, n - i, bf16)), bf16);
+        store_n_row(r, i, v, n - i, bf16);
         acc = vfmadd(v, v, acc);
     }
     return vsum(acc);
 }
 
-/* out[i] = w[i] * (x[i] * inv), in the order of HF's RMSNorm */
-static inline void scale(float *out, const float *x, const float *w, float inv, long n) {
+/* out[i] = w[i] * (x[i] * inv), in the order of HF's RMSNorm (which rounds x * inv to bf16 first) */
+static inline void scale(void *out, const void *x, const void *w, float inv, long n, int bf16) {
     const vec s = vset(inv);
-    long i = 0;
-    for (; i + VLEN <= n; i += VLEN) vstore(out + i, vmul(vload(w + i), vmul(vload(x + i), s)));
-    if (i < n) {
-        const vmask m = first_lanes(n - i);
-        store_part(out + i, vmul(load_part(w + i, m), vmul(load_part(x + i, m), s)), m);
+    for (long i = 0; i < n; i += VLEN) {
+        const vec normed = round_to(vmul(load_n_row(x, i, n - i, bf16), s), bf16);
+        store_n_row(out, i, vmul(load_n_row(w, i, n - i, bf16), normed), n - i, bf16);
     }
 }
 
 static inline float inv_rms(float sum_sq, long n, float eps) { return 1.f / sqrtf(sum_sq / (float)n + eps); }
 
-static inline void rms_norm_row(float *out, const float *x, const float *w, long n, float eps) {
-    scale(out, x, w, inv_rms(sum_squares(x, n), n, eps), n);
+/* row r of a [rows, n] matrix of float or bf16 values */
+static inline void *row(void *p, long r, long n, int bf16) { return (char *)p + r * n * value_size(bf16); }
+
+static inline void rms_norm_row(void *out, const void *x, const void *w, long n, float eps, int bf16) {
+    scale(out, x, w, inv_rms(sum_squares(x, n, bf16), n, eps), n, bf16);
 }
 
-/* out[r] = rmsnorm(x[r]) * weight for each of `rows` contiguous rows of n floats */
-void pagoda_rms_norm(float *out, const float *x, const float *weight, long rows, long n, float eps, int num_threads) {
-    if (rows * n < PARALLEL_MIN) {
-        for (long r = 0; r < rows; r++) rms_norm_row(out + r * n, x + r * n, weight, n, eps);
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (long r = 0; r < rows; r++) rms_norm_row(out + r * n, x + r * n, weight, n, eps);
+/* Each row of [rows, n] by row_op(r); on several threads only from PARALLEL_MIN values */
+#define FOR_ROWS(rows, n, num_threads, row_op)                                                                         \
+    do {                                                                                                               \
+        if ((rows) * (n) < PARALLEL_MIN) {                                                                             \
+            for (long r = 0; r < (rows); r++) row_op;                                                                  \
+        } else {                                                                                                       \
+            _Pragma("omp parallel for schedule(static) num_threads(num_threads)") for (long r = 0; r < (rows); r++)    \
+                row_op;                                                                                                \
+        }                                                                                                              \
+    } while (0)
+
+/* out[r] = rmsnorm(x[r]) * weight for each of `rows` contiguous rows of n values */
+void pagoda_rms_norm(void *out, const void *x, const void *weight, long rows, long n, float eps, int bf16,
+                     int num_threads) {
+    FOR_ROWS(rows, n, num_threads, rms_norm_row(row(out, r, n, bf16), row((void *)x, r, n, bf16), weight, n, eps, bf16));
 }
 
-static inline void add_rms_norm_row(float *x, float *res, const float *w, long n, float eps) {
-    scale(x, res, w, inv_rms(add_sum_squares(res, x, n), n, eps), n);
+static inline void add_rms_norm_row(void *x, void *res, const void *w, long n, float eps, int bf16) {
+    scale(x, res, w, inv_rms(add_sum_squares(res, x, n, bf16), n, eps), n, bf16);
 }
 
 /* residual[r] += x[r]; x[r] = rmsnorm(residual[r]) * weight: both [rows, n] contiguous, in place */
-void pagoda_add_rms_norm(float *x, float *residual, const float *weight, long rows, long n, float eps, int num_threads) {
-    if (rows * n < PARALLEL_MIN) {
-        for (long r = 0; r < rows; r++) add_rms_norm_row(x + r * n, residual + r * n, weight, n, eps);
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (long r = 0; r < rows; r++) add_rms_norm_row(x + r * n, residual + r * n, weight, n, eps);
+void pagoda_add_rms_norm(void *x, void *residual, const void *weight, long rows, long n, float eps, int bf16,
+                         int num_threads) {
+    FOR_ROWS(rows, n, num_threads, add_rms_norm_row(row(x, r, n, bf16), row(residual, r, n, bf16), weight, n, eps, bf16));
 }
 
 /* One head rotated in place: (x1, x2) -> (x1 c1 + x2 s1, x2 c2 + x1 s2) over its halves, with
- * s = signed_sin (first half negated), which is x cos + rotate_half(x) sin. */
-static inline void rotate_head(float *x, const float *c, const float *s, long half) {
-    float *y = x + half;
-    long i = 0;
-    for (; i + VLEN <= half; i += VLEN) {
-        const vec a = vload(x + i), b = vload(y + i);
-        vstore(x + i, vfmadd(a, vload(c + i), vmul(b, vload(s + i))));
-        vstore(y + i, vfmadd(b, vload(c + half + i), vmul(a, vload(s + half + i))));
-    }
-    if (i < half) {
-        const vmask m = first_lanes(half - i);
-        const vec a = load_part(x + i, m), b = load_part(y + i, m);
-        store_part(x + i, vfmadd(a, load_part(c + i, m), vmul(b, load_part(s + i, m))), m);
-        store_part(y + i, vfmadd(b, load_part(c + half + i, m), vmul(a, load_part(s + half + i, m))), m);
+ * s = signed_sin (first half negated), which is x cos + rotate_half(x) sin. In float32 the first
+ * product is fused into the add; in bf16 each product is rounded, then their sum, as torch does. */
+static inline vec rotate_part(vec a, vec c, vec b, vec s, int bf16) {
+    if (bf16) return vadd(round_bf16(vmul(a, c)), round_bf16(vmul(b, s)));
+    return vfmadd(a, c, vmul(b, s));
+}
+
+static inline void rotate_head(void *x, const void *c, const void *s, long half, int bf16) {
+    void *y = (char *)x + half * value_size(bf16);
+    for (long i = 0; i < half; i += VLEN) {
+        const long n = half - i;
+        const vec a = load_n_row(x, i, n, bf16), b = load_n_row(y, i, n, bf16);
+        store_n_row(x, i, rotate_part(a, load_n_row(c, i, n, bf16), b, load_n_row(s, i, n, bf16), bf16), n, bf16);
+        store_n_row(y, i, rotate_part(b, load_n_row(c, half + i, n, bf16), a, load_n_row(s, half + i, n, bf16), bf16), n,
+                    bf16);
     }
 }
 
-/* Rotary embedding in place on x: `tokens` rows `token_stride` floats apart, each `heads`
+/* Rotary embedding in place on x: `tokens` rows `token_stride` values apart, each `heads`
  * contiguous heads of head_dim (even); token t at position positions[t] takes row positions[t]
- * of the [max_positions, head_dim] tables cos and signed_sin. */
+ * of the [max_positions, head_dim] tables cos and signed_sin (in x's dtype). */
 typedef struct {
-    float *x;
-    const float *cos, *signed_sin;
+    void *x;
+    const void *cos, *signed_sin;
     const int64_t *positions;
     long heads, head_dim, token_stride;
+    int bf16;
 } rotary_args;
 
 static inline void rotate_token(const rotary_args *a, long t) {
-    const long offset = a->positions[t] * a->head_dim;
+    const size_t size = value_size(a->bf16);
+    const long offset = a->positions[t] * a->head_dim * size;
     for (long h = 0; h < a->heads; h++)
-        rotate_head(a->x + t * a->token_stride + h * a->head_dim, a->cos + offset, a->signed_sin + offset, a->head_dim / 2);
+        rotate_head((char *)a->x + (t * a->token_stride + h * a->head_dim) * size, (const char *)a->cos + offset,
+                    (const char *)a->signed_sin + offset, a->head_dim / 2, a->bf16);
 }
 
-void pagoda_rotary(float *x, const float *cos, const float *signed_sin, const int64_t *positions, long tokens,
-                   long heads, long head_dim, long token_stride, int num_threads) {
-    const rotary_args a = {x, cos, signed_sin, positions, heads, head_dim, token_stride};
-    if (tokens * heads * head_dim < PARALLEL_MIN) {
-        for (long t = 0; t < tokens; t++) rotate_token(&a, t);
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (long t = 0; t < tokens; t++) rotate_token(&a, t);
+void pagoda_rotary(void *x, const void *cos, const void *signed_sin, const int64_t *positions, long tokens, long heads,
+                   long head_dim, long token_stride, int bf16, int num_threads) {
+    const rotary_args a = {x, cos, signed_sin, positions, heads, head_dim, token_stride, bf16};
+    FOR_ROWS(tokens, heads * head_dim, num_threads, rotate_token(&a, r));
 }
 
-/* o[i] = silu(g[i]) * u[i], silu(g) = g / (1 + e^-g) as torch computes it */
-static inline void silu_mul_row(float *o, const float *g, const float *u, long n) {
+/* o[i] = silu(g[i]) * u[i], silu(g) = g / (1 + e^-g) as torch computes it (rounded before the product in bf16) */
+static inline void silu_mul_row(void *o, const void *g, const void *u, long n, int bf16) {
     const vec one = vset(1.f), minus_one = vset(-1.f);
-    long i = 0;
-    for (; i + VLEN <= n; i += VLEN) {
-        const vec gv = vload(g + i);
-        vstore(o + i, vmul(vdiv(gv, vadd(one, vexp(vmul(gv, minus_one)))), vload(u + i)));
-    }
-    if (i < n) {
-        const vmask m = first_lanes(n - i);
-        const vec gv = load_part(g + i, m);
-        store_part(o + i, vmul(vdiv(gv, vadd(one, vexp(vmul(gv, minus_one)))), load_part(u + i, m)), m);
+    for (long i = 0; i < n; i += VLEN) {
+        const vec gv = load_n_row(g, i, n - i, bf16);
+        const vec silu = round_to(vdiv(gv, vadd(one, vexp(vmul(gv, minus_one)))), bf16);
+        store_n_row(o, i, vmul(silu, load_n_row(u, i, n - i, bf16)), n - i, bf16);
     }
 }
 
 /* out[r] = silu(gate_up[r, :n]) * gate_up[r, n:]: gate_up [rows, 2n], out [rows, n], contiguous */
-void pagoda_silu_mul(float *out, const float *gate_up, long rows, long n, int num_threads) {
-    if (rows * n < PARALLEL_MIN) {
-        for (long r = 0; r < rows; r++) silu_mul_row(out + r * n, gate_up + 2 * r * n, gate_up + (2 * r + 1) * n, n);
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (long r = 0; r < rows; r++) silu_mul_row(out + r * n, gate_up + 2 * r * n, gate_up + (2 * r + 1) * n, n);
+void pagoda_silu_mul(void *out, const void *gate_up, long rows, long n, int bf16, int num_threads) {
+    FOR_ROWS(rows, n, num_threads,
+             silu_mul_row(row(out, r, n, bf16), row((void *)gate_up, 2 * r, n, bf16), row((void *)gate_up, 2 * r + 1, n, bf16),
+                          n, bf16));
 }
