@@ -71,11 +71,28 @@ static inline __m512bh bf16x32(const uint16_t *p, long n) {
     return (__m512bh)_mm512_maskz_loadu_epi16(mask, p);
 }
 
-/* a . b for bf16 a and b, any n */
-static inline float dot_bf16(const uint16_t *a, const uint16_t *b, long n) {
+/* a . b for bf16 a and b, any n, before its horizontal sum */
+static inline __m512 dot_bf16_lanes(const uint16_t *a, const uint16_t *b, long n) {
     __m512 acc = _mm512_setzero_ps();
     for (long i = 0; i < n; i += 32) acc = _mm512_dpbf16_ps(acc, bf16x32(a + i, n - i), bf16x32(b + i, n - i));
-    return _mm512_reduce_add_ps(acc);
+    return acc;
+}
+
+static inline float dot_bf16(const uint16_t *a, const uint16_t *b, long n) {
+    return _mm512_reduce_add_ps(dot_bf16_lanes(a, b, n));
+}
+
+/* scores[h * stride + j] = scale * dot_bf16(q_h, k[j]'s kv head of h) for the 16 key rows k[0..15]
+ * and every query head h (head_dim apart in q; kv head h / group): the 16 horizontal sums of a
+ * head at once (vsum16 pairs lanes as dot_bf16's reduce does, so each score is the same float). */
+static inline void score16_bf16(const uint16_t *q, const uint16_t *const *k, long num_heads, long group, long head_dim,
+                                float scale, float *scores, long stride) {
+    for (long h = 0; h < num_heads; h++) {
+        __m512 x[16];
+        const long off = (h / group) * head_dim;
+        for (int m = 0; m < 16; m++) x[m] = dot_bf16_lanes(q + h * head_dim, k[dot16_token(m)] + off, head_dim);
+        _mm512_storeu_ps(scores + h * stride, _mm512_mul_ps(_mm512_set1_ps(scale), vsum16(x)));
+    }
 }
 
 /* out[r] = w0[r * k, ...] . x for r < 4, x bf16 */
@@ -220,7 +237,18 @@ void pagoda_paged_decode_attention_bf16(uint16_t *out, const uint16_t *q, const 
             float *qf = widen(qb, width);
 #endif
 #define TOKEN(cache, t) (cache + table[(t) / block_size] * block_stride + ((t) % block_size) * token_stride)
-            for (long t = 0; t < len; t++) {
+            long t = 0;
+#ifdef __AVX512BF16__
+            for (; t + 16 <= len; t += 16) { /* 16 tokens' scores at once, then the rest one by one */
+                const uint16_t *rows[16];
+                for (long j = 0; j < 16; j++) {
+                    if (t + ahead + j < len) prefetch_token_bf16(TOKEN(k_cache, t + ahead + j), token_stride);
+                    rows[j] = TOKEN(k_cache, t + j);
+                }
+                score16_bf16(qb, rows, num_heads, group, head_dim, scale, probs + t, len);
+            }
+#endif
+            for (; t < len; t++) {
                 if (t + ahead < len) prefetch_token_bf16(TOKEN(k_cache, t + ahead), token_stride);
                 const uint16_t *k = TOKEN(k_cache, t);
                 for (long h = 0; h < num_heads; h++)

@@ -92,3 +92,32 @@ static inline float exp_shifted(float *p, long n, float max) {
     for (; i < n; i++) sum += (p[i] = expf(p[i] - max));
     return sum;
 }
+
+#ifdef __AVX512F__
+/* The horizontal sums of 16 vectors at once, each added in exactly the pairs _mm512_reduce_add_ps
+ * (vsum) adds it in (floating-point addition being commutative, only the pairing matters): lane
+ * j + 8 to lane j, then j + 4 to j, then 2 to 0 and 3 to 1, then 1 to 0. Returns lane 4 L + j =
+ * the sum of x[4 j + L]. */
+static inline vec vsum16_halves(vec a, vec b) { /* 256-bit halves: lanes 0-7 of a, then of b */
+    return vadd(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+/* vsum16 after its first step: y[k] = vsum16_halves(x[2k], x[2k + 1]) */
+static inline vec vsum16_rest(const vec *y) {
+    vec z[4], w[2];
+    for (int k = 0; k < 4; k++) /* 128-bit quarters: x[4k], .., x[4k + 3], 4 lanes each */
+        z[k] = vadd(_mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0x88), _mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++) /* lanes 0, 2 and 1, 3 within each quarter */
+        w[k] = vadd(_mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0x44), _mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0xEE));
+    return vadd(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+static inline vec vsum16(const vec *x) {
+    vec y[8];
+    for (int k = 0; k < 8; k++) y[k] = vsum16_halves(x[2 * k], x[2 * k + 1]);
+    return vsum16_rest(y);
+}
+
+/* The token whose dot product is vsum16's x[m], so that lane j of the sum is token j's */
+static inline int dot16_token(int m) { return 4 * (m % 4) + m / 4; }
+#endif
