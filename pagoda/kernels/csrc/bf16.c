@@ -190,6 +190,27 @@ void pagoda_gemv_bf16(const uint16_t *w, const void *x, int x_bf16, void *y, int
     free(widened);
 }
 
+#ifdef __AVX512F__
+/* acc[h] += p[h * stride + j] v[j] (v[j]'s kv head of h) over the 16 value rows v[0..15] in order,
+ * for every query head h: axpy_bf16's FMAs, one head's head_dim sums held in registers over the 16
+ * tokens instead of loaded and stored for each. head_dim % 16 == 0, at most 128. */
+static inline void weigh16_bf16(float *acc, const float *p, long stride, const uint16_t *const *v, long num_heads,
+                                long group, long head_dim) {
+    const long nv = head_dim / 16;
+    for (long h = 0; h < num_heads; h++) {
+        __m512 a[8];
+        float *acc_h = acc + h * head_dim;
+        const long off = (h / group) * head_dim;
+        for (long c = 0; c < nv; c++) a[c] = _mm512_loadu_ps(acc_h + 16 * c);
+        for (int j = 0; j < 16; j++) {
+            const __m512 w = _mm512_set1_ps(p[h * stride + j]);
+            for (long c = 0; c < nv; c++) a[c] = _mm512_fmadd_ps(w, bf16x16(v[j] + off + 16 * c), a[c]);
+        }
+        for (long c = 0; c < nv; c++) _mm512_storeu_ps(acc_h + 16 * c, a[c]);
+    }
+}
+#endif
+
 static inline void prefetch_token_bf16(const uint16_t *p, long n) {
     for (long i = 0; i < n; i += 32) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
 }
@@ -262,7 +283,18 @@ void pagoda_paged_decode_attention_bf16(uint16_t *out, const uint16_t *q, const 
                 for (long t = 0; t < len; t++) p[t] *= inv;
             }
             memset(acc, 0, width * sizeof(float));
-            for (long t = 0; t < len; t++) {
+            t = 0;
+#ifdef __AVX512F__
+            for (; head_dim % 16 == 0 && head_dim <= 128 && t + 16 <= len; t += 16) {
+                const uint16_t *rows[16];
+                for (long j = 0; j < 16; j++) {
+                    if (t + ahead + j < len) prefetch_token_bf16(TOKEN(v_cache, t + ahead + j), token_stride);
+                    rows[j] = TOKEN(v_cache, t + j);
+                }
+                weigh16_bf16(acc, probs + t, len, rows, num_heads, group, head_dim);
+            }
+#endif
+            for (; t < len; t++) {
                 if (t + ahead < len) prefetch_token_bf16(TOKEN(v_cache, t + ahead), token_stride);
                 const uint16_t *v = TOKEN(v_cache, t);
                 for (long h = 0; h < num_heads; h++) axpy_bf16(acc + h * head_dim, probs[h * len + t], v + (h / group) * head_dim, head_dim);
