@@ -4,13 +4,14 @@ thread (one compute pool); a load failure is raised by the constructor."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 import pytest
 
 from pagoda import SamplingParams
 from pagoda.engine.args import EngineArgs
-from pagoda.engine.async_engine import AsyncEngine
+from pagoda.engine.async_engine import GIL_SWITCH_INTERVAL_S, AsyncEngine
 from pagoda.errors import ConfigError
 from tests.tiny_models import write_tiny_model
 
@@ -44,7 +45,14 @@ def test_the_engine_thread_builds_and_steps_the_core(tiny_llama):
         finally:
             await asyncio.to_thread(engine.shutdown)
 
-    assert len(asyncio.run(run())) == 4
+    switch_interval = sys.getswitchinterval()
+    try:
+        assert len(asyncio.run(run())) == 4
+        # started, the engine shortens the GIL's switch interval (the engine thread waits less for it)
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
+        assert GIL_SWITCH_INTERVAL_S < switch_interval
+    finally:
+        sys.setswitchinterval(switch_interval)
     assert stepped_on and set(stepped_on) == {owner}
     assert not engine._thread.is_alive()
 
