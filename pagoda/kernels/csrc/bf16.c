@@ -5,10 +5,6 @@
  * and fp32 FMAs do the rest. bf16 values are passed as uint16_t. */
 #include "vec.h"
 
-static inline __m256 bf16x8(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
 /* round to nearest even, as torch rounds; a NaN stays a (quiet) NaN */
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
@@ -32,12 +28,6 @@ static float *widen(const uint16_t *x, long n) {
     }
     return out;
 }
-
-#ifdef __AVX512F__
-static inline __m512 bf16x16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-#endif
 
 /* x . w for fp32 x, bf16 w; n % 8 == 0 */
 static inline float dot_f32_bf16(const float *x, const uint16_t *w, long n) {
@@ -258,14 +248,17 @@ void pagoda_paged_decode_attention_bf16(uint16_t *out, const uint16_t *q, const 
             float *qf = widen(qb, width);
 #endif
 #define TOKEN(cache, t) (cache + table[(t) / block_size] * block_stride + ((t) % block_size) * token_stride)
+/* rows[j] = TOKEN(cache, t + j) for j < 16, each row `ahead` tokens further on prefetched */
+#define ROWS16(rows, cache, t)                                                                                         \
+    for (long j = 0; j < 16; j++) {                                                                                    \
+        if ((t) + ahead + j < len) prefetch_token_bf16(TOKEN(cache, (t) + ahead + j), token_stride);                   \
+        rows[j] = TOKEN(cache, (t) + j);                                                                               \
+    }
             long t = 0;
 #ifdef __AVX512BF16__
             for (; t + 16 <= len; t += 16) { /* 16 tokens' scores at once, then the rest one by one */
                 const uint16_t *rows[16];
-                for (long j = 0; j < 16; j++) {
-                    if (t + ahead + j < len) prefetch_token_bf16(TOKEN(k_cache, t + ahead + j), token_stride);
-                    rows[j] = TOKEN(k_cache, t + j);
-                }
+                ROWS16(rows, k_cache, t);
                 score16_bf16(qb, rows, num_heads, group, head_dim, scale, probs + t, len);
             }
 #endif
@@ -285,12 +278,10 @@ void pagoda_paged_decode_attention_bf16(uint16_t *out, const uint16_t *q, const 
             memset(acc, 0, width * sizeof(float));
             t = 0;
 #ifdef __AVX512F__
-            for (; head_dim % 16 == 0 && head_dim <= 128 && t + 16 <= len; t += 16) {
+            const int weigh16 = head_dim % 16 == 0 && head_dim <= 128; /* weigh16_bf16's head sizes */
+            for (; weigh16 && t + 16 <= len; t += 16) {
                 const uint16_t *rows[16];
-                for (long j = 0; j < 16; j++) {
-                    if (t + ahead + j < len) prefetch_token_bf16(TOKEN(v_cache, t + ahead + j), token_stride);
-                    rows[j] = TOKEN(v_cache, t + j);
-                }
+                ROWS16(rows, v_cache, t);
                 weigh16_bf16(acc, probs + t, len, rows, num_heads, group, head_dim);
             }
 #endif
@@ -299,6 +290,7 @@ void pagoda_paged_decode_attention_bf16(uint16_t *out, const uint16_t *q, const 
                 const uint16_t *v = TOKEN(v_cache, t);
                 for (long h = 0; h < num_heads; h++) axpy_bf16(acc + h * head_dim, probs[h * len + t], v + (h / group) * head_dim, head_dim);
             }
+#undef ROWS16
 #undef TOKEN
             for (long i = 0; i < width; i++) out[b * width + i] = to_bf16(acc[i]);
         }

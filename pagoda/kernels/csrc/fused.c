@@ -38,13 +38,7 @@ static inline size_t value_size(int bf16) { return bf16 ? sizeof(uint16_t) : siz
 
 /* VLEN values from p + i (float or bf16), widened to fp32 */
 static inline vec load_row(const void *p, long i, int bf16) {
-    if (!bf16) return vload((const float *)p + i);
-    const uint16_t *q = (const uint16_t *)p + i;
-#ifdef __AVX512F__
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q)), 16));
-#else
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)q)), 16));
-#endif
+    return bf16 ? vload_bf16((const uint16_t *)p + i) : vload((const float *)p + i);
 }
 
 /* VLEN values to p + i, rounded to bf16 where `bf16` */

@@ -50,6 +50,20 @@ static inline float vsum(vec v) { return hsum(v); }
 static inline vec vabs(vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); } /* the sign bit cleared */
 #endif
 
+/* 8 (bf16x8) or 16 (bf16x16) bf16 values (uint16_t, an fp32's top half) widened to fp32 exactly,
+ * by a 16-bit shift; vload_bf16 loads a vec's worth */
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#ifdef __AVX512F__
+static inline __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline vec vload_bf16(const uint16_t *p) { return bf16x16(p); }
+#else
+static inline vec vload_bf16(const uint16_t *p) { return bf16x8(p); }
+#endif
+
 /* e^x, x clamped to [-87, 88] (e^x a normal float there): 2^n e^r with n = round(x log2 e),
  * r = x - n ln 2 in two parts (the first exact in float), |r| <= ln2 / 2, and e^r by its
  * degree-6 Taylor polynomial (relative error < 2e-7). */
