@@ -1,7 +1,8 @@
 """GFLOP/s of the int8-activation kernels (csrc/qdot.c: GGUF's formats and `--quantization int8`'s
 I8) against oneDNN's float32 GEMM (torch) on the default model's layer shapes, at 1, 8, 32 and 256
-activation rows. Runs alternate between the two (A B A B ...) and the best of each is reported, so
-a busy machine skews both alike.
+activation rows; where the CPU has AMX, the kernels' vector path and tile path both (the default
+takes the tiles from 16 rows). Runs alternate (A B A B ...) and the best of each is reported, so a
+busy machine skews all alike.
 
     python benchmarks/quant_kernels.py [--formats Q4_1,Q8_0,Q4_0,I8] [--repeats 5] [--seconds 0.2]
 """
@@ -25,7 +26,7 @@ from tests.kernels.test_quant_kernels import gguf_rows  # noqa: E402
 # (name, out, in) of SmolLM2-135M: q/o, k or v, gate or up, down, the tied LM head
 SHAPES = [("576x576", 576, 576), ("576x192", 192, 576), ("576x1536", 1536, 576), ("1536x576", 576, 1536)]
 HEAD = ("head 576x49152", 49152, 576)
-ROWS = (1, 8, 32, 256)
+ROWS = (1, 8, 16, 32, 256)
 
 
 def rate(fn, flops: float, seconds: float) -> float:
@@ -46,7 +47,10 @@ def main() -> None:
     args = parser.parse_args()
     lib = cpu.load()
     print(f"kernels: {'+'.join(lib.isa)}, threads {torch.get_num_threads()}")
-    print("| format | shape | M | int8 kernel GFLOP/s | oneDNN fp32 GFLOP/s | ratio |\n|---|---|---|---|---|---|")
+    paths = {"vectors": False, "AMX tiles": True} if lib.amx else {"vectors": False}
+    columns = " | ".join(f"int8 {path} GFLOP/s" for path in paths)
+    print(f"| format | shape | M | {columns} | oneDNN fp32 GFLOP/s | best / oneDNN |")
+    print("|---" * (len(paths) + 5) + "|")
     for fmt in args.formats.split(","):
         for name, n, k in SHAPES + [HEAD]:
             weight = torch.randn(n, k)
@@ -54,14 +58,18 @@ def main() -> None:
                 packed = quantize_int8(weight)
             else:
                 packed = pack_gguf(lib, fmt, torch.from_numpy(gguf_rows(fmt, weight)[0]), k)
-            for m in ROWS if (name, n, k) != HEAD else (1, 8, 32):
+            for m in ROWS if (name, n, k) != HEAD else (1, 8, 16, 32):
                 x = torch.randn(m, k)
                 flops = 2.0 * m * n * k
-                ours, theirs = 0.0, 0.0
+                ours, theirs = dict.fromkeys(paths, 0.0), 0.0
                 for _ in range(args.repeats):
-                    ours = max(ours, rate(partial(quant_matmul, lib, x, packed, None), flops, args.seconds))
+                    for path, tiles in paths.items():
+                        run = partial(quant_matmul, lib, x, packed, None, tiles=tiles)
+                        ours[path] = max(ours[path], rate(run, flops, args.seconds))
                     theirs = max(theirs, rate(partial(torch.mm, x, weight.T), flops, args.seconds))
-                print(f"| {fmt} | {name} | {m} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |", flush=True)
+                cells = " | ".join(f"{ours[path]:.1f}" for path in paths)
+                best = max(ours.values()) / theirs
+                print(f"| {fmt} | {name} | {m} | {cells} | {theirs:.1f} | {best:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

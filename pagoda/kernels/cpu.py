@@ -60,7 +60,7 @@ _VOID_SIGNATURES = {
     # qdot.c (GGUF blocks and I8, the format first), wrapped by model_executor/quant_linear.py
     "pagoda_qd_pack": [_INT, _P, _P, _I64, _I64, _INT],
     "pagoda_qd_dequant_rows": [_INT, _P, _P, _I64, _I64, _P, _INT],
-    "pagoda_qd_matmul": [_INT] + [_P] * 4 + [_I64] * 3 + [_INT],
+    "pagoda_qd_matmul": [_INT] + [_P] * 4 + [_I64] * 3 + [_INT, _INT],
 }
 
 
@@ -132,6 +132,8 @@ def load() -> ctypes.CDLL | None:
         getattr(lib, name).restype = None
     lib.pagoda_bind_threads.argtypes = [_P, ctypes.c_int]
     lib.pagoda_bind_threads.restype = ctypes.c_int
+    lib.pagoda_amx_enable.restype = ctypes.c_int
+    lib.amx = "amx" in isa and lib.pagoda_amx_enable() == 1  # the OS grants the tile registers
     return lib
 
 

@@ -151,6 +151,31 @@ def test_matmul_matches_int8_activation_reference(libs, fmt):
         assert torch.equal(outputs[0], outputs[1]), f"AVX2 differs from the native path, {fmt} {m}x{n}x{k}"
 
 
+# activation rows for the tiles: below, at and across the 16-row tile and a pair of them;
+# (weight rows, columns): one panel, an odd panel count (a pair's second panel missing), partial blocks (I8)
+TILE_ROWS = (1, 5, 16, 17, 33, 64)
+TILE_WEIGHTS = [(16, 32), (40, 96), (100, 576)]
+
+
+@pytest.mark.skipif(not getattr(cpu_kernels.load(), "amx", False), reason="this CPU (or its OS) has no AMX tiles")
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0", "I8"])
+def test_amx_tiles_equal_the_vector_path(libs, fmt):
+    """The AMX path sums the same exact integers and combines them with the same float steps: its
+    outputs equal the vector path's bitwise, for every row count (rows past the last whole tile
+    run as zero codes) and with or without a bias."""
+    lib = libs["native"]
+    for n, k in TILE_WEIGHTS + ([(19, 13), (33, 100)] if fmt == "I8" else []):
+        weight = torch.randn(n, k, generator=torch.Generator().manual_seed(n * k))
+        packed = format_case(fmt, weight)[0](lib)
+        gen = torch.Generator().manual_seed(n + k)
+        bias = torch.randn(n, generator=gen)
+        for m in TILE_ROWS:
+            x = torch.randn(m, k, generator=gen)
+            for b in (None, bias):
+                vectors = quant_matmul(lib, x, packed, b, tiles=False)
+                assert torch.equal(quant_matmul(lib, x, packed, b, tiles=True), vectors), f"{fmt} {m}x{n}x{k}"
+
+
 def test_int8_matmul_is_close_to_float(lib):
     """I8 against the float matmul on the unquantized weight: the two roundings (per-row weights,
     per-block activations) stay a small relative error (about 0.009 on Gaussian data)."""
