@@ -12,7 +12,7 @@
  * and y = acc + bias; for I8 acc = fma(da, (float)isum, acc) and the row's scale once at the end,
  * y = fma(acc, s, bias). Integer sums are exact and the float steps are the same IEEE operations
  * in every lane of every path, so a row's result does not depend on the batch it is in (the GEMV
- * is the GEMM with one row) nor on AVX2 vs AVX-512 (VNNI or not).
+ * is the GEMM with one row) nor on AVX2 vs AVX-512 (VNNI or not) vs AMX tiles.
  *
  * Packed weight layout (made once at load by pagoda_qd_pack from GGUF's rows): panels of 16 rows
  * (the last one padded with zero rows), each panel its blocks in order, each block
