@@ -1,7 +1,7 @@
 """GFLOP/s of the int8-activation kernels (csrc/qdot.c: GGUF's formats and `--quantization int8`'s
 I8) against oneDNN's float32 GEMM (torch) on the default model's layer shapes, at 1, 8, 32 and 256
-activation rows; where the CPU has AMX, the kernels' vector path and tile path both (the default
-takes the tiles from 16 rows). Runs alternate (A B A B ...) and the best of each is reported, so a
+activation rows; where the CPU has AMX, for Q8_0 and I8 the kernels' vector path and tile path both
+(the default takes the tiles from 16 rows). Runs alternate (A B A B ...) and the best of each is reported, so a
 busy machine skews all alike.
 
     python benchmarks/quant_kernels.py [--formats Q4_1,Q8_0,Q4_0,I8] [--repeats 5] [--seconds 0.2]
@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pagoda.kernels import cpu  # noqa: E402
-from pagoda.model_executor.quant_linear import pack_gguf, quant_matmul, quantize_int8  # noqa: E402
+from pagoda.model_executor.quant_linear import AMX_FORMATS, pack_gguf, quant_matmul, quantize_int8  # noqa: E402
 from tests.kernels.test_quant_kernels import gguf_rows  # noqa: E402
 
 # (name, out, in) of SmolLM2-135M: q/o, k or v, gate or up, down, the tied LM head
@@ -64,10 +64,12 @@ def main() -> None:
                 ours, theirs = dict.fromkeys(paths, 0.0), 0.0
                 for _ in range(args.repeats):
                     for path, tiles in paths.items():
+                        if tiles and fmt not in AMX_FORMATS:
+                            continue
                         run = partial(quant_matmul, lib, x, packed, None, tiles=tiles)
                         ours[path] = max(ours[path], rate(run, flops, args.seconds))
                     theirs = max(theirs, rate(partial(torch.mm, x, weight.T), flops, args.seconds))
-                cells = " | ".join(f"{ours[path]:.1f}" for path in paths)
+                cells = " | ".join(f"{ours[path]:.1f}" if ours[path] else "-" for path in paths)
                 best = max(ours.values()) / theirs
                 print(f"| {fmt} | {name} | {m} | {cells} | {theirs:.1f} | {best:.2f} |", flush=True)
 

@@ -23,6 +23,7 @@ FORMAT_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "I8": 3}  # as csrc/qdot.c number
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32 columns, as GGUF stores them
 BLOCK = 32
 PANEL_ROWS = 16  # rows per packed panel (csrc/qdot.c)
+AMX_FORMATS = ("Q8_0", "I8")  # byte codes: AMX tiles as they lie (Q4's nibbles measured no faster on tiles)
 AMX_MIN_ROWS = 16  # activation rows from which the tiles beat the vector path (one whole tile)
 GROUP = 4  # columns per code group of an I8 block: [16 rows][4 codes]
 _MIN_SCALE = 1e-12  # an all-zero row still gets a finite scale
@@ -103,8 +104,8 @@ def quant_matmul(
     lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None, tiles: bool | None = None
 ) -> torch.Tensor:
     """x [m, in] (float32) @ weight.T + bias -> float32 [m, out]: int8 activations, one arithmetic
-    for every format and every m; the integer dots on AMX tiles (`tiles`; by default where the CPU
-    has them and m >= AMX_MIN_ROWS), else in vector registers, bitwise the same."""
+    for every format and every m; the integer dots of AMX_FORMATS on AMX tiles (`tiles`; by default
+    where the CPU has them and m >= AMX_MIN_ROWS), else in vector registers, bitwise the same."""
     x = x.float().contiguous()
     rows = x.shape[0]
     out = torch.empty(rows, weight.out_features)
@@ -119,7 +120,7 @@ def quant_matmul(
         rows,
         weight.out_features,
         x.shape[1],
-        lib.amx and rows >= AMX_MIN_ROWS if tiles is None else tiles,
+        lib.amx and weight.format in AMX_FORMATS and rows >= AMX_MIN_ROWS if tiles is None else tiles,
         torch.get_num_threads(),
     )
     return out

@@ -15,6 +15,7 @@ import torch
 
 from pagoda.kernels import cpu as cpu_kernels
 from pagoda.model_executor.quant_linear import (
+    AMX_FORMATS,
     QuantWeight,
     dequantize_rows,
     int8_codes,
@@ -158,7 +159,7 @@ TILE_WEIGHTS = [(16, 32), (40, 96), (100, 576)]
 
 
 @pytest.mark.skipif(not getattr(cpu_kernels.load(), "amx", False), reason="this CPU (or its OS) has no AMX tiles")
-@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0", "I8"])
+@pytest.mark.parametrize("fmt", AMX_FORMATS)
 def test_amx_tiles_equal_the_vector_path(libs, fmt):
     """The AMX path sums the same exact integers and combines them with the same float steps: its
     outputs equal the vector path's bitwise, for every row count (rows past the last whole tile

@@ -284,12 +284,13 @@ static inline void panel_out(int fmt, const uint8_t *panel, const float acc[][PR
  * XFEATURE_XTILEDATA); until then a tile instruction faults. 1 where granted. */
 int pagoda_amx_enable(void) { return syscall(SYS_arch_prctl, 0x1023, 18) == 0; }
 
-/* The tile path: the same integers and float steps as panel_tile, the integer block dots by AMX.
- * Per block, tile products C [16 activation rows][16 panel rows] (int32) of A [16 rows][32 codes]
- * (the activations, signed) and B [8][16 panel rows][4 codes] (the block's codes: Q8_0's and I8's
- * packed groups as they lie, Q4's nibbles unpacked once per panel), for two tiles of rows by two
- * panels at once (tiles 0-3: C; 4, 5: the rows' A; 6, 7: the panels' B), each C then combined
- * into float32 accumulators exactly as panel_tile does. */
+/* The tile path, for the formats with byte codes (Q8_0, I8): the same integers and float steps as
+ * panel_tile, the integer block dots by AMX. Per block, tile products C [16 activation rows][16 panel
+ * rows] (int32) of A [16 rows][32 codes] (the activations) and B [8][16 panel rows][4 codes] (the
+ * block's packed code groups as they lie), both signed, for two tiles of rows by two panels at once
+ * (tiles 0-3: C; 4, 5: the rows' A; 6, 7: the panels' B), each C then combined into float32
+ * accumulators exactly as panel_tile does. (Q4's nibbles would need unpacking into B tiles: measured
+ * no faster than the vector path, so they stay there.) */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -305,101 +306,64 @@ static void tiles_configure(void) {
     _tile_loadconfig(&c);
 }
 
-/* B tiles of a Q4 panel's blocks: group g's low nibbles are columns 4g.. of the block (B row g),
- * its high ones columns 16 + 4g.. (B row 4 + g) */
-static void unpack_nibbles(int fmt, const uint8_t *blocks, long nb, uint8_t *tiles) {
-    const long pb = packed_block_bytes(fmt), h = header_bytes(fmt);
-    for (long b = 0; b < nb; b++)
-        for (int g = 0; g < 4; g++) {
-            const __m512i codes = _mm512_loadu_si512(blocks + b * pb + h + g * 64);
-            _mm512_storeu_si512(tiles + b * 512 + g * 64, iand(codes, 0x0F));
-            _mm512_storeu_si512(tiles + b * 512 + (4 + g) * 64, iand(ishr4(codes), 0x0F));
-        }
-}
-
 /* acc[i] (the panel's 16 outputs) of activation row i0 + i, after block b, whose products are c */
 static inline __attribute__((always_inline)) void combine_block(int fmt, const int32_t c[16][16], const uint8_t *blk,
                                                                 const qacts *x, long i0, long b, float acc[16][PR]) {
     const vec dw = fmt == I8 ? vset(1.f) : halfs(blk);
-    const vec mw = fmt == Q4_1 ? halfs(blk + 32) : dw;
     for (int i = 0; i < 16; i++) {
-        const long at = (i0 + i) * x->nb + b;
-        ivec isum = _mm512_load_si512(c[i]);
-        if (fmt == Q4_0) isum = isub_scaled(isum, 8, x->sum[at]);
-        const vec scale = fmt == I8 ? vset(x->d[at]) : vmul(dw, vset(x->d[at]));
-        vec a = vfmadd(scale, ifloat(isum), vload(acc[i]));
-        if (fmt == Q4_1) a = vfmadd(mw, vset(x->dsum[at]), a);
-        vstore(acc[i], a);
+        const float da = x->d[(i0 + i) * x->nb + b];
+        const vec scale = fmt == I8 ? vset(da) : vmul(dw, vset(da));
+        vstore(acc[i], vfmadd(scale, ifloat(_mm512_load_si512(c[i])), vload(acc[i])));
     }
 }
 
-#define TILE_DOT(fmt, c, ta, tb)                                                                                       \
+/* tile c = 0, then c += A (tile ta) . B (tile tb); tile numbers are literals */
+#define TILE_DOT(c, ta, tb)                                                                                            \
     do {                                                                                                               \
         _tile_zero(c);                                                                                                 \
-        if (byte_codes(fmt)) _tile_dpbssd(c, ta, tb);                                                                  \
-        else _tile_dpbsud(c, ta, tb);                                                                                  \
+        _tile_dpbssd(c, ta, tb);                                                                                       \
     } while (0)
 
-/* The products of block b: C (tiles 0-3) = A (4, 5: two tiles of rows) . B (6, 7: two panels) */
-static inline __attribute__((always_inline)) void tile_products(int fmt, const uint8_t *const codes[2], long stride,
-                                                                int np, int nr, const qacts *x, long i0, long b) {
-    const int8_t *a = x->q + i0 * x->kp + b * QK;
-    _tile_loadd(4, a, x->kp);
-    _tile_loadd(6, codes[0] + b * stride, 64);
-    TILE_DOT(fmt, 0, 4, 6);
-    if (np == 2) {
-        _tile_loadd(7, codes[1] + b * stride, 64);
-        TILE_DOT(fmt, 1, 4, 7);
-    }
-    if (nr == 2) {
-        _tile_loadd(5, a + 16 * x->kp, x->kp);
-        TILE_DOT(fmt, 2, 5, 6);
-        if (np == 2) TILE_DOT(fmt, 3, 5, 7);
-    }
-}
-
 /* acc[r][j]: the outputs of panel j < np for activation rows i0 + 16 r .. + 15, r < nr (rows of
- * x->q past m are zero codes); codes[j] + b * stride: block b's B tile of panel j. Software
- * pipelined: block b + 1's products run on the tile unit while block b's are combined, from a
- * buffer of their own (a vector load waits for a tile store to the same bytes to complete). */
-static inline __attribute__((always_inline)) void tiles_2x2(int fmt, const uint8_t *const blocks[2],
-                                                            const uint8_t *const codes[2], long stride, int np, int nr,
+ * x->q past m are zero codes) */
+static inline __attribute__((always_inline)) void tiles_2x2(int fmt, const uint8_t *const blocks[2], int np, int nr,
                                                             const qacts *x, long i0, float acc[2][2][16][PR]) {
-    const long pb = packed_block_bytes(fmt);
-    __attribute__((aligned(64))) int32_t c[2][4][16][16];
+    const long pb = packed_block_bytes(fmt), h = header_bytes(fmt);
+    __attribute__((aligned(64))) int32_t c[4][16][16];
     memset(acc, 0, sizeof(float) * 2 * 2 * 16 * PR);
-    tile_products(fmt, codes, stride, np, nr, x, i0, 0);
     for (long b = 0; b < x->nb; b++) {
-        int32_t(*cb)[16][16] = c[b & 1];
-        _tile_stored(0, cb[0], 64);
-        if (np == 2) _tile_stored(1, cb[1], 64);
-        if (nr == 2) _tile_stored(2, cb[2], 64);
-        if (np == 2 && nr == 2) _tile_stored(3, cb[3], 64);
-        if (b + 1 < x->nb) tile_products(fmt, codes, stride, np, nr, x, i0, b + 1);
+        const int8_t *a = x->q + i0 * x->kp + b * QK;
+        _tile_loadd(4, a, x->kp);
+        _tile_loadd(6, blocks[0] + b * pb + h, 64);
+        TILE_DOT(0, 4, 6);
+        if (np == 2) {
+            _tile_loadd(7, blocks[1] + b * pb + h, 64);
+            TILE_DOT(1, 4, 7);
+        }
+        if (nr == 2) {
+            _tile_loadd(5, a + 16 * x->kp, x->kp);
+            TILE_DOT(2, 5, 6);
+            if (np == 2) TILE_DOT(3, 5, 7);
+        }
+        _tile_stored(0, c[0], 64);
+        if (np == 2) _tile_stored(1, c[1], 64);
+        if (nr == 2) _tile_stored(2, c[2], 64);
+        if (np == 2 && nr == 2) _tile_stored(3, c[3], 64);
         for (int r = 0; r < nr; r++)
-            for (int j = 0; j < np; j++) combine_block(fmt, cb[2 * r + j], blocks[j] + b * pb, x, i0 + 16 * r, b, acc[r][j]);
+            for (int j = 0; j < np; j++) combine_block(fmt, c[2 * r + j], blocks[j] + b * pb, x, i0 + 16 * r, b, acc[r][j]);
     }
 }
 
 /* panels p and, where np == 2, p + 1, every activation row */
 static inline __attribute__((always_inline)) void panels_tiles(int fmt, const uint8_t *packed, long pbytes, long p,
-                                                               int np, uint8_t *nibbles, const qacts *x, long m,
-                                                               float *y, long n, const float *bias) {
-    const uint8_t *panel[2], *blocks[2], *codes[2];
-    const long stride = byte_codes(fmt) ? packed_block_bytes(fmt) : 512;
-    for (int j = 0; j < np; j++) {
-        panel[j] = packed + (p + j) * pbytes;
-        blocks[j] = panel[j] + panel_head(fmt);
-        codes[j] = blocks[j] + header_bytes(fmt);
-        if (!byte_codes(fmt)) {
-            codes[j] = nibbles + j * x->nb * 512;
-            unpack_nibbles(fmt, blocks[j], x->nb, nibbles + j * x->nb * 512);
-        }
-    }
+                                                               int np, const qacts *x, long m, float *y, long n,
+                                                               const float *bias) {
+    const uint8_t *panel[2] = {packed + p * pbytes, packed + (p + np - 1) * pbytes};
+    const uint8_t *const blocks[2] = {panel[0] + panel_head(fmt), panel[1] + panel_head(fmt)};
     for (long i0 = 0; i0 < m; i0 += 32) {
         const int nr = m - i0 > 16 ? 2 : 1;
         __attribute__((aligned(64))) float acc[2][2][16][PR];
-        tiles_2x2(fmt, blocks, codes, stride, np, nr, x, i0, acc);
+        tiles_2x2(fmt, blocks, np, nr, x, i0, acc);
         for (int r = 0; r < nr; r++)
             for (int j = 0; j < np; j++) {
                 const long first = i0 + 16 * r, count = m - first < 16 ? m - first : 16;
@@ -444,23 +408,19 @@ static void matmul_vectors(int fmt, const uint8_t *packed, long pbytes, long pan
 }
 
 #if defined(__AMX_INT8__) && defined(__AVX512F__)
-/* matmul_vectors' order on tiles; each thread configures its own tile registers */
+/* matmul_vectors' order on tiles, Q8_0 and I8; each thread configures its own tile registers */
 static void matmul_tiles(int fmt, const uint8_t *packed, long pbytes, long panels, const qacts *acts, long m,
                          float *y, long n, const float *bias, int num_threads) {
 #pragma omp parallel num_threads(num_threads)
     {
         tiles_configure();
-        uint8_t *nibbles = aligned_alloc(64, 2 * acts->nb * 512);
 #pragma omp for schedule(static)
         for (long pair = 0; pair < (panels + 1) / 2; pair++) {
             const long p = 2 * pair;
             const int np = p + 1 < panels ? 2 : 1;
-            if (fmt == Q4_0) panels_tiles(Q4_0, packed, pbytes, p, np, nibbles, acts, m, y, n, bias);
-            else if (fmt == Q4_1) panels_tiles(Q4_1, packed, pbytes, p, np, nibbles, acts, m, y, n, bias);
-            else if (fmt == Q8_0) panels_tiles(Q8_0, packed, pbytes, p, np, nibbles, acts, m, y, n, bias);
-            else panels_tiles(I8, packed, pbytes, p, np, nibbles, acts, m, y, n, bias);
+            if (fmt == Q8_0) panels_tiles(Q8_0, packed, pbytes, p, np, acts, m, y, n, bias);
+            else panels_tiles(I8, packed, pbytes, p, np, acts, m, y, n, bias);
         }
-        free(nibbles);
         _tile_release();
     }
 }
@@ -470,10 +430,11 @@ static void matmul_tiles(int fmt, const uint8_t *packed, long pbytes, long panel
 
 /* y [m, n] = x [m, k] @ w.T (+ bias) on packed w, float32 in and out: activations quantized once,
  * then the panels. m == 1 is the GEMV: the same code. With `tiles` (only where pagoda_amx_enable
- * granted them) the integer dots run on AMX: bitwise the same outputs. */
+ * granted them) Q8_0's and I8's integer dots run on AMX: bitwise the same outputs. */
 void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,
                       long k, int tiles, int num_threads) {
     const long nb = (k + QK - 1) / QK, kp = nb * QK, panels = (n + PR - 1) / PR, pbytes = panel_bytes(fmt, k);
+    tiles = tiles && byte_codes(fmt);
     const long mp = tiles ? (m + 15) / 16 * 16 : m; /* the tiles read whole tiles of 16 rows: zeros past m */
     int8_t *q = calloc(mp * kp, 1);
     float *d = calloc(mp * nb, sizeof(float));
