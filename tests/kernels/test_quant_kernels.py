@@ -156,9 +156,10 @@ def test_matmul_matches_int8_activation_reference(libs, fmt):
 # (weight rows, columns): one panel, an odd panel count (a pair's second panel missing), partial blocks (I8)
 TILE_ROWS = (1, 5, 16, 17, 33, 64)
 TILE_WEIGHTS = [(16, 32), (40, 96), (100, 576)]
+NO_TILES = "no AMX tiles here (the CPU, the OS or a PAGODA_CPU_ISA cap)"
 
 
-@pytest.mark.skipif(not getattr(cpu_kernels.load(), "amx", False), reason="this CPU (or its OS) has no AMX tiles")
+@pytest.mark.skipif(not getattr(cpu_kernels.load(), "amx", False), reason=NO_TILES)
 @pytest.mark.parametrize("fmt", AMX_FORMATS)
 def test_amx_tiles_equal_the_vector_path(libs, fmt):
     """The AMX path sums the same exact integers and combines them with the same float steps: its
