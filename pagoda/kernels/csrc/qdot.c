@@ -80,7 +80,7 @@ void pagoda_qd_pack(int fmt, const uint8_t *w, uint8_t *packed, long n, long k, 
 void pagoda_qd_dequant_rows(int fmt, const uint8_t *packed, const int64_t *ids, long count, long k, float *out,
                             int num_threads) {
     const long nb = k / QK, pb = packed_block_bytes(fmt), h = header_bytes(fmt);
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (count > 1)
     for (long i = 0; i < count; i++) {
         const long r = ids[i] % PR;
         const uint8_t *panel = packed + ids[i] / PR * nb * pb;
