@@ -113,7 +113,7 @@ static inline void store_ints(int32_t *p, __m256i v) { _mm256_storeu_si256((__m2
  * block its scale d and the codes' sum. Every step is exact or one IEEE operation (max, one
  * division, one reciprocal, one product, rounding to nearest even), so any vector width gives the
  * same codes. */
-static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *sum, float *dsum) {
+static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *sum) {
     for (long b = 0; b * QK < k; b++) {
         const long n = k - b * QK < QK ? k - b * QK : QK;
         float v[QK] = {0}, amax = 0.f;
@@ -140,7 +140,6 @@ static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *s
 #endif
         d[b] = scale;
         sum[b] = s;
-        dsum[b] = scale * (float)s;
     }
 }
 
@@ -203,12 +202,11 @@ static inline ivec dot_s8(ivec s, ivec w, ivec a) { return dot_u8(s, _mm256_abs_
 #define HALVES (PR / ILANES) /* vectors per panel row group: 1 (AVX-512) or 2 (AVX2) */
 
 /* Activations of one call, quantized: row i's codes at q + i * kp, its blocks' scales and sums
- * at d + i * nb, sum + i * nb and dsum + i * nb. */
+ * at d + i * nb, sum + i * nb. */
 typedef struct {
     const int8_t *q;
     const float *d;
     const int32_t *sum;
-    const float *dsum; /* d * (float)sum: Q4_1's offset term */
     long kp, nb;
 } qacts;
 
@@ -250,7 +248,7 @@ static inline __attribute__((always_inline)) void panel_tile(int fmt, int tm, co
                 if (byte_codes(fmt) && Q8_OFFSET) isum = isub_scaled(isum, Q8_OFFSET, asum);
                 const vec scale = fmt == I8 ? vset(da) : vmul(dw, vset(da));
                 acc[i][v] = vfmadd(scale, ifloat(isum), acc[i][v]);
-                if (fmt == Q4_1) acc[i][v] = vfmadd(mw, vset(x->dsum[(i0 + i) * x->nb + b]), acc[i][v]);
+                if (fmt == Q4_1) acc[i][v] = vfmadd(mw, vset(da * (float)asum), acc[i][v]);
             }
         }
     }
@@ -445,13 +443,11 @@ void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, 
     int8_t *q = calloc(mp * kp, 1);
     float *d = calloc(mp * nb, sizeof(float));
     int32_t *sum = calloc(mp * nb, sizeof(int32_t));
-    float *dsum = calloc(mp * nb, sizeof(float));
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m > 1)
-    for (long i = 0; i < m; i++) quantize_row(x + i * k, k, q + i * kp, d + i * nb, sum + i * nb, dsum + i * nb);
-    const qacts acts = {q, d, sum, dsum, kp, nb};
+    for (long i = 0; i < m; i++) quantize_row(x + i * k, k, q + i * kp, d + i * nb, sum + i * nb);
+    const qacts acts = {q, d, sum, kp, nb};
     (tiles ? matmul_tiles : matmul_vectors)(fmt, packed, pbytes, panels, &acts, m, y, n, bias, num_threads);
     free(q);
     free(d);
     free(sum);
-    free(dsum);
 }
