@@ -9,6 +9,7 @@
  * all kv heads are one contiguous row, and splitting by kv head instead (each work item reading a
  * third of every row, for 3 kv heads) made a thread 30% slower. */
 #include "vec.h"
+#include "kernels.h"
 
 /* a . b over n floats, n % 8 == 0, before its horizontal sum: dot_n is vsum of it. Four
  * accumulators: one dot is a chain of dependent FMAs, and its latency, not the loads, bounds the

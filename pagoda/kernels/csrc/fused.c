@@ -11,6 +11,7 @@
  * (~30 us), and below it no OpenMP runtime call is made at all (even a region with a false if()
  * clause costs microseconds, and waking a team on a busy machine far more). */
 #include "vec.h"
+#include "kernels.h"
 
 #define PARALLEL_MIN (1L << 18)
 

@@ -8,6 +8,7 @@
  * multiplies it into whole vectors of columns: no horizontal sums, and a single row streams the
  * panels front to back as a GEMV does. */
 #include "vec.h"
+#include "kernels.h"
 
 #define PANEL 16
 #define PV (PANEL / VLEN)

@@ -23,6 +23,7 @@
  * sums. The GGUF bytes are the file's, rearranged: same size. An I8 panel starts with its 16 rows'
  * float32 scales, then its blocks, which have no header (made by model_executor/quant_linear.py). */
 #include "vec.h"
+#include "kernels.h"
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3 };
 #define QK 32

@@ -1,0 +1,21 @@
+/* The kernels one source calls in another (decoder.c runs a whole decode step through them); each
+ * defining source includes this too, so the compiler holds the two to one signature. */
+#pragma once
+#include <stdint.h>
+
+void pagoda_rms_norm(void *out, const void *x, const void *weight, long rows, long n, float eps, int bf16,
+                     int num_threads);
+void pagoda_add_rms_norm(void *x, void *residual, const void *weight, long rows, long n, float eps, int bf16,
+                         int num_threads);
+void pagoda_rotary(void *x, const void *cos, const void *signed_sin, const int64_t *positions, long tokens, long heads,
+                   long head_dim, long token_stride, int bf16, int num_threads);
+void pagoda_silu_mul(void *out, const void *gate_up, long rows, long n, int bf16, int num_threads);
+void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const float *packed, const float *bias, long m,
+                           long n, long k, int num_threads);
+void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,
+                      long k, int tiles, int num_threads);
+void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, const float *key, long key_stride,
+                                   const float *value, long value_stride, const int64_t *slots, float *k_cache,
+                                   float *v_cache, const int32_t *block_tables, const int32_t *seq_lens, long batch,
+                                   long num_heads, long num_kv_heads, long head_dim, long block_size,
+                                   long max_blocks, float scale, int num_threads);

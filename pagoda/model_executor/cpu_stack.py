@@ -1,0 +1,116 @@
+"""A decode step's layers in one C call (csrc/decoder.c) instead of one Python module call per
+norm, projection, rotation and attention: the same kernels in the same order, so bitwise the same
+outputs, minus the Python between them (at batch 1 the default model's 30 layers spent about as
+long in module calls and argument conversions as in their norms, rotary and attention together).
+
+It takes a step when every row is a decode on the cpu attention backend, and the model is one it
+covers: float32, no q/k norms (Qwen3's go through torch), its small ops on the C kernels
+(cpu_layers) and every linear on the batch-invariant GEMM (cpu_invariant) or quantized
+(quant_linear). Any other step, or model, runs the modules.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from pagoda.attention.cpu_backend import CpuAttentionMetadata
+from pagoda.kernels import cpu
+from pagoda.model_executor.cpu_invariant import InvariantLinear
+from pagoda.model_executor.cpu_layers import CpuResidualRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
+from pagoda.model_executor.quant_linear import AMX_FORMATS, AMX_MIN_ROWS, FORMAT_IDS, QuantLinear
+
+LINEAR_PANELS = -1  # decoder.c's kind of an InvariantLinear (a QuantLinear's is its format's id)
+
+
+def _linear_row(lib: ctypes.CDLL, linear) -> list[int] | None:
+    """decoder.c's Linear fields of one layer: kind, weight, bias, out and in features, the rows
+    from which AMX tiles run (as quant_matmul picks them); None for a linear it cannot run."""
+    bias = 0 if linear.bias is None else linear.bias.data_ptr()
+    if isinstance(linear, InvariantLinear):
+        return [LINEAR_PANELS, linear.packed.data_ptr(), bias, linear.out_features, linear.packed.shape[1], 0]
+    if isinstance(linear, QuantLinear):
+        w = linear.weight
+        tiles_from = AMX_MIN_ROWS if lib.amx and w.format in AMX_FORMATS else 0
+        return [FORMAT_IDS[w.format], w.data.data_ptr(), bias, w.out_features, w.in_features, tiles_from]
+    return None
+
+
+class CpuDecodeStack:
+    """The layers of a DecoderModel for decode-only steps: `forward` returns (x, residual) as the
+    module loop does, for the model's final norm."""
+
+    def __init__(self, model, table: torch.Tensor, lib: ctypes.CDLL) -> None:
+        d = model.dims
+        self.lib, self.table, self.num_layers = lib, table, d.num_layers
+        self.eps, self.scale = d.rms_eps, model.layers[0].self_attn.scale
+        self.cos, self.signed_sin = model.rotary.cos, model.rotary.signed_sin
+        self.hidden = d.hidden
+        self.shape = [d.hidden, d.intermediate, d.num_heads, d.num_kv_heads, d.head_dim]  # decoder.c's Dims
+        self.kv_source: list[torch.Tensor] | None = None  # the caches kv_pointers was made from
+        self.kv_pointers = torch.empty(0, dtype=torch.int64)
+
+    @classmethod
+    def build(cls, model) -> CpuDecodeStack | None:
+        """The stack for `model`, or None where decoder.c does not cover it."""
+        lib = cpu.load()
+        backend = model.layers[0].self_attn.backend
+        if lib is None or backend.name != "cpu" or model.embed_tokens.dtype != torch.float32:
+            return None
+        if not isinstance(model.rotary, CpuRotaryEmbedding):
+            return None
+        rows = []
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if attn.q_norm is not None or not all(isinstance(n, CpuResidualRMSNorm) for n in norms):
+                return None
+            if not isinstance(mlp.act, CpuSiluAndMul):
+                return None
+            linears = [_linear_row(lib, m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            if None in linears:
+                return None
+            rows.append([n.weight.data_ptr() for n in norms] + [f for row in linears for f in row])
+        return cls(model, torch.tensor(rows, dtype=torch.int64), lib)
+
+    def runs(self, metadata) -> bool:
+        """Whether this step is one the stack takes: decodes only, on the cpu backend."""
+        return (
+            isinstance(metadata, CpuAttentionMetadata)
+            and metadata.decodes is not None
+            and metadata.num_decodes == metadata.slot_mapping.shape[0]
+        )
+
+    def forward(
+        self, embeddings: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if kv_caches is not self.kv_source:
+            self.kv_pointers = torch.tensor([[c[0].data_ptr(), c[1].data_ptr()] for c in kv_caches], dtype=torch.int64)
+            self.kv_source = kv_caches
+        block_size = kv_caches[0].shape[2]
+        tables = metadata.decodes.block_tables
+        dims = torch.tensor([*self.shape, block_size, tables.shape[1]], dtype=torch.int64)
+        residual = embeddings.contiguous()
+        rows = residual.shape[0]
+        x = torch.empty(rows, self.hidden)
+        positions = positions.to(torch.int64).contiguous()
+        self.lib.pagoda_decode_layers(
+            self.table.data_ptr(),
+            self.num_layers,
+            self.kv_pointers.data_ptr(),
+            dims.data_ptr(),
+            residual.data_ptr(),
+            x.data_ptr(),
+            positions.data_ptr(),
+            metadata.slot_mapping.data_ptr(),
+            tables.data_ptr(),
+            metadata.decodes.seq_lens.data_ptr(),
+            self.cos.data_ptr(),
+            self.signed_sin.data_ptr(),
+            rows,
+            self.eps,
+            self.scale,
+            torch.get_num_threads(),
+        )
+        return x, residual
