@@ -11,7 +11,8 @@
 #   env: ENGINES="pagoda vllm" (default; also pagoda-bf16: --dtype bfloat16; pagoda-gguf: the Q4_1 file with
 #        --quantization gguf; pagoda-int8: the HF directory with --quantization int8; llamacpp: llama.cpp's
 #        server on the Q4_1 file (llamacpp.sh's venv, through llamacpp_server.py; N_THREADS (1) and N_THREADS_BATCH (2)
-#        as llamacpp.sh); each runs with the machine to itself; ratios are the first over the last),
+#        as llamacpp.sh; LLAMACPP_PYTHON: another llama-cpp-python build's python, e.g. one built without AMX
+#        where llama.cpp's AMX path faults); each runs with the machine to itself; ratios are the first over the last),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
 #        PAGODA_ARGS (more flags for the pagoda engine), PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4)
 #
@@ -33,7 +34,7 @@ NAME=smollm2
 URL=http://127.0.0.1:$PORT
 MODEL_DIR=$("$PEERS/smollm2-hf.sh")
 GGUF_FILE=$(. "$PEERS/common.sh" && smollm2_gguf)  # the Q4_1 file llamacpp.sh serves
-LLAMACPP_PYTHON=$(. "$PEERS/common.sh" && echo "$PEERS_HOME/llamacpp-venv/bin/python")
+LLAMACPP_PYTHON=${LLAMACPP_PYTHON:-$(. "$PEERS/common.sh" && echo "$PEERS_HOME/llamacpp-venv/bin/python")}
 case " $ENGINES " in *" llamacpp "*) "$PEERS/llamacpp.sh" install ;; esac
 mkdir -p "$OUT"
 
