@@ -1,12 +1,11 @@
-"""A decode step's layers in one C call (csrc/decoder.c) instead of one Python module call per
-norm, projection, rotation and attention: the same kernels in the same order, so bitwise the same
-outputs, minus the Python between them (at batch 1 the default model's 30 layers spent about as
-long in module calls and argument conversions as in their norms, rotary and attention together).
+"""A step's layers in one C call (csrc/decoder.c) instead of one Python module call per norm,
+projection, rotation and attention: the same kernels in the same order, so bitwise the same
+outputs, minus the Python between them (at batch 1 the default model's 30 layers spent longer in
+module calls and argument conversions than in their norms, rotary and attention together).
 
-It takes a step when every row is a decode on the cpu attention backend, and the model is one it
-covers: float32, no q/k norms (Qwen3's go through torch), its small ops on the C kernels
-(cpu_layers) and every linear on the batch-invariant GEMM (cpu_invariant) or quantized
-(quant_linear). Any other step, or model, runs the modules.
+It takes every step of a model it covers: float32 on the cpu attention backend, no q/k norms
+(Qwen3's go through torch), its small ops on the C kernels (cpu_layers) and every linear on the
+batch-invariant GEMM (cpu_invariant) or quantized (quant_linear). Other models run the modules.
 """
 
 from __future__ import annotations
@@ -37,22 +36,23 @@ def _linear_row(lib: ctypes.CDLL, linear) -> list[int] | None:
     return None
 
 
-class CpuDecodeStack:
-    """The layers of a DecoderModel for decode-only steps: `forward` returns (x, residual) as the
-    module loop does, for the model's final norm."""
+class CpuDecoderStack:
+    """The layers of a DecoderModel: `forward` returns (x, residual) as the module loop does, for
+    the model's final norm."""
 
     def __init__(self, model, table: torch.Tensor, lib: ctypes.CDLL) -> None:
         d = model.dims
+        # table [layers, fields]: decoder.c's Layer rows, addresses of the model's own tensors (the
+        # model holds them and this stack alike, so they outlive it)
         self.lib, self.table, self.num_layers = lib, table, d.num_layers
         self.eps, self.scale = d.rms_eps, model.layers[0].self_attn.scale
         self.cos, self.signed_sin = model.rotary.cos, model.rotary.signed_sin
-        self.hidden = d.hidden
         self.shape = [d.hidden, d.intermediate, d.num_heads, d.num_kv_heads, d.head_dim]  # decoder.c's Dims
-        self.kv_source: list[torch.Tensor] | None = None  # the caches kv_pointers was made from
-        self.kv_pointers = torch.empty(0, dtype=torch.int64)
+        self.kv_source: list[torch.Tensor] | None = None  # the caches kv_pointers and dims were made from
+        self.kv_pointers = self.dims = torch.empty(0, dtype=torch.int64)
 
     @classmethod
-    def build(cls, model) -> CpuDecodeStack | None:
+    def build(cls, model) -> CpuDecoderStack | None:
         """The stack for `model`, or None where decoder.c does not cover it."""
         lib = cpu.load()
         backend = model.layers[0].self_attn.backend
@@ -74,43 +74,41 @@ class CpuDecodeStack:
             rows.append([n.weight.data_ptr() for n in norms] + [f for row in linears for f in row])
         return cls(model, torch.tensor(rows, dtype=torch.int64), lib)
 
-    def runs(self, metadata) -> bool:
-        """Whether this step is one the stack takes: decodes only, on the cpu backend."""
-        return (
-            isinstance(metadata, CpuAttentionMetadata)
-            and metadata.decodes is not None
-            and metadata.num_decodes == metadata.slot_mapping.shape[0]
-        )
-
     def forward(
         self, embeddings: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if kv_caches is not self.kv_source:
             self.kv_pointers = torch.tensor([[c[0].data_ptr(), c[1].data_ptr()] for c in kv_caches], dtype=torch.int64)
+            self.dims = torch.tensor([*self.shape, kv_caches[0].shape[2]], dtype=torch.int64)
             self.kv_source = kv_caches
-        block_size = kv_caches[0].shape[2]
-        tables = metadata.decodes.block_tables
-        dims = torch.tensor([*self.shape, block_size, tables.shape[1]], dtype=torch.int64)
         residual = embeddings.contiguous()
-        rows = residual.shape[0]
-        x = torch.empty(rows, self.hidden)
+        x = torch.empty_like(residual)
         positions = positions.to(torch.int64).contiguous()
-        self.lib.pagoda_decode_layers(
+        step = torch.tensor(step_fields(metadata, positions), dtype=torch.int64)
+        self.lib.pagoda_decoder_layers(
             self.table.data_ptr(),
             self.num_layers,
             self.kv_pointers.data_ptr(),
-            dims.data_ptr(),
+            self.dims.data_ptr(),
+            step.data_ptr(),
             residual.data_ptr(),
             x.data_ptr(),
-            positions.data_ptr(),
-            metadata.slot_mapping.data_ptr(),
-            tables.data_ptr(),
-            metadata.decodes.seq_lens.data_ptr(),
             self.cos.data_ptr(),
             self.signed_sin.data_ptr(),
-            rows,
             self.eps,
             self.scale,
             torch.get_num_threads(),
         )
         return x, residual
+
+
+def step_fields(metadata: CpuAttentionMetadata, positions: torch.Tensor) -> list[int]:
+    """decoder.c's Step of a float32 step: its rows, then where the backend's metadata lies."""
+    decodes, prefills = metadata.decodes, metadata.paged_prefills
+    fields = [positions.shape[0], positions.data_ptr(), metadata.slot_mapping.data_ptr(), metadata.num_decodes]
+    fields += [0, 0, 0] if decodes is None else [decodes.block_tables.data_ptr(), decodes.block_tables.shape[1], decodes.seq_lens.data_ptr()]
+    if prefills is None:
+        return fields + [0] * 5
+    tables = prefills.block_tables
+    count = tables.shape[0]
+    return fields + [count, tables.data_ptr(), tables.shape[1], prefills.query_start.data_ptr(), prefills.seq_lens.data_ptr()]

@@ -19,7 +19,7 @@ from pagoda.config import ModelConfig
 from pagoda.errors import ConfigError
 from pagoda.generation_config import sampling_defaults
 from pagoda.model_executor import cpu_invariant, cpu_layers, cpu_linear, quant_loader
-from pagoda.model_executor.cpu_stack import CpuDecodeStack
+from pagoda.model_executor.cpu_stack import CpuDecoderStack
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
@@ -133,7 +133,7 @@ def load_model(config: ModelConfig, backend, device: torch.device, batch_invaria
         cpu_linear.convert_model(model)
     if cpu_layers.supported(config.dtype, device):
         cpu_layers.convert_model(model)
-        model.decode_stack = CpuDecodeStack.build(model)
+        model.cpu_stack = CpuDecoderStack.build(model)
     return model.eval()
 
 

@@ -1,16 +1,18 @@
-/* A whole decode step of a decoder's layers in one call: for each layer the kernels the Python
- * modules call one by one (model_executor/models/decoder.py through cpu_layers, cpu_invariant,
- * quant_linear and the cpu attention backend), with the same arguments in the same order, so the
- * result is bitwise theirs. What it saves is the Python around them: at batch 1 a layer's ten or
- * so module calls, views and argument conversions cost more than its norms, rotary and SiLU.
+/* A whole step of a decoder's layers in one call: for each layer the kernels the Python modules
+ * call one by one (model_executor/models/decoder.py through cpu_layers, cpu_invariant, quant_linear
+ * and the cpu attention backend), with the same arguments in the same order, so the result is
+ * bitwise theirs. What it saves is the Python around them: at batch 1 a layer's ten or so module
+ * calls, views and argument conversions cost more than its norms, rotary and attention.
  *
- * Scope: float32 decode-only steps (one new token per row) of a decoder without q/k norms whose
- * linears are all batch-invariant fp32 GEMMs (gemm.c) or quantized (qdot.c); model_executor/
- * cpu_stack.py decides when it applies and falls back to the modules otherwise. */
+ * Scope: float32 steps (decodes, prefill chunks or both) of a decoder without q/k norms whose
+ * linears are all batch-invariant fp32 GEMMs (gemm.c) or quantized (qdot.c);
+ * model_executor/cpu_stack.py decides when it applies and runs the modules otherwise. */
 #include "kernels.h"
 #include <stdlib.h>
 
-/* A linear's row of the layer table, all int64: kind (LINEAR_PANELS or a qdot.c format), weight
+#define AT(type, address) ((type)(intptr_t)(address)) /* an address the tables hold as int64 */
+
+/* A linear's fields in the layer table, all int64: kind (LINEAR_PANELS or a qdot.c format), weight
  * and bias (addresses; bias 0 for none), out and in features, and the rows from which qdot.c's
  * AMX tiles run (0: never). */
 enum { LINEAR_PANELS = -1 };
@@ -25,48 +27,77 @@ typedef struct {
 } Layer;
 
 static void linear(const Linear *l, const float *x, float *y, long rows, int num_threads) {
-    const float *bias = (const float *)(intptr_t)l->bias;
+    const float *bias = AT(const float *, l->bias);
     if (l->kind == LINEAR_PANELS)
-        pagoda_gemm_invariant(y, l->n, x, l->k, (const float *)(intptr_t)l->weight, bias, rows, l->n, l->k,
-                              num_threads);
+        pagoda_gemm_invariant(y, l->n, x, l->k, AT(const float *, l->weight), bias, rows, l->n, l->k, num_threads);
     else
-        pagoda_qd_matmul((int)l->kind, (const uint8_t *)(intptr_t)l->weight, x, y, bias, rows, l->n, l->k,
+        pagoda_qd_matmul((int)l->kind, AT(const uint8_t *, l->weight), x, y, bias, rows, l->n, l->k,
                          l->tiles_from > 0 && rows >= l->tiles_from, num_threads);
 }
 
-/* Shapes of the model and of this step's paged cache */
+/* Shapes of the model and of its paged cache */
 typedef struct {
-    int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
+    int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size;
 } Dims;
 
-/* Layers of `table` [num_layers] over `rows` decodes. residual [rows, hidden]: the embeddings in,
- * the stream before the last MLP output out; x [rows, hidden]: that last MLP output (the final
- * norm adds it in). kv_caches [num_layers][2]: each layer's key and value cache addresses;
- * positions int64, slots int64, seq_lens int32 [rows]; block_tables int32 [rows, max_blocks];
- * cos and signed_sin the rotary tables [max_positions, head_dim]. */
-void pagoda_decode_layers(const int64_t *table, long num_layers, const int64_t *kv_caches, const Dims *d,
-                          float *residual, float *x, const int64_t *positions, const int64_t *slots,
-                          const int32_t *block_tables, const int32_t *seq_lens, const float *cos,
-                          const float *signed_sin, long rows, float eps, float scale, int num_threads) {
+/* One step's rows and attention metadata as the cpu backend's float32 metadata holds them
+ * (addresses as int64): positions and slots [rows]; the decodes first, their block tables int32
+ * [num_decodes, decode_max_blocks] and seq_lens int32 [num_decodes]; then the prefill chunks, their
+ * block tables [num_prefills, prefill_max_blocks], query_start int32 [num_prefills + 1] (their rows
+ * of the step) and seq_lens [num_prefills]. */
+typedef struct {
+    int64_t rows, positions, slots;
+    int64_t num_decodes, decode_tables, decode_max_blocks, decode_seq_lens;
+    int64_t num_prefills, prefill_tables, prefill_max_blocks, query_start, prefill_seq_lens;
+} Step;
+
+/* The cpu attention backend's float32 forward (attention/cpu_backend.py) on the rows' queries,
+ * keys and values in qkv [rows, qkv_n]: the prefill rows' keys and values stored, then the decodes
+ * (which store their own) attended, then the prefill rows */
+static void attend(const Step *s, const Dims *d, float *k_cache, float *v_cache, const float *qkv, float *out,
+                   float scale, int num_threads) {
     const long q_size = d->num_heads * d->head_dim, kv_size = d->num_kv_heads * d->head_dim;
-    const long qkv_n = q_size + 2 * kv_size;
+    const long qkv_n = q_size + 2 * kv_size, nd = s->num_decodes;
+    const int64_t *slots = AT(const int64_t *, s->slots);
+    if (nd < s->rows)
+        pagoda_store_kv(k_cache, v_cache, qkv + nd * qkv_n + q_size, qkv_n, qkv + nd * qkv_n + q_size + kv_size, qkv_n,
+                        slots + nd, s->rows - nd, kv_size, num_threads);
+    if (nd)
+        pagoda_paged_decode_attention(out, qkv, qkv_n, qkv + q_size, qkv_n, qkv + q_size + kv_size, qkv_n, slots,
+                                      k_cache, v_cache, AT(const int32_t *, s->decode_tables),
+                                      AT(const int32_t *, s->decode_seq_lens), nd, d->num_heads, d->num_kv_heads,
+                                      d->head_dim, d->block_size, s->decode_max_blocks, scale, num_threads);
+    if (s->num_prefills)
+        pagoda_prefill_attention(out, qkv, qkv_n, k_cache, v_cache, AT(const int32_t *, s->prefill_tables),
+                                 AT(const int32_t *, s->query_start), AT(const int32_t *, s->prefill_seq_lens),
+                                 s->num_prefills, d->num_heads, d->num_kv_heads, d->head_dim, d->block_size,
+                                 s->prefill_max_blocks, scale, num_threads);
+}
+
+/* Layers of `table` [num_layers] over a step's rows. residual [rows, hidden]: the embeddings in,
+ * the stream before the last MLP output out; x [rows, hidden]: that last MLP output (the final
+ * norm adds it in). kv_caches [num_layers][2]: each layer's key and value cache addresses; cos
+ * and signed_sin the rotary tables [max_positions, head_dim]. */
+void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t *kv_caches, const Dims *d,
+                           const Step *step, float *residual, float *x, const float *cos, const float *signed_sin,
+                           float eps, float scale, int num_threads) {
+    const long rows = step->rows, q_size = d->num_heads * d->head_dim;
+    const long qkv_n = q_size + 2 * d->num_kv_heads * d->head_dim;
     float *qkv = malloc(sizeof(float) * rows * qkv_n), *attn = malloc(sizeof(float) * rows * q_size);
     float *gate_up = malloc(sizeof(float) * rows * 2 * d->intermediate);
     float *act = malloc(sizeof(float) * rows * d->intermediate);
     for (long i = 0; i < num_layers; i++) {
         const Layer *l = (const Layer *)(table + i * (sizeof(Layer) / sizeof(int64_t)));
-        const float *input_norm = (const float *)(intptr_t)l->input_norm;
+        const float *input_norm = AT(const float *, l->input_norm);
         if (i == 0) pagoda_rms_norm(x, residual, input_norm, rows, d->hidden, eps, 0, num_threads);
         else pagoda_add_rms_norm(x, residual, input_norm, rows, d->hidden, eps, 0, num_threads);
         linear(&l->qkv, x, qkv, rows, num_threads);
-        pagoda_rotary(qkv, cos, signed_sin, positions, rows, d->num_heads + d->num_kv_heads, d->head_dim, qkv_n, 0,
-                      num_threads);
-        pagoda_paged_decode_attention(attn, qkv, qkv_n, qkv + q_size, qkv_n, qkv + q_size + kv_size, qkv_n, slots,
-                                      (float *)(intptr_t)kv_caches[2 * i], (float *)(intptr_t)kv_caches[2 * i + 1],
-                                      block_tables, seq_lens, rows, d->num_heads, d->num_kv_heads, d->head_dim,
-                                      d->block_size, d->max_blocks, scale, num_threads);
+        pagoda_rotary(qkv, cos, signed_sin, AT(const int64_t *, step->positions), rows, d->num_heads + d->num_kv_heads,
+                      d->head_dim, qkv_n, 0, num_threads);
+        attend(step, d, AT(float *, kv_caches[2 * i]), AT(float *, kv_caches[2 * i + 1]), qkv, attn, scale,
+               num_threads);
         linear(&l->o, attn, x, rows, num_threads);
-        pagoda_add_rms_norm(x, residual, (const float *)(intptr_t)l->post_attention_norm, rows, d->hidden, eps, 0,
+        pagoda_add_rms_norm(x, residual, AT(const float *, l->post_attention_norm), rows, d->hidden, eps, 0,
                             num_threads);
         linear(&l->gate_up, x, gate_up, rows, num_threads);
         pagoda_silu_mul(act, gate_up, rows, d->intermediate, 0, num_threads);

@@ -19,3 +19,9 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
                                    float *v_cache, const int32_t *block_tables, const int32_t *seq_lens, long batch,
                                    long num_heads, long num_kv_heads, long head_dim, long block_size,
                                    long max_blocks, float scale, int num_threads);
+void pagoda_store_kv(float *k_cache, float *v_cache, const float *key, long key_stride, const float *value,
+                     long value_stride, const int64_t *slots, long n, long token_stride, int num_threads);
+void pagoda_prefill_attention(float *out, const float *q, long q_stride, const float *k_cache, const float *v_cache,
+                              const int32_t *block_tables, const int32_t *query_start, const int32_t *seq_lens,
+                              long num_reqs, long num_heads, long num_kv_heads, long head_dim,
+                              long block_size, long max_blocks, float scale, int num_threads);

@@ -133,14 +133,13 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions, dtype, device)
         self.cpu_lm_head: nn.Module | None = None  # set by cpu_linear.convert_model or quant_loader
         self.quant_embedding: nn.Module | None = None  # set by quant_loader: embed_tokens is then empty
-        self.decode_stack = None  # set by load_model where cpu_stack covers the model: decode steps in one C call
+        self.cpu_stack = None  # set by load_model where cpu_stack.CpuDecoderStack covers the model: layers in one C call
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
         lookup = self.quant_embedding
         x, residual = F.embedding(input_ids, self.embed_tokens) if lookup is None else lookup(input_ids), None
-        stack = self.decode_stack
-        if stack is not None and stack.runs(attn_metadata):
-            x, residual = stack.forward(x, positions, kv_caches, attn_metadata)
+        if self.cpu_stack is not None:
+            x, residual = self.cpu_stack.forward(x, positions, kv_caches, attn_metadata)
         else:
             rope = self.rotary.lookup(positions)
             for layer, kv_cache in zip(self.layers, kv_caches):
