@@ -8,15 +8,35 @@ so that a stop string is never emitted unless asked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded along, so the first word's leading space is right
 
 
+def text_decoder(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """ids -> tokenizer.decode(ids, skip_special_tokens=...). Straight from the `tokenizers` backend
+    where transformers' decode only wraps it (its own _decode, not a subclass's, and no clean-up of
+    spaces): the same text, without the wrapper's argument checks and conversions, which took
+    longer than the decode itself (a server streams one token at a time, two decodes each)."""
+    try:
+        import tokenizers
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        TokenizersBackend = None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (
+        TokenizersBackend is not None
+        and isinstance(backend, tokenizers.Tokenizer)
+        and type(tokenizer)._decode is TokenizersBackend._decode
+        and not tokenizer.clean_up_tokenization_spaces
+    ):
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
+        self._decode = text_decoder(tokenizer, skip_special_tokens)
         self.ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -37,9 +57,6 @@ class IncrementalDetokenizer:
         text = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
         return text[len(prefix) :]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
 
 class StopStringMatcher:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pagoda import SamplingParams
-from pagoda.engine.detokenizer import IncrementalDetokenizer
+from pagoda.engine.detokenizer import IncrementalDetokenizer, text_decoder
 from pagoda.model_files import apply_chat_template
 
 pytestmark = pytest.mark.slow
@@ -117,3 +117,18 @@ def test_incremental_detokenization_never_breaks_characters(default_llm):
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
     assert sum(1 for d in deltas if d == "") > 0  # some tokens held back mid-character
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_text_decoder_is_the_tokenizers_decode(default_llm, skip_special_tokens):
+    """The detokenizer decodes straight through the `tokenizers` backend where transformers' decode
+    only wraps it: the same text for every window, special tokens skipped or kept."""
+    tokenizer = default_llm.tokenizer
+    decode = text_decoder(tokenizer, skip_special_tokens)
+    assert decode.__code__.co_names == ("decode",) and "backend" in decode.__code__.co_freevars  # the fast path
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Café — 世界 🎉 ⅞"}], tokenize=False)
+    ids = tokenizer.encode(chat)
+    assert any(i in tokenizer.all_special_ids for i in ids)
+    for start in range(len(ids)):
+        for end in range(start, min(len(ids), start + 6) + 1):
+            assert decode(ids[start:end]) == tokenizer.decode(ids[start:end], skip_special_tokens=skip_special_tokens)
