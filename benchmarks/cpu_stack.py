@@ -73,13 +73,17 @@ def main() -> None:
             steps[mode].append(round(decode_step_ms(llm, rng), 2))
             rates[mode].append(round(throughput(llm, rng), 1))
     runner_model.cpu_stack = stack
+    ratio = {
+        name: statistics.median(v["stack"]) / statistics.median(v["modules"])
+        for name, v in (("step", steps), ("rate", rates))
+    }
     result = {
         "model": Path(model).name,
         "quantization": args.quantization,
         "decode_step_ms_batch1": steps,
         "out_tok_s_32x256_64": rates,
-        "median step stack / modules": round(statistics.median(steps["stack"]) / statistics.median(steps["modules"]), 2),
-        "median tok/s stack / modules": round(statistics.median(rates["stack"]) / statistics.median(rates["modules"]), 2),
+        "median step stack / modules": round(ratio["step"], 2),
+        "median tok/s stack / modules": round(ratio["rate"], 2),
     }
     print(json.dumps(result))
 

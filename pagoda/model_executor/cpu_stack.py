@@ -104,11 +104,19 @@ class CpuDecoderStack:
 
 def step_fields(metadata: CpuAttentionMetadata, positions: torch.Tensor) -> list[int]:
     """decoder.c's Step of a float32 step: its rows, then where the backend's metadata lies."""
-    decodes, prefills = metadata.decodes, metadata.paged_prefills
     fields = [positions.shape[0], positions.data_ptr(), metadata.slot_mapping.data_ptr(), metadata.num_decodes]
-    fields += [0, 0, 0] if decodes is None else [decodes.block_tables.data_ptr(), decodes.block_tables.shape[1], decodes.seq_lens.data_ptr()]
+    decodes, prefills = metadata.decodes, metadata.paged_prefills
+    if decodes is None:
+        fields += [0, 0, 0]
+    else:
+        fields += [decodes.block_tables.data_ptr(), decodes.block_tables.shape[1], decodes.seq_lens.data_ptr()]
     if prefills is None:
         return fields + [0] * 5
     tables = prefills.block_tables
-    count = tables.shape[0]
-    return fields + [count, tables.data_ptr(), tables.shape[1], prefills.query_start.data_ptr(), prefills.seq_lens.data_ptr()]
+    return fields + [
+        tables.shape[0],
+        tables.data_ptr(),
+        tables.shape[1],
+        prefills.query_start.data_ptr(),
+        prefills.seq_lens.data_ptr(),
+    ]

@@ -58,7 +58,8 @@ def assert_stack_equals_modules(model: str, prompts, monkeypatch, **engine_args)
 
 def prompts_of(count: int) -> list[list[int]]:
     """`count` short prompts, then one of 200 tokens"""
-    return [[100 + 37 * i + j for j in range(3 + 5 * i)] for i in range(count)] + [[(7 * j) % 1500 + 50 for j in range(200)]]
+    short = [[100 + 37 * i + j for j in range(3 + 5 * i)] for i in range(count)]
+    return short + [[(7 * j) % 1500 + 50 for j in range(200)]]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])

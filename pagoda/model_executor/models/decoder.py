@@ -133,7 +133,7 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions, dtype, device)
         self.cpu_lm_head: nn.Module | None = None  # set by cpu_linear.convert_model or quant_loader
         self.quant_embedding: nn.Module | None = None  # set by quant_loader: embed_tokens is then empty
-        self.cpu_stack = None  # set by load_model where cpu_stack.CpuDecoderStack covers the model: layers in one C call
+        self.cpu_stack = None  # set by load_model where cpu_stack.CpuDecoderStack covers the model
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
         lookup = self.quant_embedding
