@@ -1,8 +1,8 @@
 """The small ops of a decoder layer on the CPU in float32 and bfloat16, each one call into Pagoda's C kernels
 (csrc/fused.c) instead of several torch dispatches: the residual add fused into the norm after it,
-rotary embedding in place on the query and key heads, SiLU(gate) * up.
+Qwen3's per-head q/k norms, rotary embedding in place on the query and key heads, SiLU(gate) * up.
 
-At load, `convert_model` swaps the model's ResidualRMSNorm, SiluAndMul and RotaryEmbedding
+At load, `convert_model` swaps the model's ResidualRMSNorm, RMSNorm, SiluAndMul and RotaryEmbedding
 modules for the ones here, sharing their weights and tables. Norm and rotation write in place:
 the residual stream, the sublayer output a norm is given and the heads a rotation is given must be
 tensors no one else holds, which the decoder's are (fresh projection outputs, the embedding
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from pagoda.kernels import cpu
-from pagoda.model_executor.layers import ResidualRMSNorm, RotaryEmbedding, SiluAndMul, replace_modules
+from pagoda.model_executor.layers import ResidualRMSNorm, RMSNorm, RotaryEmbedding, SiluAndMul, replace_modules
 
 
 def supported(dtype: torch.dtype, device: torch.device) -> bool:
@@ -38,6 +38,19 @@ class CpuResidualRMSNorm(nn.Module):
             return cpu.rms_norm(self.lib, x, self.weight, self.eps), x
         cpu.add_rms_norm(self.lib, x, residual, self.weight, self.eps)
         return x, residual
+
+
+class CpuRMSNorm(nn.Module):
+    """RMSNorm over the last dimension by the C kernel, out of place on a contiguous copy (q/k norms
+    get views of the fused qkv projection)."""
+
+    def __init__(self, norm: RMSNorm, lib: ctypes.CDLL) -> None:
+        super().__init__()
+        self.weight, self.eps, self.lib = norm.weight, norm.eps, lib
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        return cpu.rms_norm(self.lib, rows, self.weight, self.eps).view(x.shape)
 
 
 class CpuSiluAndMul(nn.Module):
@@ -83,6 +96,7 @@ def convert_model(model: nn.Module) -> bool:
     if lib is None:
         return False
     replace_modules(model, ResidualRMSNorm, lambda norm: CpuResidualRMSNorm(norm, lib))
+    replace_modules(model, RMSNorm, lambda norm: CpuRMSNorm(norm, lib))
     replace_modules(model, SiluAndMul, lambda _: CpuSiluAndMul(lib))
     replace_modules(model, RotaryEmbedding, lambda rotary: CpuRotaryEmbedding(rotary, lib))
     return True

@@ -3,9 +3,9 @@ projection, rotation and attention: the same kernels in the same order, so bitwi
 outputs, minus the Python between them (at batch 1 the default model's 30 layers spent longer in
 module calls and argument conversions than in their norms, rotary and attention together).
 
-It takes every step of a model it covers: float32 on the cpu attention backend, no q/k norms
-(Qwen3's go through torch), its small ops on the C kernels (cpu_layers) and every linear on the
-batch-invariant GEMM (cpu_invariant) or quantized (quant_linear). Other models run the modules.
+It takes every step of a model it covers: float32 on the cpu attention backend, its small ops
+(Qwen3's q/k norms too) on the C kernels (cpu_layers) and every linear on the batch-invariant GEMM
+(cpu_invariant) or quantized (quant_linear). Other models run the modules.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from pagoda.attention.cpu_backend import CpuAttentionMetadata
 from pagoda.kernels import cpu
 from pagoda.model_executor.cpu_invariant import InvariantLinear
-from pagoda.model_executor.cpu_layers import CpuResidualRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
+from pagoda.model_executor.cpu_layers import CpuResidualRMSNorm, CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from pagoda.model_executor.quant_linear import AMX_FORMATS, AMX_MIN_ROWS, FORMAT_IDS, QuantLinear
 
 LINEAR_PANELS = -1  # decoder.c's kind of an InvariantLinear (a QuantLinear's is its format's id)
@@ -64,14 +64,16 @@ class CpuDecoderStack:
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if attn.q_norm is not None or not all(isinstance(n, CpuResidualRMSNorm) for n in norms):
+            head_norms = (attn.q_norm, attn.k_norm)  # both or neither
+            if not all(isinstance(n, CpuResidualRMSNorm) for n in norms) or not isinstance(mlp.act, CpuSiluAndMul):
                 return None
-            if not isinstance(mlp.act, CpuSiluAndMul):
+            if attn.q_norm is not None and not all(isinstance(n, CpuRMSNorm) for n in head_norms):
                 return None
             linears = [_linear_row(lib, m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
             if None in linears:
                 return None
-            rows.append([n.weight.data_ptr() for n in norms] + [f for row in linears for f in row])
+            weights = [0 if n is None else n.weight.data_ptr() for n in norms + head_norms]
+            rows.append(weights + [f for row in linears for f in row])
         return cls(model, torch.tensor(rows, dtype=torch.int64), lib)
 
     def forward(

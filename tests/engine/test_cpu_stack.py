@@ -1,7 +1,7 @@
 """The C decoder stack (model_executor/cpu_stack.py, csrc/decoder.c): it takes every step of the
 models it covers (prefill chunks, decodes, and both in one step), and every logprob, of prompt and
 output tokens, is bitwise (==) what the module loop gives on the same requests: float32 on the
-batch-invariant GEMM (with qkv biases: Qwen2), GGUF's Q4_1 and int8 (on AMX machines past 16 rows
+batch-invariant GEMM (with qkv biases: Qwen2; q/k norms: Qwen3), GGUF's Q4_1 and int8 (on AMX machines past 16 rows
 a step, the int8 linears' tiles). Models it does not cover run the modules."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def prompts_of(count: int) -> list[list[int]]:
     return short + [[(7 * j) % 1500 + 50 for j in range(200)]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3"])
 def test_float32_tiny_models(arch, tmp_path, monkeypatch):
     from pagoda.model_files import load_tokenizer
 
@@ -89,11 +89,10 @@ def test_int8_with_a_bias(tmp_path, monkeypatch):
 def test_models_it_does_not_cover_run_the_modules(tmp_path):
     from pagoda.model_files import load_tokenizer
 
-    qwen3 = write_tiny_model("qwen3", tmp_path / "qwen3", load_tokenizer(None), vocab_size=2048)
-    llm = LLM(str(qwen3), max_model_len=512, kv_cache_memory=0.05)  # q/k norms
-    assert llm.engine.core.runner.model.cpu_stack is None
-    llm.engine.close()
     llama = write_tiny_model("llama", tmp_path / "llama", load_tokenizer(None), vocab_size=2048)
     fast = LLM(str(llama), max_model_len=512, kv_cache_memory=0.05, deterministic=False)  # oneDNN linears
     assert fast.engine.core.runner.model.cpu_stack is None
     fast.engine.close()
+    bf16 = LLM(str(llama), max_model_len=512, kv_cache_memory=0.05, dtype="bfloat16")
+    assert bf16.engine.core.runner.model.cpu_stack is None
+    bf16.engine.close()

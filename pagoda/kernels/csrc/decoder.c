@@ -4,11 +4,12 @@
  * bitwise theirs. What it saves is the Python around them: at batch 1 a layer's ten or so module
  * calls, views and argument conversions cost more than its norms, rotary and attention.
  *
- * Scope: float32 steps (decodes, prefill chunks or both) of a decoder without q/k norms whose
- * linears are all batch-invariant fp32 GEMMs (gemm.c) or quantized (qdot.c);
+ * Scope: float32 steps (decodes, prefill chunks or both) of a decoder whose linears are all
+ * batch-invariant fp32 GEMMs (gemm.c) or quantized (qdot.c), its q/k norms (Qwen3) if any on fused.c;
  * model_executor/cpu_stack.py decides when it applies and runs the modules otherwise. */
 #include "kernels.h"
 #include <stdlib.h>
+#include <string.h>
 
 #define AT(type, address) ((type)(intptr_t)(address)) /* an address the tables hold as int64 */
 
@@ -23,6 +24,7 @@ typedef struct {
 /* One layer's row of the table (cpu_stack.py writes it in this order) */
 typedef struct {
     int64_t input_norm, post_attention_norm; /* float32 [hidden] */
+    int64_t q_norm, k_norm;                  /* float32 [head_dim], or 0: no q/k norms */
     Linear qkv, o, gate_up, down;
 } Layer;
 
@@ -51,27 +53,35 @@ typedef struct {
     int64_t num_prefills, prefill_tables, prefill_max_blocks, query_start, prefill_seq_lens;
 } Step;
 
-/* The cpu attention backend's float32 forward (attention/cpu_backend.py) on the rows' queries,
- * keys and values in qkv [rows, qkv_n]: the prefill rows' keys and values stored, then the decodes
- * (which store their own) attended, then the prefill rows */
-static void attend(const Step *s, const Dims *d, float *k_cache, float *v_cache, const float *qkv, float *out,
-                   float scale, int num_threads) {
-    const long q_size = d->num_heads * d->head_dim, kv_size = d->num_kv_heads * d->head_dim;
-    const long qkv_n = q_size + 2 * kv_size, nd = s->num_decodes;
+/* The cpu attention backend's float32 forward (attention/cpu_backend.py) on the rows' queries, keys
+ * and values (rows q_stride, k_stride and v_stride floats apart): the prefill rows' keys and values
+ * stored, then the decodes (which store their own) attended, then the prefill rows */
+static void attend(const Step *s, const Dims *d, float *k_cache, float *v_cache, const float *q, long q_stride,
+                   const float *k, long k_stride, const float *v, long v_stride, float *out, float scale,
+                   int num_threads) {
+    const long nd = s->num_decodes;
     const int64_t *slots = AT(const int64_t *, s->slots);
     if (nd < s->rows)
-        pagoda_store_kv(k_cache, v_cache, qkv + nd * qkv_n + q_size, qkv_n, qkv + nd * qkv_n + q_size + kv_size, qkv_n,
-                        slots + nd, s->rows - nd, kv_size, num_threads);
+        pagoda_store_kv(k_cache, v_cache, k + nd * k_stride, k_stride, v + nd * v_stride, v_stride, slots + nd,
+                        s->rows - nd, d->num_kv_heads * d->head_dim, num_threads);
     if (nd)
-        pagoda_paged_decode_attention(out, qkv, qkv_n, qkv + q_size, qkv_n, qkv + q_size + kv_size, qkv_n, slots,
-                                      k_cache, v_cache, AT(const int32_t *, s->decode_tables),
-                                      AT(const int32_t *, s->decode_seq_lens), nd, d->num_heads, d->num_kv_heads,
-                                      d->head_dim, d->block_size, s->decode_max_blocks, scale, num_threads);
+        pagoda_paged_decode_attention(out, q, q_stride, k, k_stride, v, v_stride, slots, k_cache, v_cache,
+                                      AT(const int32_t *, s->decode_tables), AT(const int32_t *, s->decode_seq_lens),
+                                      nd, d->num_heads, d->num_kv_heads, d->head_dim, d->block_size,
+                                      s->decode_max_blocks, scale, num_threads);
     if (s->num_prefills)
-        pagoda_prefill_attention(out, qkv, qkv_n, k_cache, v_cache, AT(const int32_t *, s->prefill_tables),
+        pagoda_prefill_attention(out, q, q_stride, k_cache, v_cache, AT(const int32_t *, s->prefill_tables),
                                  AT(const int32_t *, s->query_start), AT(const int32_t *, s->prefill_seq_lens),
                                  s->num_prefills, d->num_heads, d->num_kv_heads, d->head_dim, d->block_size,
                                  s->prefill_max_blocks, scale, num_threads);
+}
+
+/* heads [rows][heads * head_dim] copied out of src (rows src_stride floats apart) and normalized
+ * per head in place: Qwen3's q or k norm as the CpuRMSNorm module computes it on a contiguous copy */
+static void norm_heads(float *heads, const float *src, long src_stride, long rows, long width, const float *weight,
+                       long head_dim, float eps, int num_threads) {
+    for (long r = 0; r < rows; r++) memcpy(heads + r * width, src + r * src_stride, sizeof(float) * width);
+    pagoda_rms_norm(heads, heads, weight, rows * (width / head_dim), head_dim, eps, 0, num_threads);
 }
 
 /* Layers of `table` [num_layers] over a step's rows. residual [rows, hidden]: the embeddings in,
@@ -81,9 +91,10 @@ static void attend(const Step *s, const Dims *d, float *k_cache, float *v_cache,
 void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t *kv_caches, const Dims *d,
                            const Step *step, float *residual, float *x, const float *cos, const float *signed_sin,
                            float eps, float scale, int num_threads) {
-    const long rows = step->rows, q_size = d->num_heads * d->head_dim;
-    const long qkv_n = q_size + 2 * d->num_kv_heads * d->head_dim;
+    const long rows = step->rows, q_size = d->num_heads * d->head_dim, kv_size = d->num_kv_heads * d->head_dim;
+    const long qkv_n = q_size + 2 * kv_size;
     float *qkv = malloc(sizeof(float) * rows * qkv_n), *attn = malloc(sizeof(float) * rows * q_size);
+    float *q_heads = malloc(sizeof(float) * rows * q_size), *k_heads = malloc(sizeof(float) * rows * kv_size);
     float *gate_up = malloc(sizeof(float) * rows * 2 * d->intermediate);
     float *act = malloc(sizeof(float) * rows * d->intermediate);
     for (long i = 0; i < num_layers; i++) {
@@ -92,10 +103,22 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
         if (i == 0) pagoda_rms_norm(x, residual, input_norm, rows, d->hidden, eps, 0, num_threads);
         else pagoda_add_rms_norm(x, residual, input_norm, rows, d->hidden, eps, 0, num_threads);
         linear(&l->qkv, x, qkv, rows, num_threads);
-        pagoda_rotary(qkv, cos, signed_sin, AT(const int64_t *, step->positions), rows, d->num_heads + d->num_kv_heads,
-                      d->head_dim, qkv_n, 0, num_threads);
-        attend(step, d, AT(float *, kv_caches[2 * i]), AT(float *, kv_caches[2 * i + 1]), qkv, attn, scale,
-               num_threads);
+        const int64_t *positions = AT(const int64_t *, step->positions);
+        float *q = qkv, *k = qkv + q_size;
+        long q_stride = qkv_n, k_stride = qkv_n;
+        if (l->q_norm) { /* Qwen3: queries and keys normalized per head into their own rows, then rotated */
+            q = q_heads, k = k_heads, q_stride = q_size, k_stride = kv_size;
+            norm_heads(q, qkv, qkv_n, rows, q_size, AT(const float *, l->q_norm), d->head_dim, eps, num_threads);
+            norm_heads(k, qkv + q_size, qkv_n, rows, kv_size, AT(const float *, l->k_norm), d->head_dim, eps,
+                       num_threads);
+            pagoda_rotary(q, cos, signed_sin, positions, rows, d->num_heads, d->head_dim, q_stride, 0, num_threads);
+            pagoda_rotary(k, cos, signed_sin, positions, rows, d->num_kv_heads, d->head_dim, k_stride, 0, num_threads);
+        } else { /* queries and keys rotated in one go, in place in qkv */
+            pagoda_rotary(qkv, cos, signed_sin, positions, rows, d->num_heads + d->num_kv_heads, d->head_dim, qkv_n,
+                          0, num_threads);
+        }
+        attend(step, d, AT(float *, kv_caches[2 * i]), AT(float *, kv_caches[2 * i + 1]), q, q_stride, k, k_stride,
+               qkv + q_size + kv_size, qkv_n, attn, scale, num_threads);
         linear(&l->o, attn, x, rows, num_threads);
         pagoda_add_rms_norm(x, residual, AT(const float *, l->post_attention_norm), rows, d->hidden, eps, 0,
                             num_threads);
@@ -104,6 +127,8 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
         linear(&l->down, act, x, rows, num_threads);
     }
     free(qkv);
+    free(q_heads);
+    free(k_heads);
     free(attn);
     free(gate_up);
     free(act);
