@@ -97,13 +97,13 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
     float *q_heads = malloc(sizeof(float) * rows * q_size), *k_heads = malloc(sizeof(float) * rows * kv_size);
     float *gate_up = malloc(sizeof(float) * rows * 2 * d->intermediate);
     float *act = malloc(sizeof(float) * rows * d->intermediate);
+    const int64_t *positions = AT(const int64_t *, step->positions);
     for (long i = 0; i < num_layers; i++) {
         const Layer *l = (const Layer *)(table + i * (sizeof(Layer) / sizeof(int64_t)));
         const float *input_norm = AT(const float *, l->input_norm);
         if (i == 0) pagoda_rms_norm(x, residual, input_norm, rows, d->hidden, eps, 0, num_threads);
         else pagoda_add_rms_norm(x, residual, input_norm, rows, d->hidden, eps, 0, num_threads);
         linear(&l->qkv, x, qkv, rows, num_threads);
-        const int64_t *positions = AT(const int64_t *, step->positions);
         float *q = qkv, *k = qkv + q_size;
         long q_stride = qkv_n, k_stride = qkv_n;
         if (l->q_norm) { /* Qwen3: queries and keys normalized per head into their own rows, then rotated */
