@@ -60,7 +60,7 @@ _VOID_SIGNATURES = {
     # qdot.c (GGUF blocks and I8, the format first), wrapped by model_executor/quant_linear.py
     "pagoda_qd_pack": [_INT, _P, _P, _I64, _I64, _INT],
     "pagoda_qd_dequant_rows": [_INT, _P, _P, _I64, _I64, _P, _INT],
-    "pagoda_qd_matmul": [_INT] + [_P] * 4 + [_I64] * 3 + [_INT, _INT],
+    "pagoda_qd_matmul": [_INT] + [_P] * 4 + [_I64] * 4 + [_INT],
     # decoder.c, wrapped by model_executor/cpu_stack.py
     "pagoda_decoder_layers": [_P, _I64] + [_P] * 7 + [_F, _F, _INT],
 }

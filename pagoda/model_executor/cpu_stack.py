@@ -18,20 +18,20 @@ from pagoda.attention.cpu_backend import CpuAttentionMetadata
 from pagoda.kernels import cpu
 from pagoda.model_executor.cpu_invariant import InvariantLinear
 from pagoda.model_executor.cpu_layers import CpuResidualRMSNorm, CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
-from pagoda.model_executor.quant_linear import AMX_FORMATS, AMX_MIN_ROWS, FORMAT_IDS, QuantLinear
+from pagoda.model_executor.quant_linear import FORMAT_IDS, QuantLinear, amx_tiles_from
 
 LINEAR_PANELS = -1  # decoder.c's kind of an InvariantLinear (a QuantLinear's is its format's id)
 
 
 def _linear_row(lib: ctypes.CDLL, linear) -> list[int] | None:
-    """decoder.c's Linear fields of one layer: kind, weight, bias, out and in features, the rows
-    from which AMX tiles run (as quant_matmul picks them); None for a linear it cannot run."""
+    """decoder.c's Linear fields of one layer: kind, weight, bias, out and in features, qdot.c's
+    tiles_from; None for a linear it cannot run."""
     bias = 0 if linear.bias is None else linear.bias.data_ptr()
     if isinstance(linear, InvariantLinear):
         return [LINEAR_PANELS, linear.packed.data_ptr(), bias, linear.out_features, linear.packed.shape[1], 0]
     if isinstance(linear, QuantLinear):
         w = linear.weight
-        tiles_from = AMX_MIN_ROWS if lib.amx and w.format in AMX_FORMATS else 0
+        tiles_from = amx_tiles_from(lib, w.format)
         return [FORMAT_IDS[w.format], w.data.data_ptr(), bias, w.out_features, w.in_features, tiles_from]
     return None
 

@@ -100,12 +100,18 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
     return QuantWeight("I8", packed, columns, rows)
 
 
+def amx_tiles_from(lib: ctypes.CDLL, fmt: str) -> int:
+    """qdot.c's tiles_from for a weight in `fmt`: the activation rows from which its integer dots run
+    on AMX tiles (AMX_MIN_ROWS for AMX_FORMATS where the OS granted the tiles), 0 for never."""
+    return AMX_MIN_ROWS if lib.amx and fmt in AMX_FORMATS else 0
+
+
 def quant_matmul(
     lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None, tiles: bool | None = None
 ) -> torch.Tensor:
     """x [m, in] (float32) @ weight.T + bias -> float32 [m, out]: int8 activations, one arithmetic
-    for every format and every m; the integer dots of AMX_FORMATS on AMX tiles (`tiles`; by default
-    where the CPU has them and m >= AMX_MIN_ROWS), else in vector registers, bitwise the same."""
+    for every format and every m; the integer dots of AMX_FORMATS on AMX tiles (`tiles`: always or
+    never; by default from amx_tiles_from's rows), else in vector registers, bitwise the same."""
     x = x.float().contiguous()
     rows = x.shape[0]
     out = torch.empty(rows, weight.out_features)
@@ -120,7 +126,7 @@ def quant_matmul(
         rows,
         weight.out_features,
         x.shape[1],
-        lib.amx and weight.format in AMX_FORMATS and rows >= AMX_MIN_ROWS if tiles is None else tiles,
+        amx_tiles_from(lib, weight.format) if tiles is None else int(tiles),
         torch.get_num_threads(),
     )
     return out

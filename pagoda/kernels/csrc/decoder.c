@@ -14,8 +14,7 @@
 #define AT(type, address) ((type)(intptr_t)(address)) /* an address the tables hold as int64 */
 
 /* A linear's fields in the layer table, all int64: kind (LINEAR_PANELS or a qdot.c format), weight
- * and bias (addresses; bias 0 for none), out and in features, and the rows from which qdot.c's
- * AMX tiles run (0: never). */
+ * and bias (addresses; bias 0 for none), out and in features, and qdot.c's tiles_from. */
 enum { LINEAR_PANELS = -1 };
 typedef struct {
     int64_t kind, weight, bias, n, k, tiles_from;
@@ -33,8 +32,8 @@ static void linear(const Linear *l, const float *x, float *y, long rows, int num
     if (l->kind == LINEAR_PANELS)
         pagoda_gemm_invariant(y, l->n, x, l->k, AT(const float *, l->weight), bias, rows, l->n, l->k, num_threads);
     else
-        pagoda_qd_matmul((int)l->kind, AT(const uint8_t *, l->weight), x, y, bias, rows, l->n, l->k,
-                         l->tiles_from > 0 && rows >= l->tiles_from, num_threads);
+        pagoda_qd_matmul((int)l->kind, AT(const uint8_t *, l->weight), x, y, bias, rows, l->n, l->k, l->tiles_from,
+                         num_threads);
 }
 
 /* Shapes of the model and of its paged cache */

@@ -13,7 +13,7 @@ void pagoda_silu_mul(void *out, const void *gate_up, long rows, long n, int bf16
 void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const float *packed, const float *bias, long m,
                            long n, long k, int num_threads);
 void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,
-                      long k, int tiles, int num_threads);
+                      long k, long tiles_from, int num_threads);
 void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, const float *key, long key_stride,
                                    const float *value, long value_stride, const int64_t *slots, float *k_cache,
                                    float *v_cache, const int32_t *block_tables, const int32_t *seq_lens, long batch,

@@ -434,12 +434,13 @@ static void matmul_tiles(int fmt, const uint8_t *packed, long pbytes, long panel
 #endif
 
 /* y [m, n] = x [m, k] @ w.T (+ bias) on packed w, float32 in and out: activations quantized once,
- * then the panels. m == 1 is the GEMV: the same code. With `tiles` (only where pagoda_amx_enable
- * granted them) Q8_0's and I8's integer dots run on AMX: bitwise the same outputs. */
+ * then the panels. m == 1 is the GEMV: the same code. From `tiles_from` rows (0: never; only where
+ * pagoda_amx_enable granted the tiles) Q8_0's and I8's integer dots run on AMX: bitwise the same
+ * outputs. */
 void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,
-                      long k, int tiles, int num_threads) {
+                      long k, long tiles_from, int num_threads) {
     const long nb = (k + QK - 1) / QK, kp = nb * QK, panels = (n + PR - 1) / PR, pbytes = panel_bytes(fmt, k);
-    tiles = tiles && byte_codes(fmt);
+    const int tiles = tiles_from > 0 && m >= tiles_from && byte_codes(fmt);
     const long mp = tiles ? (m + 15) / 16 * 16 : m; /* the tiles read whole tiles of 16 rows: zeros past m */
     int8_t *q = calloc(mp * kp, 1);
     float *d = calloc(mp * nb, sizeof(float));
