@@ -23,8 +23,7 @@ FORMAT_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "I8": 3}  # as csrc/qdot.c number
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32 columns, as GGUF stores them
 BLOCK = 32
 PANEL_ROWS = 16  # rows per packed panel (csrc/qdot.c)
-AMX_FORMATS = ("Q8_0", "I8")  # byte codes: AMX tiles as they lie (Q4's nibbles measured no faster on tiles)
-AMX_MIN_ROWS = 16  # activation rows from which the tiles beat the vector path (one whole tile)
+AMX_MIN_ROWS = 16  # activation rows from which the tiles beat the vector path (one whole tile), every format
 GROUP = 4  # columns per code group of an I8 block: [16 rows][4 codes]
 _MIN_SCALE = 1e-12  # an all-zero row still gets a finite scale
 
@@ -100,17 +99,17 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
     return QuantWeight("I8", packed, columns, rows)
 
 
-def amx_tiles_from(lib: ctypes.CDLL, fmt: str) -> int:
-    """qdot.c's tiles_from for a weight in `fmt`: the activation rows from which its integer dots run
-    on AMX tiles (AMX_MIN_ROWS for AMX_FORMATS where the OS granted the tiles), 0 for never."""
-    return AMX_MIN_ROWS if lib.amx and fmt in AMX_FORMATS else 0
+def amx_tiles_from(lib: ctypes.CDLL) -> int:
+    """qdot.c's tiles_from: the activation rows from which the integer dots run on AMX tiles
+    (AMX_MIN_ROWS where the OS granted the tiles), 0 for never."""
+    return AMX_MIN_ROWS if lib.amx else 0
 
 
 def quant_matmul(
     lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None, tiles: bool | None = None
 ) -> torch.Tensor:
     """x [m, in] (float32) @ weight.T + bias -> float32 [m, out]: int8 activations, one arithmetic
-    for every format and every m; the integer dots of AMX_FORMATS on AMX tiles (`tiles`: always or
+    for every format and every m; the integer dots on AMX tiles (`tiles`: always or
     never; by default from amx_tiles_from's rows), else in vector registers, bitwise the same."""
     x = x.float().contiguous()
     rows = x.shape[0]
@@ -126,7 +125,7 @@ def quant_matmul(
         rows,
         weight.out_features,
         x.shape[1],
-        amx_tiles_from(lib, weight.format) if tiles is None else int(tiles),
+        amx_tiles_from(lib) if tiles is None else int(tiles),
         torch.get_num_threads(),
     )
     return out

@@ -15,7 +15,7 @@ import torch
 
 from pagoda.kernels import cpu as cpu_kernels
 from pagoda.model_executor.quant_linear import (
-    AMX_FORMATS,
+    FORMAT_IDS,
     QuantWeight,
     dequantize_rows,
     int8_codes,
@@ -160,7 +160,7 @@ NO_TILES = "no AMX tiles here (the CPU, the OS or a PAGODA_CPU_ISA cap)"
 
 
 @pytest.mark.skipif(not getattr(cpu_kernels.load(), "amx", False), reason=NO_TILES)
-@pytest.mark.parametrize("fmt", AMX_FORMATS)
+@pytest.mark.parametrize("fmt", FORMAT_IDS)
 def test_amx_tiles_equal_the_vector_path(libs, fmt):
     """The AMX path sums the same exact integers and combines them with the same float steps: its
     outputs equal the vector path's bitwise, for every row count (rows past the last whole tile

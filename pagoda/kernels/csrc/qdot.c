@@ -111,10 +111,10 @@ static inline void store_ints(int32_t *p, __m256i v) { _mm256_storeu_si256((__m2
 #endif
 
 /* One row of activations quantized: codes q[kp] (kp = k rounded up to 32, zero-padded), and per
- * block its scale d and the codes' sum. Every step is exact or one IEEE operation (max, one
- * division, one reciprocal, one product, rounding to nearest even), so any vector width gives the
- * same codes. */
-static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *sum) {
+ * block b its scale d, the codes' sum and their product d * (float)sum (Q4_1's term), at b * stride.
+ * Every step is exact or one IEEE operation (max, one division, one reciprocal, one product,
+ * rounding to nearest even), so any vector width gives the same codes. */
+static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *sum, float *dsum, long stride) {
     for (long b = 0; b * QK < k; b++) {
         const long n = k - b * QK < QK ? k - b * QK : QK;
         float v[QK] = {0}, amax = 0.f;
@@ -139,8 +139,9 @@ static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *s
             s += codes[j];
         }
 #endif
-        d[b] = scale;
-        sum[b] = s;
+        d[b * stride] = scale;
+        sum[b * stride] = s;
+        dsum[b * stride] = scale * (float)s;
     }
 }
 
@@ -202,14 +203,17 @@ static inline ivec dot_s8(ivec s, ivec w, ivec a) { return dot_u8(s, _mm256_abs_
 #endif
 #define HALVES (PR / ILANES) /* vectors per panel row group: 1 (AVX-512) or 2 (AVX2) */
 
-/* Activations of one call, quantized: row i's codes at q + i * kp, its blocks' scales and sums
- * at d + i * nb, sum + i * nb. */
+/* Activations of one call, quantized: row i's codes at q + i * kp; per row and block its scale, its
+ * codes' sum and their product at d, sum, dsum [act_at(row, block)]: for each 16 rows, each block's
+ * 16 values side by side, so a tile of rows finds a block's at constant offsets. */
 typedef struct {
     const int8_t *q;
-    const float *d;
+    const float *d, *dsum;
     const int32_t *sum;
     long kp, nb;
 } qacts;
+
+static inline long act_at(const qacts *x, long row, long b) { return (row / 16 * x->nb + b) * 16 + row % 16; }
 
 /* acc[i] for activation rows i0 + i, i < TM, lane = panel row: the panel's blocks in order (for I8
  * before the row scales) */
@@ -242,14 +246,15 @@ static inline __attribute__((always_inline)) void panel_tile(int fmt, int tm, co
             const vec dw = fmt == I8 ? vset(1.f) : halfs(blk + v * 2 * ILANES);
             const vec mw = fmt == Q4_1 ? halfs(blk + 32 + v * 2 * ILANES) : dw;
             for (int i = 0; i < tm; i++) {
-                const float da = x->d[(i0 + i) * x->nb + b];
-                const int32_t asum = x->sum[(i0 + i) * x->nb + b];
+                const long at = act_at(x, i0 + i, b);
+                const float da = x->d[at];
+                const int32_t asum = x->sum[at];
                 ivec isum = s[i][v];
                 if (fmt == Q4_0) isum = isub_scaled(isum, 8, asum);
                 if (byte_codes(fmt) && Q8_OFFSET) isum = isub_scaled(isum, Q8_OFFSET, asum);
                 const vec scale = fmt == I8 ? vset(da) : vmul(dw, vset(da));
                 acc[i][v] = vfmadd(scale, ifloat(isum), acc[i][v]);
-                if (fmt == Q4_1) acc[i][v] = vfmadd(mw, vset(da * (float)asum), acc[i][v]);
+                if (fmt == Q4_1) acc[i][v] = vfmadd(mw, vset(x->dsum[at]), acc[i][v]);
             }
         }
     }
@@ -283,13 +288,14 @@ static inline void panel_out(int fmt, const uint8_t *panel, const float acc[][PR
  * XFEATURE_XTILEDATA); until then a tile instruction faults. 1 where granted. */
 int pagoda_amx_enable(void) { return syscall(SYS_arch_prctl, 0x1023, 18) == 0; }
 
-/* The tile path, for the formats with byte codes (Q8_0, I8): the same integers and float steps as
- * panel_tile, the integer block dots by AMX. Per block, tile products C [16 activation rows][16 panel
- * rows] (int32) of A [16 rows][32 codes] (the activations) and B [8][16 panel rows][4 codes] (the
- * block's packed code groups as they lie), both signed, for two tiles of rows by two panels at once
- * (tiles 0-3: C; 4, 5: the rows' A; 6, 7: the panels' B), each C then combined into float32
- * accumulators exactly as panel_tile does. (Q4's nibbles would need unpacking into B tiles: measured
- * no faster than the vector path, so they stay there.) */
+/* The tile path, every format: the same integers and float steps as panel_tile, the integer block
+ * dots by AMX. Per block, the tile product C [16 activation rows][16 panel rows] (int32) of
+ * A [16 rows][32 codes] (the activations) and B [8][16 panel rows][4 codes] (the block's code
+ * groups: Q8_0's and I8's as they lie; Q4's nibbles unpacked once per panel into a thread's buffer
+ * of bytes, low nibbles then high, which is the same column order). The products go through two
+ * tile registers in turn, so AMX computes block b + 1 while the vector unit combines block b into
+ * the 16 rows' float32 accumulators, which stay in registers: the combine, not the integer dots,
+ * bounds the path. Tiles 0, 1: C; 2, 3: A; 4, 5: B. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -299,75 +305,110 @@ typedef struct {
 static void tiles_configure(void) {
     tile_config c = {0};
     c.palette = 1;
-    for (int t = 0; t < 4; t++) c.rows[t] = 16, c.colsb[t] = 64; /* C: 16 x 16 int32 */
-    for (int t = 4; t < 6; t++) c.rows[t] = 16, c.colsb[t] = QK; /* A: 16 rows x one block of codes */
-    for (int t = 6; t < 8; t++) c.rows[t] = 8, c.colsb[t] = 64;  /* B: 8 groups of 4 codes x 16 panel rows */
+    for (int t = 0; t < 2; t++) c.rows[t] = 16, c.colsb[t] = 64; /* C: 16 x 16 int32 */
+    for (int t = 2; t < 4; t++) c.rows[t] = 16, c.colsb[t] = QK; /* A: 16 rows x one block of codes */
+    for (int t = 4; t < 6; t++) c.rows[t] = 8, c.colsb[t] = 64;  /* B: 8 groups of 4 codes x 16 panel rows */
     _tile_loadconfig(&c);
 }
 
-/* acc[i] (the panel's 16 outputs) of activation row i0 + i, after block b, whose products are c */
-static inline __attribute__((always_inline)) void combine_block(int fmt, const int32_t c[16][16], const uint8_t *blk,
-                                                                const qacts *x, long i0, long b, float acc[16][PR]) {
-    const vec dw = fmt == I8 ? vset(1.f) : halfs(blk);
-    for (int i = 0; i < 16; i++) {
-        const float da = x->d[(i0 + i) * x->nb + b];
-        const vec scale = fmt == I8 ? vset(da) : vmul(dw, vset(da));
-        vstore(acc[i], vfmadd(scale, ifloat(_mm512_load_si512(c[i])), vload(acc[i])));
-    }
+#define B_BYTES (8 * 64) /* one block's B tile */
+
+/* a Q4 panel's code groups as bytes: block b's B tile at out + b * B_BYTES */
+static void unpack_nibbles(const uint8_t *blocks, long pb, long h, long nb, uint8_t *out) {
+    for (long b = 0; b < nb; b++)
+        for (int g = 0; g < 4; g++) {
+            const __m512i codes = _mm512_loadu_si512(blocks + b * pb + h + g * 64);
+            _mm512_store_si512(out + b * B_BYTES + g * 64, iand(codes, 0x0F));
+            _mm512_store_si512(out + b * B_BYTES + (g + 4) * 64, iand(ishr4(codes), 0x0F));
+        }
 }
 
-/* tile c = 0, then c += A (tile ta) . B (tile tb); tile numbers are literals */
-#define TILE_DOT(c, ta, tb)                                                                                            \
+/* tile c = A (tile ta: rows' codes at a) . B (tile tb: at codes); tile numbers are literals */
+#define TILE_DOT(fmt, c, ta, tb, a, kp, codes)                                                                         \
     do {                                                                                                               \
+        _tile_loadd(ta, a, kp);                                                                                        \
+        _tile_loadd(tb, codes, 64);                                                                                    \
         _tile_zero(c);                                                                                                 \
-        _tile_dpbssd(c, ta, tb);                                                                                       \
+        if (byte_codes(fmt)) _tile_dpbssd(c, ta, tb);                                                                  \
+        else _tile_dpbsud(c, ta, tb); /* Q4's codes unsigned */                                                        \
     } while (0)
 
-/* acc[r][j]: the outputs of panel j < np for activation rows i0 + 16 r .. + 15, r < nr (rows of
- * x->q past m are zero codes) */
-static inline __attribute__((always_inline)) void tiles_2x2(int fmt, const uint8_t *const blocks[2], int np, int nr,
-                                                            const qacts *x, long i0, float acc[2][2][16][PR]) {
-    const long pb = packed_block_bytes(fmt), h = header_bytes(fmt);
-    __attribute__((aligned(64))) int32_t c[4][16][16];
-    memset(acc, 0, sizeof(float) * 2 * 2 * 16 * PR);
-    for (long b = 0; b < x->nb; b++) {
-        const int8_t *a = x->q + i0 * x->kp + b * QK;
-        _tile_loadd(4, a, x->kp);
-        _tile_loadd(6, blocks[0] + b * pb + h, 64);
-        TILE_DOT(0, 4, 6);
-        if (np == 2) {
-            _tile_loadd(7, blocks[1] + b * pb + h, 64);
-            TILE_DOT(1, 4, 7);
-        }
-        if (nr == 2) {
-            _tile_loadd(5, a + 16 * x->kp, x->kp);
-            TILE_DOT(2, 5, 6);
-            if (np == 2) TILE_DOT(3, 5, 7);
-        }
-        _tile_stored(0, c[0], 64);
-        if (np == 2) _tile_stored(1, c[1], 64);
-        if (nr == 2) _tile_stored(2, c[2], 64);
-        if (np == 2 && nr == 2) _tile_stored(3, c[3], 64);
-        for (int r = 0; r < nr; r++)
-            for (int j = 0; j < np; j++) combine_block(fmt, c[2 * r + j], blocks[j] + b * pb, x, i0 + 16 * r, b, acc[r][j]);
+/* acc[i] (lane = panel row) += block b's products c for activation row i0 + i, as panel_tile does */
+static inline __attribute__((always_inline)) void combine_block(int fmt, const int32_t c[16][16], const uint8_t *blk,
+                                                                const qacts *x, long i0, long b, vec acc[16]) {
+    const vec dw = fmt == I8 ? vset(1.f) : halfs(blk);
+    const vec mw = fmt == Q4_1 ? halfs(blk + 32) : dw;
+    const long at = act_at(x, i0, b); /* i0: a multiple of 16 */
+    const float *da = x->d + at, *dsum = x->dsum + at;
+    const int32_t *asum = x->sum + at;
+    for (int i = 0; i < 16; i++) {
+        ivec isum = _mm512_load_si512(c[i]);
+        if (fmt == Q4_0) isum = isub_scaled(isum, 8, asum[i]);
+        const vec scale = fmt == I8 ? vset(da[i]) : vmul(dw, vset(da[i]));
+        acc[i] = vfmadd(scale, ifloat(isum), acc[i]);
+        if (fmt == Q4_1) acc[i] = vfmadd(mw, vset(dsum[i]), acc[i]);
     }
 }
 
-/* panels p and, where np == 2, p + 1, every activation row */
-static inline __attribute__((always_inline)) void panels_tiles(int fmt, const uint8_t *packed, long pbytes, long p,
-                                                               int np, const qacts *x, long m, float *y, long n,
-                                                               const float *bias) {
-    const uint8_t *panel[2] = {packed + p * pbytes, packed + (p + np - 1) * pbytes};
-    const uint8_t *const blocks[2] = {panel[0] + panel_head(fmt), panel[1] + panel_head(fmt)};
-    for (long i0 = 0; i0 < m; i0 += 32) {
-        const int nr = m - i0 > 16 ? 2 : 1;
-        __attribute__((aligned(64))) float acc[2][2][16][PR];
-        tiles_2x2(fmt, blocks, np, nr, x, i0, acc);
-        for (int r = 0; r < nr; r++)
-            for (int j = 0; j < np; j++) {
-                const long first = i0 + 16 * r, count = m - first < 16 ? m - first : 16;
-                panel_out(fmt, panel[j], acc[r][j], first, count, y, n, (p + j) * PR, bias);
-            }
+/* out[i]: the panel's 16 sums for activation row i0 + i (rows of x->q past m are zero codes);
+ * block b's B tile at codes + b * cstride. A software pipeline: while AMX computes block b + 1's
+ * product, block b's is stored and block b - 1's (stored a block earlier: a load right after a
+ * tile store would wait for it to commit) combined. */
+static inline __attribute__((always_inline)) void tile_rows(int fmt, const uint8_t *blocks, const uint8_t *codes,
+                                                            long cstride, const qacts *x, long i0, float out[16][PR]) {
+    const long pb = packed_block_bytes(fmt), nb = x->nb, kp = x->kp;
+    const int8_t *a = x->q + i0 * kp;
+    __attribute__((aligned(64))) int32_t c[2][16][16];
+    vec acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = vset(0.f);
+    TILE_DOT(fmt, 0, 2, 4, a, kp, codes);
+    for (long b = 0; b < nb; b += 2) { /* even blocks in tile 0, odd in tile 1 */
+        if (b + 1 < nb) TILE_DOT(fmt, 1, 3, 5, a + (b + 1) * QK, kp, codes + (b + 1) * cstride);
+        _tile_stored(0, c[0], 64);
+        if (b > 0) combine_block(fmt, c[1], blocks + (b - 1) * pb, x, i0, b - 1, acc);
+        if (b + 1 == nb) break;
+        if (b + 2 < nb) TILE_DOT(fmt, 0, 2, 4, a + (b + 2) * QK, kp, codes + (b + 2) * cstride);
+        _tile_stored(1, c[1], 64);
+        combine_block(fmt, c[0], blocks + b * pb, x, i0, b, acc);
+    }
+    combine_block(fmt, c[(nb - 1) & 1], blocks + (nb - 1) * pb, x, i0, nb - 1, acc);
+    for (int i = 0; i < 16; i++) vstore(out[i], acc[i]);
+}
+
+/* panel p, every activation row; `unpacked`: a thread's buffer for a Q4 panel's codes */
+static inline __attribute__((always_inline)) void panel_tiles(int fmt, const uint8_t *panel, uint8_t *unpacked,
+                                                              const qacts *x, long m, float *y, long n, long r0,
+                                                              const float *bias) {
+    const uint8_t *blocks = panel + panel_head(fmt), *codes = blocks + header_bytes(fmt);
+    long cstride = packed_block_bytes(fmt);
+    if (!byte_codes(fmt)) {
+        unpack_nibbles(blocks, cstride, header_bytes(fmt), x->nb, unpacked);
+        codes = unpacked, cstride = B_BYTES;
+    }
+    for (long i0 = 0; i0 < m; i0 += 16) {
+        __attribute__((aligned(64))) float out[16][PR];
+        tile_rows(fmt, blocks, codes, cstride, x, i0, out);
+        panel_out(fmt, panel, out, i0, m - i0 < 16 ? m - i0 : 16, y, n, r0, bias);
+    }
+}
+
+/* matmul_vectors' order on tiles; each thread configures its own tile registers */
+static void matmul_tiles(int fmt, const uint8_t *packed, long pbytes, long panels, const qacts *acts, long m,
+                         float *y, long n, const float *bias, int num_threads) {
+#pragma omp parallel num_threads(num_threads)
+    {
+        tiles_configure();
+        uint8_t *unpacked = byte_codes(fmt) ? NULL : aligned_alloc(64, acts->nb * B_BYTES);
+#pragma omp for schedule(static)
+        for (long p = 0; p < panels; p++) {
+            const uint8_t *panel = packed + p * pbytes;
+            if (fmt == Q4_0) panel_tiles(Q4_0, panel, unpacked, acts, m, y, n, p * PR, bias);
+            else if (fmt == Q4_1) panel_tiles(Q4_1, panel, unpacked, acts, m, y, n, p * PR, bias);
+            else if (fmt == Q8_0) panel_tiles(Q8_0, panel, unpacked, acts, m, y, n, p * PR, bias);
+            else panel_tiles(I8, panel, unpacked, acts, m, y, n, p * PR, bias);
+        }
+        free(unpacked);
+        _tile_release();
     }
 }
 #else
@@ -412,44 +453,31 @@ static void matmul_vectors(int fmt, const uint8_t *packed, long pbytes, long pan
     }
 }
 
-#if defined(__AMX_INT8__) && defined(__AVX512F__)
-/* matmul_vectors' order on tiles, Q8_0 and I8; each thread configures its own tile registers */
-static void matmul_tiles(int fmt, const uint8_t *packed, long pbytes, long panels, const qacts *acts, long m,
-                         float *y, long n, const float *bias, int num_threads) {
-#pragma omp parallel num_threads(num_threads)
-    {
-        tiles_configure();
-#pragma omp for schedule(static)
-        for (long pair = 0; pair < (panels + 1) / 2; pair++) {
-            const long p = 2 * pair;
-            const int np = p + 1 < panels ? 2 : 1;
-            if (fmt == Q8_0) panels_tiles(Q8_0, packed, pbytes, p, np, acts, m, y, n, bias);
-            else panels_tiles(I8, packed, pbytes, p, np, acts, m, y, n, bias);
-        }
-        _tile_release();
-    }
-}
-#else
+#if !(defined(__AMX_INT8__) && defined(__AVX512F__))
 #define matmul_tiles matmul_vectors /* never asked for: pagoda_amx_enable said 0 */
 #endif
 
 /* y [m, n] = x [m, k] @ w.T (+ bias) on packed w, float32 in and out: activations quantized once,
  * then the panels. m == 1 is the GEMV: the same code. From `tiles_from` rows (0: never; only where
- * pagoda_amx_enable granted the tiles) Q8_0's and I8's integer dots run on AMX: bitwise the same
+ * pagoda_amx_enable granted the tiles) the integer dots run on AMX: bitwise the same
  * outputs. */
 void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,
                       long k, long tiles_from, int num_threads) {
     const long nb = (k + QK - 1) / QK, kp = nb * QK, panels = (n + PR - 1) / PR, pbytes = panel_bytes(fmt, k);
-    const int tiles = tiles_from > 0 && m >= tiles_from && byte_codes(fmt);
-    const long mp = tiles ? (m + 15) / 16 * 16 : m; /* the tiles read whole tiles of 16 rows: zeros past m */
-    int8_t *q = calloc(mp * kp, 1);
-    float *d = calloc(mp * nb, sizeof(float));
+    const int tiles = tiles_from > 0 && m >= tiles_from;
+    const long mp = (m + 15) / 16 * 16; /* whole tiles of 16 rows: zeros past m */
+    int8_t *q = calloc((tiles ? mp : m) * kp, 1);
+    float *d = calloc(mp * nb, sizeof(float)), *dsum = calloc(mp * nb, sizeof(float));
     int32_t *sum = calloc(mp * nb, sizeof(int32_t));
+    const qacts acts = {q, d, dsum, sum, kp, nb};
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m > 1)
-    for (long i = 0; i < m; i++) quantize_row(x + i * k, k, q + i * kp, d + i * nb, sum + i * nb);
-    const qacts acts = {q, d, sum, kp, nb};
+    for (long i = 0; i < m; i++) {
+        const long at = act_at(&acts, i, 0);
+        quantize_row(x + i * k, k, q + i * kp, d + at, sum + at, dsum + at, 16);
+    }
     (tiles ? matmul_tiles : matmul_vectors)(fmt, packed, pbytes, panels, &acts, m, y, n, bias, num_threads);
     free(q);
     free(d);
+    free(dsum);
     free(sum);
 }
