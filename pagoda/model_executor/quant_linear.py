@@ -23,7 +23,9 @@ FORMAT_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "I8": 3}  # as csrc/qdot.c number
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # per 32 columns, as GGUF stores them
 BLOCK = 32
 PANEL_ROWS = 16  # rows per packed panel (csrc/qdot.c)
-AMX_MIN_ROWS = 16  # activation rows from which the tiles beat the vector path (one whole tile), every format
+# activation rows from which the AMX tiles beat the vector path: half a tile for byte codes, a whole
+# one for Q4 (its nibbles are unpacked per call; measured on a 2-core Intel AMX machine)
+AMX_MIN_ROWS = {"Q4_0": 16, "Q4_1": 16, "Q8_0": 8, "I8": 8}
 GROUP = 4  # columns per code group of an I8 block: [16 rows][4 codes]
 _MIN_SCALE = 1e-12  # an all-zero row still gets a finite scale
 
@@ -99,10 +101,10 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
     return QuantWeight("I8", packed, columns, rows)
 
 
-def amx_tiles_from(lib: ctypes.CDLL) -> int:
-    """qdot.c's tiles_from: the activation rows from which the integer dots run on AMX tiles
-    (AMX_MIN_ROWS where the OS granted the tiles), 0 for never."""
-    return AMX_MIN_ROWS if lib.amx else 0
+def amx_tiles_from(lib: ctypes.CDLL, fmt: str) -> int:
+    """qdot.c's tiles_from for a weight in `fmt`: the activation rows from which its integer dots run
+    on AMX tiles (AMX_MIN_ROWS where the OS granted the tiles), 0 for never."""
+    return AMX_MIN_ROWS[fmt] if lib.amx else 0
 
 
 def quant_matmul(
@@ -125,7 +127,7 @@ def quant_matmul(
         rows,
         weight.out_features,
         x.shape[1],
-        amx_tiles_from(lib) if tiles is None else int(tiles),
+        amx_tiles_from(lib, weight.format) if tiles is None else int(tiles),
         torch.get_num_threads(),
     )
     return out

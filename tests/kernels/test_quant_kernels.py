@@ -152,9 +152,9 @@ def test_matmul_matches_int8_activation_reference(libs, fmt):
         assert torch.equal(outputs[0], outputs[1]), f"AVX2 differs from the native path, {fmt} {m}x{n}x{k}"
 
 
-# activation rows for the tiles: below, at and across the 16-row tile and a pair of them;
-# (weight rows, columns): one panel, an odd panel count (a pair's second panel missing), partial blocks (I8)
-TILE_ROWS = (1, 5, 16, 17, 33, 64)
+# activation rows for the tiles: below, at and across the 8-row half tile (its own combine), the 16-row
+# tile and several of them; (weight rows, columns): one panel, a partial last panel, partial blocks (I8)
+TILE_ROWS = (1, 5, 8, 9, 16, 17, 24, 33, 64)
 TILE_WEIGHTS = [(16, 32), (40, 96), (100, 576)]
 NO_TILES = "no AMX tiles here (the CPU, the OS or a PAGODA_CPU_ISA cap)"
 

@@ -335,13 +335,13 @@ static void unpack_nibbles(const uint8_t *blocks, long pb, long h, long nb, uint
 
 /* acc[i] (lane = panel row) += block b's products c for activation row i0 + i, as panel_tile does */
 static inline __attribute__((always_inline)) void combine_block(int fmt, const int32_t c[16][16], const uint8_t *blk,
-                                                                const qacts *x, long i0, long b, vec acc[16]) {
+                                                                const qacts *x, long i0, long b, int tm, vec acc[16]) {
     const vec dw = fmt == I8 ? vset(1.f) : halfs(blk);
     const vec mw = fmt == Q4_1 ? halfs(blk + 32) : dw;
     const long at = act_at(x, i0, b); /* i0: a multiple of 16 */
     const float *da = x->d + at, *dsum = x->dsum + at;
     const int32_t *asum = x->sum + at;
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < tm; i++) {
         ivec isum = _mm512_load_si512(c[i]);
         if (fmt == Q4_0) isum = isub_scaled(isum, 8, asum[i]);
         const vec scale = fmt == I8 ? vset(da[i]) : vmul(dw, vset(da[i]));
@@ -350,12 +350,14 @@ static inline __attribute__((always_inline)) void combine_block(int fmt, const i
     }
 }
 
-/* out[i]: the panel's 16 sums for activation row i0 + i (rows of x->q past m are zero codes);
+/* out[i]: the panel's 16 sums for activation row i0 + i < i0 + tm (tm: 8 or 16, a constant; the
+ * tile products always have 16 rows: x->q's rows past m are zero codes);
  * block b's B tile at codes + b * cstride. A software pipeline: while AMX computes block b + 1's
  * product, block b's is stored and block b - 1's (stored a block earlier: a load right after a
  * tile store would wait for it to commit) combined. */
 static inline __attribute__((always_inline)) void tile_rows(int fmt, const uint8_t *blocks, const uint8_t *codes,
-                                                            long cstride, const qacts *x, long i0, float out[16][PR]) {
+                                                            long cstride, const qacts *x, long i0, int tm,
+                                                            float out[16][PR]) {
     const long pb = packed_block_bytes(fmt), nb = x->nb, kp = x->kp;
     const int8_t *a = x->q + i0 * kp;
     __attribute__((aligned(64))) int32_t c[2][16][16];
@@ -365,14 +367,14 @@ static inline __attribute__((always_inline)) void tile_rows(int fmt, const uint8
     for (long b = 0; b < nb; b += 2) { /* even blocks in tile 0, odd in tile 1 */
         if (b + 1 < nb) TILE_DOT(fmt, 1, 3, 5, a + (b + 1) * QK, kp, codes + (b + 1) * cstride);
         _tile_stored(0, c[0], 64);
-        if (b > 0) combine_block(fmt, c[1], blocks + (b - 1) * pb, x, i0, b - 1, acc);
+        if (b > 0) combine_block(fmt, c[1], blocks + (b - 1) * pb, x, i0, b - 1, tm, acc);
         if (b + 1 == nb) break;
         if (b + 2 < nb) TILE_DOT(fmt, 0, 2, 4, a + (b + 2) * QK, kp, codes + (b + 2) * cstride);
         _tile_stored(1, c[1], 64);
-        combine_block(fmt, c[0], blocks + b * pb, x, i0, b, acc);
+        combine_block(fmt, c[0], blocks + b * pb, x, i0, b, tm, acc);
     }
-    combine_block(fmt, c[(nb - 1) & 1], blocks + (nb - 1) * pb, x, i0, nb - 1, acc);
-    for (int i = 0; i < 16; i++) vstore(out[i], acc[i]);
+    combine_block(fmt, c[(nb - 1) & 1], blocks + (nb - 1) * pb, x, i0, nb - 1, tm, acc);
+    for (int i = 0; i < tm; i++) vstore(out[i], acc[i]);
 }
 
 /* panel p, every activation row; `unpacked`: a thread's buffer for a Q4 panel's codes */
@@ -387,7 +389,8 @@ static inline __attribute__((always_inline)) void panel_tiles(int fmt, const uin
     }
     for (long i0 = 0; i0 < m; i0 += 16) {
         __attribute__((aligned(64))) float out[16][PR];
-        tile_rows(fmt, blocks, codes, cstride, x, i0, out);
+        if (m - i0 <= 8) tile_rows(fmt, blocks, codes, cstride, x, i0, 8, out); /* half the combine */
+        else tile_rows(fmt, blocks, codes, cstride, x, i0, 16, out);
         panel_out(fmt, panel, out, i0, m - i0 < 16 ? m - i0 : 16, y, n, r0, bias);
     }
 }
