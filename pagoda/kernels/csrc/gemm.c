@@ -93,9 +93,10 @@ void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const f
     const long panels = (n + PANEL - 1) / PANEL, row_blocks = (m + MB - 1) / MB;
     long group = NP;
     while (group > 1 && row_blocks * ((panels + group - 1) / group) < 2 * num_threads) group /= 2;
-    const long groups = (panels + group - 1) / group;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (long item = 0; item < groups * row_blocks; item++) {
+    const long groups = (panels + group - 1) / group, items = groups * row_blocks;
+    const long chunk = m <= MR ? (items + num_threads - 1) / num_threads : 1;
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads)
+    for (long item = 0; item < items; item++) {
         const long g = item / row_blocks, rb = item % row_blocks; /* consecutive items share panels */
         const long p0 = g * group, np = p0 + group <= panels ? group : panels - p0;
         const long col0 = p0 * PANEL, cols = (col0 + np * PANEL <= n ? np * PANEL : n - col0);

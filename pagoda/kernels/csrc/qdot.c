@@ -402,7 +402,7 @@ static void matmul_tiles(int fmt, const uint8_t *packed, long pbytes, long panel
     {
         tiles_configure();
         uint8_t *unpacked = byte_codes(fmt) ? NULL : aligned_alloc(64, acts->nb * B_BYTES);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 2)
         for (long p = 0; p < panels; p++) {
             const uint8_t *panel = packed + p * pbytes;
             if (fmt == Q4_0) panel_tiles(Q4_0, panel, unpacked, acts, m, y, n, p * PR, bias);
@@ -444,7 +444,8 @@ static inline __attribute__((always_inline)) void panel_rows(int fmt, const uint
  * panel is compute-bound, and prefetching slowed the LM head at 8 rows. */
 static void matmul_vectors(int fmt, const uint8_t *packed, long pbytes, long panels, const qacts *acts, long m,
                            float *y, long n, const float *bias, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+    const long chunk = m <= TM ? (panels + num_threads - 1) / num_threads : 2;
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads)
     for (long p = 0; p < panels; p++) {
         const uint8_t *panel = packed + p * pbytes;
         if (m <= TM && p + 1 < panels)
