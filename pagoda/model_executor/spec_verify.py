@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagoda.model_executor.sampler import filtered_probs, token_logprob
+from pagoda.model_executor.sampler import draw, filtered_probs, token_logprob
 from pagoda.request import Request, TokenLogprob
 
 if TYPE_CHECKING:  # xgrammar is imported only where a request is constrained
@@ -99,11 +99,14 @@ def _rejection_sample(
 ) -> tuple[list[int], int]:
     """probs [1 + k, V]: the target's distribution at each position."""
     generator = generator_of(request, probs.device) if request.sampling_params.seed is not None else None
+
+    def sample(row: torch.Tensor) -> int:
+        return int(draw(row[None], torch.rand(1, dtype=torch.float64, generator=generator, device=row.device))[0])
+
     uniforms = torch.rand(len(draft), generator=generator, device=probs.device).tolist()
     for i, (d, u) in enumerate(zip(draft, uniforms)):
         if u >= float(probs[i, d]):  # rejected: sample the residual, p_i without d
             residual = probs[i].clone()
             residual[d] = 0.0
-            token = int(torch.multinomial(residual, 1, generator=generator))
-            return draft[:i], token
-    return list(draft), int(torch.multinomial(probs[len(draft)], 1, generator=generator))
+            return draft[:i], sample(residual)
+    return list(draft), sample(probs[len(draft)])

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pagoda.model_executor.sampler import Sampler, apply_penalties, filtered_probs
+from pagoda.model_executor.sampler import Sampler, apply_penalties, draw, filtered_probs
 from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams, SamplingParamsError
 
@@ -27,6 +27,26 @@ LOGITS = torch.log(torch.tensor([[0.05, 0.4, 0.3, 0.15, 0.1]]))
 
 def support(probs: torch.Tensor) -> set[int]:
     return set(torch.nonzero(probs[0] > 0).flatten().tolist())
+
+
+def test_draw_inverts_the_cumulative_distribution():
+    """u in [0, 1) picks the first token whose cumulative weight exceeds u * total: the cut points
+    exactly, zero-weight tokens never (not even at u = 0 or the largest u below 1), any total."""
+    weights = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0]] * 2) * torch.tensor([[1.0], [3.0]])
+    below_one = 1.0 - 2.0**-53
+    cases = {0.0: 1, 0.2499: 1, 0.25: 3, 0.7499: 3, 0.75: 4, below_one: 4}
+    for u, token in cases.items():
+        assert draw(weights, torch.tensor([u, u], dtype=torch.float64)).tolist() == [token, token], u
+
+
+def test_draw_follows_the_distribution():
+    """Many draws' frequencies match p within 5 standard errors (a fixed generator)."""
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    n = 200_000
+    uniforms = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(draw(p.expand(n, -1), uniforms), minlength=5).double() / n
+    assert counts[4] == 0
+    assert torch.all((counts[:4] - p[:4]).abs() <= 5 * torch.sqrt(p[:4] * (1 - p[:4]) / n)), counts
 
 
 def test_top_k_keeps_exactly_k():
