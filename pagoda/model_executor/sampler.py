@@ -75,12 +75,17 @@ def sample(
     if all(p.greedy and _plain(p) for p in params) and not any(_min_tokens_active(r) for r in requests):
         token_ids = logits.argmax(dim=-1)
         return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
-    logits = logits.float().clone()
-    if any(p.uses_penalties for p in params):
-        apply_penalties(logits, requests)
-    _apply_bias_and_min_tokens(logits, requests)
-    token_ids = logits.argmax(dim=-1)
+    logits = logits.float()
+    if not all(_plain(p) for p in params) or any(_min_tokens_active(r) for r in requests):
+        logits = logits.clone()  # edited in place below; the caller's logits stay as they were
+        if any(p.uses_penalties for p in params):
+            apply_penalties(logits, requests)
+        _apply_bias_and_min_tokens(logits, requests)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if len(random_rows) < len(params):
+        token_ids = logits.argmax(dim=-1)
+    else:  # every row drawn: no argmax to compute
+        token_ids = torch.empty(len(params), dtype=torch.long, device=logits.device)
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
         probs = filtered_probs(logits[rows], [params[i] for i in random_rows])
