@@ -1,7 +1,7 @@
 """GFLOP/s of the int8-activation kernels (csrc/qdot.c: GGUF's formats and `--quantization int8`'s
 I8) against oneDNN's float32 GEMM (torch) on the default model's layer shapes, at 1, 8, 32 and 256
-activation rows; where the CPU has AMX, for Q8_0 and I8 the kernels' vector path and tile path both
-(the default takes the tiles from 16 rows). Runs alternate (A B A B ...) and the best of each is reported, so a
+activation rows; where the CPU has AMX, the kernels' vector path and tile path both (the default
+takes the tiles from quant_linear.AMX_MIN_ROWS). Runs alternate (A B A B ...) and the best of each is reported, so a
 busy machine skews all alike.
 
     python benchmarks/quant_kernels.py [--formats Q4_1,Q8_0,Q4_0,I8] [--repeats 5] [--seconds 0.2]

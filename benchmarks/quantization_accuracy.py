@@ -7,9 +7,11 @@ whether its top-1 token is the reference's, and its perplexity on the text.
   gguf-Q4_1  the shipped file with --quantization gguf: the same weights, dequantized in the kernels
   gguf-Q8_0, gguf-Q4_0  its weights re-quantized (tests/gguf_files.py), with --quantization gguf
   int8       the float32 HF directory with --quantization int8
+  kv-bf16    the float32 model with --kv-cache-dtype bfloat16 (keys and values stored rounded to bf16)
+  gguf-Q4_1-kv-bf16  the shipped file with --quantization gguf and --kv-cache-dtype bfloat16
 An accuracy measurement, not a timing: it may run on a busy machine.
 
-    python benchmarks/quantization_accuracy.py [--tokens 2048] [--out benchmarks/results/quantization]
+    python benchmarks/quantization_accuracy.py [--tokens 2048] [--out benchmarks/results/quantization] [--only kv-bf16,...]
 """
 
 from __future__ import annotations
@@ -51,14 +53,17 @@ def compare(reference: tuple[list[float], list[int]], ours: tuple[list[float], l
     }
 
 
-def variants(cache: Path) -> dict[str, tuple[str, str | None]]:
+def variants(cache: Path) -> dict[str, tuple[str, str | None, str]]:
+    """name -> (model, quantization, kv_cache_dtype)"""
     q4_1 = default_model_path()
     return {
-        "fp32": (resolve_model(q4_1), None),
-        "gguf-Q4_1": (q4_1, "gguf"),
-        "gguf-Q8_0": (str(requantize_gguf(q4_1, cache / "SmolLM2-135M-Instruct.Q8_0.gguf", "Q8_0")), "gguf"),
-        "gguf-Q4_0": (str(requantize_gguf(q4_1, cache / "SmolLM2-135M-Instruct.Q4_0.gguf", "Q4_0")), "gguf"),
-        "int8": (resolve_model(q4_1), "int8"),
+        "fp32": (resolve_model(q4_1), None, "auto"),
+        "gguf-Q4_1": (q4_1, "gguf", "auto"),
+        "gguf-Q8_0": (str(requantize_gguf(q4_1, cache / "SmolLM2-135M-Instruct.Q8_0.gguf", "Q8_0")), "gguf", "auto"),
+        "gguf-Q4_0": (str(requantize_gguf(q4_1, cache / "SmolLM2-135M-Instruct.Q4_0.gguf", "Q4_0")), "gguf", "auto"),
+        "int8": (resolve_model(q4_1), "int8", "auto"),
+        "kv-bf16": (resolve_model(q4_1), None, "bfloat16"),
+        "gguf-Q4_1-kv-bf16": (q4_1, "gguf", "bfloat16"),
     }
 
 
@@ -66,11 +71,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/quantization"))
+    parser.add_argument("--only", default="", help="comma-separated variants to score besides fp32 (default: all)")
     args = parser.parse_args()
     scored: dict[str, tuple] = {}
     ids: list[int] = []
-    for name, (model, quantization) in variants(cache_root() / "requantized").items():
-        llm = LLM(model, quantization=quantization, max_model_len=args.tokens + 8, kv_cache_memory=0.5)
+    for name, (model, quantization, kv_dtype) in variants(cache_root() / "requantized").items():
+        if args.only and name not in ("fp32", *args.only.split(",")):
+            continue
+        llm = LLM(
+            model, quantization=quantization, kv_cache_dtype=kv_dtype, max_model_len=args.tokens + 8, kv_cache_memory=0.5
+        )
         ids = ids or llm.tokenizer.encode(TEXT.read_text())[: args.tokens]
         scored[name] = next_token_scores(llm, ids)
         del llm

@@ -6,7 +6,12 @@ batch-invariant in float32 whatever the mode. (It is also faster than torch's SD
 copy of the cache: one 4,000-token prompt's prefill 3.1-3.3 s against 5.6-5.8 s, 32 x 256-token
 prompts 393-396 out tok/s against 341-377, Q4_1 model, 2 Zen 5 cores, 2026-12-01.)
 
-In bfloat16 the KV cache is bfloat16, the decode kernel computes in float32 (csrc/bf16.c; every
+A float32 model may keep its KV cache in bfloat16 (`--kv-cache-dtype bfloat16`): the same float32
+kernels store keys and values rounded to bf16 and widen them back as they read them, so the
+arithmetic is exactly the float32 cache's on the rounded values (batch-invariant still) and a decode
+reads half the bytes.
+
+A bfloat16 model's KV cache is bfloat16, its decode kernel computes in float32 (csrc/bf16.c; every
 build of the kernels has it) and prefill chunks run through torch's SDPA as in the torch backend
 (sdpa.py).
 """

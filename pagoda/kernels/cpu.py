@@ -45,8 +45,8 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_long
 _F, _INT = ctypes.c_float, ctypes.c_int
 # The kernels that return nothing, by their argument types (csrc/*.c); each ends with the thread count.
 _VOID_SIGNATURES = {
-    "pagoda_paged_decode_attention": [_P, _P, _I64, _P, _I64, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT],
-    "pagoda_store_kv": [_P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _INT],
+    "pagoda_paged_decode_attention": [_P, _P, _I64, _P, _I64, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT, _INT],
+    "pagoda_store_kv": [_P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _INT, _INT],
     "pagoda_gemv": [_P] * 4 + [_I64] * 2 + [_INT],
     "pagoda_paged_decode_attention_bf16": [_P] * 6 + [_I64] * 6 + [_F, _INT],
     "pagoda_gemv_bf16": [_P, _P, _INT, _P, _INT, _P, _I64, _I64, _INT],
@@ -56,7 +56,7 @@ _VOID_SIGNATURES = {
     "pagoda_silu_mul": [_P] * 2 + [_I64] * 2 + [_INT, _INT],
     "pagoda_pack_panels": [_P, _P, _I64, _I64, _INT],
     "pagoda_gemm_invariant": [_P, _I64, _P, _I64, _P, _P] + [_I64] * 3 + [_INT],
-    "pagoda_prefill_attention": [_P, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT],
+    "pagoda_prefill_attention": [_P, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT, _INT],
     # qdot.c (GGUF blocks and I8, the format first), wrapped by model_executor/quant_linear.py
     "pagoda_qd_pack": [_INT, _P, _P, _I64, _I64, _INT],
     "pagoda_qd_dequant_rows": [_INT, _P, _P, _I64, _I64, _P, _INT],
@@ -149,10 +149,11 @@ def store_kv(
     lib: ctypes.CDLL,
     key: torch.Tensor,  # float32 [T, Hkv, D]
     value: torch.Tensor,
-    kv_cache: torch.Tensor,  # float32 [2, num_blocks, block_size, Hkv, D], contiguous
+    kv_cache: torch.Tensor,  # float32 or bfloat16 [2, num_blocks, block_size, Hkv, D], contiguous
     slot_mapping: torch.Tensor,  # int64 [T], contiguous: each token's slot (block * block_size + offset)
 ) -> None:
-    """Writes the tokens' keys and values to their slots, both in one call."""
+    """Writes the tokens' keys and values to their slots, both in one call (a bfloat16 cache takes
+    them rounded to the nearest bf16)."""
     key, value = _rows(key), _rows(value)
     lib.pagoda_store_kv(
         kv_cache[0].data_ptr(),
@@ -164,6 +165,7 @@ def store_kv(
         slot_mapping.data_ptr(),
         key.shape[0],
         key.shape[1] * key.shape[2],
+        _is_bf16(kv_cache),
         torch.get_num_threads(),
     )
 
@@ -174,13 +176,14 @@ def paged_decode_attention(
     query: torch.Tensor,  # float32 [B, H, D]
     key: torch.Tensor,  # float32 [B, Hkv, D]: the decodes' new keys, stored first
     value: torch.Tensor,
-    kv_cache: torch.Tensor,  # float32 [2, num_blocks, block_size, Hkv, D], contiguous
+    kv_cache: torch.Tensor,  # float32 or bfloat16 [2, num_blocks, block_size, Hkv, D], contiguous
     slot_mapping: torch.Tensor,  # int64 [B], contiguous
     block_tables: torch.Tensor,  # int32 [B, max_blocks], contiguous
     seq_lens: torch.Tensor,  # int32 [B], each >= 1, counting the new token
     scale: float,
 ) -> None:
-    """Stores the decodes' keys and values, then attends each over its paged cache in place."""
+    """Stores the decodes' keys and values, then attends each over its paged cache in place (a
+    bfloat16 cache's rows widened to float32 as they are read)."""
     query, key, value = _rows(query), _rows(key), _rows(value)
     batch, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
@@ -204,6 +207,7 @@ def paged_decode_attention(
         block_size,
         block_tables.shape[1],
         scale,
+        _is_bf16(kv_cache),
         torch.get_num_threads(),
     )
 
@@ -361,7 +365,7 @@ def prefill_attention(
     lib: ctypes.CDLL,
     out: torch.Tensor,  # float32 [T, H, D], contiguous: written
     query: torch.Tensor,  # float32 [T, H, D]
-    kv_cache: torch.Tensor,  # float32 [2, num_blocks, block_size, Hkv, D], contiguous, the chunks' KV stored
+    kv_cache: torch.Tensor,  # float32 or bfloat16 [2, num_blocks, block_size, Hkv, D], contiguous, the chunks' KV stored
     block_tables: torch.Tensor,  # int32 [R, max_blocks], contiguous
     query_start: torch.Tensor,  # int32 [R + 1], contiguous: request i owns rows query_start[i] .. [i + 1] - 1
     seq_lens: torch.Tensor,  # int32 [R], contiguous: each request's tokens, its chunk's last included
@@ -387,6 +391,7 @@ def prefill_attention(
         block_size,
         block_tables.shape[1],
         scale,
+        _is_bf16(kv_cache),
         torch.get_num_threads(),
     )
 

@@ -80,7 +80,8 @@ class CpuDecoderStack:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if kv_caches is not self.kv_source:
             self.kv_pointers = torch.tensor([[c[0].data_ptr(), c[1].data_ptr()] for c in kv_caches], dtype=torch.int64)
-            self.dims = torch.tensor([*self.shape, kv_caches[0].shape[2]], dtype=torch.int64)
+            bf16 = int(kv_caches[0].dtype == torch.bfloat16)  # --kv-cache-dtype bfloat16
+            self.dims = torch.tensor([*self.shape, kv_caches[0].shape[2], bf16], dtype=torch.int64)
             self.kv_source = kv_caches
         residual = embeddings.contiguous()
         x = torch.empty_like(residual)

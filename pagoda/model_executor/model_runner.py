@@ -48,10 +48,14 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None  # set by capture_cuda_graphs
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.config.cache.kv_cache_dtype or self.config.model.dtype
+
     def block_bytes(self) -> int:
         """One KV block of every layer: keys and values of block_size tokens."""
         m = self.config.model
-        return 2 * self.block_size * m.num_kv_heads * m.head_dim * m.dtype.itemsize * m.num_layers
+        return 2 * self.block_size * m.num_kv_heads * m.head_dim * self.kv_dtype.itemsize * m.num_layers
 
     def num_blocks_for(self, memory_gib: float) -> int:
         return int(memory_gib * GIB // self.block_bytes())
@@ -67,7 +71,7 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         m = self.config.model
         shape = kv_cache_shape(num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in range(m.num_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(m.num_layers)]
 
     def make_graph_runner(self, capture: bool = True) -> CUDAGraphRunner:
         """A graph runner over the current KV cache, with buckets up to the largest decode batch."""

@@ -212,3 +212,50 @@ def test_bfloat16_matches_float32_math(scenario, block_size, group):
     nd = step.inputs.num_decodes
     torch.testing.assert_close(out[:nd].float(), ref_out[:nd], atol=1e-3, rtol=2**-7)
     torch.testing.assert_close(out[nd:].float(), ref_out[nd:], atol=2e-2, rtol=2e-2)
+
+
+def bf16_kv(step: Step) -> Step:
+    """The step on a bfloat16 cache (a float32 model with --kv-cache-dtype bfloat16)."""
+    return dataclasses.replace(step, kv_cache=step.kv_cache.bfloat16())
+
+
+def rounded_kv(step: Step) -> Step:
+    """The step on a float32 cache that holds bf16-rounded values, its new keys and values rounded too:
+    what a bfloat16 cache must compute exactly."""
+    def rounded(x):
+        return x.bfloat16().float()
+
+    return dataclasses.replace(step, key=rounded(step.key), value=rounded(step.value), kv_cache=rounded(step.kv_cache))
+
+
+@pytest.mark.parametrize("scenario", [*SCENARIOS, "long"])
+@pytest.mark.parametrize("block_size,group", [(16, 3), (1, 2)])
+def test_bfloat16_cache_is_the_float32_arithmetic_on_rounded_values(isa, scenario, block_size, group):
+    """A float32 model's bf16 KV cache: new keys and values stored rounded to the nearest bf16 (as
+    torch rounds), and every output bitwise the float32 cache's on the rounded values, decodes and
+    prefill chunks, within a span and across span boundaries (long: 600 and 300 tokens)."""
+    lens = ([1, 40], [600, 300]) if scenario == "long" else SCENARIOS[scenario]
+    step = make_step(*lens, block_size=block_size, group=group, seed=3)
+    out, cache = helpers.run(CpuAttentionBackend(), bf16_kv(step))
+    ref_out, ref_cache = helpers.run(CpuAttentionBackend(), rounded_kv(step))
+    assert cache.dtype == torch.bfloat16 and out.dtype == torch.float32
+    assert torch.equal(cache.float(), ref_cache)
+    assert torch.equal(out, ref_out)
+
+
+@pytest.mark.parametrize("head_dim", [8, 72])  # a token's row of 8 or 72 floats: whole vectors, then the rest one by one
+def test_bfloat16_store_rounds_as_torch(isa, head_dim):
+    """Stores into a bf16 cache round as torch's .bfloat16() does: to nearest, ties to even, a NaN
+    stays NaN, infinities and overflow to infinity as they are."""
+    gen = torch.Generator().manual_seed(head_dim)
+    key = torch.randn(4, 1, head_dim, generator=gen)
+    special = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), float("inf"), float("nan"), 3.4e38, 1e-40, -0.0])
+    key.view(-1)[-8:] = special  # ties both ways, signs, NaN, overflow, a subnormal: the tail lanes
+    value = -key
+    cache = torch.zeros(2, 1, 4, 1, head_dim, dtype=torch.bfloat16)
+    cpu_kernels.store_kv(cpu_kernels.load(), key, value, cache, torch.arange(4))
+    for stored, source in ((cache[0], key), (cache[1], value)):
+        expected = source.bfloat16().view(torch.int16)
+        got = stored.reshape(4, 1, head_dim).view(torch.int16)
+        nan = source.isnan()
+        assert torch.equal(got[~nan], expected[~nan]) and stored.reshape(4, 1, head_dim)[nan].isnan().all()

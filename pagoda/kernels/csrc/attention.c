@@ -7,25 +7,44 @@
  * with its max score and sum of exponentials per head; the spans of a request merge exactly:
  * out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. A span covers all heads: a token's keys of
  * all kv heads are one contiguous row, and splitting by kv head instead (each work item reading a
- * third of every row, for 3 kv heads) made a thread 30% slower. */
+ * third of every row, for 3 kv heads) made a thread 30% slower.
+ *
+ * The cache holds float32 or, with `kv_bf16` (`--kv-cache-dtype bfloat16` for a float32 model),
+ * bfloat16 values: new keys and values are rounded to the nearest bf16 (ties to even, as torch) as
+ * they are stored, and a span's rows are widened back to float32 into a thread's buffer before it is
+ * read, so every score and sum is computed exactly as on a float32 cache that held the rounded
+ * values, while the cache's bytes (what a long or batched decode is bound by) are halved. */
 #include "vec.h"
 #include "kernels.h"
 
-/* a . b over n floats, n % 8 == 0, before its horizontal sum: dot_n is vsum of it. Four
- * accumulators: one dot is a chain of dependent FMAs, and its latency, not the loads, bounds the
- * scoring loop (one accumulator made it 13% slower). */
-static inline vec dot_lanes(const float *a, const float *b, long n) {
+/* min(n, VLEN) values of a cache row (float32, or bf16 widened exactly) from p + i, the lanes past n
+ * zero; n % 8 == 0 */
+static inline __attribute__((always_inline)) vec kv_load_n(const void *p, long i, long n, int bf16) {
+    if (!bf16) return load_n((const float *)p + i, n);
+    const uint16_t *h = (const uint16_t *)p + i;
+#ifdef __AVX512F__
+    if (n < VLEN) return _mm512_insertf32x8(_mm512_setzero_ps(), bf16x8(h), 0); /* n == 8 */
+#endif
+    return vload_bf16(h);
+}
+
+/* a . b over n values (b a cache row), n % 8 == 0, before its horizontal sum: dot_n is vsum of it.
+ * Four accumulators: one dot is a chain of dependent FMAs, and its latency, not the loads, bounds
+ * the scoring loop (one accumulator made it 13% slower). */
+static inline __attribute__((always_inline)) vec dot_lanes_kv(const float *a, const void *b, long n, int bf16) {
     vec acc0 = vset(0.f), acc1 = vset(0.f), acc2 = vset(0.f), acc3 = vset(0.f);
     long i = 0;
     for (; i + 4 * VLEN <= n; i += 4 * VLEN) {
-        acc0 = vfmadd(vload(a + i), vload(b + i), acc0);
-        acc1 = vfmadd(vload(a + i + VLEN), vload(b + i + VLEN), acc1);
-        acc2 = vfmadd(vload(a + i + 2 * VLEN), vload(b + i + 2 * VLEN), acc2);
-        acc3 = vfmadd(vload(a + i + 3 * VLEN), vload(b + i + 3 * VLEN), acc3);
+        acc0 = vfmadd(vload(a + i), kv_load_n(b, i, VLEN, bf16), acc0);
+        acc1 = vfmadd(vload(a + i + VLEN), kv_load_n(b, i + VLEN, VLEN, bf16), acc1);
+        acc2 = vfmadd(vload(a + i + 2 * VLEN), kv_load_n(b, i + 2 * VLEN, VLEN, bf16), acc2);
+        acc3 = vfmadd(vload(a + i + 3 * VLEN), kv_load_n(b, i + 3 * VLEN, VLEN, bf16), acc3);
     }
-    for (; i < n; i += VLEN) acc0 = vfmadd(load_n(a + i, n - i), load_n(b + i, n - i), acc0);
+    for (; i < n; i += VLEN) acc0 = vfmadd(load_n(a + i, n - i), kv_load_n(b, i, n - i, bf16), acc0);
     return vadd(vadd(acc0, acc1), vadd(acc2, acc3));
 }
+
+static inline vec dot_lanes(const float *a, const float *b, long n) { return dot_lanes_kv(a, b, n, 0); }
 
 static inline float dot_n(const float *a, const float *b, long n) { return vsum(dot_lanes(a, b, n)); }
 
@@ -52,11 +71,14 @@ static inline __attribute__((always_inline)) void dot16_heads(const float *q, lo
 }
 #endif
 
-/* y += a x over n floats, n % 8 == 0 */
-static inline void axpy_n(float *y, float a, const float *x, long n) {
+/* y += a x over n values (x a cache row), n % 8 == 0 */
+static inline __attribute__((always_inline)) void axpy_kv(float *y, float a, const void *x, long n, int bf16) {
     const vec av = vset(a);
-    for (long i = 0; i < n; i += VLEN) store_n(y + i, vfmadd(av, load_n(x + i, n - i), load_n(y + i, n - i)), n - i);
+    for (long i = 0; i < n; i += VLEN)
+        store_n(y + i, vfmadd(av, kv_load_n(x, i, n - i, bf16), load_n(y + i, n - i)), n - i);
 }
+
+static inline void axpy_n(float *y, float a, const float *x, long n) { axpy_kv(y, a, x, n, 0); }
 
 static inline void prefetch_row(const float *p, long n) {
     for (long i = 0; i < n; i += 16) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
@@ -72,29 +94,74 @@ enum {
 };
 
 typedef struct {
-    float *k_cache, *v_cache; /* written only for the new tokens, by attend_unit */
+    void *k_cache, *v_cache; /* written only for the new tokens, by attend_unit */
     const int32_t *block_tables;
-    long max_blocks, block_size, token_stride, block_stride;
+    long max_blocks, block_size, token_stride, block_stride; /* strides in values */
     long num_heads, group, head_dim;
     float scale;
+    int bf16; /* the caches hold bfloat16 */
 } PagedKv;
 
-static inline const float *token_row(const float *cache, const PagedKv *kv, const int32_t *table, long t) {
-    return cache + table[t / kv->block_size] * kv->block_stride + (t % kv->block_size) * kv->token_stride;
+static inline void *token_at(void *cache, const PagedKv *kv, const int32_t *table, long t) {
+    const long at = table[t / kv->block_size] * kv->block_stride + (t % kv->block_size) * kv->token_stride;
+    return (char *)cache + at * value_size(kv->bf16);
+}
+
+/* n floats to bf16, each to the nearest (ties to even) */
+static void to_bf16(uint16_t *dst, const float *src, long n) {
+    long i = 0;
+    for (; i + VLEN <= n; i += VLEN) store_row(dst, i, vload(src + i), 1);
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        dst[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)(u >> 16 | 0x40) : (uint16_t)((u + 0x7fff + (u >> 16 & 1)) >> 16);
+    }
+}
+
+/* one new token's keys or values (a float32 row) into its cache row */
+static inline void store_token(const PagedKv *kv, void *row, const float *src) {
+    if (kv->bf16) to_bf16(row, src, kv->token_stride);
+    else memcpy(row, src, kv->token_stride * sizeof(float));
+}
+
+/* rows[t]: token t0 + t's row of `cache` as float32, t < n: in place, or widened from bf16 into
+ * wide + t * token_stride (exactly: bf16 is an fp32's top half) */
+static void span_rows(const PagedKv *kv, void *cache, const int32_t *table, long t0, long n, float *wide,
+                      const float **rows) {
+    for (long t = 0; t < n; t++) {
+        const void *row = token_at(cache, kv, table, t0 + t);
+        if (!kv->bf16) {
+            rows[t] = row;
+            continue;
+        }
+        if (t + AHEAD < n) prefetch_row(token_at(cache, kv, table, t0 + t + AHEAD), kv->token_stride / 2);
+        float *out = wide + t * kv->token_stride;
+        const uint16_t *in = row;
+        long i = 0;
+        for (; i + VLEN <= kv->token_stride; i += VLEN) vstore(out + i, vload_bf16(in + i));
+        for (; i < kv->token_stride; i++) {
+            const uint32_t u = (uint32_t)in[i] << 16;
+            memcpy(out + i, &u, 4);
+        }
+        rows[t] = out;
+    }
 }
 
 /* Every query head h of q (head_dim apart, its kv head h / group) over tokens [t0, t1) of the
  * request with `table`: o[h] = sum_t e^(s_ht - m[h]) v_t, unnormalized, l[h] = sum_t e^(s_ht - m[h])
- * and m[h] = max_t s_ht. scores: scratch of num_heads * (t1 - t0) floats. */
-static void attend_span(const PagedKv *kv, const int32_t *table, const float *q, long t0, long t1, float *scores,
-                        float *o, float *m, float *l) {
+ * and m[h] = max_t s_ht. scores: scratch of num_heads * (t1 - t0) floats. A bf16 cache's values are
+ * widened in registers as they are loaded: the same operations on the same float32 values. */
+static inline __attribute__((always_inline)) void attend_span_kv(const PagedKv *kv, const int32_t *table,
+                                                                 const float *q, long t0, long t1, float *scores,
+                                                                 float *o, float *m, float *l, int bf16) {
     const long n = t1 - t0, d = kv->head_dim, heads = kv->num_heads, group = kv->group;
+    const long row_bytes = kv->token_stride * value_size(bf16), half = bf16 ? 2 : 1; /* prefetch: floats' worth */
     for (long h = 0; h < heads; h++) m[h] = -INFINITY;
     for (long t = t0; t < t1; t++) {
-        if (t + AHEAD < t1) prefetch_row(token_row(kv->k_cache, kv, table, t + AHEAD), kv->token_stride);
-        const float *k = token_row(kv->k_cache, kv, table, t);
+        if (t + AHEAD < t1) prefetch_row(token_at(kv->k_cache, kv, table, t + AHEAD), kv->token_stride / half);
+        const char *k = token_at(kv->k_cache, kv, table, t);
         for (long h = 0; h < heads; h++) {
-            const float s = kv->scale * dot_n(q + h * d, k + (h / group) * d, d);
+            const float s = kv->scale * vsum(dot_lanes_kv(q + h * d, k + (h / group) * d * (row_bytes / kv->token_stride), d, bf16));
             scores[h * n + t - t0] = s;
             m[h] = s > m[h] ? s : m[h];
         }
@@ -102,10 +169,17 @@ static void attend_span(const PagedKv *kv, const int32_t *table, const float *q,
     for (long h = 0; h < heads; h++) l[h] = exp_shifted(scores + h * n, n, m[h]);
     memset(o, 0, heads * d * sizeof(float));
     for (long t = t0; t < t1; t++) {
-        if (t + AHEAD < t1) prefetch_row(token_row(kv->v_cache, kv, table, t + AHEAD), kv->token_stride);
-        const float *v = token_row(kv->v_cache, kv, table, t);
-        for (long h = 0; h < heads; h++) axpy_n(o + h * d, scores[h * n + t - t0], v + (h / group) * d, d);
+        if (t + AHEAD < t1) prefetch_row(token_at(kv->v_cache, kv, table, t + AHEAD), kv->token_stride / half);
+        const char *v = token_at(kv->v_cache, kv, table, t);
+        for (long h = 0; h < heads; h++)
+            axpy_kv(o + h * d, scores[h * n + t - t0], v + (h / group) * d * (row_bytes / kv->token_stride), d, bf16);
     }
+}
+
+static void attend_span(const PagedKv *kv, const int32_t *table, const float *q, long t0, long t1, float *scores,
+                        float *o, float *m, float *l) {
+    if (kv->bf16) attend_span_kv(kv, table, q, t0, t1, scores, o, m, l, 1);
+    else attend_span_kv(kv, table, q, t0, t1, scores, o, m, l, 0);
 }
 
 /* The spans of every request: request b owns spans first[b] .. first[b + 1] - 1, the i-th starting at
@@ -136,15 +210,17 @@ static void merge_spans(float *out, const float *o, const float *m, const float 
 }
 
 /* Writes the new keys and values of n tokens (rows key_stride / value_stride floats apart, each row's
- * heads contiguous) to their slots of the paged cache; slot -1 (a padding lane) is skipped. */
-void pagoda_store_kv(float *k_cache, float *v_cache, const float *key, long key_stride, const float *value,
-                     long value_stride, const int64_t *slots, long n, long token_stride, int num_threads) {
-    const size_t bytes = token_stride * sizeof(float);
+ * heads contiguous) to their slots of the paged cache (bf16: rounded); slot -1 (a padding lane) is
+ * skipped. */
+void pagoda_store_kv(void *k_cache, void *v_cache, const float *key, long key_stride, const float *value,
+                     long value_stride, const int64_t *slots, long n, long token_stride, int kv_bf16, int num_threads) {
+    const PagedKv kv = {.token_stride = token_stride, .bf16 = kv_bf16};
+    const size_t row_bytes = token_stride * value_size(kv_bf16);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (long i = 0; i < n; i++) {
         if (slots[i] < 0) continue;
-        memcpy(k_cache + slots[i] * token_stride, key + i * key_stride, bytes);
-        memcpy(v_cache + slots[i] * token_stride, value + i * value_stride, bytes);
+        store_token(&kv, (char *)k_cache + slots[i] * row_bytes, key + i * key_stride);
+        store_token(&kv, (char *)v_cache + slots[i] * row_bytes, value + i * value_stride);
     }
 }
 
@@ -172,9 +248,9 @@ static void attend_unit(const PagedKv *kv, float *out, const float *q, long q_st
     const long heads = kv->num_heads, d = kv->head_dim;
     const int64_t slot = new_tokens->slots[b];
     if (t1 == seq_len && slot >= 0) {
-        const size_t bytes = kv->token_stride * sizeof(float);
-        memcpy(kv->k_cache + slot * kv->token_stride, new_tokens->key + b * new_tokens->key_stride, bytes);
-        memcpy(kv->v_cache + slot * kv->token_stride, new_tokens->value + b * new_tokens->value_stride, bytes);
+        const size_t row_bytes = kv->token_stride * value_size(kv->bf16);
+        store_token(kv, (char *)kv->k_cache + slot * row_bytes, new_tokens->key + b * new_tokens->key_stride);
+        store_token(kv, (char *)kv->v_cache + slot * row_bytes, new_tokens->value + b * new_tokens->value_stride);
     }
     const float *qb = q + b * q_stride;
     const int32_t *table = kv->block_tables + b * kv->max_blocks;
@@ -207,13 +283,13 @@ static void attend_unit(const PagedKv *kv, float *out, const float *q, long q_st
  * One parallel loop over every span and no barrier inside it: on a loaded machine each barrier
  * waits for a descheduled thread. */
 void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, const float *key, long key_stride,
-                                   const float *value, long value_stride, const int64_t *slots, float *k_cache,
-                                   float *v_cache, const int32_t *block_tables, const int32_t *seq_lens, long batch,
+                                   const float *value, long value_stride, const int64_t *slots, void *k_cache,
+                                   void *v_cache, const int32_t *block_tables, const int32_t *seq_lens, long batch,
                                    long num_heads, long num_kv_heads, long head_dim, long block_size,
-                                   long max_blocks, float scale, int num_threads) {
+                                   long max_blocks, float scale, int kv_bf16, int num_threads) {
     const long token_stride = num_kv_heads * head_dim;
-    const PagedKv kv = {k_cache, v_cache, block_tables, max_blocks, block_size, token_stride, block_size * token_stride,
-                        num_heads, num_heads / num_kv_heads, head_dim, scale};
+    const PagedKv kv = {k_cache,     v_cache, block_tables, max_blocks, block_size, token_stride,
+                        block_size * token_stride, num_heads, num_heads / num_kv_heads, head_dim, scale, kv_bf16};
     const NewTokens new_tokens = {key, value, key_stride, value_stride, slots};
     long *first = malloc((batch + 1) * sizeof(long));
     int32_t *start;
@@ -267,9 +343,10 @@ enum {
 };
 
 typedef struct {
-    long rows, spans; /* rows of the item; spans of its last (longest) row */
-    float *scores;    /* [QB][heads][SPAN] */
-    float *o, *ml;    /* per row and span: o [heads][d], m [heads] then l [heads] (merge_spans' layout) */
+    long rows, spans;     /* rows of the item; spans of its last (longest) row */
+    float *scores;        /* [QB][heads][SPAN] */
+    float *o, *ml;        /* per row and span: o [heads][d], m [heads] then l [heads] (merge_spans' layout) */
+    float *kwide, *vwide; /* bf16: a span's key and value rows widened, [SPAN][token_stride] each */
 } RowBlock;
 
 /* max of p[0..n), n > 0. Vectorized, so it may differ from a running max in the sign of a zero
@@ -404,11 +481,9 @@ static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q
     while (len[first] <= t0) first++;
     long n[QB]; /* row r's tokens in the span */
     for (long r = first; r < rows; r++) n[r] = (len[r] < t0 + SPAN ? len[r] : t0 + SPAN) - t0;
-    const float *krow[SPAN], *vrow[SPAN]; /* the span's tokens, from 0, looked up once */
-    for (long t = 0; t < n[rows - 1]; t++) {
-        krow[t] = token_row(kv->k_cache, kv, table, t0 + t);
-        vrow[t] = token_row(kv->v_cache, kv, table, t0 + t);
-    }
+    const float *krow[SPAN], *vrow[SPAN]; /* the span's tokens, from 0, looked up (bf16: widened) once */
+    span_rows(kv, kv->k_cache, table, t0, n[rows - 1], rb->kwide, krow);
+    span_rows(kv, kv->v_cache, table, t0, n[rows - 1], rb->vwide, vrow);
     prefill_scores(kv, krow, q, q_stride, n, first, rows, rb->scores);
     for (long r = first; r < rows; r++) {
         float *ml = rb->ml + (r * rb->spans + s) * 2 * heads, *sc = rb->scores + r * heads * SPAN;
@@ -447,13 +522,13 @@ static void prefill_rows(const PagedKv *kv, const int32_t *table, float *out, co
  * query_start[i + 1] - 1 (q_stride floats apart, each [num_heads, head_dim]), its last row at
  * position seq_lens[i] - 1, its tokens in the blocks of block_tables row i, its keys and values
  * already in the cache. out: [query_start[num_reqs], num_heads, head_dim], contiguous. */
-void pagoda_prefill_attention(float *out, const float *q, long q_stride, const float *k_cache, const float *v_cache,
+void pagoda_prefill_attention(float *out, const float *q, long q_stride, const void *k_cache, const void *v_cache,
                               const int32_t *block_tables, const int32_t *query_start, const int32_t *seq_lens,
                               long num_reqs, long num_heads, long num_kv_heads, long head_dim,
-                              long block_size, long max_blocks, float scale, int num_threads) {
+                              long block_size, long max_blocks, float scale, int kv_bf16, int num_threads) {
     const long token_stride = num_kv_heads * head_dim;
-    const PagedKv kv = {(float *)k_cache, (float *)v_cache, block_tables, max_blocks, block_size, token_stride,
-                        block_size * token_stride, num_heads, num_heads / num_kv_heads, head_dim, scale};
+    const PagedKv kv = {(void *)k_cache, (void *)v_cache, block_tables, max_blocks, block_size, token_stride,
+                        block_size * token_stride, num_heads, num_heads / num_kv_heads, head_dim, scale, kv_bf16};
     /* rows per item: QB, fewer where that would leave threads idle (a 46-row hit on 2 threads: 4
      * items of 12 rows, not 3 of 16); the results do not depend on it */
     const long total_rows = query_start[num_reqs], per_thread = 2 * (long)num_threads;
@@ -474,6 +549,8 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const f
         RowBlock rb;
         rb.scores = malloc((QB * num_heads * SPAN + QB * max_spans * num_heads * (head_dim + 2)) * sizeof(float));
         rb.o = rb.scores + QB * num_heads * SPAN;
+        rb.kwide = kv_bf16 ? malloc(2 * SPAN * token_stride * sizeof(float)) : NULL;
+        rb.vwide = kv_bf16 ? rb.kwide + SPAN * token_stride : NULL;
 #pragma omp for schedule(dynamic, 1) nowait
         for (long it = items - 1; it >= 0; it--) { /* the longest rows first */
             const long i = item_req[it], row = item_row[it], end = query_start[i + 1];
@@ -485,6 +562,7 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const f
                          q_stride, first_pos, &rb);
         }
         free(rb.scores);
+        free(rb.kwide);
     }
     free(item_req);
 }

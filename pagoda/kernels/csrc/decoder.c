@@ -36,9 +36,9 @@ static void linear(const Linear *l, const float *x, float *y, long rows, int num
                          num_threads);
 }
 
-/* Shapes of the model and of its paged cache */
+/* Shapes of the model and of its paged cache; kv_bf16: the cache holds bfloat16 */
 typedef struct {
-    int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size;
+    int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, kv_bf16;
 } Dims;
 
 /* One step's rows and attention metadata as the cpu backend's float32 metadata holds them
@@ -55,24 +55,24 @@ typedef struct {
 /* The cpu attention backend's float32 forward (attention/cpu_backend.py) on the rows' queries, keys
  * and values (rows q_stride, k_stride and v_stride floats apart): the prefill rows' keys and values
  * stored, then the decodes (which store their own) attended, then the prefill rows */
-static void attend(const Step *s, const Dims *d, float *k_cache, float *v_cache, const float *q, long q_stride,
+static void attend(const Step *s, const Dims *d, void *k_cache, void *v_cache, const float *q, long q_stride,
                    const float *k, long k_stride, const float *v, long v_stride, float *out, float scale,
                    int num_threads) {
     const long nd = s->num_decodes;
     const int64_t *slots = AT(const int64_t *, s->slots);
     if (nd < s->rows)
         pagoda_store_kv(k_cache, v_cache, k + nd * k_stride, k_stride, v + nd * v_stride, v_stride, slots + nd,
-                        s->rows - nd, d->num_kv_heads * d->head_dim, num_threads);
+                        s->rows - nd, d->num_kv_heads * d->head_dim, (int)d->kv_bf16, num_threads);
     if (nd)
         pagoda_paged_decode_attention(out, q, q_stride, k, k_stride, v, v_stride, slots, k_cache, v_cache,
                                       AT(const int32_t *, s->decode_tables), AT(const int32_t *, s->decode_seq_lens),
                                       nd, d->num_heads, d->num_kv_heads, d->head_dim, d->block_size,
-                                      s->decode_max_blocks, scale, num_threads);
+                                      s->decode_max_blocks, scale, (int)d->kv_bf16, num_threads);
     if (s->num_prefills)
         pagoda_prefill_attention(out, q, q_stride, k_cache, v_cache, AT(const int32_t *, s->prefill_tables),
                                  AT(const int32_t *, s->query_start), AT(const int32_t *, s->prefill_seq_lens),
                                  s->num_prefills, d->num_heads, d->num_kv_heads, d->head_dim, d->block_size,
-                                 s->prefill_max_blocks, scale, num_threads);
+                                 s->prefill_max_blocks, scale, (int)d->kv_bf16, num_threads);
 }
 
 /* heads [rows][heads * head_dim] copied out of src (rows src_stride floats apart) and normalized
@@ -116,7 +116,7 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
             pagoda_rotary(qkv, cos, signed_sin, positions, rows, d->num_heads + d->num_kv_heads, d->head_dim, qkv_n,
                           0, num_threads);
         }
-        attend(step, d, AT(float *, kv_caches[2 * i]), AT(float *, kv_caches[2 * i + 1]), q, q_stride, k, k_stride,
+        attend(step, d, AT(void *, kv_caches[2 * i]), AT(void *, kv_caches[2 * i + 1]), q, q_stride, k, k_stride,
                qkv + q_size + kv_size, qkv_n, attn, scale, num_threads);
         linear(&l->o, attn, x, rows, num_threads);
         pagoda_add_rms_norm(x, residual, AT(const float *, l->post_attention_norm), rows, d->hidden, eps, 0,

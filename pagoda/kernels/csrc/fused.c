@@ -15,50 +15,6 @@
 
 #define PARALLEL_MIN (1L << 18)
 
-/* v rounded to the nearest bf16 (ties to even), kept as fp32; a NaN stays a quiet NaN */
-static inline vec round_bf16(vec v) {
-#ifdef __AVX512F__
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
-    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
-#else
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-    const __m256 quiet = _mm256_castsi256_ps(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)));
-    const __m256 chosen = _mm256_blendv_ps(_mm256_castsi256_ps(r), quiet, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    return _mm256_and_ps(chosen, _mm256_castsi256_ps(_mm256_set1_epi32((int)0xffff0000u)));
-#endif
-}
-
-static inline vec round_to(vec v, int bf16) { return bf16 ? round_bf16(v) : v; }
-
-static inline size_t value_size(int bf16) { return bf16 ? sizeof(uint16_t) : sizeof(float); }
-
-/* VLEN values from p + i (float or bf16), widened to fp32 */
-static inline vec load_row(const void *p, long i, int bf16) {
-    return bf16 ? vload_bf16((const uint16_t *)p + i) : vload((const float *)p + i);
-}
-
-/* VLEN values to p + i, rounded to bf16 where `bf16` */
-static inline void store_row(void *p, long i, vec v, int bf16) {
-    if (!bf16) {
-        vstore((float *)p + i, v);
-        return;
-    }
-    uint16_t *q = (uint16_t *)p + i;
-#ifdef __AVX512F__
-    const __m512i top = _mm512_srli_epi32(_mm512_castps_si512(round_bf16(v)), 16);
-    _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi32_epi16(top));
-#else
-    const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(round_bf16(v)), 16); /* each < 2^16 */
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
-    _mm_storeu_si128((__m128i *)q, _mm256_castsi256_si128(packed));
-#endif
-}
-
 /* min(n, VLEN) values from p + i, the lanes past n zero (a row's last part goes through a buffer) */
 static inline vec load_n_row(const void *p, long i, long n, int bf16) {
     if (n >= VLEN) return load_row(p, i, bf16);

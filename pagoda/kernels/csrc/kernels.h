@@ -15,13 +15,13 @@ void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const f
 void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,
                       long k, long tiles_from, int num_threads);
 void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, const float *key, long key_stride,
-                                   const float *value, long value_stride, const int64_t *slots, float *k_cache,
-                                   float *v_cache, const int32_t *block_tables, const int32_t *seq_lens, long batch,
+                                   const float *value, long value_stride, const int64_t *slots, void *k_cache,
+                                   void *v_cache, const int32_t *block_tables, const int32_t *seq_lens, long batch,
                                    long num_heads, long num_kv_heads, long head_dim, long block_size,
-                                   long max_blocks, float scale, int num_threads);
-void pagoda_store_kv(float *k_cache, float *v_cache, const float *key, long key_stride, const float *value,
-                     long value_stride, const int64_t *slots, long n, long token_stride, int num_threads);
-void pagoda_prefill_attention(float *out, const float *q, long q_stride, const float *k_cache, const float *v_cache,
+                                   long max_blocks, float scale, int kv_bf16, int num_threads);
+void pagoda_store_kv(void *k_cache, void *v_cache, const float *key, long key_stride, const float *value,
+                     long value_stride, const int64_t *slots, long n, long token_stride, int kv_bf16, int num_threads);
+void pagoda_prefill_attention(float *out, const float *q, long q_stride, const void *k_cache, const void *v_cache,
                               const int32_t *block_tables, const int32_t *query_start, const int32_t *seq_lens,
                               long num_reqs, long num_heads, long num_kv_heads, long head_dim,
-                              long block_size, long max_blocks, float scale, int num_threads);
+                              long block_size, long max_blocks, float scale, int kv_bf16, int num_threads);
