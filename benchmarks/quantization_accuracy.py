@@ -11,7 +11,8 @@ whether its top-1 token is the reference's, and its perplexity on the text.
   gguf-Q4_1-kv-bf16  the shipped file with --quantization gguf and --kv-cache-dtype bfloat16
 An accuracy measurement, not a timing: it may run on a busy machine.
 
-    python benchmarks/quantization_accuracy.py [--tokens 2048] [--out benchmarks/results/quantization] [--only kv-bf16,...]
+    python benchmarks/quantization_accuracy.py [--tokens 2048] [--out benchmarks/results/quantization]
+        [--only kv-bf16,...]
 """
 
 from __future__ import annotations
@@ -79,7 +80,11 @@ def main() -> None:
         if args.only and name not in ("fp32", *args.only.split(",")):
             continue
         llm = LLM(
-            model, quantization=quantization, kv_cache_dtype=kv_dtype, max_model_len=args.tokens + 8, kv_cache_memory=0.5
+            model,
+            quantization=quantization,
+            kv_cache_dtype=kv_dtype,
+            max_model_len=args.tokens + 8,
+            kv_cache_memory=0.5,
         )
         ids = ids or llm.tokenizer.encode(TEXT.read_text())[: args.tokens]
         scored[name] = next_token_scores(llm, ids)

@@ -365,7 +365,7 @@ def prefill_attention(
     lib: ctypes.CDLL,
     out: torch.Tensor,  # float32 [T, H, D], contiguous: written
     query: torch.Tensor,  # float32 [T, H, D]
-    kv_cache: torch.Tensor,  # float32 or bfloat16 [2, num_blocks, block_size, Hkv, D], contiguous, the chunks' KV stored
+    kv_cache: torch.Tensor,  # float32 or bfloat16 [2, num_blocks, block_size, Hkv, D], contiguous, chunks' KV stored
     block_tables: torch.Tensor,  # int32 [R, max_blocks], contiguous
     query_start: torch.Tensor,  # int32 [R + 1], contiguous: request i owns rows query_start[i] .. [i + 1] - 1
     seq_lens: torch.Tensor,  # int32 [R], contiguous: each request's tokens, its chunk's last included

@@ -31,7 +31,8 @@ def _linear_row(lib: ctypes.CDLL, linear) -> list[int] | None:
         return [LINEAR_PANELS, linear.packed.data_ptr(), bias, linear.out_features, linear.packed.shape[1], 0]
     if isinstance(linear, QuantLinear):
         w = linear.weight
-        return [FORMAT_IDS[w.format], w.data.data_ptr(), bias, w.out_features, w.in_features, amx_tiles_from(lib, w.format)]
+        tiles_from = amx_tiles_from(lib, w.format)
+        return [FORMAT_IDS[w.format], w.data.data_ptr(), bias, w.out_features, w.in_features, tiles_from]
     return None
 
 

@@ -222,6 +222,7 @@ def bf16_kv(step: Step) -> Step:
 def rounded_kv(step: Step) -> Step:
     """The step on a float32 cache that holds bf16-rounded values, its new keys and values rounded too:
     what a bfloat16 cache must compute exactly."""
+
     def rounded(x):
         return x.bfloat16().float()
 
@@ -243,10 +244,11 @@ def test_bfloat16_cache_is_the_float32_arithmetic_on_rounded_values(isa, scenari
     assert torch.equal(out, ref_out)
 
 
-@pytest.mark.parametrize("head_dim", [8, 72])  # a token's row of 8 or 72 floats: whole vectors, then the rest one by one
+@pytest.mark.parametrize("head_dim", [8, 72])
 def test_bfloat16_store_rounds_as_torch(isa, head_dim):
     """Stores into a bf16 cache round as torch's .bfloat16() does: to nearest, ties to even, a NaN
-    stays NaN, infinities and overflow to infinity as they are."""
+    stays NaN, infinities and overflow to infinity as they are; a token's row of 8 or 72 floats
+    (whole vectors, then the rest one by one)."""
     gen = torch.Generator().manual_seed(head_dim)
     key = torch.randn(4, 1, head_dim, generator=gen)
     special = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), float("inf"), float("nan"), 3.4e38, 1e-40, -0.0])
