@@ -156,10 +156,17 @@ def _apply_bias_and_min_tokens(logits: torch.Tensor, requests: Sequence[Request]
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of probs [B, V] (rows of non-negative weights, any positive sum) for
     uniforms [B] (float64 in [0, 1)): the first token whose cumulative weight exceeds u * total, in
-    float64. That token's own weight is positive: a masked (zero) token is never drawn."""
+    float64. That token's own weight is positive: a masked (zero) token is never drawn. A row with
+    no finite positive total (NaN or infinite weights, which extreme parameters such as a
+    repetition penalty of 1e-308 make) gets its largest weight's token, as argmax takes it."""
     cdf = probs.double().cumsum(dim=-1)
-    point = uniforms.to(cdf)[:, None] * cdf[:, -1:]  # below the total: u < 1 keeps u * total < total in float64
-    return torch.searchsorted(cdf, point, right=True).squeeze(1)
+    total = cdf[:, -1]
+    point = uniforms.to(cdf) * total  # below the total: u < 1 keeps u * total < total in float64
+    tokens = torch.searchsorted(cdf, point[:, None], right=True).squeeze(1)
+    degenerate = ~(torch.isfinite(total) & (total > 0))
+    if degenerate.any():
+        tokens[degenerate] = probs[degenerate].argmax(dim=-1)
+    return tokens
 
 
 def _uniforms(requests: Sequence[Request], generator_of: GeneratorOf, device: torch.device) -> torch.Tensor:

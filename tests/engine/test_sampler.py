@@ -39,6 +39,15 @@ def test_draw_inverts_the_cumulative_distribution():
         assert draw(weights, torch.tensor([u, u], dtype=torch.float64)).tolist() == [token, token], u
 
 
+def test_draw_on_rows_without_a_distribution_stays_in_the_vocabulary():
+    """NaN, infinite or all-zero weights (a repetition penalty of 1e-308 makes them) give the row's
+    argmax, never an index past the vocabulary; a sound row beside them is drawn as usual."""
+    nan, inf = float("nan"), float("inf")
+    weights = torch.tensor([[0.1, nan, 0.2], [0.0, inf, inf], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    tokens = draw(weights, torch.full((4,), 0.5, dtype=torch.float64))
+    assert tokens.tolist() == [1, 1, 0, 2]
+
+
 def test_draw_follows_the_distribution():
     """Many draws' frequencies match p within 5 standard errors (a fixed generator)."""
     p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
