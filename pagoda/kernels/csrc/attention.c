@@ -48,29 +48,6 @@ static inline vec dot_lanes(const float *a, const float *b, long n) { return dot
 
 static inline float dot_n(const float *a, const float *b, long n) { return vsum(dot_lanes(a, b, n)); }
 
-#ifdef __AVX512F__
-/* out[i] = dot_n(q, k[i] + off, d) for the 16 rows k[0..15], bitwise. Inlined where d is a
- * constant (the common head sizes), whose loops then unroll. */
-static inline __attribute__((always_inline)) vec dot16(const float *q, const float *const *k, long off, long d) {
-    vec x[16];
-    for (int m = 0; m < 16; m++) x[m] = dot_lanes(q, k[dot16_token(m)] + off, d);
-    return vsum16(x);
-}
-
-/* out[j] = dot16(q + j d, k, off, d) for the nh <= 3 query heads j of one kv head, bitwise, each key
- * row loaded once for all of them (the tokens in dot16's order, two at a time, each pair summed
- * at once). Inlined with constant nh and d. */
-static inline __attribute__((always_inline)) void dot16_heads(const float *q, long nh, const float *const *k, long off,
-                                                              long d, vec *out) {
-    vec y[3][8];
-    for (int i = 0; i < 8; i++) {
-        const float *a = k[dot16_token(2 * i)] + off, *b = k[dot16_token(2 * i + 1)] + off;
-        for (long j = 0; j < nh; j++) y[j][i] = vsum16_halves(dot_lanes(q + j * d, a, d), dot_lanes(q + j * d, b, d));
-    }
-    for (long j = 0; j < nh; j++) out[j] = vsum16_rest(y[j]);
-}
-#endif
-
 /* y += a x over n values (x a cache row), n % 8 == 0 */
 static inline __attribute__((always_inline)) void axpy_kv(float *y, float a, const void *x, long n, int bf16) {
     const vec av = vset(a);
@@ -101,6 +78,128 @@ typedef struct {
     float scale;
     int bf16; /* the caches hold bfloat16 */
 } PagedKv;
+
+/* value `off` of a cache row (float32 or bf16) */
+static inline const void *kv_at(const void *row, long off, int bf16) { return (const char *)row + off * value_size(bf16); }
+
+#ifdef __AVX512F__
+/* out[i] = dot_n(q, k[i] + off, d) for the 16 cache rows k[0..15], bitwise. Inlined where d is a
+ * constant (the common head sizes), whose loops then unroll. */
+static inline __attribute__((always_inline)) vec dot16_kv(const float *q, const void *const *k, long off, long d,
+                                                          int bf16) {
+    vec x[16];
+    for (int m = 0; m < 16; m++) x[m] = dot_lanes_kv(q, kv_at(k[dot16_token(m)], off, bf16), d, bf16);
+    return vsum16(x);
+}
+
+/* out[j] = dot16(q + j d, k, off, d) for the nh <= 3 query heads j of one kv head, bitwise, each key
+ * row loaded once for all of them (the tokens in dot16's order, two at a time, each pair summed
+ * at once). Inlined with constant nh and d. */
+static inline __attribute__((always_inline)) void dot16_heads_kv(const float *q, long nh, const void *const *k, long off,
+                                                                 long d, vec *out, int bf16) {
+    vec y[3][8];
+    for (int i = 0; i < 8; i++) {
+        const void *a = kv_at(k[dot16_token(2 * i)], off, bf16), *b = kv_at(k[dot16_token(2 * i + 1)], off, bf16);
+        for (long j = 0; j < nh; j++)
+            y[j][i] = vsum16_halves(dot_lanes_kv(q + j * d, a, d, bf16), dot_lanes_kv(q + j * d, b, d, bf16));
+    }
+    for (long j = 0; j < nh; j++) out[j] = vsum16_rest(y[j]);
+}
+
+/* 16 tokens' scaled scores for every query head, into scores[h * stride + t], t < 16: each the
+ * decode kernel's dot_n, times scale (the heads of a kv head sharing each key load where d is 64) */
+static inline __attribute__((always_inline)) void scores16(const PagedKv *kv, const void *const *k, const float *q,
+                                                           float *scores, long stride, int bf16) {
+    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group;
+    for (long h = 0, off = 0; h < heads; off += d) { /* off: kv head h / group's */
+        if (d == 64 && (group == 2 || group == 3)) {
+            vec x[3];
+            if (group == 3) dot16_heads_kv(q + h * d, 3, k, off, 64, x, bf16);
+            else dot16_heads_kv(q + h * d, 2, k, off, 64, x, bf16);
+            for (long j = 0; j < group; j++, h++) vstore(scores + h * stride, vmul(vset(kv->scale), x[j]));
+            continue;
+        }
+        for (long j = 0; j < group; j++, h++) {
+            const float *qh = q + h * d;
+            const vec x = d == 64    ? dot16_kv(qh, k, off, 64, bf16)
+                          : d == 128 ? dot16_kv(qh, k, off, 128, bf16)
+                                     : dot16_kv(qh, k, off, d, bf16);
+            vstore(scores + h * stride, vmul(vset(kv->scale), x));
+        }
+    }
+}
+#endif
+
+enum {
+    QB = 16,    /* the most rows of an item: the more share a tile, the less its first reads cost a row */
+    KTILE = 16, /* dot16's tokens: 12 KB of keys for 3 kv heads of 64 */
+    VTILE = 64, /* one kv head's values, 16 KB for 64, in use at a time (the heads loop outermost);
+                 * each row's accumulators are loaded and stored once a tile and head */
+};
+
+/* max of p[0..n), n > 0. Vectorized, so it may differ from a running max in the sign of a zero
+ * result only, which changes no bit downstream (e^(s - m) and the merge's e^(m_i - M) are the same
+ * for m = +0 and -0). */
+static inline float max_n(const float *p, long n) {
+    vec acc = vset(-INFINITY);
+    long i = 0;
+    for (; i + VLEN <= n; i += VLEN) acc = vmax(acc, vload(p + i));
+    float lanes[VLEN], m = -INFINITY;
+    vstore(lanes, acc);
+    for (long j = 0; j < VLEN; j++) m = lanes[j] > m ? lanes[j] : m;
+    for (; i < n; i++) m = p[i] > m ? p[i] : m;
+    return m;
+}
+
+/* o[r][0..w) += sum_t p_r[t] v_t[0..w) over t in [t_from, t_to), w <= 4 VLEN floats at `off` in
+ * each value row, for `rows` rows (row r's p at p + r * p_stride, its o at o + r * o_stride): each
+ * lane of each row one fma per token in token order, as axpy_n does it. The rows share each value
+ * load. Inlined with constant rows and nv = ceil(w / VLEN), so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void weighted_values(float *o, long o_stride, const float *p,
+                                                                  long p_stride, const void *const *vrow, long off,
+                                                                  long w, long rows, long nv, long t_from, long t_to,
+                                                                  int bf16) {
+    vec acc[4][4];
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < nv; c++) acc[r][c] = load_n(o + r * o_stride + c * VLEN, w - c * VLEN);
+    for (long t = t_from; t < t_to; t++) {
+        const void *v = kv_at(vrow[t], off, bf16);
+        vec vv[4];
+        for (long c = 0; c < nv; c++) vv[c] = kv_load_n(v, c * VLEN, w - c * VLEN, bf16);
+        for (long r = 0; r < rows; r++) {
+            const vec pt = vset(p[r * p_stride + t]);
+            for (long c = 0; c < nv; c++) acc[r][c] = vfmadd(pt, vv[c], acc[r][c]);
+        }
+    }
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < nv; c++) store_n(o + r * o_stride + c * VLEN, acc[r][c], w - c * VLEN);
+}
+
+/* weighted_values over a row's whole head (d values), 4 VLEN at a time, rows <= 4 */
+static inline __attribute__((always_inline)) void weighted_head_kv(float *o, long o_stride, const float *p,
+                                                                   long p_stride, const void *const *vrow, long off,
+                                                                   long d, long rows, long t_from, long t_to,
+                                                                   int bf16) {
+    for (long i = 0; i < d; i += 4 * VLEN) {
+        const long w = d - i < 4 * VLEN ? d - i : 4 * VLEN;
+        float *oi = o + i;
+        if (w == 4 * VLEN && rows == 4)
+            weighted_values(oi, o_stride, p, p_stride, vrow, off + i, w, 4, 4, t_from, t_to, bf16);
+        else if (w == 4 * VLEN)
+            for (long r = 0; r < rows; r++)
+                weighted_values(oi + r * o_stride, o_stride, p + r * p_stride, p_stride, vrow, off + i, w, 1, 4, t_from,
+                                t_to, bf16);
+        else
+            for (long r = 0; r < rows; r++)
+                weighted_values(oi + r * o_stride, o_stride, p + r * p_stride, p_stride, vrow, off + i, w, 1,
+                                (w + VLEN - 1) / VLEN, t_from, t_to, bf16);
+    }
+}
+
+static void weighted_head(float *o, long o_stride, const float *p, long p_stride, const float *const *vrow, long off,
+                          long d, long rows, long t_from, long t_to) {
+    weighted_head_kv(o, o_stride, p, p_stride, (const void *const *)vrow, off, d, rows, t_from, t_to, 0);
+}
 
 static inline void *token_at(void *cache, const PagedKv *kv, const int32_t *table, long t) {
     const long at = table[t / kv->block_size] * kv->block_stride + (t % kv->block_size) * kv->token_stride;
@@ -149,30 +248,42 @@ static void span_rows(const PagedKv *kv, void *cache, const int32_t *table, long
 
 /* Every query head h of q (head_dim apart, its kv head h / group) over tokens [t0, t1) of the
  * request with `table`: o[h] = sum_t e^(s_ht - m[h]) v_t, unnormalized, l[h] = sum_t e^(s_ht - m[h])
- * and m[h] = max_t s_ht. scores: scratch of num_heads * (t1 - t0) floats. A bf16 cache's values are
- * widened in registers as they are loaded: the same operations on the same float32 values. */
+ * and m[h] = max_t s_ht. scores: scratch of num_heads * (t1 - t0) floats. The prefill kernel's
+ * loops on one row: scores 16 tokens at a time from the span's start (scores16: each dot_n, bitwise)
+ * then one by one; each head's weighted values a VTILE of tokens at a time, each lane's chain of
+ * fused multiply-adds over the tokens in order, in registers. A bf16 cache's values are widened in
+ * registers as they are loaded: the same operations on the same float32 values. */
 static inline __attribute__((always_inline)) void attend_span_kv(const PagedKv *kv, const int32_t *table,
                                                                  const float *q, long t0, long t1, float *scores,
                                                                  float *o, float *m, float *l, int bf16) {
     const long n = t1 - t0, d = kv->head_dim, heads = kv->num_heads, group = kv->group;
-    const long row_bytes = kv->token_stride * value_size(bf16), half = bf16 ? 2 : 1; /* prefetch: floats' worth */
-    for (long h = 0; h < heads; h++) m[h] = -INFINITY;
-    for (long t = t0; t < t1; t++) {
-        if (t + AHEAD < t1) prefetch_row(token_at(kv->k_cache, kv, table, t + AHEAD), kv->token_stride / half);
-        const char *k = token_at(kv->k_cache, kv, table, t);
-        for (long h = 0; h < heads; h++) {
-            const float s = kv->scale * vsum(dot_lanes_kv(q + h * d, k + (h / group) * d * (row_bytes / kv->token_stride), d, bf16));
-            scores[h * n + t - t0] = s;
-            m[h] = s > m[h] ? s : m[h];
-        }
+    const long row_floats = kv->token_stride * value_size(bf16) / sizeof(float); /* for prefetching */
+    const void *krow[SPAN], *vrow[SPAN];
+    for (long t = 0; t < n; t++) {
+        krow[t] = token_at(kv->k_cache, kv, table, t0 + t);
+        vrow[t] = token_at(kv->v_cache, kv, table, t0 + t);
     }
-    for (long h = 0; h < heads; h++) l[h] = exp_shifted(scores + h * n, n, m[h]);
-    memset(o, 0, heads * d * sizeof(float));
-    for (long t = t0; t < t1; t++) {
-        if (t + AHEAD < t1) prefetch_row(token_at(kv->v_cache, kv, table, t + AHEAD), kv->token_stride / half);
-        const char *v = token_at(kv->v_cache, kv, table, t);
+    long t = 0;
+#ifdef __AVX512F__
+    for (; t + 16 <= n; t += 16) {
+        for (long j = t + AHEAD; j < t + AHEAD + 16 && j < n; j++) prefetch_row(krow[j], row_floats);
+        scores16(kv, krow + t, q, scores + t, n, bf16);
+    }
+#endif
+    for (; t < n; t++) {
+        if (t + AHEAD < n) prefetch_row(krow[t + AHEAD], row_floats);
         for (long h = 0; h < heads; h++)
-            axpy_kv(o + h * d, scores[h * n + t - t0], v + (h / group) * d * (row_bytes / kv->token_stride), d, bf16);
+            scores[h * n + t] = kv->scale * vsum(dot_lanes_kv(q + h * d, kv_at(krow[t], (h / group) * d, bf16), d, bf16));
+    }
+    for (long h = 0; h < heads; h++) {
+        m[h] = max_n(scores + h * n, n);
+        l[h] = exp_shifted(scores + h * n, n, m[h]);
+    }
+    memset(o, 0, heads * d * sizeof(float));
+    for (long a = 0; a < n; a += VTILE) {
+        const long b = a + VTILE < n ? a + VTILE : n;
+        for (long j = b; j < b + 16 && j < n; j++) prefetch_row(vrow[j], row_floats); /* the next tile's first */
+        for (long h = 0; h < heads; h++) weighted_head_kv(o + h * d, 0, scores + h * n, 0, vrow, (h / group) * d, d, 1, a, b, bf16);
     }
 }
 
@@ -335,75 +446,12 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * query heads of a kv head (up to 3, head_dim 64) share each key load (dot16_heads). The rest of
  * the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 63 adds and 30 shuffles
  * (dot16); software prefetching of the next tile measured no faster. */
-enum {
-    QB = 16,    /* the most rows of an item: the more share a tile, the less its first reads cost a row */
-    KTILE = 16, /* dot16's tokens: 12 KB of keys for 3 kv heads of 64 */
-    VTILE = 64, /* one kv head's values, 16 KB for 64, in use at a time (the heads loop outermost);
-                 * each row's accumulators are loaded and stored once a tile and head */
-};
-
 typedef struct {
     long rows, spans;     /* rows of the item; spans of its last (longest) row */
     float *scores;        /* [QB][heads][SPAN] */
     float *o, *ml;        /* per row and span: o [heads][d], m [heads] then l [heads] (merge_spans' layout) */
     float *kwide, *vwide; /* bf16: a span's key and value rows widened, [SPAN][token_stride] each */
 } RowBlock;
-
-/* max of p[0..n), n > 0. Vectorized, so it may differ from a running max in the sign of a zero
- * result only, which changes no bit downstream (e^(s - m) and the merge's e^(m_i - M) are the same
- * for m = +0 and -0). */
-static inline float max_n(const float *p, long n) {
-    vec acc = vset(-INFINITY);
-    long i = 0;
-    for (; i + VLEN <= n; i += VLEN) acc = vmax(acc, vload(p + i));
-    float lanes[VLEN], m = -INFINITY;
-    vstore(lanes, acc);
-    for (long j = 0; j < VLEN; j++) m = lanes[j] > m ? lanes[j] : m;
-    for (; i < n; i++) m = p[i] > m ? p[i] : m;
-    return m;
-}
-
-/* o[r][0..w) += sum_t p_r[t] v_t[0..w) over t in [t_from, t_to), w <= 4 VLEN floats at `off` in
- * each value row, for `rows` rows (row r's p at p + r * p_stride, its o at o + r * o_stride): each
- * lane of each row one fma per token in token order, as axpy_n does it. The rows share each value
- * load. Inlined with constant rows and nv = ceil(w / VLEN), so the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void weighted_values(float *o, long o_stride, const float *p,
-                                                                  long p_stride, const float *const *vrow, long off,
-                                                                  long w, long rows, long nv, long t_from, long t_to) {
-    vec acc[4][4];
-    for (long r = 0; r < rows; r++)
-        for (long c = 0; c < nv; c++) acc[r][c] = load_n(o + r * o_stride + c * VLEN, w - c * VLEN);
-    for (long t = t_from; t < t_to; t++) {
-        const float *v = vrow[t] + off;
-        vec vv[4];
-        for (long c = 0; c < nv; c++) vv[c] = c < nv - 1 ? vload(v + c * VLEN) : load_n(v + c * VLEN, w - c * VLEN);
-        for (long r = 0; r < rows; r++) {
-            const vec pt = vset(p[r * p_stride + t]);
-            for (long c = 0; c < nv; c++) acc[r][c] = vfmadd(pt, vv[c], acc[r][c]);
-        }
-    }
-    for (long r = 0; r < rows; r++)
-        for (long c = 0; c < nv; c++) store_n(o + r * o_stride + c * VLEN, acc[r][c], w - c * VLEN);
-}
-
-/* weighted_values over a row's whole head (d floats), 4 VLEN at a time, rows <= 4 */
-static void weighted_head(float *o, long o_stride, const float *p, long p_stride, const float *const *vrow, long off,
-                          long d, long rows, long t_from, long t_to) {
-    for (long i = 0; i < d; i += 4 * VLEN) {
-        const long w = d - i < 4 * VLEN ? d - i : 4 * VLEN;
-        float *oi = o + i;
-        if (w == 4 * VLEN && rows == 4)
-            weighted_values(oi, o_stride, p, p_stride, vrow, off + i, w, 4, 4, t_from, t_to);
-        else if (w == 4 * VLEN)
-            for (long r = 0; r < rows; r++)
-                weighted_values(oi + r * o_stride, o_stride, p + r * p_stride, p_stride, vrow, off + i, w, 1, 4, t_from,
-                                t_to);
-        else
-            for (long r = 0; r < rows; r++)
-                weighted_values(oi + r * o_stride, o_stride, p + r * p_stride, p_stride, vrow, off + i, w, 1,
-                                (w + VLEN - 1) / VLEN, t_from, t_to);
-    }
-}
 
 /* Scores of the span's tokens [0, n[r]) for rows r = first.. of the item, scaled, into row r's
  * scores[h][t]: a KTILE-token tile of keys at a time, all rows and heads. On AVX-512 a row's tokens
@@ -420,23 +468,7 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
             const long b = n[r] < a + KTILE ? n[r] : a + KTILE;
             long t = a;
 #ifdef __AVX512F__
-            for (; t + 16 <= b; t += 16)
-                for (long h = 0, off = 0; h < heads; off += d) { /* off: kv head h / group's */
-                    if (d == 64 && (group == 2 || group == 3)) {
-                        vec x[3];
-                        if (group == 3) dot16_heads(qr + h * d, 3, krow + t, off, 64, x);
-                        else dot16_heads(qr + h * d, 2, krow + t, off, 64, x);
-                        for (long j = 0; j < group; j++, h++) vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x[j]));
-                        continue;
-                    }
-                    for (long j = 0; j < group; j++, h++) {
-                        const float *qh = qr + h * d;
-                        const vec x = d == 64 ? dot16(qh, krow + t, off, 64)
-                                      : d == 128 ? dot16(qh, krow + t, off, 128)
-                                                 : dot16(qh, krow + t, off, d);
-                        vstore(sc + h * SPAN + t, vmul(vset(kv->scale), x));
-                    }
-                }
+            for (; t + 16 <= b; t += 16) scores16(kv, (const void *const *)krow + t, qr, sc + t, SPAN, 0);
 #endif
             for (; t < b; t++)
                 for (long h = 0, off = 0; h < heads; off += d)
