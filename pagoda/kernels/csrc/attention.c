@@ -185,6 +185,10 @@ static inline __attribute__((always_inline)) void weighted_head_kv(float *o, lon
         float *oi = o + i;
         if (w == 4 * VLEN && rows == 4)
             weighted_values(oi, o_stride, p, p_stride, vrow, off + i, w, 4, 4, t_from, t_to, bf16);
+        else if (w == 4 * VLEN && rows == 3)
+            weighted_values(oi, o_stride, p, p_stride, vrow, off + i, w, 3, 4, t_from, t_to, bf16);
+        else if (w == 4 * VLEN && rows == 2)
+            weighted_values(oi, o_stride, p, p_stride, vrow, off + i, w, 2, 4, t_from, t_to, bf16);
         else if (w == 4 * VLEN)
             for (long r = 0; r < rows; r++)
                 weighted_values(oi + r * o_stride, o_stride, p + r * p_stride, p_stride, vrow, off + i, w, 1, 4, t_from,
@@ -283,7 +287,11 @@ static inline __attribute__((always_inline)) void attend_span_kv(const PagedKv *
     for (long a = 0; a < n; a += VTILE) {
         const long b = a + VTILE < n ? a + VTILE : n;
         for (long j = b; j < b + 16 && j < n; j++) prefetch_row(vrow[j], row_floats); /* the next tile's first */
-        for (long h = 0; h < heads; h++) weighted_head_kv(o + h * d, 0, scores + h * n, 0, vrow, (h / group) * d, d, 1, a, b, bf16);
+        for (long h0 = 0; h0 < heads; h0 += group) /* a kv head's query heads, 4 at most at once, share each value load */
+            for (long h = h0; h < h0 + group; h += 4) {
+                const long rows = h0 + group - h < 4 ? h0 + group - h : 4;
+                weighted_head_kv(o + h * d, d, scores + h * n, n, vrow, (h0 / group) * d, d, rows, a, b, bf16);
+            }
     }
 }
 
