@@ -265,21 +265,21 @@ class EngineArgs:
             cap = CPU_PREFILL_WITH_DECODES if device.type == "cpu" else 0
         return cap or None
 
-    def resolve_kv_cache_dtype(self, model, backend) -> torch.dtype | None:
-        """The KV cache's dtype where it is not the model's (None: the model's); ConfigError where the
-        option cannot apply."""
+    def resolve_kv_cache_dtype(self, model, backend) -> str:
+        """CacheConfig.kv_cache_dtype: "bfloat16" where the cache is not the model's dtype, else "auto";
+        ConfigError where the option cannot apply."""
         import torch
 
-        if self.kv_cache_dtype == "auto" or model.dtype == torch.bfloat16:
-            return None
-        if self.kv_cache_dtype != "bfloat16":
+        if self.kv_cache_dtype not in ("auto", "bfloat16"):
             raise ConfigError(f"kv_cache_dtype must be 'auto' or 'bfloat16', got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype == "auto" or model.dtype == torch.bfloat16:
+            return "auto"
         if model.dtype != torch.float32 or backend.name != "cpu":
             raise ConfigError(
                 f"kv_cache_dtype='bfloat16' needs a float32 model on the cpu attention backend; this model runs in "
                 f"{str(model.dtype).removeprefix('torch.')} on the {backend.name} backend"
             )
-        return torch.bfloat16
+        return "bfloat16"
 
     def resolve_deterministic(self, device, model, backend) -> bool:
         """--deterministic where asked for (ConfigError with the reason where it cannot hold), else

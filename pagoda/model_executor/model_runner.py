@@ -50,7 +50,7 @@ class ModelRunner:
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        return self.config.cache.kv_cache_dtype or self.config.model.dtype
+        return torch.bfloat16 if self.config.cache.kv_cache_dtype == "bfloat16" else self.config.model.dtype
 
     def block_bytes(self) -> int:
         """One KV block of every layer: keys and values of block_size tokens."""

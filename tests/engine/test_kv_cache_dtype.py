@@ -6,6 +6,8 @@ refused, naming the option."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import pytest
@@ -33,10 +35,13 @@ def tiny_qwen2(tmp_path_factory) -> str:
 
 
 def test_cache_is_bfloat16_with_twice_the_tokens(tiny_qwen2):
+    """The cache's dtype and capacity; the cache config stays plain JSON (the server's
+    /get_server_info sends it as it is)."""
     sizes = {}
     for kv in ("auto", "bfloat16"):
         llm = LLM(tiny_qwen2, max_model_len=512, kv_cache_memory=0.05, kv_cache_dtype=kv)
         runner = llm.engine.core.runner
+        assert json.loads(json.dumps(dataclasses.asdict(llm.engine.config.cache)))["kv_cache_dtype"] == kv
         assert runner.kv_caches[0].dtype == (torch.bfloat16 if kv == "bfloat16" else torch.float32)
         sizes[kv] = runner.kv_caches[0].shape[1]  # blocks
         llm.engine.close()
@@ -49,6 +54,8 @@ def test_stack_reads_and_writes_it_as_the_modules_do(tiny_qwen2, monkeypatch):
 
 
 def test_refused_where_it_cannot_apply(tiny_qwen2):
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be 'auto' or 'bfloat16', got 'fp8'"):
+        LLM(tiny_qwen2, max_model_len=512, kv_cache_memory=0.05, kv_cache_dtype="fp8", dtype="bfloat16")
     with pytest.raises(ConfigError, match="kv_cache_dtype='bfloat16' needs a float32 model on the cpu attention"):
         LLM(tiny_qwen2, max_model_len=512, kv_cache_memory=0.05, kv_cache_dtype="bfloat16", attention_backend="torch")
     bf16 = LLM(tiny_qwen2, max_model_len=512, kv_cache_memory=0.05, kv_cache_dtype="bfloat16", dtype="bfloat16")

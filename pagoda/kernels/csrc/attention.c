@@ -423,9 +423,9 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
     {
         float *scratch = malloc((num_heads * span + num_heads * head_dim + 2 * num_heads) * sizeof(float));
         long b = 0;
-#pragma omp for schedule(dynamic, 1) nowait
+#pragma omp for schedule(monotonic : dynamic, 1) nowait
         for (long i = 0; i < units; i++) {
-            while (first[b + 1] <= i) b++; /* each thread is handed spans in increasing order */
+            while (first[b + 1] <= i) b++; /* monotonic: each thread is handed spans in increasing order */
             const long t0 = start[i], t1 = t0 + span < seq_lens[b] ? t0 + span : seq_lens[b];
             attend_unit(&kv, out, q, q_stride, &new_tokens, b, i, i - first[b], first[b + 1] - first[b], t0, t1,
                         seq_lens[b], &part, scratch, span);
