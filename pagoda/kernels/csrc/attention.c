@@ -11,9 +11,10 @@
  *
  * The cache holds float32 or, with `kv_bf16` (`--kv-cache-dtype bfloat16` for a float32 model),
  * bfloat16 values: new keys and values are rounded to the nearest bf16 (ties to even, as torch) as
- * they are stored, and a span's rows are widened back to float32 into a thread's buffer before it is
- * read, so every score and sum is computed exactly as on a float32 cache that held the rounded
- * values, while the cache's bytes (what a long or batched decode is bound by) are halved. */
+ * they are stored, and widened back to float32 exactly as they are read: a decode (one row) widens
+ * each value in registers as it loads it; a prefill work item (up to QB rows, each reading every key)
+ * widens a span's rows once into a thread's buffer. Every score and sum is computed exactly as on a
+ * float32 cache that held the rounded values, while the cache's bytes are halved. */
 #include "vec.h"
 #include "kernels.h"
 
@@ -105,7 +106,17 @@ static inline __attribute__((always_inline)) void dot16_heads_kv(const float *q,
     }
     for (long j = 0; j < nh; j++) out[j] = vsum16_rest(y[j]);
 }
+#endif
 
+/* one token's scaled score for every query head, into scores[h * stride]: dot_n times scale */
+static inline __attribute__((always_inline)) void scores1(const PagedKv *kv, const void *k, const float *q,
+                                                          float *scores, long stride, int bf16) {
+    const long d = kv->head_dim;
+    for (long h = 0; h < kv->num_heads; h++)
+        scores[h * stride] = kv->scale * vsum(dot_lanes_kv(q + h * d, kv_at(k, (h / kv->group) * d, bf16), d, bf16));
+}
+
+#ifdef __AVX512F__
 /* 16 tokens' scaled scores for every query head, into scores[h * stride + t], t < 16: each the
  * decode kernel's dot_n, times scale (the heads of a kv head sharing each key load where d is 64) */
 static inline __attribute__((always_inline)) void scores16(const PagedKv *kv, const void *const *k, const float *q,
@@ -276,8 +287,7 @@ static inline __attribute__((always_inline)) void attend_span_kv(const PagedKv *
 #endif
     for (; t < n; t++) {
         if (t + AHEAD < n) prefetch_row(krow[t + AHEAD], row_floats);
-        for (long h = 0; h < heads; h++)
-            scores[h * n + t] = kv->scale * vsum(dot_lanes_kv(q + h * d, kv_at(krow[t], (h / group) * d, bf16), d, bf16));
+        scores1(kv, krow[t], q, scores + t, n, bf16);
     }
     for (long h = 0; h < heads; h++) {
         m[h] = max_n(scores + h * n, n);
@@ -467,7 +477,7 @@ typedef struct {
  * the decode kernel's dot_n gives them. */
 static void prefill_scores(const PagedKv *kv, const float *const *krow, const float *q, long q_stride, const long *n,
                            long first, long rows, float *scores) {
-    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, last = n[rows - 1];
+    const long heads = kv->num_heads, last = n[rows - 1];
     for (long a = 0; a < last; a += KTILE) {
         for (long r = first; r < rows; r++) {
             if (n[r] <= a) continue;
@@ -478,9 +488,7 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
 #ifdef __AVX512F__
             for (; t + 16 <= b; t += 16) scores16(kv, (const void *const *)krow + t, qr, sc + t, SPAN, 0);
 #endif
-            for (; t < b; t++)
-                for (long h = 0, off = 0; h < heads; off += d)
-                    for (long j = 0; j < group; j++, h++) sc[h * SPAN + t] = kv->scale * dot_n(qr + h * d, krow[t] + off, d);
+            for (; t < b; t++) scores1(kv, krow[t], qr, sc + t, SPAN, 0);
         }
     }
 }
