@@ -29,20 +29,15 @@ static inline __attribute__((always_inline)) vec kv_load_n(const void *p, long i
     return vload_bf16(h);
 }
 
-/* a . b over n values (b a cache row), n % 8 == 0, before its horizontal sum: dot_n is vsum of it.
- * Four accumulators: one dot is a chain of dependent FMAs, and its latency, not the loads, bounds
- * the scoring loop (one accumulator made it 13% slower). */
+/* a . b over n values (b a cache row), n % 8 == 0, before its horizontal sum (dot_n is vsum of
+ * it): lane j is one chain of fused multiply-adds over values j, j + VLEN, j + 2 VLEN, .. in order,
+ * from zero. One chain a lane, not several summed: a score costs one FMA per VLEN values and the
+ * horizontal sum, no vector adds; the scoring loops keep 16 scores' chains in flight (dot16), so
+ * the chain's latency does not bound them. */
 static inline __attribute__((always_inline)) vec dot_lanes_kv(const float *a, const void *b, long n, int bf16) {
-    vec acc0 = vset(0.f), acc1 = vset(0.f), acc2 = vset(0.f), acc3 = vset(0.f);
-    long i = 0;
-    for (; i + 4 * VLEN <= n; i += 4 * VLEN) {
-        acc0 = vfmadd(vload(a + i), kv_load_n(b, i, VLEN, bf16), acc0);
-        acc1 = vfmadd(vload(a + i + VLEN), kv_load_n(b, i + VLEN, VLEN, bf16), acc1);
-        acc2 = vfmadd(vload(a + i + 2 * VLEN), kv_load_n(b, i + 2 * VLEN, VLEN, bf16), acc2);
-        acc3 = vfmadd(vload(a + i + 3 * VLEN), kv_load_n(b, i + 3 * VLEN, VLEN, bf16), acc3);
-    }
-    for (; i < n; i += VLEN) acc0 = vfmadd(load_n(a + i, n - i), kv_load_n(b, i, n - i, bf16), acc0);
-    return vadd(vadd(acc0, acc1), vadd(acc2, acc3));
+    vec acc = vset(0.f);
+    for (long i = 0; i < n; i += VLEN) acc = vfmadd(load_n(a + i, n - i), kv_load_n(b, i, n - i, bf16), acc);
+    return acc;
 }
 
 static inline vec dot_lanes(const float *a, const float *b, long n) { return dot_lanes_kv(a, b, n, 0); }
@@ -462,7 +457,7 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * score is the same dot product, and each output lane's chain of fused multiply-adds still runs
  * over the span's tokens in order, its accumulator kept in memory from one tile to the next; the
  * query heads of a kv head (up to 3, head_dim 64) share each key load (dot16_heads). The rest of
- * the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 63 adds and 30 shuffles
+ * the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 15 adds and 30 shuffles
  * (dot16); software prefetching of the next tile measured no faster. */
 typedef struct {
     long rows, spans;     /* rows of the item; spans of its last (longest) row */
