@@ -9,10 +9,14 @@ of 16, the blocks shuffled as a pool leaves them):
 - hit x8: eight such requests in one call;
 - 4,000-token prompt: its chunked prefill, 512-token chunks over the growing cache (one call each).
 
+`--decode` also times decode attention (`pagoda_paged_decode_attention`), 30 layers' caches (as many
+as the model has, each its own, so that they do not fit the L3) per timed call, float32 and
+bfloat16 caches: 32 requests of 300 tokens, 8 of 1,100, one of 4,000.
+
 `--step` also times the whole hit step offline, each tree in its own process, alternated: an fp32
 `LLM` (--model) caches a 1,024-token prefix, then `generate(prefix + 46 new tokens, max_tokens=1)`.
 
-    PYTHONPATH=. python benchmarks/prefill_attention.py [--baseline main] [--rounds 7] [--threads N] [--step]
+    PYTHONPATH=. python benchmarks/prefill_attention.py [--baseline main] [--rounds 7] [--threads N] [--decode] [--step]
 
 Prints one line per case: the median over rounds of each side's median call time, its GFLOP/s
 (4 flops per query head, head lane and key seen: scores and weighted values) and the ratio of
@@ -57,8 +61,9 @@ def build(csrc: Path, out: Path) -> ctypes.CDLL:
     c_files = sorted(str(p) for p in csrc.glob("*.c"))
     subprocess.run(["gcc", *cpu.compiler_flags(cpu.cpu_isa()), *c_files, "-o", str(out), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
-    lib.pagoda_prefill_attention.argtypes = cpu._VOID_SIGNATURES["pagoda_prefill_attention"]
-    lib.pagoda_prefill_attention.restype = None
+    for name in ("pagoda_prefill_attention", "pagoda_paged_decode_attention"):
+        getattr(lib, name).argtypes = cpu._VOID_SIGNATURES[name]
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -121,6 +126,51 @@ def kernel_cases(libs, rounds: int, seconds: float, tokens: int) -> list[dict]:
     return results
 
 
+LAYERS = 30  # the default model's
+
+
+def decode_case(batch: int, tokens: int, dtype: torch.dtype):
+    """A decode step's attention over every layer: each layer's own cache (batch requests of
+    `tokens` tokens, the last one new), the same queries."""
+    blocks = -(-tokens // BLOCK)
+    tables = torch.randperm(batch * blocks, dtype=torch.int32).view(batch, blocks).contiguous()
+    seq_lens = torch.full((batch,), tokens, dtype=torch.int32)
+    slots = (tables[:, (tokens - 1) // BLOCK].long() * BLOCK + (tokens - 1) % BLOCK).contiguous()
+    query = torch.randn(batch, HEADS, HEAD_DIM)
+    key, value = torch.randn(batch, KV_HEADS, HEAD_DIM), torch.randn(batch, KV_HEADS, HEAD_DIM)
+    caches = [torch.randn(2, batch * blocks, BLOCK, KV_HEADS, HEAD_DIM).to(dtype) for _ in range(LAYERS)]
+    return query, key, value, caches, slots, tables, seq_lens
+
+
+def run_decode(lib, case) -> torch.Tensor:
+    query, key, value, caches, slots, tables, seq_lens = case
+    outs = []
+    for cache in caches:
+        out = torch.empty_like(query)
+        cpu.paged_decode_attention(lib, out, query, key, value, cache, slots, tables, seq_lens, HEAD_DIM**-0.5)
+        outs.append(out)
+    return torch.cat(outs)
+
+
+def decode_cases(libs, rounds: int, seconds: float) -> list[dict]:
+    torch.manual_seed(0)
+    results = []
+    for batch, tokens in ((32, 300), (8, 1100), (1, 4000)):
+        for dtype in (torch.float32, torch.bfloat16):
+            case = decode_case(batch, tokens, dtype)
+            a, b = (run_decode(lib, case) for lib in libs)
+            differ = 0.0 if torch.equal(a, b) else (a - b).abs().max().item()
+            times: list[list[float]] = [[], []]
+            for _ in range(rounds):
+                for i, lib in enumerate(libs):
+                    times[i].append(median_time(lambda lib=lib: run_decode(lib, case), seconds))
+            base, this = (statistics.median(t) for t in times)
+            name = f"decode {batch} x {tokens:,}, {LAYERS} layers, {str(dtype)[6:]} cache"
+            results.append({"case": name, "base_ms": base * 1e3, "this_ms": this * 1e3, "differ": differ})
+            del case
+    return results
+
+
 STEP_CHILD = """
 import json, os, random, statistics, sys, time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -161,6 +211,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7, help="alternating A/B rounds per case")
     ap.add_argument("--seconds", type=float, default=0.5, help="timing per build per round")
     ap.add_argument("--tokens", type=int, default=4000, help="the long prompt's length")
+    ap.add_argument("--decode", action="store_true", help="also time decode attention")
     ap.add_argument("--step", action="store_true", help="also time the whole hit step offline")
     ap.add_argument("--step-repeats", type=int, default=10, help="hit steps timed per process")
     ap.add_argument("--model", default=MODEL, help="an fp32 HF directory of the default model, for --step")
@@ -173,11 +224,13 @@ def main() -> None:
         base = extract(args.baseline, Path(tmp) / "base")
         libs = [build(base / CSRC, Path(tmp) / "base.so"), build(ROOT / CSRC, Path(tmp) / "this.so")]
         rows = kernel_cases(libs, args.rounds, args.seconds, args.tokens)
+        if args.decode:
+            rows += decode_cases(libs, args.rounds, args.seconds)
         if args.step:
             rows.append(step_case([base, ROOT], args.model, args.rounds, args.step_repeats, threads))
     print(f"{'case':<48}{args.baseline + ' ms':>10}{'this ms':>10}{'ratio':>7}{'GFLOP/s':>17}{'max diff':>10}")
     for r in rows:
-        rates = ""
+        rates = " " * 17
         if "gflops" in r:
             rates = f"{r['gflops'] / r['base_ms'] * 1e3:>8.1f}{r['gflops'] / r['this_ms'] * 1e3:>9.1f}"
         differ = f"{r['differ']:>10.1e}" if "differ" in r else ""
