@@ -2,8 +2,9 @@
 kernel of deterministic serving), A/B: a git revision's kernels (default main) against this
 checkout's, each built for this CPU from its own csrc/ and both loaded in one process, timed in
 alternating rounds (a shared machine slows both alike); every case first compares the outputs of
-the two: the same bits, or (where the arithmetic changed) the largest absolute difference. Shapes of the default model (SmolLM2-135M: 9 query heads, 3 kv heads of 64, blocks
-of 16, the blocks shuffled as a pool leaves them):
+the two: the same bits, or (where the arithmetic changed) the largest absolute difference. Shapes
+of the default model (SmolLM2-135M: 9 query heads, 3 kv heads of 64, blocks of 16, the blocks
+shuffled as a pool leaves them):
 
 - hit: one request's 46 new rows after 1,024 cached tokens (a shared-prefix hit);
 - hit x8: eight such requests in one call;
@@ -26,45 +27,22 @@ the times (this / baseline: below 1 is faster) and the outputs' largest differen
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from io import BytesIO
 from pathlib import Path
 
 import torch
+from kernel_revision import CSRC, ROOT, build, extract
 
 from pagoda.kernels import cpu
 
-ROOT = Path(__file__).resolve().parents[1]
-CSRC = "pagoda/kernels/csrc"
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 MODEL = "/root/.cache/pagoda-peers/models/smollm2-135m-instruct"
-
-
-def extract(rev: str, dest: Path) -> Path:
-    """The tree of git revision `rev` (its tracked files), written under dest."""
-    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(dest, filter="data")
-    return dest
-
-
-def build(csrc: Path, out: Path) -> ctypes.CDLL:
-    """Every C file of csrc/ built as pagoda.kernels.cpu builds them, with the kernel signatures set."""
-    c_files = sorted(str(p) for p in csrc.glob("*.c"))
-    subprocess.run(["gcc", *cpu.compiler_flags(cpu.cpu_isa()), *c_files, "-o", str(out), "-lm"], check=True)
-    lib = ctypes.CDLL(str(out))
-    for name in ("pagoda_prefill_attention", "pagoda_paged_decode_attention"):
-        getattr(lib, name).argtypes = cpu._VOID_SIGNATURES[name]
-        getattr(lib, name).restype = None
-    return lib
 
 
 def calls(cached: int, rows: int, requests: int, chunk: int):
@@ -163,11 +141,10 @@ def decode_cases(libs, rounds: int, seconds: float) -> list[dict]:
             times: list[list[float]] = [[], []]
             for _ in range(rounds):
                 for i, lib in enumerate(libs):
-                    times[i].append(median_time(lambda lib=lib: run_decode(lib, case), seconds))
+                    times[i].append(median_time(lambda lib=lib, case=case: run_decode(lib, case), seconds))
             base, this = (statistics.median(t) for t in times)
             name = f"decode {batch} x {tokens:,}, {LAYERS} layers, {str(dtype)[6:]} cache"
             results.append({"case": name, "base_ms": base * 1e3, "this_ms": this * 1e3, "differ": differ})
-            del case
     return results
 
 
@@ -234,7 +211,8 @@ def main() -> None:
         if "gflops" in r:
             rates = f"{r['gflops'] / r['base_ms'] * 1e3:>8.1f}{r['gflops'] / r['this_ms'] * 1e3:>9.1f}"
         differ = f"{r['differ']:>10.1e}" if "differ" in r else ""
-        print(f"{r['case']:<48}{r['base_ms']:>10.2f}{r['this_ms']:>10.2f}{r['this_ms'] / r['base_ms']:>7.2f}{rates}{differ}")
+        times = f"{r['base_ms']:>10.2f}{r['this_ms']:>10.2f}{r['this_ms'] / r['base_ms']:>7.2f}"
+        print(f"{r['case']:<48}{times}{rates}{differ}")
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 I8) against oneDNN's float32 GEMM (torch) on the default model's layer shapes, at 1, 8, 32 and 256
 activation rows; where the CPU has AMX, the kernels' vector path and tile path both (the default
 takes the tiles from quant_linear.AMX_MIN_ROWS). Runs alternate (A B A B ...) and the best of each is reported, so a
-busy machine skews all alike.
+busy machine skews all alike. `--baseline REV` adds a git revision's kernels, built for this CPU
+and loaded beside this checkout's, on the same path (tiles where the CPU has AMX, else vectors),
+in the same alternation, and the ratio of this checkout's rate to it.
 
-    python benchmarks/quant_kernels.py [--formats Q4_1,Q8_0,Q4_0,I8] [--repeats 5] [--seconds 0.2]
+    python benchmarks/quant_kernels.py [--formats Q4_1,Q8_0,Q4_0,I8] [--repeats 5] [--seconds 0.2] [--baseline REV]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -18,6 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernel_revision import revision_kernels  # noqa: E402
 
 from pagoda.kernels import cpu  # noqa: E402
 from pagoda.model_executor.quant_linear import pack_gguf, quant_matmul, quantize_int8  # noqa: E402
@@ -44,13 +49,27 @@ def main() -> None:
     parser.add_argument("--formats", default="Q4_1,Q8_0,Q4_0,I8")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=0.2)
+    parser.add_argument("--baseline", help="a git revision whose kernels run beside this checkout's")
     args = parser.parse_args()
     lib = cpu.load()
     print(f"kernels: {'+'.join(lib.isa)}, threads {torch.get_num_threads()}")
-    paths = {"vectors": False, "AMX tiles": True} if lib.amx else {"vectors": False}
+    # path name -> (kernels, tiles)
+    paths = {"vectors": (lib, False), "AMX tiles": (lib, True)} if lib.amx else {"vectors": (lib, False)}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.baseline:
+            path = "AMX tiles" if lib.amx else "vectors"
+            paths[f"{args.baseline} {path}"] = (revision_kernels(args.baseline, Path(tmp)), lib.amx)
+        measure(args, paths)
+
+
+def measure(args: argparse.Namespace, paths: dict) -> None:
+    lib = cpu.load()
+    mine = "AMX tiles" if lib.amx else "vectors"
+    baseline = next((p for p in paths if p not in ("vectors", "AMX tiles")), None)
     columns = " | ".join(f"int8 {path} GFLOP/s" for path in paths)
-    print(f"| format | shape | M | {columns} | oneDNN fp32 GFLOP/s | best / oneDNN |")
-    print("|---" * (len(paths) + 5) + "|")
+    ratio = f" | {mine} / {baseline}" if baseline else ""
+    print(f"| format | shape | M | {columns} | oneDNN fp32 GFLOP/s | best / oneDNN{ratio} |")
+    print("|---" * (len(paths) + 5 + bool(baseline)) + "|")
     for fmt in args.formats.split(","):
         for name, n, k in SHAPES + [HEAD]:
             weight = torch.randn(n, k)
@@ -63,13 +82,14 @@ def main() -> None:
                 flops = 2.0 * m * n * k
                 ours, theirs = dict.fromkeys(paths, 0.0), 0.0
                 for _ in range(args.repeats):
-                    for path, tiles in paths.items():
-                        run = partial(quant_matmul, lib, x, packed, None, tiles=tiles)
+                    for path, (kernels, tiles) in paths.items():
+                        run = partial(quant_matmul, kernels, x, packed, None, tiles=tiles)
                         ours[path] = max(ours[path], rate(run, flops, args.seconds))
                     theirs = max(theirs, rate(partial(torch.mm, x, weight.T), flops, args.seconds))
                 cells = " | ".join(f"{ours[path]:.1f}" if ours[path] else "-" for path in paths)
-                best = max(ours.values()) / theirs
-                print(f"| {fmt} | {name} | {m} | {cells} | {theirs:.1f} | {best:.2f} |", flush=True)
+                best = max(v for p, v in ours.items() if p != baseline) / theirs
+                versus = f" | {ours[mine] / ours[baseline]:.2f}" if baseline else ""
+                print(f"| {fmt} | {name} | {m} | {cells} | {theirs:.1f} | {best:.2f}{versus} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -110,32 +110,39 @@ static inline __m256i vround_int(vec v) { return _mm256_cvtps_epi32(v); }
 static inline void store_ints(int32_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
 #endif
 
-/* One row of activations quantized: codes q[kp] (kp = k rounded up to 32, zero-padded), and per
- * block b its scale d, the codes' sum and their product d * (float)sum (Q4_1's term), at b * stride.
- * Every step is exact or one IEEE operation (max, one division, one reciprocal, one product,
- * rounding to nearest even), so any vector width gives the same codes. */
+/* One row of activations quantized: per block b (32 values, the last zero-padded) its 32 codes at
+ * q + b * stride * QK, its scale d, the codes' sum and their product d * (float)sum (Q4_1's term) at
+ * b * stride. Every step is exact or one IEEE operation (max, one division, one reciprocal, one
+ * product, rounding to nearest even), so any vector width gives the same codes. amax is the largest
+ * |x| that is not NaN: the lanes' maxima (a lane's NaN made 0) reduced in any order. */
 static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *sum, float *dsum, long stride) {
     for (long b = 0; b * QK < k; b++) {
         const long n = k - b * QK < QK ? k - b * QK : QK;
-        float v[QK] = {0}, amax = 0.f;
-        memcpy(v, x + b * QK, sizeof(float) * n);
+        float v[QK] = {0};
+        if (n == QK) memcpy(v, x + b * QK, sizeof v);
+        else memcpy(v, x + b * QK, sizeof(float) * n);
         vec vmaxabs = vset(0.f);
         for (int j = 0; j < QK; j += VLEN) vmaxabs = vmax(vmaxabs, vabs(vload(v + j)));
-        float lanes[VLEN];
-        vstore(lanes, vmaxabs);
-        for (int j = 0; j < VLEN; j++) amax = lanes[j] > amax ? lanes[j] : amax;
+        vmaxabs = vmax(vmaxabs, vset(0.f)); /* NaN lanes to 0: max(a, b) is b where a is NaN */
+#ifdef __AVX512F__
+        const float amax = _mm512_reduce_max_ps(vmaxabs);
+#else
+        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmaxabs), _mm256_extractf128_ps(vmaxabs, 1));
+        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+#endif
         const float scale = amax / 127.f, inv = scale != 0.f ? 1.f / scale : 0.f;
         int32_t s = 0;
 #ifdef __AVX512F__
         const __m512i c0 = vround_int(vmul(vload(v), vset(inv))), c1 = vround_int(vmul(vload(v + 16), vset(inv)));
-        _mm_storeu_si128((__m128i *)(q + b * QK), _mm512_cvtepi32_epi8(c0));
-        _mm_storeu_si128((__m128i *)(q + b * QK + 16), _mm512_cvtepi32_epi8(c1));
+        _mm_storeu_si128((__m128i *)(q + b * stride * QK), _mm512_cvtepi32_epi8(c0));
+        _mm_storeu_si128((__m128i *)(q + b * stride * QK + 16), _mm512_cvtepi32_epi8(c1));
         s = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
 #else
         int32_t codes[QK];
         for (int j = 0; j < QK; j += VLEN) store_ints(codes + j, vround_int(vmul(vload(v + j), vset(inv))));
         for (int j = 0; j < QK; j++) {
-            q[b * QK + j] = (int8_t)codes[j];
+            q[b * stride * QK + j] = (int8_t)codes[j];
             s += codes[j];
         }
 #endif
@@ -203,17 +210,22 @@ static inline ivec dot_s8(ivec s, ivec w, ivec a) { return dot_u8(s, _mm256_abs_
 #endif
 #define HALVES (PR / ILANES) /* vectors per panel row group: 1 (AVX-512) or 2 (AVX2) */
 
-/* Activations of one call, quantized: row i's codes at q + i * kp; per row and block its scale, its
- * codes' sum and their product at d, sum, dsum [act_at(row, block)]: for each 16 rows, each block's
- * 16 values side by side, so a tile of rows finds a block's at constant offsets. */
+/* Activations of one call, quantized: per row and block its 32 codes at q + act_at(row, block) * QK,
+ * its scale, its codes' sum and their product at d, sum, dsum [act_at(row, block)]: for each 16
+ * rows, each block's 16 side by side, so a tile of rows finds a block's at constant offsets and a
+ * block's codes for 16 rows are one contiguous 512-byte tile (rows 32 bytes apart, not a row's length: an AMX
+ * tile load touching 16 cache lines half used stalled the tile path). */
 typedef struct {
     const int8_t *q;
     const float *d, *dsum;
     const int32_t *sum;
-    long kp, nb;
+    long nb;
 } qacts;
 
 static inline long act_at(const qacts *x, long row, long b) { return (row / 16 * x->nb + b) * 16 + row % 16; }
+
+/* row's codes of block b */
+static inline const int8_t *act_codes(const qacts *x, long row, long b) { return x->q + act_at(x, row, b) * QK; }
 
 /* acc[i] for activation rows i0 + i, i < TM, lane = panel row: the panel's blocks in order (for I8
  * before the row scales) */
@@ -233,11 +245,11 @@ static inline __attribute__((always_inline)) void panel_tile(int fmt, int tm, co
                 const ivec codes = iload(blk + h + g * 64 + v * 32);
                 if (byte_codes(fmt)) {
                     for (int i = 0; i < tm; i++)
-                        s[i][v] = dot_s8(s[i][v], codes, ibcast(x->q + (i0 + i) * x->kp + b * QK + 4 * g));
+                        s[i][v] = dot_s8(s[i][v], codes, ibcast(act_codes(x, i0 + i, b) + 4 * g));
                 } else {
                     const ivec lo = iand(codes, 0x0F), hi = iand(ishr4(codes), 0x0F);
                     for (int i = 0; i < tm; i++) {
-                        const int8_t *a = x->q + (i0 + i) * x->kp + b * QK + 4 * g;
+                        const int8_t *a = act_codes(x, i0 + i, b) + 4 * g;
                         s[i][v] = dot_u8(dot_u8(s[i][v], lo, ibcast(a)), hi, ibcast(a + 16));
                     }
                 }
@@ -324,9 +336,9 @@ static void unpack_nibbles(const uint8_t *blocks, long pb, long h, long nb, uint
 }
 
 /* tile c = A (tile ta: rows' codes at a) . B (tile tb: at codes); tile numbers are literals */
-#define TILE_DOT(fmt, c, ta, tb, a, kp, codes)                                                                         \
+#define TILE_DOT(fmt, c, ta, tb, a, codes)                                                                              \
     do {                                                                                                               \
-        _tile_loadd(ta, a, kp);                                                                                        \
+        _tile_loadd(ta, a, QK);                                                                                        \
         _tile_loadd(tb, codes, 64);                                                                                    \
         _tile_zero(c);                                                                                                 \
         if (byte_codes(fmt)) _tile_dpbssd(c, ta, tb);                                                                  \
@@ -358,18 +370,18 @@ static inline __attribute__((always_inline)) void combine_block(int fmt, const i
 static inline __attribute__((always_inline)) void tile_rows(int fmt, const uint8_t *blocks, const uint8_t *codes,
                                                             long cstride, const qacts *x, long i0, int tm,
                                                             float out[16][PR]) {
-    const long pb = packed_block_bytes(fmt), nb = x->nb, kp = x->kp;
-    const int8_t *a = x->q + i0 * kp;
+    const long pb = packed_block_bytes(fmt), nb = x->nb;
+    const int8_t *a = act_codes(x, i0, 0); /* block b's tile at a + b * 16 * QK */
     __attribute__((aligned(64))) int32_t c[2][16][16];
     vec acc[16];
     for (int i = 0; i < 16; i++) acc[i] = vset(0.f);
-    TILE_DOT(fmt, 0, 2, 4, a, kp, codes);
+    TILE_DOT(fmt, 0, 2, 4, a, codes);
     for (long b = 0; b < nb; b += 2) { /* even blocks in tile 0, odd in tile 1 */
-        if (b + 1 < nb) TILE_DOT(fmt, 1, 3, 5, a + (b + 1) * QK, kp, codes + (b + 1) * cstride);
+        if (b + 1 < nb) TILE_DOT(fmt, 1, 3, 5, a + (b + 1) * 16 * QK, codes + (b + 1) * cstride);
         _tile_stored(0, c[0], 64);
         if (b > 0) combine_block(fmt, c[1], blocks + (b - 1) * pb, x, i0, b - 1, tm, acc);
         if (b + 1 == nb) break;
-        if (b + 2 < nb) TILE_DOT(fmt, 0, 2, 4, a + (b + 2) * QK, kp, codes + (b + 2) * cstride);
+        if (b + 2 < nb) TILE_DOT(fmt, 0, 2, 4, a + (b + 2) * 16 * QK, codes + (b + 2) * cstride);
         _tile_stored(1, c[1], 64);
         combine_block(fmt, c[0], blocks + b * pb, x, i0, b, tm, acc);
     }
@@ -470,14 +482,14 @@ void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, 
     const long nb = (k + QK - 1) / QK, kp = nb * QK, panels = (n + PR - 1) / PR, pbytes = panel_bytes(fmt, k);
     const int tiles = tiles_from > 0 && m >= tiles_from;
     const long mp = (m + 15) / 16 * 16; /* whole tiles of 16 rows: zeros past m */
-    int8_t *q = calloc((tiles ? mp : m) * kp, 1);
+    int8_t *q = calloc(mp * kp, 1);
     float *d = calloc(mp * nb, sizeof(float)), *dsum = calloc(mp * nb, sizeof(float));
     int32_t *sum = calloc(mp * nb, sizeof(int32_t));
-    const qacts acts = {q, d, dsum, sum, kp, nb};
+    const qacts acts = {q, d, dsum, sum, nb};
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m > 1)
     for (long i = 0; i < m; i++) {
         const long at = act_at(&acts, i, 0);
-        quantize_row(x + i * k, k, q + i * kp, d + at, sum + at, dsum + at, 16);
+        quantize_row(x + i * k, k, q + at * QK, d + at, sum + at, dsum + at, 16);
     }
     (tiles ? matmul_tiles : matmul_vectors)(fmt, packed, pbytes, panels, &acts, m, y, n, bias, num_threads);
     free(q);

@@ -1,0 +1,47 @@
+"""Another git revision's CPU kernels, built for this CPU as pagoda.kernels.cpu builds them and
+loaded beside this checkout's: the baseline side of the kernel A/B benchmarks
+(prefill_attention.py, quant_kernels.py --baseline)."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import tarfile
+from io import BytesIO
+from pathlib import Path
+
+from pagoda.kernels import cpu
+
+ROOT = Path(__file__).resolve().parents[1]
+CSRC = "pagoda/kernels/csrc"
+
+
+def extract(rev: str, dest: Path) -> Path:
+    """The tree of git revision `rev` (its tracked files), written under dest."""
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def build(csrc: Path, out: Path) -> ctypes.CDLL:
+    """Every C file of csrc/ built as pagoda.kernels.cpu builds them, with the kernel signatures that
+    exist in it set, and `isa` and `amx` as cpu.load() sets them (the tile registers are granted
+    per process: asking again is harmless)."""
+    isa = cpu.cpu_isa()
+    c_files = sorted(str(p) for p in csrc.glob("*.c"))
+    subprocess.run(["gcc", *cpu.compiler_flags(isa), *c_files, "-o", str(out), "-lm"], check=True)
+    lib = ctypes.CDLL(str(out))
+    for name, argtypes in cpu._VOID_SIGNATURES.items():
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = None
+    lib.isa = isa
+    lib.pagoda_amx_enable.restype = ctypes.c_int
+    lib.amx = "amx" in isa and lib.pagoda_amx_enable() == 1
+    return lib
+
+
+def revision_kernels(rev: str, tmp: Path) -> ctypes.CDLL:
+    """Revision rev's kernels, its tree extracted and built under tmp."""
+    return build(extract(rev, tmp / "tree") / CSRC, tmp / "kernels.so")
