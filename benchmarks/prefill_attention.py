@@ -82,6 +82,20 @@ def median_time(fn, seconds: float) -> float:
     return statistics.median(times)
 
 
+def compare(libs, run, rounds: int, seconds: float) -> dict:
+    """run(lib) -> output, for the baseline's kernels and this checkout's: their outputs' largest
+    difference (0: the same bits) and the median over alternating rounds of each side's median
+    call time, in ms."""
+    a, b = (run(lib) for lib in libs)
+    differ = 0.0 if torch.equal(a, b) else (a - b).abs().max().item()
+    times: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for i, lib in enumerate(libs):
+            times[i].append(median_time(lambda lib=lib: run(lib), seconds))
+    base, this = (statistics.median(t) * 1e3 for t in times)
+    return {"base_ms": base, "this_ms": this, "differ": differ}
+
+
 def kernel_cases(libs, rounds: int, seconds: float, tokens: int) -> list[dict]:
     torch.manual_seed(0)
     cases = {
@@ -91,16 +105,8 @@ def kernel_cases(libs, rounds: int, seconds: float, tokens: int) -> list[dict]:
     }
     results = []
     for name, (batch, flops) in cases.items():
-        a, b = (run_calls(lib, batch) for lib in libs)
-        differ = 0.0 if torch.equal(a, b) else (a - b).abs().max().item()
-        times: list[list[float]] = [[], []]
-        for _ in range(rounds):
-            for i, lib in enumerate(libs):
-                times[i].append(median_time(lambda lib=lib, batch=batch: run_calls(lib, batch), seconds))
-        base, this = (statistics.median(t) for t in times)
-        results.append(
-            {"case": name, "base_ms": base * 1e3, "this_ms": this * 1e3, "gflops": flops / 1e9, "differ": differ}
-        )
+        timed = compare(libs, lambda lib, batch=batch: run_calls(lib, batch), rounds, seconds)
+        results.append({"case": name, "gflops": flops / 1e9, **timed})
     return results
 
 
@@ -136,15 +142,8 @@ def decode_cases(libs, rounds: int, seconds: float) -> list[dict]:
     for batch, tokens in ((32, 300), (8, 1100), (1, 4000)):
         for dtype in (torch.float32, torch.bfloat16):
             case = decode_case(batch, tokens, dtype)
-            a, b = (run_decode(lib, case) for lib in libs)
-            differ = 0.0 if torch.equal(a, b) else (a - b).abs().max().item()
-            times: list[list[float]] = [[], []]
-            for _ in range(rounds):
-                for i, lib in enumerate(libs):
-                    times[i].append(median_time(lambda lib=lib, case=case: run_decode(lib, case), seconds))
-            base, this = (statistics.median(t) for t in times)
-            name = f"decode {batch} x {tokens:,}, {LAYERS} layers, {str(dtype)[6:]} cache"
-            results.append({"case": name, "base_ms": base * 1e3, "this_ms": this * 1e3, "differ": differ})
+            timed = compare(libs, lambda lib, case=case: run_decode(lib, case), rounds, seconds)
+            results.append({"case": f"decode {batch} x {tokens:,}, {LAYERS} layers, {str(dtype)[6:]} cache", **timed})
     return results
 
 
