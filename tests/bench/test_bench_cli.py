@@ -184,6 +184,9 @@ def test_ctrl_c_writes_the_requests_that_finished(start_stub, tmp_path: Path) ->
         ],
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT as a terminal's Ctrl-C finds it: a shell without job control starts background
+        # commands (a CI script run with `&`) with SIGINT ignored, and children inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     for line in process.stderr:  # type: ignore[union-attr]
         if "replay of" in line:  # the run has started
