@@ -119,8 +119,7 @@ static void quantize_row(const float *x, long k, int8_t *q, float *d, int32_t *s
     for (long b = 0; b * QK < k; b++) {
         const long n = k - b * QK < QK ? k - b * QK : QK;
         float v[QK] = {0};
-        if (n == QK) memcpy(v, x + b * QK, sizeof v);
-        else memcpy(v, x + b * QK, sizeof(float) * n);
+        memcpy(v, x + b * QK, sizeof(float) * n);
         vec vmaxabs = vset(0.f);
         for (int j = 0; j < QK; j += VLEN) vmaxabs = vmax(vmaxabs, vabs(vload(v + j)));
         vmaxabs = vmax(vmaxabs, vset(0.f)); /* NaN lanes to 0: max(a, b) is b where a is NaN */
@@ -213,8 +212,8 @@ static inline ivec dot_s8(ivec s, ivec w, ivec a) { return dot_u8(s, _mm256_abs_
 /* Activations of one call, quantized: per row and block its 32 codes at q + act_at(row, block) * QK,
  * its scale, its codes' sum and their product at d, sum, dsum [act_at(row, block)]: for each 16
  * rows, each block's 16 side by side, so a tile of rows finds a block's at constant offsets and a
- * block's codes for 16 rows are one contiguous 512-byte tile (rows 32 bytes apart, not a row's length: an AMX
- * tile load touching 16 cache lines half used stalled the tile path). */
+ * block's codes for 16 rows are one contiguous 512-byte tile (rows 32 bytes apart, not a row's
+ * length: an AMX tile load touching 16 cache lines half used stalled the tile path). */
 typedef struct {
     const int8_t *q;
     const float *d, *dsum;
