@@ -7,8 +7,9 @@ whether its top-1 token is the reference's, and its perplexity on the text.
   gguf-Q4_1  the shipped file with --quantization gguf: the same weights, dequantized in the kernels
   gguf-Q8_0, gguf-Q4_0  its weights re-quantized (tests/gguf_files.py), with --quantization gguf
   int8       the float32 HF directory with --quantization int8
+  (each of these with its default cache, bf16)
+  gguf-Q4_1-kv-f32, int8-kv-f32  the same with --kv-cache-dtype float32
   kv-bf16    the float32 model with --kv-cache-dtype bfloat16 (keys and values stored rounded to bf16)
-  gguf-Q4_1-kv-bf16  the shipped file with --quantization gguf and --kv-cache-dtype bfloat16
 An accuracy measurement, not a timing: it may run on a busy machine.
 
     python benchmarks/quantization_accuracy.py [--tokens 2048] [--out benchmarks/results/quantization]
@@ -63,8 +64,9 @@ def variants(cache: Path) -> dict[str, tuple[str, str | None, str]]:
         "gguf-Q8_0": (str(requantize_gguf(q4_1, cache / "SmolLM2-135M-Instruct.Q8_0.gguf", "Q8_0")), "gguf", "auto"),
         "gguf-Q4_0": (str(requantize_gguf(q4_1, cache / "SmolLM2-135M-Instruct.Q4_0.gguf", "Q4_0")), "gguf", "auto"),
         "int8": (resolve_model(q4_1), "int8", "auto"),
+        "gguf-Q4_1-kv-f32": (q4_1, "gguf", "float32"),
+        "int8-kv-f32": (resolve_model(q4_1), "int8", "float32"),
         "kv-bf16": (resolve_model(q4_1), None, "bfloat16"),
-        "gguf-Q4_1-kv-bf16": (q4_1, "gguf", "bfloat16"),
     }
 
 

@@ -62,7 +62,7 @@ class CacheConfig:
     kv_cache_memory_gib: float = 2.0  # sizes the pool on CPU
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9  # on a GPU: the share of its memory for weights, activations, graphs and KV
-    kv_cache_dtype: Literal["auto", "bfloat16"] = "auto"  # auto: the model's dtype
+    kv_cache_dtype: Literal["auto", "bfloat16"] = "auto"  # auto: the model's dtype (EngineArgs resolves the flag)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

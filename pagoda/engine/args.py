@@ -65,10 +65,13 @@ class EngineArgs:
     )
     kv_cache_dtype: str = option(
         "auto",
-        "auto: the model's dtype; bfloat16: a float32 model's keys and values stored rounded to bfloat16 "
-        "(CPU, cpu attention backend): half the bytes a decode reads and twice the tokens per GiB, computed "
-        "in float32 as before; outputs change by that rounding (docs/engine.md)",
-        choices=["auto", "bfloat16"],
+        "auto: the model's dtype, except bfloat16 for a --quantization gguf or int8 model (whose outputs "
+        "already carry int8 activations' rounding; llama.cpp keeps a quantized model's cache in 16 bits too); "
+        "bfloat16: a float32 model's keys and values stored rounded to bfloat16 (CPU, cpu attention backend): "
+        "half the bytes a decode reads and twice the tokens per GiB, computed in float32 as before; outputs "
+        "change by that rounding (docs/engine.md); float32: a float32 model's cache in float32 whatever its "
+        "quantization",
+        choices=["auto", "bfloat16", "float32"],
     )
     max_prefill_with_decodes: int | None = option(
         None,
@@ -270,14 +273,21 @@ class EngineArgs:
         ConfigError where the option cannot apply."""
         import torch
 
-        if self.kv_cache_dtype not in ("auto", "bfloat16"):
-            raise ConfigError(f"kv_cache_dtype must be 'auto' or 'bfloat16', got {self.kv_cache_dtype!r}")
-        if self.kv_cache_dtype == "auto" or model.dtype == torch.bfloat16:
+        kv, dtype = self.kv_cache_dtype, str(model.dtype).removeprefix("torch.")
+        if kv not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(f"kv_cache_dtype must be 'auto', 'bfloat16' or 'float32', got {kv!r}")
+        if kv == "float32" and model.dtype != torch.float32:
+            raise ConfigError(f"kv_cache_dtype='float32' needs a float32 model; this model runs in {dtype}")
+        bf16_applies = model.dtype == torch.float32 and backend.name == "cpu"
+        if kv == "auto":
+            # the CPU's quantized formats (float32 models with int8 activations) take the 16-bit cache
+            return "bfloat16" if bf16_applies and model.quantization in ("gguf", "int8") else "auto"
+        if kv == "float32" or model.dtype == torch.bfloat16:
             return "auto"
-        if model.dtype != torch.float32 or backend.name != "cpu":
+        if not bf16_applies:
             raise ConfigError(
                 f"kv_cache_dtype='bfloat16' needs a float32 model on the cpu attention backend; this model runs in "
-                f"{str(model.dtype).removeprefix('torch.')} on the {backend.name} backend"
+                f"{dtype} on the {backend.name} backend"
             )
         return "bfloat16"
 
