@@ -100,6 +100,7 @@ def assert_batch_invariant(llm: LLM) -> None:
 
 def test_gguf_q4_1_batch_invariant_and_within_bounds(fp32_scores):
     llm = load(None, "gguf")
+    assert llm.engine.core.runner.kv_caches[0].dtype == torch.bfloat16  # the quantized formats' default
     assert_batch_invariant(llm)
     check_bounds("gguf-Q4_1", llm, fp32_scores)
 
