@@ -43,7 +43,8 @@ def main() -> None:
     def call(lib, inputs):
         return [cpu.gemm_invariant(lib, inputs[p.shape[1]], p, None, n) for layer in layers for p, n in layer]
 
-    print(f"ISA {"+".join(this.isa)}, {torch.get_num_threads()} threads; {args.baseline} against this checkout, medians")
+    isa = "+".join(this.isa)
+    print(f"ISA {isa}, {torch.get_num_threads()} threads; {args.baseline} against this checkout, medians")
     for m in (int(r) for r in args.rows.split(",")):
         inputs = {k: torch.randn(m, k) for k in {k for _, k in SHAPES}}
         same = all(torch.equal(a, b) for a, b in zip(call(base, inputs), call(this, inputs)))

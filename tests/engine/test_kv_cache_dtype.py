@@ -71,7 +71,9 @@ def test_refused_where_it_cannot_apply(tiny_qwen2):
         LLM(tiny_qwen2, max_model_len=512, kv_cache_memory=0.05, kv_cache_dtype="fp8", dtype="bfloat16")
     with pytest.raises(ConfigError, match="kv_cache_dtype='bfloat16' needs a float32 model on the cpu attention"):
         LLM(tiny_qwen2, max_model_len=512, kv_cache_memory=0.05, kv_cache_dtype="bfloat16", attention_backend="torch")
-    with pytest.raises(ConfigError, match="kv_cache_dtype='float32' needs a float32 model; this model runs in bfloat16"):
+    with pytest.raises(
+        ConfigError, match="kv_cache_dtype='float32' needs a float32 model; this model runs in bfloat16"
+    ):
         LLM(tiny_qwen2, max_model_len=512, kv_cache_memory=0.05, kv_cache_dtype="float32", dtype="bfloat16")
     bf16 = LLM(tiny_qwen2, max_model_len=512, kv_cache_memory=0.05, kv_cache_dtype="bfloat16", dtype="bfloat16")
     assert bf16.engine.core.runner.kv_caches[0].dtype == torch.bfloat16  # a bf16 model's cache already is
