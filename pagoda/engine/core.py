@@ -29,7 +29,11 @@ class EngineCore:
                 f"The KV cache ({num_blocks * self.runner.block_bytes() / 2**30:.2f} GiB: {capacity} tokens) cannot "
                 f"hold one sequence of max_model_len={max_len}; raise {knob} or lower --max-model-len."
             )
-        logger.info("Allocating the KV cache: %.2f GiB", num_blocks * self.runner.block_bytes() / 2**30)
+        logger.info(
+            "Allocating the KV cache: %.2f GiB of %s",
+            num_blocks * self.runner.block_bytes() / 2**30,
+            str(self.runner.kv_dtype).removeprefix("torch."),
+        )
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_cuda_graphs()
         kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
