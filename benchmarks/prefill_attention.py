@@ -33,11 +33,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from kernel_revision import CSRC, ROOT, build, extract
+from kernel_revision import CSRC, ROOT, build, compare, extract
 
 from pagoda.kernels import cpu
 
@@ -70,30 +69,6 @@ def run_calls(lib, batch) -> torch.Tensor:
         cpu.prefill_attention(lib, out, query, kv, tables, query_start, seq_lens, HEAD_DIM**-0.5)
         outs.append(out)
     return torch.cat(outs)
-
-
-def median_time(fn, seconds: float) -> float:
-    fn()
-    times, start = [], time.perf_counter()
-    while not times or time.perf_counter() - start < seconds:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def compare(libs, run, rounds: int, seconds: float) -> dict:
-    """run(lib) -> output, for the baseline's kernels and this checkout's: their outputs' largest
-    difference (0: the same bits) and the median over alternating rounds of each side's median
-    call time, in ms."""
-    a, b = (run(lib) for lib in libs)
-    differ = 0.0 if torch.equal(a, b) else (a - b).abs().max().item()
-    times: list[list[float]] = [[], []]
-    for _ in range(rounds):
-        for i, lib in enumerate(libs):
-            times[i].append(median_time(lambda lib=lib: run(lib), seconds))
-    base, this = (statistics.median(t) * 1e3 for t in times)
-    return {"base_ms": base, "this_ms": this, "differ": differ}
 
 
 def kernel_cases(libs, rounds: int, seconds: float, tokens: int) -> list[dict]:
