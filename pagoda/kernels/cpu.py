@@ -63,6 +63,8 @@ _VOID_SIGNATURES = {
     "pagoda_qd_matmul": [_INT] + [_P] * 4 + [_I64] * 4 + [_INT],
     # decoder.c, wrapped by model_executor/cpu_stack.py
     "pagoda_decoder_layers": [_P, _I64] + [_P] * 7 + [_F, _F, _INT],
+    # sample.c, wrapped by sample_rows below
+    "pagoda_sample_rows": [_P, _I64, _I64, _INT, _P, _P, _P, _INT],
 }
 
 
@@ -359,6 +361,29 @@ def silu_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
         out.data_ptr(), gate_up.data_ptr(), rows, width // 2, _is_bf16(gate_up), torch.get_num_threads()
     )
     return out
+
+
+def sample_rows(
+    lib: ctypes.CDLL,
+    logits: torch.Tensor,  # float32 or bfloat16 [B, V], contiguous
+    temperature: torch.Tensor,  # float32 [B]: 0 greedy, else the row's temperature
+    uniforms: torch.Tensor,  # float64 [B] in [0, 1): the random rows' draws
+) -> torch.Tensor:
+    """A token per row (int64 [B]) for plain greedy and plain random rows (sample.c): the greedy
+    row's argmax, the random row's draw by sampler.draw's rule; -1 where the row has a NaN or no
+    finite positive total, for the caller to take the torch way."""
+    tokens = torch.empty(logits.shape[0], dtype=torch.int64)
+    lib.pagoda_sample_rows(
+        logits.data_ptr(),
+        logits.shape[0],
+        logits.shape[1],
+        _is_bf16(logits),
+        temperature.data_ptr(),
+        uniforms.data_ptr(),
+        tokens.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return tokens
 
 
 def prefill_attention(

@@ -18,6 +18,7 @@ from pagoda.attention.backend import AttentionInputs, kv_cache_shape
 from pagoda.attention.selector import create_backend
 from pagoda.config import EngineConfig
 from pagoda.core.outputs import ModelRunnerOutput, SchedulerOutput
+from pagoda.kernels import cpu as cpu_kernels
 from pagoda.model_executor import gpu_memory
 from pagoda.model_executor.cpu_threads import ComputeThreads
 from pagoda.model_executor.cuda_graphs import MAX_GRAPH_BATCH, CUDAGraphRunner, capture_sizes
@@ -44,7 +45,7 @@ class ModelRunner:
         self.backend = create_backend(config.attention_backend, config.deterministic)
         torch.manual_seed(config.seed)
         self.model = load_model(config.model, self.backend, self.device, config.deterministic)
-        self.sampler = Sampler()
+        self.sampler = Sampler(cpu_kernels.load() if self.device.type == "cpu" else None)
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None  # set by capture_cuda_graphs
 

@@ -12,12 +12,14 @@ first sampled token, kept across preemption, dropped when the scheduler says it 
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from pagoda.kernels import cpu as cpu_kernels
 from pagoda.request import Request, TokenLogprob
 
 if TYPE_CHECKING:  # xgrammar is imported only where a request is constrained
@@ -31,15 +33,16 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self) -> None:
+    def __init__(self, kernels: ctypes.CDLL | None = None) -> None:
         self._generators: dict[str, torch.Generator] = {}  # request id -> its seeded generator
+        self._kernels = kernels  # the CPU kernels (plain rows in one pass), or None
 
     def sample(
         self, logits: torch.Tensor, requests: Sequence[Request], bitmask: TokenBitmask | None = None
     ) -> SamplerOutput:
         """logits [B, V] for the requests' next tokens, in order; `bitmask`: the allowed tokens
         of constrained requests (structured outputs)."""
-        return sample(logits, requests, self.generator, bitmask)
+        return sample(logits, requests, self.generator, bitmask, self._kernels)
 
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget finished requests' generators."""
@@ -63,25 +66,73 @@ def sample(
     requests: Sequence[Request],
     generator_of: GeneratorOf,
     bitmask: TokenBitmask | None = None,
+    kernels: ctypes.CDLL | None = None,
 ) -> SamplerOutput:
     """logits [B, V] for the requests' next tokens, in order; `generator_of` gives a seeded
-    request's random generator. Returned logprobs are the model's, before any mask (as vLLM's)."""
+    request's random generator; `kernels`: the CPU kernels, whose one pass takes a batch of plain
+    greedy and plain random rows (cpu.sample_rows: the same rules). Returned logprobs are the
+    model's, before any mask (as vLLM's)."""
     params = [r.sampling_params for r in requests]
     wants_logprobs = any(p.logprobs is not None for p in params)
     raw = torch.log_softmax(logits.float(), dim=-1) if wants_logprobs else None
     if bitmask is not None:  # first: penalties, bias and sampling see only allowed tokens
         logits = logits.float()
         bitmask.apply(logits)
-    if all(p.greedy and _plain(p) for p in params) and not any(_min_tokens_active(r) for r in requests):
-        token_ids = logits.argmax(dim=-1)
-        return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
+    edited = not all(_plain(p) for p in params) or any(_min_tokens_active(r) for r in requests)
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
+    uniforms = _uniforms([requests[i] for i in random_rows], generator_of, logits.device) if random_rows else None
+    token_ids = None
+    if kernels is not None and not edited and not any(_filters(params[i]) for i in random_rows):
+        token_ids = _sample_plain(kernels, logits, params, random_rows, uniforms)
+    if token_ids is None:
+        token_ids = _sample_torch(logits, requests, params, edited, random_rows, uniforms)
+    return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
+
+
+def _filters(params) -> bool:
+    return params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0
+
+
+def _sample_plain(
+    kernels: ctypes.CDLL,
+    logits: torch.Tensor,
+    params: Sequence,
+    random_rows: list[int],
+    uniforms: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """The batch's tokens in the kernels' one pass; None where it cannot take them all (not a CPU
+    float32 or bfloat16 batch, a temperature that is 0 in float32, or a row with a NaN or no
+    finite positive total, which the torch way decides by its own rules)."""
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    if random_rows and not bool((temperature[random_rows] > 0).all()):
+        return None
+    row_uniforms = torch.zeros(len(params), dtype=torch.float64)
+    if random_rows:
+        row_uniforms[random_rows] = uniforms
+    token_ids = cpu_kernels.sample_rows(kernels, logits.contiguous(), temperature, row_uniforms)
+    return None if bool((token_ids < 0).any()) else token_ids
+
+
+def _sample_torch(
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    params: Sequence,
+    edited: bool,
+    random_rows: list[int],
+    uniforms: torch.Tensor | None,
+) -> torch.Tensor:
+    """The batch's tokens by torch ops: penalties, bias and min_tokens, then each greedy row's
+    argmax and each random row's draw from its filtered probabilities."""
+    if not edited and not random_rows:
+        return logits.argmax(dim=-1)
     logits = logits.float()
-    if not all(_plain(p) for p in params) or any(_min_tokens_active(r) for r in requests):
+    if edited:
         logits = logits.clone()  # edited in place below; the caller's logits stay as they were
         if any(p.uses_penalties for p in params):
             apply_penalties(logits, requests)
         _apply_bias_and_min_tokens(logits, requests)
-    random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if len(random_rows) < len(params):
         token_ids = logits.argmax(dim=-1)
     else:  # every row drawn: no argmax to compute
@@ -89,8 +140,8 @@ def sample(
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
         probs = filtered_probs(logits[rows], [params[i] for i in random_rows])
-        token_ids[rows] = draw(probs, _uniforms([requests[i] for i in random_rows], generator_of, probs.device))
-    return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
+        token_ids[rows] = draw(probs, uniforms)
+    return token_ids
 
 
 def filtered_probs(logits: torch.Tensor, params: Sequence) -> torch.Tensor:

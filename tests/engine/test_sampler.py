@@ -1,4 +1,5 @@
-"""The sampler on crafted logits: exact masks, penalties by hand, seeded reproducibility."""
+"""The sampler on crafted logits: exact masks, penalties by hand, seeded reproducibility; the
+sampler-level cases both the torch way and with the CPU kernels' one pass for plain rows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import pytest
 import torch
 
+from pagoda.kernels import cpu as cpu_kernels
 from pagoda.model_executor.sampler import Sampler, apply_penalties, draw, filtered_probs
 from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams, SamplingParamsError
@@ -20,6 +22,17 @@ def req(prompt=(1, 2), outputs=(), **params) -> Request:
     for t in outputs:
         r.append_token(t)
     return r
+
+
+@pytest.fixture(params=["torch", "kernels"])
+def new_sampler(request):
+    """Sampler's constructor, without kernels or with this CPU's"""
+    if request.param == "torch":
+        return Sampler
+    kernels = cpu_kernels.load()
+    if kernels is None:
+        pytest.skip("the C kernels cannot be built on this machine")
+    return lambda: Sampler(kernels)
 
 
 LOGITS = torch.log(torch.tensor([[0.05, 0.4, 0.3, 0.15, 0.1]]))
@@ -93,23 +106,23 @@ def test_penalties_against_hand_computation():
     assert torch.allclose(logits[0], torch.tensor(expected))
 
 
-def test_logit_bias_and_min_tokens():
+def test_logit_bias_and_min_tokens(new_sampler):
     logits = torch.zeros(1, 5)
     logits[0, 0] = 10.0  # eos is the clear favourite
-    out = Sampler().sample(logits.clone(), [req(temperature=0.0, logit_bias={4: 20.0})])
+    out = new_sampler().sample(logits.clone(), [req(temperature=0.0, logit_bias={4: 20.0})])
     assert out.token_ids == [4]
-    out = Sampler().sample(logits.clone(), [req(temperature=0.0, min_tokens=2)])
+    out = new_sampler().sample(logits.clone(), [req(temperature=0.0, min_tokens=2)])
     assert out.token_ids != [0]  # eos banned before min_tokens outputs
-    out = Sampler().sample(logits.clone(), [req(outputs=(3, 3), temperature=0.0, min_tokens=2)])
+    out = new_sampler().sample(logits.clone(), [req(outputs=(3, 3), temperature=0.0, min_tokens=2)])
     assert out.token_ids == [0]
 
 
-def test_seeded_rows_do_not_depend_on_the_batch():
+def test_seeded_rows_do_not_depend_on_the_batch(new_sampler):
     torch.manual_seed(0)
     logits = torch.randn(4, 50)
 
     def draws(batch_extra: list[Request]) -> list[int]:
-        seeded, sampler = req(temperature=1.0, seed=7), Sampler()
+        seeded, sampler = req(temperature=1.0, seed=7), new_sampler()
         rows = logits[: 1 + len(batch_extra)]
         return [sampler.sample(rows.clone(), [seeded] + batch_extra).token_ids[0] for _ in range(20)]
 
@@ -119,17 +132,17 @@ def test_seeded_rows_do_not_depend_on_the_batch():
     assert len(set(alone)) > 1  # it is really sampling
 
 
-def test_sampling_follows_the_distribution():
+def test_sampling_follows_the_distribution(new_sampler):
     torch.manual_seed(0)
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).repeat(4000, 1)
-    tokens = Sampler().sample(logits, [req(temperature=1.0)] * 4000).token_ids
+    tokens = new_sampler().sample(logits, [req(temperature=1.0)] * 4000).token_ids
     freq = [tokens.count(i) / 4000 for i in range(3)]
     assert freq == pytest.approx([0.7, 0.2, 0.1], abs=0.03)
 
 
-def test_logprobs_of_raw_logits_with_rank():
+def test_logprobs_of_raw_logits_with_rank(new_sampler):
     logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))
-    out = Sampler().sample(logits.clone(), [req(temperature=0.0, logprobs=2)])
+    out = new_sampler().sample(logits.clone(), [req(temperature=0.0, logprobs=2)])
     lp = out.logprobs[0]
     assert lp.token_id == 1 and lp.rank == 1 and lp.logprob == pytest.approx(math.log(0.6), abs=1e-6)
     assert set(lp.top) == {1, 2} and lp.top[2] == pytest.approx(math.log(0.3), abs=1e-6)
@@ -155,12 +168,36 @@ def test_invalid_params_name_the_field(field, value):
     assert info.value.param == field
 
 
-def test_a_seeded_generator_lives_until_the_request_is_dropped():
+def test_a_seeded_generator_lives_until_the_request_is_dropped(new_sampler):
     logits = torch.zeros(1, 1000)
-    seeded, sampler = req(temperature=1.0, seed=3), Sampler()
+    seeded, sampler = req(temperature=1.0, seed=3), new_sampler()
     first = [sampler.sample(logits.clone(), [seeded]).token_ids[0] for _ in range(5)]
-    fresh = Sampler()
+    fresh = new_sampler()
     assert [fresh.sample(logits.clone(), [seeded]).token_ids[0] for _ in range(5)] == first
     sampler.drop([seeded.request_id])  # finished: the next request of that id starts from its seed again
     assert sampler.sample(logits.clone(), [seeded]).token_ids[0] == first[0]
     assert len(set(first)) > 1
+
+
+def test_the_kernels_take_plain_rows_and_leave_the_rest_to_torch():
+    """With the kernels, a batch of plain greedy and plain random rows is one pass: the greedy rows
+    are torch's argmax and the seeded random row draws from its own generator as the torch way
+    does; a batch with a filter (top-k) or a NaN row is sampled the torch way whole, so its tokens
+    equal the kernel-less sampler's with the same generators."""
+    kernels = cpu_kernels.load()
+    if kernels is None:
+        pytest.skip("the C kernels cannot be built on this machine")
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0)) * 4
+    batches = {
+        "plain": [req(temperature=0.0), req(temperature=1.0, seed=5), req(temperature=0.0)],
+        "top-k": [req(temperature=0.0), req(temperature=1.0, seed=5), req(temperature=0.8, top_k=3, seed=6)],
+    }
+    for name, batch in batches.items():
+        with_kernels = Sampler(kernels).sample(logits.clone(), batch).token_ids
+        torch_way = Sampler().sample(logits.clone(), batch).token_ids
+        assert with_kernels[0] == torch_way[0] == int(logits[0].argmax()), name
+        assert with_kernels[1:] == torch_way[1:], name  # the same uniforms; this draw is no near-tie
+    nan_row = logits.clone()
+    nan_row[0, 7] = float("nan")
+    batch = [req(temperature=0.0), req(temperature=1.0, seed=5), req(temperature=0.0)]
+    assert Sampler(kernels).sample(nan_row.clone(), batch).token_ids[0] == 7  # torch's argmax takes the NaN

@@ -24,6 +24,9 @@ static inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_N
 static inline vec vscale2(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n, n integral */
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 static inline vec vabs(vec v) { return _mm512_abs_ps(v); }
+static inline int vany_nan(vec v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
+static inline int vmask_eq(vec v, float a) { return (int)_mm512_cmp_ps_mask(v, vset(a), _CMP_EQ_OQ); } /* lane i: bit i */
+static inline vec vzero_below(vec v, vec x, float lo) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, vset(lo), _CMP_GE_OQ), v); } /* v where x >= lo, else 0 */
 #else
 #define VLEN 8
 #define VEC_OP(op) _mm256_##op##_ps
@@ -48,6 +51,9 @@ static inline vec vscale2(vec p, vec n) { /* p * 2^n for integral n in [-126, 12
 }
 static inline float vsum(vec v) { return hsum(v); }
 static inline vec vabs(vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); } /* the sign bit cleared */
+static inline int vany_nan(vec v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
+static inline int vmask_eq(vec v, float a) { return _mm256_movemask_ps(_mm256_cmp_ps(v, vset(a), _CMP_EQ_OQ)); }
+static inline vec vzero_below(vec v, vec x, float lo) { return _mm256_and_ps(v, _mm256_cmp_ps(x, vset(lo), _CMP_GE_OQ)); }
 #endif
 
 /* 8 (bf16x8) or 16 (bf16x16) bf16 values (uint16_t, an fp32's top half) widened to fp32 exactly,
@@ -85,6 +91,15 @@ static inline vec round_bf16(vec v) {
 static inline vec round_to(vec v, int bf16) { return bf16 ? round_bf16(v) : v; }
 
 static inline size_t value_size(int bf16) { return bf16 ? sizeof(uint16_t) : sizeof(float); }
+
+/* value i of p (float or bf16) as fp32 */
+static inline float load_one(const void *p, long i, int bf16) {
+    if (!bf16) return ((const float *)p)[i];
+    const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* VLEN values from p + i (float or bf16), widened to fp32 */
 static inline vec load_row(const void *p, long i, int bf16) {
