@@ -11,9 +11,9 @@ kernels store keys and values rounded to bf16 and widen them back as they read t
 arithmetic is exactly the float32 cache's on the rounded values (batch-invariant still) and a decode
 reads half the bytes.
 
-A bfloat16 model's KV cache is bfloat16, its decode kernel computes in float32 (csrc/bf16.c; every
-build of the kernels has it) and prefill chunks run through torch's SDPA as in the torch backend
-(sdpa.py).
+A bfloat16 model's KV cache is bfloat16 and its decodes go through the same float32 kernel, their
+bf16 queries, keys and values widened exactly and the output rounded to bf16 once; its prefill
+chunks run through torch's SDPA as in the torch backend (sdpa.py).
 """
 
 from __future__ import annotations
@@ -114,13 +114,27 @@ class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
         return out
 
     def _forward_bf16(self, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float):
-        """bfloat16: keys and values stored by torch, decodes through the bf16 kernel."""
-        sdpa_store_kv(key, value, kv_cache, metadata.slot_mapping)
+        """bfloat16: decodes through the float32 kernel on the bf16 cache (queries, keys and values
+        widened exactly, the output rounded to bf16 once), prefill chunks stored by torch and
+        attended by SDPA."""
         out = torch.empty_like(query)
-        nd, decodes = metadata.num_decodes, metadata.decodes
-        if decodes is not None:
-            out[:nd] = cpu_kernels.paged_decode_attention_bf16(
-                self.lib, query[:nd], kv_cache[0], kv_cache[1], decodes.block_tables, decodes.seq_lens, scale
+        nd, decodes, slots = metadata.num_decodes, metadata.decodes, metadata.slot_mapping
+        if nd < query.shape[0]:
+            sdpa_store_kv(key[nd:], value[nd:], kv_cache, slots[nd:])
+        if decodes is not None:  # the decodes' keys and values are stored by the kernel itself
+            wide = torch.empty(query[:nd].shape, dtype=torch.float32)
+            cpu_kernels.paged_decode_attention(
+                self.lib,
+                wide,
+                query[:nd].float(),
+                key[:nd].float(),
+                value[:nd].float(),
+                kv_cache,
+                slots[:nd],
+                decodes.block_tables,
+                decodes.seq_lens,
+                scale,
             )
+            out[:nd] = wide
         attend_prefills(out, query, key, value, kv_cache, metadata.prefills, scale)
         return out

@@ -48,7 +48,6 @@ _VOID_SIGNATURES = {
     "pagoda_paged_decode_attention": [_P, _P, _I64, _P, _I64, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT, _INT],
     "pagoda_store_kv": [_P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _INT, _INT],
     "pagoda_gemv": [_P] * 4 + [_I64] * 2 + [_INT],
-    "pagoda_paged_decode_attention_bf16": [_P] * 6 + [_I64] * 6 + [_F, _INT],
     "pagoda_gemv_bf16": [_P, _P, _INT, _P, _INT, _P, _I64, _I64, _INT],
     "pagoda_rms_norm": [_P] * 3 + [_I64] * 2 + [_F, _INT, _INT],
     "pagoda_add_rms_norm": [_P] * 3 + [_I64] * 2 + [_F, _INT, _INT],
@@ -212,40 +211,6 @@ def paged_decode_attention(
         _is_bf16(kv_cache),
         torch.get_num_threads(),
     )
-
-
-def paged_decode_attention_bf16(
-    lib: ctypes.CDLL,
-    query: torch.Tensor,  # bfloat16 [B, H, D]
-    k_cache: torch.Tensor,  # bfloat16 [num_blocks, block_size, Hkv, D], contiguous, the new tokens stored
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # int32 [B, max_blocks], contiguous
-    seq_lens: torch.Tensor,  # int32 [B], each >= 1
-    scale: float,
-) -> torch.Tensor:
-    """bfloat16 decode attention read in place from the paged cache: [B, H, D]; scores, softmax
-    and the weighted sum in float32, the output rounded to bfloat16 once."""
-    query = query.contiguous()
-    batch, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    out = torch.empty_like(query)
-    lib.pagoda_paged_decode_attention_bf16(
-        out.data_ptr(),
-        query.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        block_tables.data_ptr(),
-        seq_lens.data_ptr(),
-        batch,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        block_size,
-        block_tables.shape[1],
-        scale,
-        torch.get_num_threads(),
-    )
-    return out
 
 
 def gemv(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -201,15 +201,17 @@ def as_float32(step: Step) -> Step:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("block_size,group", [(16, 3), (1, 2)])
 def test_bfloat16_matches_float32_math(scenario, block_size, group):
-    """A bf16 cache and query: the result is the float32 reference on the same values, rounded to
-    bf16 (decodes, computed in fp32) or within bf16 SDPA's error (prefill chunks); the cache gets
-    this step's bf16 keys and values bit for bit."""
+    """A bf16 cache and query: decodes are the float32 kernel's results on the same values, rounded
+    to bf16 (bitwise), near the float32 reference; prefill chunks within bf16 SDPA's error; the
+    cache gets this step's bf16 keys and values bit for bit."""
     step = make_step(*SCENARIOS[scenario], block_size=block_size, group=group, dtype=torch.bfloat16)
     out, cache = helpers.run(CpuAttentionBackend(), step)
     ref_out, ref_cache = helpers.reference(as_float32(step))
     assert out.dtype == torch.bfloat16 and cache.dtype == torch.bfloat16
     assert torch.equal(cache.float(), ref_cache)
     nd = step.inputs.num_decodes
+    float32_kernel, _ = helpers.run(CpuAttentionBackend(), as_float32(step))
+    assert torch.equal(out[:nd], float32_kernel[:nd].bfloat16())
     torch.testing.assert_close(out[:nd].float(), ref_out[:nd], atol=1e-3, rtol=2**-7)
     torch.testing.assert_close(out[nd:].float(), ref_out[nd:], atol=2e-2, rtol=2e-2)
 

@@ -55,34 +55,3 @@ def test_gemv_bf16_keeps_fp32_activations_exact(lib):
     x = torch.full((1, 16), 1 + 2**-12)
     out = cpu_kernels.gemv_bf16(lib, x, weight, None, torch.float32)
     torch.testing.assert_close(out, torch.full((1, 8), 16 * (1 + 2**-12)), atol=0, rtol=0)
-
-
-def paged_reference(query, k_cache, v_cache, block_tables, seq_lens, scale):
-    """Each request's keys and values gathered from its blocks; attention in float64."""
-    block_size, group = k_cache.shape[1], query.shape[1] // k_cache.shape[2]
-    out = []
-    for q, table, n in zip(query.double(), block_tables.long(), seq_lens.tolist()):
-        blocks = table[: -(-n // block_size)]
-        k = k_cache[blocks].flatten(0, 1)[:n].double().repeat_interleave(group, dim=1)  # [n, H, D]
-        v = v_cache[blocks].flatten(0, 1)[:n].double().repeat_interleave(group, dim=1)
-        probs = torch.softmax(scale * torch.einsum("hd,nhd->hn", q, k), dim=-1)
-        out.append(torch.einsum("hn,nhd->hd", probs, v))
-    return torch.stack(out).float()
-
-
-@pytest.mark.parametrize("head_dim,group,block_size", [(64, 3, 16), (8, 1, 16), (72, 2, 8), (128, 4, 1)])
-def test_paged_decode_attention_bf16_matches_fp32_math(lib, head_dim, group, block_size):
-    """Contexts within one block, across blocks and past the prefetch distance; head_dims with and
-    without a dpbf16 tail; grouped-query attention."""
-    gen = torch.Generator().manual_seed(head_dim)
-    seq_lens = torch.tensor([1, 15, 17, 40, 300], dtype=torch.int32)
-    num_kv_heads, blocks_each = 2, -(-300 // block_size)
-    num_blocks = len(seq_lens) * blocks_each + 1
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache, v_cache = torch.randn(shape, generator=gen).bfloat16(), torch.randn(shape, generator=gen).bfloat16()
-    order = torch.randperm(num_blocks - 1, generator=gen) + 1  # block 0 unused, the rest shuffled
-    block_tables = order.reshape(len(seq_lens), blocks_each).to(torch.int32).contiguous()
-    query = torch.randn(len(seq_lens), num_kv_heads * group, head_dim, generator=gen).bfloat16()
-    scale = head_dim**-0.5
-    out = cpu_kernels.paged_decode_attention_bf16(lib, query, k_cache, v_cache, block_tables, seq_lens, scale)
-    assert_bf16_close(out, paged_reference(query, k_cache, v_cache, block_tables, seq_lens, scale))

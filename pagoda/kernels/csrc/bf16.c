@@ -1,6 +1,6 @@
-/* bfloat16 kernels: the single-row GEMV and paged decode attention of gemv.c and attention.c for
- * bf16 weights and KV caches. Every product is accumulated in fp32 (softmax too); only results are
- * rounded to bf16. With AVX512-BF16, bf16 x bf16 dot products use _mm512_dpbf16_ps (products exact,
+/* bfloat16 kernels: the single-row GEMV of gemv.c for bf16 weights (a bf16 model's decode
+ * attention is attention.c's, on its bf16 cache). Every product is accumulated in fp32; only
+ * results are rounded to bf16. With AVX512-BF16, bf16 x bf16 dot products use _mm512_dpbf16_ps (products exact,
  * summed in fp32); without it, bf16 widens to fp32 by a 16-bit shift (bf16 is an fp32's top half)
  * and fp32 FMAs do the rest. bf16 values are passed as uint16_t. */
 #include "vec.h"
@@ -43,17 +43,6 @@ static inline float dot_f32_bf16(const float *x, const uint16_t *w, long n) {
     return sum + hsum(acc8);
 }
 
-/* y += a * v for fp32 y, bf16 v; n % 8 == 0 */
-static inline void axpy_bf16(float *y, float a, const uint16_t *v, long n) {
-    long i = 0;
-#ifdef __AVX512F__
-    const __m512 a16 = _mm512_set1_ps(a);
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a16, bf16x16(v + i), _mm512_loadu_ps(y + i)));
-#endif
-    const __m256 a8 = _mm256_set1_ps(a);
-    for (; i < n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a8, bf16x8(v + i), _mm256_loadu_ps(y + i)));
-}
-
 #ifdef __AVX512BF16__
 /* the first n (< 32 past p) bf16 values from p, zeros after */
 static inline __m512bh bf16x32(const uint16_t *p, long n) {
@@ -70,19 +59,6 @@ static inline __m512 dot_bf16_lanes(const uint16_t *a, const uint16_t *b, long n
 
 static inline float dot_bf16(const uint16_t *a, const uint16_t *b, long n) {
     return _mm512_reduce_add_ps(dot_bf16_lanes(a, b, n));
-}
-
-/* scores[h * stride + j] = scale * dot_bf16(q_h, k[j]'s kv head of h) for the 16 key rows k[0..15]
- * and every query head h (head_dim apart in q; kv head h / group): the 16 horizontal sums of a
- * head at once (vsum16 pairs lanes as dot_bf16's reduce does, so each score is the same float). */
-static inline void score16_bf16(const uint16_t *q, const uint16_t *const *k, long num_heads, long group, long head_dim,
-                                float scale, float *scores, long stride) {
-    for (long h = 0; h < num_heads; h++) {
-        __m512 x[16];
-        const long off = (h / group) * head_dim;
-        for (int m = 0; m < 16; m++) x[m] = dot_bf16_lanes(q + h * head_dim, k[dot16_token(m)] + off, head_dim);
-        _mm512_storeu_ps(scores + h * stride, _mm512_mul_ps(_mm512_set1_ps(scale), vsum16(x)));
-    }
 }
 
 /* out[r] = w0[r * k, ...] . x for r < 4, x bf16 */
@@ -178,123 +154,4 @@ void pagoda_gemv_bf16(const uint16_t *w, const void *x, int x_bf16, void *y, int
         store(y, y_bf16, n, v + (bias ? bias[n] : 0.f));
     }
     free(widened);
-}
-
-#ifdef __AVX512F__
-/* acc[h] += p[h * stride + j] v[j] (v[j]'s kv head of h) over the 16 value rows v[0..15] in order,
- * for every query head h: axpy_bf16's FMAs, one head's head_dim sums held in registers over the 16
- * tokens instead of loaded and stored for each. head_dim % 16 == 0, at most 128. */
-static inline void weigh16_bf16(float *acc, const float *p, long stride, const uint16_t *const *v, long num_heads,
-                                long group, long head_dim) {
-    const long nv = head_dim / 16;
-    for (long h = 0; h < num_heads; h++) {
-        __m512 a[8];
-        float *acc_h = acc + h * head_dim;
-        const long off = (h / group) * head_dim;
-        for (long c = 0; c < nv; c++) a[c] = _mm512_loadu_ps(acc_h + 16 * c);
-        for (int j = 0; j < 16; j++) {
-            const __m512 w = _mm512_set1_ps(p[h * stride + j]);
-            for (long c = 0; c < nv; c++) a[c] = _mm512_fmadd_ps(w, bf16x16(v[j] + off + 16 * c), a[c]);
-        }
-        for (long c = 0; c < nv; c++) _mm512_storeu_ps(acc_h + 16 * c, a[c]);
-    }
-}
-#endif
-
-static inline void prefetch_token_bf16(const uint16_t *p, long n) {
-    for (long i = 0; i < n; i += 32) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
-}
-
-/* q[at:at + head_dim] . k for one head: dpbf16 on the bf16 query where there is one, else on its
- * fp32 copy */
-static inline float score(const uint16_t *q_bf16, const float *q_f32, long at, const uint16_t *k, long head_dim) {
-#ifdef __AVX512BF16__
-    (void)q_f32;
-    return dot_bf16(q_bf16 + at, k, head_dim);
-#else
-    (void)q_bf16;
-    return dot_f32_bf16(q_f32 + at, k, head_dim);
-#endif
-}
-
-/* attention.c's pagoda_paged_decode_attention for bf16 q, caches and out (same layouts, same
- * contract, head_dim % 8 == 0): scores, softmax and the weighted sum of values in fp32, the
- * output rounded to bf16 once at the end. */
-void pagoda_paged_decode_attention_bf16(uint16_t *out, const uint16_t *q, const uint16_t *k_cache,
-                                        const uint16_t *v_cache, const int32_t *block_tables, const int32_t *seq_lens,
-                                        long batch, long num_heads, long num_kv_heads, long head_dim, long block_size,
-                                        long max_blocks, float scale, int num_threads) {
-    const long group = num_heads / num_kv_heads, width = num_heads * head_dim;
-    const long token_stride = num_kv_heads * head_dim;
-    const long block_stride = block_size * token_stride;
-    const long ahead = 16; /* tokens prefetched ahead: the hardware prefetcher misses block jumps */
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *probs = NULL, *acc = malloc(width * sizeof(float));
-        long capacity = 0;
-#pragma omp for schedule(dynamic, 1)
-        for (long b = 0; b < batch; b++) {
-            const long len = seq_lens[b];
-            if (len * num_heads > capacity) {
-                free(probs);
-                capacity = len * num_heads;
-                probs = malloc(capacity * sizeof(float));
-            }
-            const int32_t *table = block_tables + b * max_blocks;
-            const uint16_t *qb = q + b * width;
-#ifdef __AVX512BF16__
-            float *qf = NULL;
-#else
-            float *qf = widen(qb, width);
-#endif
-#define TOKEN(cache, t) (cache + table[(t) / block_size] * block_stride + ((t) % block_size) * token_stride)
-/* rows[j] = TOKEN(cache, t + j) for j < 16, each row `ahead` tokens further on prefetched */
-#define ROWS16(rows, cache, t)                                                                                         \
-    for (long j = 0; j < 16; j++) {                                                                                    \
-        if ((t) + ahead + j < len) prefetch_token_bf16(TOKEN(cache, (t) + ahead + j), token_stride);                   \
-        rows[j] = TOKEN(cache, (t) + j);                                                                               \
-    }
-            long t = 0;
-#ifdef __AVX512BF16__
-            for (; t + 16 <= len; t += 16) { /* 16 tokens' scores at once, then the rest one by one */
-                const uint16_t *rows[16];
-                ROWS16(rows, k_cache, t);
-                score16_bf16(qb, rows, num_heads, group, head_dim, scale, probs + t, len);
-            }
-#endif
-            for (; t < len; t++) {
-                if (t + ahead < len) prefetch_token_bf16(TOKEN(k_cache, t + ahead), token_stride);
-                const uint16_t *k = TOKEN(k_cache, t);
-                for (long h = 0; h < num_heads; h++)
-                    probs[h * len + t] = scale * score(qb, qf, h * head_dim, k + (h / group) * head_dim, head_dim);
-            }
-            free(qf);
-            for (long h = 0; h < num_heads; h++) {
-                float *p = probs + h * len, max = p[0];
-                for (long t = 1; t < len; t++) max = p[t] > max ? p[t] : max;
-                const float inv = 1.f / exp_shifted(p, len, max);
-                for (long t = 0; t < len; t++) p[t] *= inv;
-            }
-            memset(acc, 0, width * sizeof(float));
-            t = 0;
-#ifdef __AVX512F__
-            const int weigh16 = head_dim % 16 == 0 && head_dim <= 128; /* weigh16_bf16's head sizes */
-            for (; weigh16 && t + 16 <= len; t += 16) {
-                const uint16_t *rows[16];
-                ROWS16(rows, v_cache, t);
-                weigh16_bf16(acc, probs + t, len, rows, num_heads, group, head_dim);
-            }
-#endif
-            for (; t < len; t++) {
-                if (t + ahead < len) prefetch_token_bf16(TOKEN(v_cache, t + ahead), token_stride);
-                const uint16_t *v = TOKEN(v_cache, t);
-                for (long h = 0; h < num_heads; h++) axpy_bf16(acc + h * head_dim, probs[h * len + t], v + (h / group) * head_dim, head_dim);
-            }
-#undef ROWS16
-#undef TOKEN
-            for (long i = 0; i < width; i++) out[b * width + i] = to_bf16(acc[i]);
-        }
-        free(probs);
-        free(acc);
-    }
 }
