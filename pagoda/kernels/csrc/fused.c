@@ -6,14 +6,17 @@
  * computed as torch computes that dtype: values widened to fp32 and each op's result rounded to
  * bf16 (to nearest even), so a bf16 row takes the roundings of torch's layers. For float32,
  * round_to() is the identity and each kernel the float code it was.
- * Each runs at 6-13 floats per ns on one core (measured with AVX-512), so a decode batch of a small
- * model is a few microseconds of work: rows are split across threads only from PARALLEL_MIN floats
- * (~30 us), and below it no OpenMP runtime call is made at all (even a region with a false if()
- * clause costs microseconds, and waking a team on a busy machine far more). */
+ * A few decode rows of a small model are microseconds of work: rows are split across threads only
+ * from PARALLEL_MIN values, and below it no OpenMP runtime call is made at all (even a region with
+ * a false if() clause costs microseconds, and waking a team on a busy machine far more). At 2^18
+ * values (until 2026-12) the rows of a decode batch of 32-280 and of most prefill chunks ran on one
+ * thread while the others waited: a layer's two norms and SiLU * up at 64 and 128 rows of the
+ * default model took 0.55-0.6x the time split from 2^14 (float32 and bf16, 2 threads, AMX machine),
+ * 0.86x at 32, the same at 8 (still one thread). */
 #include "vec.h"
 #include "kernels.h"
 
-#define PARALLEL_MIN (1L << 18)
+#define PARALLEL_MIN (1L << 14)
 
 /* min(n, VLEN) values from p + i, the lanes past n zero (a row's last part goes through a buffer) */
 static inline vec load_n_row(const void *p, long i, long n, int bf16) {
