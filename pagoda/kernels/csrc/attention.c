@@ -58,8 +58,8 @@ static inline void axpy_n(float *y, float a, const float *x, long n) { axpy_kv(y
  * loops, whose FMA chains fill the core's out-of-order window while their loads wait on memory
  * (software prefetching a fixed distance ahead in those loops measured no faster than none). Run
  * over a decode span's keys before scoring them and its values before weighing them, so that those
- * loops read L2: a 30-layer decode step's attention over 8 x 1,100 tokens took 0.55-0.65x the time,
- * 32 x 300 0.75-0.8x (bf16 and float32 caches, 2 threads, AMX machine). */
+ * loops read L2: a 30-layer decode step's attention took 0.66-0.80x the time (32 x 300, 8 x 1,100
+ * and 1 x 4,000 tokens, bf16 and float32 caches, 2 threads, AMX machine; results/decode_touch/). */
 static inline void touch_rows(const void *const *rows, long n, long bytes) {
     for (long t = 0; t < n; t++)
         for (long i = 0; i < bytes; i += 64) (void)((const volatile char *)rows[t])[i];

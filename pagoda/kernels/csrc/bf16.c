@@ -1,8 +1,8 @@
 /* bfloat16 kernels: the single-row GEMV of gemv.c for bf16 weights (a bf16 model's decode
  * attention is attention.c's, on its bf16 cache). Every product is accumulated in fp32; only
- * results are rounded to bf16. With AVX512-BF16, bf16 x bf16 dot products use _mm512_dpbf16_ps (products exact,
- * summed in fp32); without it, bf16 widens to fp32 by a 16-bit shift (bf16 is an fp32's top half)
- * and fp32 FMAs do the rest. bf16 values are passed as uint16_t. */
+ * results are rounded to bf16. With AVX512-BF16, bf16 x bf16 dot products use _mm512_dpbf16_ps
+ * (products exact, summed in fp32); without it, bf16 widens to fp32 by a 16-bit shift (bf16 is an
+ * fp32's top half) and fp32 FMAs do the rest. bf16 values are passed as uint16_t. */
 #include "vec.h"
 
 /* round to nearest even, as torch rounds; a NaN stays a (quiet) NaN */
