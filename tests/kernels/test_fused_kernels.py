@@ -4,8 +4,6 @@ for this CPU and capped at AVX2."""
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,17 +14,6 @@ from pagoda.model_executor.layers import SiluAndMul, apply_rotary, rms_norm
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
 
 ROWS = [1, 3, 64, 600]  # from 29 rows of 576 floats the rows are split across threads
-
-
-@pytest.fixture(params=["native", "avx2"])
-def lib(request, monkeypatch) -> ctypes.CDLL:
-    if request.param == "avx2":
-        monkeypatch.setenv("PAGODA_CPU_ISA", "avx2")
-    cpu_kernels.load.cache_clear()
-    lib = cpu_kernels.load()
-    assert lib is not None and (request.param == "native" or lib.isa[-1] == "avx2")
-    yield lib
-    cpu_kernels.load.cache_clear()
 
 
 def randn(*shape: int, seed: int) -> torch.Tensor:

@@ -16,29 +16,6 @@ from pagoda.kernels import cpu
 pytestmark = pytest.mark.skipif(cpu.load() is None, reason="the C kernels cannot be built on this machine")
 
 
-def build(isa: str):
-    """The kernels for `isa` ("native" or "avx2"), loaded fresh; the cache is cleared again after."""
-    import os
-
-    before = os.environ.get("PAGODA_CPU_ISA")
-    if isa == "avx2":
-        os.environ["PAGODA_CPU_ISA"] = "avx2"
-    try:
-        cpu.load.cache_clear()
-        return cpu.load()
-    finally:
-        if before is None:
-            os.environ.pop("PAGODA_CPU_ISA", None)
-        else:
-            os.environ["PAGODA_CPU_ISA"] = before
-        cpu.load.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def libs():
-    return {isa: build(isa) for isa in ("native", "avx2")}
-
-
 @pytest.fixture
 def threads():
     before = torch.get_num_threads()

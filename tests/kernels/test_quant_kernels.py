@@ -7,8 +7,6 @@ and scales) against the same arithmetic written plainly in torch (activations qu
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 import torch
@@ -32,28 +30,6 @@ pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernel
 SHAPES = [(1, 1, 32), (1, 7, 64), (1, 33, 96), (1, 1000, 576), (2, 5, 32), (3, 17, 96), (4, 16, 64), (9, 100, 576)]
 # I8 takes any column count (the last block zero-padded): with and without a partial block
 I8_SHAPES = SHAPES + [(1, 9, 40), (5, 19, 13), (1, 3, 7), (6, 33, 100)]
-
-
-def build(isa: str) -> ctypes.CDLL:
-    patch = pytest.MonkeyPatch()
-    if isa == "avx2":
-        patch.setenv("PAGODA_CPU_ISA", "avx2")
-    cpu_kernels.load.cache_clear()
-    lib = cpu_kernels.load()
-    patch.undo()
-    cpu_kernels.load.cache_clear()
-    assert lib is not None and (isa == "native" or lib.isa[-1] == "avx2")
-    return lib
-
-
-@pytest.fixture(scope="module")
-def libs() -> dict[str, ctypes.CDLL]:
-    return {isa: build(isa) for isa in ("native", "avx2")}
-
-
-@pytest.fixture(params=["native", "avx2"])
-def lib(request, libs) -> ctypes.CDLL:
-    return libs[request.param]
 
 
 def gguf_rows(fmt: str, weight: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:

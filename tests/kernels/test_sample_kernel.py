@@ -6,8 +6,6 @@ float32 and bfloat16 logits, vocabularies with and without a part vector."""
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 
@@ -19,18 +17,6 @@ pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernel
 
 DTYPES = [torch.float32, torch.bfloat16]
 INF, NAN = float("inf"), float("nan")
-
-
-@pytest.fixture(scope="module", params=["native", "avx2"])
-def lib(request) -> ctypes.CDLL:
-    with pytest.MonkeyPatch.context() as patch:
-        if request.param == "avx2":
-            patch.setenv("PAGODA_CPU_ISA", "avx2")
-        cpu_kernels.load.cache_clear()
-        lib = cpu_kernels.load()
-        assert lib is not None and (request.param == "native" or lib.isa[-1] == "avx2")
-        yield lib
-    cpu_kernels.load.cache_clear()
 
 
 def greedy(lib, logits: torch.Tensor) -> torch.Tensor:
