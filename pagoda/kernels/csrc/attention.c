@@ -260,10 +260,7 @@ static void span_rows(const PagedKv *kv, void *cache, const int32_t *table, long
         const uint16_t *in = row;
         long i = 0;
         for (; i + VLEN <= kv->token_stride; i += VLEN) vstore(out + i, vload_bf16(in + i));
-        for (; i < kv->token_stride; i++) {
-            const uint32_t u = (uint32_t)in[i] << 16;
-            memcpy(out + i, &u, 4);
-        }
+        for (; i < kv->token_stride; i++) out[i] = load_one(in, i, 1);
         rows[t] = out;
     }
 }

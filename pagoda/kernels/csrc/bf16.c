@@ -22,10 +22,7 @@ static inline void store(void *y, int y_bf16, long n, float v) {
 
 static float *widen(const uint16_t *x, long n) {
     float *out = malloc(n * sizeof(float));
-    for (long i = 0; i < n; i++) {
-        const uint32_t u = (uint32_t)x[i] << 16;
-        memcpy(out + i, &u, sizeof u);
-    }
+    for (long i = 0; i < n; i++) out[i] = load_one(x, i, 1);
     return out;
 }
 

@@ -50,13 +50,15 @@ static long first_index_of(const void *x, long n, float m, int bf16) {
 
 /* the weights of block [i, i + VLEN) of the row (lanes past n: 0) */
 static inline vec block_weights(const void *x, long i, long n, float t, float shift, int bf16) {
-    float room[VLEN];
+    vec logits;
     if (i + VLEN <= n) {
-        vstore(room, load_row(x, i, bf16));
+        logits = load_row(x, i, bf16);
     } else {
+        float room[VLEN];
         for (long j = 0; j < VLEN; j++) room[j] = i + j < n ? load_one(x, i + j, bf16) : -INFINITY;
+        logits = vload(room);
     }
-    const vec scaled = vsub(vdiv(vload(room), vset(t)), vset(shift));
+    const vec scaled = vsub(vdiv(logits, vset(t)), vset(shift));
     /* vexp clamps below at -87 (e^-87 ~ 1.6e-38); a -inf logit, and any weight below that, is 0 */
     return vzero_below(vexp(scaled), scaled, -87.f);
 }
