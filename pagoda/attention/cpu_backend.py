@@ -93,19 +93,8 @@ class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
         nd, decodes, slots = metadata.num_decodes, metadata.decodes, metadata.slot_mapping
         if nd < query.shape[0]:
             cpu_kernels.store_kv(self.lib, key[nd:], value[nd:], kv_cache, slots[nd:])
-        if decodes is not None:  # the decodes' keys and values are stored by the kernel itself
-            cpu_kernels.paged_decode_attention(
-                self.lib,
-                out[:nd],
-                query[:nd],
-                key[:nd],
-                value[:nd],
-                kv_cache,
-                slots[:nd],
-                decodes.block_tables,
-                decodes.seq_lens,
-                scale,
-            )
+        if decodes is not None:
+            self._decode(out[:nd], query[:nd], key[:nd], value[:nd], kv_cache, metadata, scale)
         if metadata.paged_prefills is not None:
             p = metadata.paged_prefills
             cpu_kernels.prefill_attention(
@@ -121,20 +110,18 @@ class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
         nd, decodes, slots = metadata.num_decodes, metadata.decodes, metadata.slot_mapping
         if nd < query.shape[0]:
             sdpa_store_kv(key[nd:], value[nd:], kv_cache, slots[nd:])
-        if decodes is not None:  # the decodes' keys and values are stored by the kernel itself
+        if decodes is not None:
             wide = torch.empty(query[:nd].shape, dtype=torch.float32)
-            cpu_kernels.paged_decode_attention(
-                self.lib,
-                wide,
-                query[:nd].float(),
-                key[:nd].float(),
-                value[:nd].float(),
-                kv_cache,
-                slots[:nd],
-                decodes.block_tables,
-                decodes.seq_lens,
-                scale,
-            )
+            self._decode(wide, query[:nd].float(), key[:nd].float(), value[:nd].float(), kv_cache, metadata, scale)
             out[:nd] = wide
         attend_prefills(out, query, key, value, kv_cache, metadata.prefills, scale)
         return out
+
+    def _decode(self, out, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float) -> None:
+        """The decodes' attention into out (float32 rows, as query, key and value); the kernel
+        stores their new keys and values itself."""
+        decodes = metadata.decodes
+        slots = metadata.slot_mapping[: metadata.num_decodes]
+        cpu_kernels.paged_decode_attention(
+            self.lib, out, query, key, value, kv_cache, slots, decodes.block_tables, decodes.seq_lens, scale
+        )
