@@ -65,6 +65,11 @@ _VOID_SIGNATURES = {
     # sample.c, wrapped by sample_rows below
     "pagoda_sample_rows": [_P, _I64, _I64, _INT, _P, _P, _P, _INT],
 }
+# bf16.c's GEMM on AMX tiles: built only with the amx level
+_AMX_SIGNATURES = {
+    "pagoda_bf16_pack_tiles": [_P, _P, _I64, _I64, _INT],
+    "pagoda_gemm_bf16": [_P] * 4 + [_I64] * 3 + [_INT],
+}
 
 
 def cpu_flags() -> frozenset[str]:
@@ -136,6 +141,12 @@ def load() -> ctypes.CDLL | None:
     lib.pagoda_bind_threads.argtypes = [_P, ctypes.c_int]
     lib.pagoda_bind_threads.restype = ctypes.c_int
     lib.pagoda_amx_enable.restype = ctypes.c_int
+    if "amx" in isa:
+        for name, argtypes in _AMX_SIGNATURES.items():
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = None
+        lib.pagoda_bf16_tiles_size.argtypes = [_I64, _I64]
+        lib.pagoda_bf16_tiles_size.restype = _I64
     lib.amx = "amx" in isa and lib.pagoda_amx_enable() == 1  # the OS grants the tile registers
     return lib
 
@@ -251,6 +262,36 @@ def gemv_bf16(
         None if bias is None else bias.data_ptr(),
         weight.shape[0],
         weight.shape[1],
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def pack_bf16_tiles(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] bfloat16 (K % 32 == 0) packed into AMX's B tiles for gemm_bf16 (csrc/bf16.c)."""
+    weight = weight.contiguous()
+    n, k = weight.shape
+    out = torch.empty(lib.pagoda_bf16_tiles_size(n, k), dtype=torch.bfloat16)
+    lib.pagoda_bf16_pack_tiles(out.data_ptr(), weight.data_ptr(), n, k, torch.get_num_threads())
+    return out
+
+
+def gemm_bf16(
+    lib: ctypes.CDLL, x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, n: int
+) -> torch.Tensor:
+    """x [M, K] bfloat16 @ the packed weight's [N, K].T + bias (float32 or None) on AMX, summed in
+    float32 and rounded to bfloat16 once -> [M, N] bfloat16. Only where lib.amx."""
+    x = x.contiguous()
+    m, k = x.shape
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    lib.pagoda_gemm_bf16(
+        out.data_ptr(),
+        x.data_ptr(),
+        tiles.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        m,
+        n,
+        k,
         torch.get_num_threads(),
     )
     return out

@@ -8,7 +8,8 @@ closer to memory bandwidth than either library (1.3-1.8x oneDNN by shape), so wh
 build, each layer keeps its plain weight for it too: linear weights are held twice.
 bf16 takes this path on CPUs with AVX512-BF16 (or AMX, which comes with it), within the
 PAGODA_CPU_ISA cap: there oneDNN's bf16 GEMMs run about 4x faster than its fp32 ones, and the bf16
-GEMV streams half the bytes of the fp32 one. Elsewhere bf16 is emulated, and it and fp16 keep
+GEMV streams half the bytes of the fp32 one. Where the CPU has AMX, Pagoda's own tile GEMM takes
+oneDNN's place. Elsewhere bf16 is emulated, and it and fp16 keep
 torch's path.
 """
 
@@ -36,10 +37,17 @@ class CpuLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL | None) -> None:
         super().__init__()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        weight = weight.detach()
+        self.out_features, in_features = weight.shape
+        # bf16 on AMX: Pagoda's tile GEMM (csrc/bf16.c): over the default model's linears 0.44-0.51x
+        # oneDNN's time at 2-32 rows, 0.66-0.93x at 48-1,024 (2-core Intel AMX machine); oneDNN's
+        # packed weight otherwise
+        amx = lib is not None and lib.amx and weight.dtype == torch.bfloat16 and in_features % 32 == 0
+        self.tiles = cpu.pack_bf16_tiles(lib, weight) if amx else None
+        self.packed = None if amx else torch.ops.mkldnn._reorder_linear_weight(weight)
         self.bias = bias
-        self.lib = lib if weight.shape[1] % 8 == 0 else None
-        self.weight = weight.detach() if self.lib is not None else None  # a plain attribute, not a parameter
+        self.lib = lib if in_features % 8 == 0 else None
+        self.weight = weight if self.lib is not None else None  # a plain attribute, not a parameter
         self.gemv_bias = None if bias is None else bias.detach().float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,6 +55,8 @@ class CpuLinear(nn.Module):
             if x.dtype == torch.bfloat16:
                 return cpu.gemv_bf16(self.lib, x.contiguous(), self.weight, self.gemv_bias, x.dtype)
             return cpu.gemv(self.lib, x.contiguous(), self.weight, self.gemv_bias)
+        if self.tiles is not None:
+            return cpu.gemm_bf16(self.lib, x, self.tiles, self.gemv_bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

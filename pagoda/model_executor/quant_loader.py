@@ -238,7 +238,8 @@ def _install(model: nn.Module, quantized: dict[str, QuantWeight], head: nn.Modul
 
 def weight_bytes(model: nn.Module) -> dict[str, int]:
     """Bytes of weights held, by format ("float" for float32 tensors): each quantized tensor once
-    (a tied head shares the embedding table), oneDNN's packed copies and the GEMV's plain ones."""
+    (a tied head shares the embedding table), the packed copies (oneDNN's or AMX tiles) and the GEMV's
+    plain ones."""
     sizes: dict[str, int] = {"float": sum(p.numel() * p.element_size() for p in model.parameters())}
     seen: set[int] = set()
     for module in model.modules():
@@ -247,7 +248,7 @@ def weight_bytes(model: nn.Module) -> dict[str, int]:
             seen.add(id(weight.data))
             sizes[weight.format] = sizes.get(weight.format, 0) + weight.nbytes
         elif isinstance(module, CpuLinear):  # neither copy is a parameter
-            for t in (module.packed, module.weight):
+            for t in (module.packed, module.tiles, module.weight):
                 sizes["float"] += 0 if t is None else t.numel() * t.element_size()
     return sizes
 

@@ -1,6 +1,6 @@
 """Linear layers on the CPU: oneDNN's packed GEMMs and the single-row GEMV give F.linear's results
-within float32 rounding, and in bfloat16 (where the CPU has AVX512-BF16) float32 math on the same
-bf16 values within bf16 rounding."""
+within float32 rounding, and in bfloat16 (where the CPU has AVX512-BF16; on AMX tiles where it has
+those too) float32 math on the same bf16 values within bf16 rounding."""
 
 from __future__ import annotations
 

@@ -26,3 +26,12 @@ static inline float dot(const float *a, const float *b, long n) {
     for (; i < n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
     return hsum(_mm256_add_ps(acc0, acc1));
 }
+
+#ifdef __AMX_TILE__
+/* AMX's tile configuration (palette 1), loaded by _tile_loadconfig: each tile's rows and bytes a row */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+#endif

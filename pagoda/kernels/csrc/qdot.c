@@ -307,12 +307,6 @@ int pagoda_amx_enable(void) { return syscall(SYS_arch_prctl, 0x1023, 18) == 0; }
  * tile registers in turn, so AMX computes block b + 1 while the vector unit combines block b into
  * the 16 rows' float32 accumulators, which stay in registers: the combine, not the integer dots,
  * bounds the path. Tiles 0, 1: C; 2, 3: A; 4, 5: B. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 static void tiles_configure(void) {
     tile_config c = {0};
     c.palette = 1;
