@@ -11,9 +11,9 @@ kernels store keys and values rounded to bf16 and widen them back as they read t
 arithmetic is exactly the float32 cache's on the rounded values (batch-invariant still) and a decode
 reads half the bytes.
 
-A bfloat16 model's KV cache is bfloat16 and its decodes go through the same float32 kernel, their
-bf16 queries, keys and values widened exactly and the output rounded to bf16 once; its prefill
-chunks run through torch's SDPA as in the torch backend (sdpa.py).
+A bfloat16 model's KV cache is bfloat16 and its attention is exactly that: the same float32
+kernels, decodes and prefill chunks alike, on its bf16 queries, keys and values widened exactly,
+the output rounded to bf16 once.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from pagoda.attention.backend import AttentionBackend, AttentionInputs, BackendSupport
-from pagoda.attention.sdpa import PrefillChunk, attend_prefills, decode_block_tables, prefill_chunks
-from pagoda.attention.sdpa import store_kv as sdpa_store_kv
+from pagoda.attention.sdpa import decode_block_tables
 from pagoda.errors import ConfigError
 from pagoda.kernels import cpu as cpu_kernels
 
@@ -37,7 +36,7 @@ class PagedDecodes:
 
 @dataclass(frozen=True)
 class PagedPrefills:
-    """The prefill chunks (the requests after the decodes) as the float32 prefill kernel reads them."""
+    """The prefill chunks (the requests after the decodes) as the prefill kernel reads them."""
 
     block_tables: torch.Tensor  # int32 [num_prefills, max_blocks], contiguous
     query_start: torch.Tensor  # int32 [num_prefills + 1]: request i's rows of the batch
@@ -49,8 +48,7 @@ class CpuAttentionMetadata:
     slot_mapping: torch.Tensor
     num_decodes: int
     decodes: PagedDecodes | None  # None without decodes
-    prefills: tuple[PrefillChunk, ...]  # bfloat16's, for SDPA; empty in float32
-    paged_prefills: PagedPrefills | None  # float32's, with prefills only
+    paged_prefills: PagedPrefills | None  # None without prefill chunks
 
 
 _NO_KERNELS = "its C kernels cannot be built here (they need gcc and an x86-64 CPU with AVX2 and FMA)"
@@ -77,51 +75,37 @@ class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
         decodes = None
         if nd:
             decodes = PagedDecodes(decode_block_tables(inputs).contiguous(), inputs.seq_lens[:nd].contiguous())
-        if inputs.dtype != torch.float32:
-            return CpuAttentionMetadata(inputs.slot_mapping, nd, decodes, prefill_chunks(inputs), None)
         paged = None
         if nd < inputs.num_reqs:
             paged = PagedPrefills(
                 inputs.block_tables[nd:].contiguous(), inputs.query_start_loc[nd:], inputs.seq_lens[nd:]
             )
-        return CpuAttentionMetadata(inputs.slot_mapping, nd, decodes, (), paged)
+        return CpuAttentionMetadata(inputs.slot_mapping, nd, decodes, paged)
 
     def forward(self, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float):
-        if query.dtype == torch.bfloat16:
-            return self._forward_bf16(query, key, value, kv_cache, metadata, scale)
+        if query.dtype == torch.bfloat16:  # widened exactly, attended as float32 on the bf16 cache
+            out = self.forward(query.float(), key.float(), value.float(), kv_cache, metadata, scale)
+            return out.bfloat16()
         out = torch.empty(query.shape, dtype=query.dtype)
         nd, decodes, slots = metadata.num_decodes, metadata.decodes, metadata.slot_mapping
         if nd < query.shape[0]:
             cpu_kernels.store_kv(self.lib, key[nd:], value[nd:], kv_cache, slots[nd:])
-        if decodes is not None:
-            self._decode(out[:nd], query[:nd], key[:nd], value[:nd], kv_cache, metadata, scale)
+        if decodes is not None:  # the kernel stores the decodes' new keys and values itself
+            cpu_kernels.paged_decode_attention(
+                self.lib,
+                out[:nd],
+                query[:nd],
+                key[:nd],
+                value[:nd],
+                kv_cache,
+                slots[:nd],
+                decodes.block_tables,
+                decodes.seq_lens,
+                scale,
+            )
         if metadata.paged_prefills is not None:
             p = metadata.paged_prefills
             cpu_kernels.prefill_attention(
                 self.lib, out, query, kv_cache, p.block_tables, p.query_start, p.seq_lens, scale
             )
         return out
-
-    def _forward_bf16(self, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float):
-        """bfloat16: decodes through the float32 kernel on the bf16 cache (queries, keys and values
-        widened exactly, the output rounded to bf16 once), prefill chunks stored by torch and
-        attended by SDPA."""
-        out = torch.empty_like(query)
-        nd, decodes, slots = metadata.num_decodes, metadata.decodes, metadata.slot_mapping
-        if nd < query.shape[0]:
-            sdpa_store_kv(key[nd:], value[nd:], kv_cache, slots[nd:])
-        if decodes is not None:
-            wide = torch.empty(query[:nd].shape, dtype=torch.float32)
-            self._decode(wide, query[:nd].float(), key[:nd].float(), value[:nd].float(), kv_cache, metadata, scale)
-            out[:nd] = wide
-        attend_prefills(out, query, key, value, kv_cache, metadata.prefills, scale)
-        return out
-
-    def _decode(self, out, query, key, value, kv_cache, metadata: CpuAttentionMetadata, scale: float) -> None:
-        """The decodes' attention into out (float32 rows, as query, key and value); the kernel
-        stores their new keys and values itself."""
-        decodes = metadata.decodes
-        slots = metadata.slot_mapping[: metadata.num_decodes]
-        cpu_kernels.paged_decode_attention(
-            self.lib, out, query, key, value, kv_cache, slots, decodes.block_tables, decodes.seq_lens, scale
-        )

@@ -21,6 +21,7 @@ TEXT = Path(__file__).with_name("data") / "lighthouse.txt"  # 604 tokens of plai
 # bounds leave about 2x margin and sit far from a broken kernel (mean > 1)
 MEAN_BOUND, TOP1_BOUND = 0.06, 0.94
 DECODE_MEAN_BOUND = 0.1  # 32 decoded tokens: fewer, so a looser bound on the same measure
+NEAR_TIE = 0.35  # the largest |logprob diff| measured on that text
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +45,14 @@ def assert_bf16_path(llm: LLM) -> None:
 
 @pytest.mark.parametrize("arch", sorted(ARCH_CONFIGS))
 def test_tiny_models_generate_in_bfloat16(arch, tokenizer, tmp_path):
-    """Batches of one (GEMV) and several (oneDNN) requests, prefills and decodes: text comes out,
-    and the first token agrees with float32 (tiny models have wide logits)."""
+    """Batches of one (GEMV) and several (GEMM) requests, prefills and decodes: text comes out,
+    and the first token is float32's, or one float32 ranks within NEAR_TIE of its best (a random
+    tiny model's top logits can lie closer than bf16 resolves: its llama's top two, 0.23 apart in
+    float32, came out tied in bf16 at one commit and reversed at the next)."""
     path = write_tiny_model(arch, tmp_path / arch, tokenizer, tie_word_embeddings=arch == "qwen3")
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, len(tokenizer), (n,), generator=gen).tolist() for n in (5, 33, 90)]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=5)
     bf16 = LLM(str(path), dtype="bfloat16", kv_cache_memory=0.01)
     assert_bf16_path(bf16)
     fp32 = LLM(str(path), kv_cache_memory=0.01)
@@ -57,7 +60,9 @@ def test_tiny_models_generate_in_bfloat16(arch, tokenizer, tmp_path):
         ours, reference = bf16.generate(batch, params), fp32.generate(batch, params)
         for out, ref in zip(ours, reference):
             assert len(out.outputs[0].token_ids) == 12 and out.outputs[0].text
-            assert out.outputs[0].token_ids[0] == ref.outputs[0].token_ids[0]
+            first, ranked = out.outputs[0].token_ids[0], ref.outputs[0].logprobs[0]
+            best = ref.outputs[0].token_ids[0]
+            assert first in ranked and ranked[best].logprob - ranked[first].logprob < NEAR_TIE
 
 
 def mean_abs_diff(ours: list[PositionLogprobs], reference: list[PositionLogprobs], tokens: list[int]) -> float:
