@@ -3,9 +3,10 @@ projection, rotation and attention: the same kernels in the same order, so bitwi
 outputs, minus the Python between them (at batch 1 the default model's 30 layers spent longer in
 module calls and argument conversions than in their norms, rotary and attention together).
 
-It takes every step of a model it covers: float32 on the cpu attention backend, its small ops
-(Qwen3's q/k norms too) on the C kernels (cpu_layers) and every linear on the batch-invariant GEMM
-(cpu_invariant) or quantized (quant_linear). Other models run the modules.
+It takes every step of a model it covers, on the cpu attention backend with its small ops (Qwen3's
+q/k norms too) on the C kernels (cpu_layers): float32 with every linear on the batch-invariant GEMM
+(cpu_invariant) or quantized (quant_linear), or bfloat16 with every linear on AMX tiles
+(cpu_linear). Other models run the modules.
 """
 
 from __future__ import annotations
@@ -18,14 +19,24 @@ from pagoda.attention.cpu_backend import CpuAttentionMetadata
 from pagoda.kernels import cpu
 from pagoda.model_executor.cpu_invariant import InvariantLinear
 from pagoda.model_executor.cpu_layers import CpuResidualRMSNorm, CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
+from pagoda.model_executor.cpu_linear import CpuLinear
 from pagoda.model_executor.quant_linear import FORMAT_IDS, QuantLinear, amx_tiles_from
 
-LINEAR_PANELS = -1  # decoder.c's kind of an InvariantLinear (a QuantLinear's is its format's id)
+# decoder.c's kinds of an InvariantLinear and of a bf16 CpuLinear on AMX tiles (a QuantLinear's is its
+# format's id)
+LINEAR_PANELS, LINEAR_BF16 = -1, -2
 
 
-def _linear_row(lib: ctypes.CDLL, linear) -> list[int] | None:
-    """decoder.c's Linear fields of one layer: kind, weight, bias, out and in features, qdot.c's
-    tiles_from; None for a linear it cannot run."""
+def _linear_row(lib: ctypes.CDLL, linear, dtype: torch.dtype) -> list[int] | None:
+    """decoder.c's Linear fields of one layer of a `dtype` model: kind, weight, bias, out and in
+    features, extra (qdot.c's tiles_from, or a bf16 linear's plain weight); None for a linear it
+    cannot run."""
+    if dtype == torch.bfloat16:
+        if not isinstance(linear, CpuLinear) or linear.tiles is None:
+            return None
+        bias = 0 if linear.gemv_bias is None else linear.gemv_bias.data_ptr()
+        n, k = linear.weight.shape
+        return [LINEAR_BF16, linear.tiles.data_ptr(), bias, n, k, linear.weight.data_ptr()]
     bias = 0 if linear.bias is None else linear.bias.data_ptr()
     if isinstance(linear, InvariantLinear):
         return [LINEAR_PANELS, linear.packed.data_ptr(), bias, linear.out_features, linear.packed.shape[1], 0]
@@ -48,6 +59,7 @@ class CpuDecoderStack:
         self.eps, self.scale = d.rms_eps, model.layers[0].self_attn.scale
         self.cos, self.signed_sin = model.rotary.cos, model.rotary.signed_sin
         self.shape = [d.hidden, d.intermediate, d.num_heads, d.num_kv_heads, d.head_dim]  # decoder.c's Dims
+        self.bf16 = int(model.embed_tokens.dtype == torch.bfloat16)
         self.kv_source: list[torch.Tensor] | None = None  # the caches kv_pointers and dims were made from
         self.kv_pointers = self.dims = torch.empty(0, dtype=torch.int64)
 
@@ -56,7 +68,8 @@ class CpuDecoderStack:
         """The stack for `model`, or None where decoder.c does not cover it."""
         lib = cpu.load()
         backend = model.layers[0].self_attn.backend
-        if lib is None or backend.name != "cpu" or model.embed_tokens.dtype != torch.float32:
+        dtype = model.embed_tokens.dtype
+        if lib is None or backend.name != "cpu" or dtype not in (torch.float32, torch.bfloat16):
             return None
         if not isinstance(model.rotary, CpuRotaryEmbedding):
             return None
@@ -69,7 +82,8 @@ class CpuDecoderStack:
                 return None
             if attn.q_norm is not None and not all(isinstance(n, CpuRMSNorm) for n in head_norms):
                 return None
-            linears = [_linear_row(lib, m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            linears = [_linear_row(lib, m, dtype) for m in projections]
             if None in linears:
                 return None
             weights = [0 if n is None else n.weight.data_ptr() for n in norms + head_norms]
@@ -81,8 +95,8 @@ class CpuDecoderStack:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if kv_caches is not self.kv_source:
             self.kv_pointers = torch.tensor([[c[0].data_ptr(), c[1].data_ptr()] for c in kv_caches], dtype=torch.int64)
-            bf16 = int(kv_caches[0].dtype == torch.bfloat16)  # --kv-cache-dtype bfloat16
-            self.dims = torch.tensor([*self.shape, kv_caches[0].shape[2], bf16], dtype=torch.int64)
+            bf16 = int(kv_caches[0].dtype == torch.bfloat16)  # a bf16 model's, or --kv-cache-dtype bfloat16
+            self.dims = torch.tensor([*self.shape, kv_caches[0].shape[2], bf16, self.bf16], dtype=torch.int64)
             self.kv_source = kv_caches
         residual = embeddings.contiguous()
         x = torch.empty_like(residual)
@@ -106,7 +120,7 @@ class CpuDecoderStack:
 
 
 def step_fields(metadata: CpuAttentionMetadata, positions: torch.Tensor) -> list[int]:
-    """decoder.c's Step of a float32 step: its rows, then where the backend's metadata lies."""
+    """decoder.c's Step: its rows, then where the backend's metadata lies."""
     fields = [positions.shape[0], positions.data_ptr(), metadata.slot_mapping.data_ptr(), metadata.num_decodes]
     decodes, prefills = metadata.decodes, metadata.paged_prefills
     if decodes is None:

@@ -2,7 +2,7 @@
 models it covers (prefill chunks, decodes, and both in one step), and every logprob, of prompt and
 output tokens, is bitwise (==) what the module loop gives on the same requests: float32 on the
 batch-invariant GEMM (with qkv biases: Qwen2; q/k norms: Qwen3), GGUF's Q4_1 and int8 (on AMX machines past 16 rows
-a step, the int8 linears' tiles). Models it does not cover run the modules."""
+a step, the int8 linears' tiles), and bfloat16 on AMX tiles. Models it does not cover run the modules."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pagoda.model_executor.cpu_stack import CpuDecoderStack
 from tests.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
+AMX = cpu_kernels.load() is not None and cpu_kernels.load().amx
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3, prompt_logprobs=1)
 
@@ -78,6 +79,17 @@ def test_default_model_gguf(monkeypatch):
     assert 64 in rows and 1 in rows
 
 
+@pytest.mark.skipif(not AMX, reason="bf16 linears go on AMX tiles only where the CPU and OS give them")
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_bfloat16_tiny_models(arch, tmp_path, monkeypatch):
+    """The GEMV for lone decodes, the tile GEMM otherwise, attention on widened rows."""
+    from pagoda.model_files import load_tokenizer
+
+    model = write_tiny_model(arch, tmp_path / arch, load_tokenizer(None), vocab_size=2048)
+    rows = assert_stack_equals_modules(str(model), prompts_of(4), monkeypatch, dtype="bfloat16")
+    assert 64 in rows and 1 in rows
+
+
 def test_int8_with_a_bias(tmp_path, monkeypatch):
     from pagoda.model_files import load_tokenizer
 
@@ -86,13 +98,14 @@ def test_int8_with_a_bias(tmp_path, monkeypatch):
     assert max(rows) >= 16  # AMX tiles where the CPU has them
 
 
-def test_models_it_does_not_cover_run_the_modules(tmp_path):
+def test_models_it_does_not_cover_run_the_modules(tmp_path, monkeypatch):
     from pagoda.model_files import load_tokenizer
 
     llama = write_tiny_model("llama", tmp_path / "llama", load_tokenizer(None), vocab_size=2048)
     fast = LLM(str(llama), max_model_len=512, kv_cache_memory=0.05, deterministic=False)  # oneDNN linears
     assert fast.engine.core.runner.model.cpu_stack is None
     fast.engine.close()
+    monkeypatch.setattr(cpu_kernels.load(), "amx", False)  # bf16 linears on oneDNN (or torch), as without AMX
     bf16 = LLM(str(llama), max_model_len=512, kv_cache_memory=0.05, dtype="bfloat16")
     assert bf16.engine.core.runner.model.cpu_stack is None
     bf16.engine.close()

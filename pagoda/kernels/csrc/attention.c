@@ -228,20 +228,9 @@ static inline void *token_at(void *cache, const PagedKv *kv, const int32_t *tabl
     return (char *)cache + at * value_size(kv->bf16);
 }
 
-/* n floats to bf16, each to the nearest (ties to even) */
-static void to_bf16(uint16_t *dst, const float *src, long n) {
-    long i = 0;
-    for (; i + VLEN <= n; i += VLEN) store_row(dst, i, vload(src + i), 1);
-    for (; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, 4);
-        dst[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)(u >> 16 | 0x40) : (uint16_t)((u + 0x7fff + (u >> 16 & 1)) >> 16);
-    }
-}
-
 /* one new token's keys or values (a float32 row) into its cache row */
 static inline void store_token(const PagedKv *kv, void *row, const float *src) {
-    if (kv->bf16) to_bf16(row, src, kv->token_stride);
+    if (kv->bf16) floats_to_bf16(row, src, kv->token_stride);
     else memcpy(row, src, kv->token_stride * sizeof(float));
 }
 

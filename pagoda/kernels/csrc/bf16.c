@@ -4,25 +4,18 @@
  * (products exact, summed in fp32); without it, bf16 widens to fp32 by a 16-bit shift (bf16 is an
  * fp32's top half) and fp32 FMAs do the rest. bf16 values are passed as uint16_t. */
 #include "vec.h"
-
-/* round to nearest even, as torch rounds; a NaN stays a (quiet) NaN */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
+#include "kernels.h"
 
 static inline void store(void *y, int y_bf16, long n, float v) {
     if (y_bf16)
-        ((uint16_t *)y)[n] = to_bf16(v);
+        ((uint16_t *)y)[n] = bf16_of(v);
     else
         ((float *)y)[n] = v;
 }
 
 static float *widen(const uint16_t *x, long n) {
     float *out = malloc(n * sizeof(float));
-    for (long i = 0; i < n; i++) out[i] = load_one(x, i, 1);
+    bf16_to_floats(out, x, n);
     return out;
 }
 

@@ -1,23 +1,25 @@
 /* A whole step of a decoder's layers in one call: for each layer the kernels the Python modules
- * call one by one (model_executor/models/decoder.py through cpu_layers, cpu_invariant, quant_linear
- * and the cpu attention backend), with the same arguments in the same order, so the result is
- * bitwise theirs. What it saves is the Python around them: at batch 1 a layer's ten or so module
- * calls, views and argument conversions cost more than its norms, rotary and attention.
+ * call one by one (model_executor/models/decoder.py through cpu_layers, cpu_invariant, cpu_linear,
+ * quant_linear and the cpu attention backend), with the same arguments in the same order, so the
+ * result is bitwise theirs. What it saves is the Python around them: at batch 1 a layer's ten or so
+ * module calls, views and argument conversions cost more than its norms, rotary and attention.
  *
- * Scope: float32 steps (decodes, prefill chunks or both) of a decoder whose linears are all
- * batch-invariant fp32 GEMMs (gemm.c) or quantized (qdot.c), its q/k norms (Qwen3) if any on fused.c;
- * model_executor/cpu_stack.py decides when it applies and runs the modules otherwise. */
+ * Scope: steps (decodes, prefill chunks or both) of a float32 decoder whose linears are all
+ * batch-invariant fp32 GEMMs (gemm.c) or quantized (qdot.c), or of a bfloat16 one whose linears are
+ * all on AMX tiles (bf16.c), its q/k norms (Qwen3) if any on fused.c; model_executor/cpu_stack.py
+ * decides when it applies and runs the modules otherwise. */
+#include "vec.h"
 #include "kernels.h"
-#include <stdlib.h>
-#include <string.h>
 
 #define AT(type, address) ((type)(intptr_t)(address)) /* an address the tables hold as int64 */
 
-/* A linear's fields in the layer table, all int64: kind (LINEAR_PANELS or a qdot.c format), weight
- * and bias (addresses; bias 0 for none), out and in features, and qdot.c's tiles_from. */
-enum { LINEAR_PANELS = -1 };
+/* A linear's fields in the layer table, all int64: kind (LINEAR_PANELS, LINEAR_BF16 or a qdot.c
+ * format), weight and bias (addresses; bias float32, 0 for none), out and in features, and `extra`:
+ * qdot.c's tiles_from for a quantized linear, the plain weight [n, k] (the GEMV's, for one row) of
+ * a bf16 one, whose `weight` is its AMX tiles. */
+enum { LINEAR_PANELS = -1, LINEAR_BF16 = -2 };
 typedef struct {
-    int64_t kind, weight, bias, n, k, tiles_from;
+    int64_t kind, weight, bias, n, k, extra;
 } Linear;
 
 /* One layer's row of the table (cpu_stack.py writes it in this order) */
@@ -27,18 +29,28 @@ typedef struct {
     Linear qkv, o, gate_up, down;
 } Layer;
 
-static void linear(const Linear *l, const float *x, float *y, long rows, int num_threads) {
+/* y = x @ w.T (+ bias) as the linear's module computes it: rows of float32, or of bf16 for LINEAR_BF16 */
+static void linear(const Linear *l, const void *x, void *y, long rows, int num_threads) {
     const float *bias = AT(const float *, l->bias);
     if (l->kind == LINEAR_PANELS)
         pagoda_gemm_invariant(y, l->n, x, l->k, AT(const float *, l->weight), bias, rows, l->n, l->k, num_threads);
+    else if (l->kind == LINEAR_BF16 && rows == 1)
+        pagoda_gemv_bf16(AT(const uint16_t *, l->extra), x, 1, y, 1, bias, l->n, l->k, num_threads);
+    else if (l->kind == LINEAR_BF16)
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+        pagoda_gemm_bf16(y, x, AT(const uint16_t *, l->weight), bias, rows, l->n, l->k, num_threads);
+#else
+        abort(); /* cpu_stack.py builds bf16 tables only where the kernels have AMX */
+#endif
     else
-        pagoda_qd_matmul((int)l->kind, AT(const uint8_t *, l->weight), x, y, bias, rows, l->n, l->k, l->tiles_from,
+        pagoda_qd_matmul((int)l->kind, AT(const uint8_t *, l->weight), x, y, bias, rows, l->n, l->k, l->extra,
                          num_threads);
 }
 
-/* Shapes of the model and of its paged cache; kv_bf16: the cache holds bfloat16 */
+/* Shapes of the model and of its paged cache; kv_bf16: the cache holds bfloat16; bf16: so do the
+ * model's activations (and its norm weights and rotary tables), float32 otherwise */
 typedef struct {
-    int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, kv_bf16;
+    int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, kv_bf16, bf16;
 } Dims;
 
 /* One step's rows and attention metadata as the cpu backend's float32 metadata holds them
@@ -75,60 +87,87 @@ static void attend(const Step *s, const Dims *d, void *k_cache, void *v_cache, c
                                  s->prefill_max_blocks, scale, (int)d->kv_bf16, num_threads);
 }
 
-/* heads [rows][heads * head_dim] copied out of src (rows src_stride floats apart) and normalized
+/* heads [rows][heads * head_dim] copied out of src (rows src_stride values apart) and normalized
  * per head in place: Qwen3's q or k norm as the CpuRMSNorm module computes it on a contiguous copy */
-static void norm_heads(float *heads, const float *src, long src_stride, long rows, long width, const float *weight,
-                       long head_dim, float eps, int num_threads) {
-    for (long r = 0; r < rows; r++) memcpy(heads + r * width, src + r * src_stride, sizeof(float) * width);
-    pagoda_rms_norm(heads, heads, weight, rows * (width / head_dim), head_dim, eps, 0, num_threads);
+static void norm_heads(void *heads, const void *src, long src_stride, long rows, long width, const void *weight,
+                       long head_dim, float eps, int bf16, int num_threads) {
+    const size_t es = value_size(bf16);
+    for (long r = 0; r < rows; r++)
+        memcpy((char *)heads + r * width * es, (const char *)src + r * src_stride * es, es * width);
+    pagoda_rms_norm(heads, heads, weight, rows * (width / head_dim), head_dim, eps, bf16, num_threads);
 }
 
-/* Layers of `table` [num_layers] over a step's rows. residual [rows, hidden]: the embeddings in,
- * the stream before the last MLP output out; x [rows, hidden]: that last MLP output (the final
- * norm adds it in). kv_caches [num_layers][2]: each layer's key and value cache addresses; cos
- * and signed_sin the rotary tables [max_positions, head_dim]. */
+/* rows of bf16 (src_stride values apart) widened into float32 rows (dst_stride apart), width each */
+static void widen_rows(float *dst, long dst_stride, const uint16_t *src, long src_stride, long rows, long width) {
+    for (long r = 0; r < rows; r++) bf16_to_floats(dst + r * dst_stride, src + r * src_stride, width);
+}
+
+/* Layers of `table` [num_layers] over a step's rows, float32 or bf16 (d->bf16). residual [rows,
+ * hidden]: the embeddings in, the stream before the last MLP output out; x [rows, hidden]: that last
+ * MLP output (the final norm adds it in). kv_caches [num_layers][2]: each layer's key and value
+ * cache addresses; cos and signed_sin the rotary tables [max_positions, head_dim]. A bf16 model's
+ * attention is the cpu backend's: its queries, keys and values widened to float32 exactly, attended
+ * as float32 on its bf16 cache, the output rounded to bf16 once. */
 void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t *kv_caches, const Dims *d,
-                           const Step *step, float *residual, float *x, const float *cos, const float *signed_sin,
+                           const Step *step, void *residual, void *x, const void *cos, const void *signed_sin,
                            float eps, float scale, int num_threads) {
     const long rows = step->rows, q_size = d->num_heads * d->head_dim, kv_size = d->num_kv_heads * d->head_dim;
     const long qkv_n = q_size + 2 * kv_size;
-    float *qkv = malloc(sizeof(float) * rows * qkv_n), *attn = malloc(sizeof(float) * rows * q_size);
-    float *q_heads = malloc(sizeof(float) * rows * q_size), *k_heads = malloc(sizeof(float) * rows * kv_size);
-    float *gate_up = malloc(sizeof(float) * rows * 2 * d->intermediate);
-    float *act = malloc(sizeof(float) * rows * d->intermediate);
+    const int bf16 = (int)d->bf16;
+    const size_t es = value_size(bf16);
+#define AT_VALUE(buffer, i) ((char *)(buffer) + (i) * es) /* value i of an activation buffer */
+    void *qkv = malloc(es * rows * qkv_n), *attn = malloc(es * rows * q_size);
+    void *q_heads = malloc(es * rows * q_size), *k_heads = malloc(es * rows * kv_size);
+    void *gate_up = malloc(es * rows * 2 * d->intermediate), *act = malloc(es * rows * d->intermediate);
+    /* bf16: the step's queries, keys and values widened (rows of qkv_n) and the attention's output */
+    float *wide = bf16 ? malloc(sizeof(float) * rows * qkv_n) : NULL;
+    float *wide_attn = bf16 ? malloc(sizeof(float) * rows * q_size) : NULL;
     const int64_t *positions = AT(const int64_t *, step->positions);
     for (long i = 0; i < num_layers; i++) {
         const Layer *l = (const Layer *)(table + i * (sizeof(Layer) / sizeof(int64_t)));
-        const float *input_norm = AT(const float *, l->input_norm);
-        if (i == 0) pagoda_rms_norm(x, residual, input_norm, rows, d->hidden, eps, 0, num_threads);
-        else pagoda_add_rms_norm(x, residual, input_norm, rows, d->hidden, eps, 0, num_threads);
+        const void *input_norm = AT(const void *, l->input_norm);
+        if (i == 0) pagoda_rms_norm(x, residual, input_norm, rows, d->hidden, eps, bf16, num_threads);
+        else pagoda_add_rms_norm(x, residual, input_norm, rows, d->hidden, eps, bf16, num_threads);
         linear(&l->qkv, x, qkv, rows, num_threads);
-        float *q = qkv, *k = qkv + q_size;
+        void *q = qkv, *k = AT_VALUE(qkv, q_size), *v = AT_VALUE(qkv, q_size + kv_size);
         long q_stride = qkv_n, k_stride = qkv_n;
         if (l->q_norm) { /* Qwen3: queries and keys normalized per head into their own rows, then rotated */
             q = q_heads, k = k_heads, q_stride = q_size, k_stride = kv_size;
-            norm_heads(q, qkv, qkv_n, rows, q_size, AT(const float *, l->q_norm), d->head_dim, eps, num_threads);
-            norm_heads(k, qkv + q_size, qkv_n, rows, kv_size, AT(const float *, l->k_norm), d->head_dim, eps,
-                       num_threads);
-            pagoda_rotary(q, cos, signed_sin, positions, rows, d->num_heads, d->head_dim, q_stride, 0, num_threads);
-            pagoda_rotary(k, cos, signed_sin, positions, rows, d->num_kv_heads, d->head_dim, k_stride, 0, num_threads);
+            norm_heads(q, qkv, qkv_n, rows, q_size, AT(const void *, l->q_norm), d->head_dim, eps, bf16, num_threads);
+            norm_heads(k, AT_VALUE(qkv, q_size), qkv_n, rows, kv_size, AT(const void *, l->k_norm), d->head_dim, eps,
+                       bf16, num_threads);
+            pagoda_rotary(q, cos, signed_sin, positions, rows, d->num_heads, d->head_dim, q_stride, bf16, num_threads);
+            pagoda_rotary(k, cos, signed_sin, positions, rows, d->num_kv_heads, d->head_dim, k_stride, bf16,
+                          num_threads);
         } else { /* queries and keys rotated in one go, in place in qkv */
             pagoda_rotary(qkv, cos, signed_sin, positions, rows, d->num_heads + d->num_kv_heads, d->head_dim, qkv_n,
-                          0, num_threads);
+                          bf16, num_threads);
         }
-        attend(step, d, AT(void *, kv_caches[2 * i]), AT(void *, kv_caches[2 * i + 1]), q, q_stride, k, k_stride,
-               qkv + q_size + kv_size, qkv_n, attn, scale, num_threads);
+        void *k_cache = AT(void *, kv_caches[2 * i]), *v_cache = AT(void *, kv_caches[2 * i + 1]);
+        if (bf16) {
+            widen_rows(wide, qkv_n, q, q_stride, rows, q_size);
+            widen_rows(wide + q_size, qkv_n, k, k_stride, rows, kv_size);
+            widen_rows(wide + q_size + kv_size, qkv_n, v, qkv_n, rows, kv_size);
+            attend(step, d, k_cache, v_cache, wide, qkv_n, wide + q_size, qkv_n, wide + q_size + kv_size, qkv_n,
+                   wide_attn, scale, num_threads);
+            floats_to_bf16(attn, wide_attn, rows * q_size);
+        } else {
+            attend(step, d, k_cache, v_cache, q, q_stride, k, k_stride, v, qkv_n, attn, scale, num_threads);
+        }
         linear(&l->o, attn, x, rows, num_threads);
-        pagoda_add_rms_norm(x, residual, AT(const float *, l->post_attention_norm), rows, d->hidden, eps, 0,
+        pagoda_add_rms_norm(x, residual, AT(const void *, l->post_attention_norm), rows, d->hidden, eps, bf16,
                             num_threads);
         linear(&l->gate_up, x, gate_up, rows, num_threads);
-        pagoda_silu_mul(act, gate_up, rows, d->intermediate, 0, num_threads);
+        pagoda_silu_mul(act, gate_up, rows, d->intermediate, bf16, num_threads);
         linear(&l->down, act, x, rows, num_threads);
     }
+#undef AT_VALUE
     free(qkv);
     free(q_heads);
     free(k_heads);
     free(attn);
     free(gate_up);
     free(act);
+    free(wide);
+    free(wide_attn);
 }

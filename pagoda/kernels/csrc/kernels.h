@@ -25,3 +25,9 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const v
                               const int32_t *block_tables, const int32_t *query_start, const int32_t *seq_lens,
                               long num_reqs, long num_heads, long num_kv_heads, long head_dim,
                               long block_size, long max_blocks, float scale, int kv_bf16, int num_threads);
+void pagoda_gemv_bf16(const uint16_t *w, const void *x, int x_bf16, void *y, int y_bf16, const float *bias, long n_out,
+                      long k, int num_threads);
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+void pagoda_gemm_bf16(uint16_t *y, const uint16_t *x, const uint16_t *packed, const float *bias, long m, long n, long k,
+                      int num_threads);
+#endif

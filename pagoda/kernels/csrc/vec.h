@@ -101,6 +101,14 @@ static inline float load_one(const void *p, long i, int bf16) {
     return f;
 }
 
+/* f rounded to the nearest bf16 (ties to even), as torch rounds; a NaN stays a (quiet) NaN */
+static inline uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
 /* VLEN values from p + i (float or bf16), widened to fp32 */
 static inline vec load_row(const void *p, long i, int bf16) {
     return bf16 ? vload_bf16((const uint16_t *)p + i) : vload((const float *)p + i);
@@ -121,6 +129,20 @@ static inline void store_row(void *p, long i, vec v, int bf16) {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
     _mm_storeu_si128((__m128i *)q, _mm256_castsi256_si128(packed));
 #endif
+}
+
+/* n floats to bf16, each to the nearest (ties to even) */
+static inline void floats_to_bf16(uint16_t *dst, const float *src, long n) {
+    long i = 0;
+    for (; i + VLEN <= n; i += VLEN) store_row(dst, i, vload(src + i), 1);
+    for (; i < n; i++) dst[i] = bf16_of(src[i]);
+}
+
+/* n bf16 values widened to floats (exactly) */
+static inline void bf16_to_floats(float *dst, const uint16_t *src, long n) {
+    long i = 0;
+    for (; i + VLEN <= n; i += VLEN) vstore(dst + i, vload_bf16(src + i));
+    for (; i < n; i++) dst[i] = load_one(src, i, 1);
 }
 
 /* e^x, x clamped to [-87, 88] (e^x a normal float there): 2^n e^r with n = round(x log2 e),
