@@ -4,9 +4,10 @@ and the throughput of 32 fresh 256-token prompts with 64 output tokens each (32 
 switched on and off between alternating runs (the same weights, caches and threads). Prints one
 JSON line per model.
 
-    python benchmarks/cpu_stack.py [--rounds 3] [--quantization gguf] [MODEL]
+    python benchmarks/cpu_stack.py [--rounds 3] [--quantization gguf] [--dtype bfloat16] [MODEL]
 
 MODEL: default the shipped Q4_1 GGUF file (with --quantization gguf), or an HF directory.
+--dtype bfloat16: the bf16 stack (linears on AMX tiles; needs a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--quantization", default=None)
+    parser.add_argument("--dtype", default="float32")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     model = args.model or default_model_path()
-    llm = LLM(model, max_model_len=2048, max_num_seqs=32, quantization=args.quantization)
+    llm = LLM(model, max_model_len=2048, max_num_seqs=32, quantization=args.quantization, dtype=args.dtype)
     runner_model = llm.engine.core.runner.model
     stack = runner_model.cpu_stack
     if stack is None:
@@ -80,6 +82,7 @@ def main() -> None:
     result = {
         "model": Path(model).name,
         "quantization": args.quantization,
+        "dtype": args.dtype,
         "decode_step_ms_batch1": steps,
         "out_tok_s_32x256_64": rates,
         "median step stack / modules": round(ratio["step"], 2),

@@ -30,9 +30,20 @@ def supported(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and "avx512_bf16" in cpu.cpu_isa())
 
 
+def _on_tiles(lib: ctypes.CDLL | None, dtype: torch.dtype) -> bool:
+    """bf16 where the kernels have AMX tiles: Pagoda's tile GEMM (csrc/bf16.c) packs the weights."""
+    return lib is not None and lib.amx and dtype == torch.bfloat16
+
+
+def packer(dtype: torch.dtype) -> str:
+    """Whose layout CpuLinear packs `dtype` weights into here (a supported dtype)."""
+    return "AMX tiles" if _on_tiles(cpu.load(), dtype) else "oneDNN"
+
+
 class CpuLinear(nn.Module):
-    """y = x @ weight.T + bias from oneDNN's packed copy of `weight`, or from the plain weight by
-    the GEMV kernel for one row when `lib` is given (the plain weight is dropped otherwise).
+    """y = x @ weight.T + bias from a packed copy of `weight` (oneDNN's, or AMX tiles for bf16 where
+    the kernels have them), or from the plain weight by the GEMV kernel for one row when `lib` is
+    given (the plain weight is dropped otherwise).
     float32 or bfloat16 (weight, bias and x alike; the bf16 GEMV sums in fp32 with an fp32 bias)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL | None) -> None:
@@ -42,7 +53,7 @@ class CpuLinear(nn.Module):
         # bf16 on AMX: Pagoda's tile GEMM (csrc/bf16.c): over the default model's linears 0.44-0.51x
         # oneDNN's time at 2-32 rows, 0.66-0.93x at 48-1,024 (2-core Intel AMX machine); oneDNN's
         # packed weight otherwise
-        amx = lib is not None and lib.amx and weight.dtype == torch.bfloat16 and in_features % 32 == 0
+        amx = _on_tiles(lib, weight.dtype) and in_features % 32 == 0
         self.tiles = cpu.pack_bf16_tiles(lib, weight) if amx else None
         self.packed = None if amx else torch.ops.mkldnn._reorder_linear_weight(weight)
         self.bias = bias

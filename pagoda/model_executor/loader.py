@@ -129,7 +129,7 @@ def load_model(config: ModelConfig, backend, device: torch.device, batch_invaria
         logger.info("Quantizing linear weights to fp8")
         quantize_linears(model)
     elif cpu_linear.supported(config.dtype, device):
-        logger.info("Packing linear weights for oneDNN")
+        logger.info("Packing linear weights for %s", cpu_linear.packer(config.dtype))
         cpu_linear.convert_model(model)
     if cpu_layers.supported(config.dtype, device):
         cpu_layers.convert_model(model)

@@ -236,12 +236,15 @@ static inline void pair_out(const float c[32][32], long rows, long cols, const f
     }
 }
 
-/* Each thread a contiguous share of the panel pairs (a decode step streams its share of the
- * weight once), every row block against a pair while the pair is in cache. */
+/* Every row block against a pair while the pair is in cache. With up to 32 rows (a decode step,
+ * whose weights stream from memory) each thread takes a contiguous share of the pairs; with more,
+ * pairs go one at a time to whichever thread is free (a core the server takes for a moment leaves
+ * no thread waiting at the barrier: docs/engine.md). */
 void pagoda_gemm_bf16(uint16_t *y, const uint16_t *x, const uint16_t *packed, const float *bias, long m, long n, long k,
                       int num_threads) {
     const long kbs = k / BF16_KB, pairs = pagoda_bf16_tiles_size(n, k) / (2 * BF16_PANEL * k);
     const long full = m / 16 * 16, tail = m - full;
+    const long chunk = m <= 32 ? (pairs + num_threads - 1) / num_threads : 1;
     uint16_t *tail_rows = NULL; /* the last partial 16 rows, zero past m */
     if (tail) {
         tail_rows = aligned_alloc(64, 16 * k * sizeof(uint16_t));
@@ -254,7 +257,7 @@ void pagoda_gemm_bf16(uint16_t *y, const uint16_t *x, const uint16_t *packed, co
         __attribute__((aligned(64))) float c[32][32];
         for (long r0 = 0; r0 < m; r0 += ROW_CHUNK) {
             const long r1 = r0 + ROW_CHUNK < full ? r0 + ROW_CHUNK : full;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
             for (long pair = 0; pair < pairs; pair++) {
                 const uint16_t *b = packed + pair * 2 * kbs * 512;
                 const long col0 = pair * 2 * BF16_PANEL, cols = n - col0 < 2 * BF16_PANEL ? n - col0 : 2 * BF16_PANEL;
