@@ -246,10 +246,7 @@ static void span_rows(const PagedKv *kv, void *cache, const int32_t *table, long
         }
         if (t + AHEAD < n) prefetch_row(token_at(cache, kv, table, t0 + t + AHEAD), kv->token_stride / 2);
         float *out = wide + t * kv->token_stride;
-        const uint16_t *in = row;
-        long i = 0;
-        for (; i + VLEN <= kv->token_stride; i += VLEN) vstore(out + i, vload_bf16(in + i));
-        for (; i < kv->token_stride; i++) out[i] = load_one(in, i, 1);
+        bf16_to_floats(out, row, kv->token_stride);
         rows[t] = out;
     }
 }
