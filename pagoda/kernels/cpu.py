@@ -135,16 +135,14 @@ def load() -> ctypes.CDLL | None:
             os.replace(built, target)  # atomic: concurrent builders all end with one whole file
     lib = ctypes.CDLL(str(target))
     lib.isa = isa
-    for name, argtypes in _VOID_SIGNATURES.items():
+    signatures = {**_VOID_SIGNATURES, **(_AMX_SIGNATURES if "amx" in isa else {})}
+    for name, argtypes in signatures.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
     lib.pagoda_bind_threads.argtypes = [_P, ctypes.c_int]
     lib.pagoda_bind_threads.restype = ctypes.c_int
     lib.pagoda_amx_enable.restype = ctypes.c_int
     if "amx" in isa:
-        for name, argtypes in _AMX_SIGNATURES.items():
-            getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = None
         lib.pagoda_bf16_tiles_size.argtypes = [_I64, _I64]
         lib.pagoda_bf16_tiles_size.restype = _I64
     lib.amx = "amx" in isa and lib.pagoda_amx_enable() == 1  # the OS grants the tile registers
