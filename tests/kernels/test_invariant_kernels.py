@@ -32,7 +32,7 @@ def test_gemm_rows_are_invariant(libs, threads, n, k):
     full = cpu.gemm_invariant(lib, x, packed, bias, n)
     exact = x.double() @ weight.double().T + bias.double()
     assert torch.allclose(full.double(), exact, rtol=1e-5, atol=1e-5 * math.sqrt(k))
-    for m in [*range(1, 14), 31, 49, 97]:
+    for m in [*range(1, 14), 31, 32, 33, 49, 97]:  # 2-32: panels prefetched an item ahead
         for start in (0, m, 300 - m):
             assert torch.equal(cpu.gemm_invariant(lib, x[start : start + m], packed, bias, n), full[start : start + m])
     assert torch.equal(cpu.gemm_invariant(lib, x, packed, None, n) + bias, full)  # the bias added last
