@@ -20,6 +20,7 @@
 #endif
 #define MB (16 * MR) /* the most rows per work item: a thread reuses its panels over them from its cache */
 #define STREAM_ROWS 32 /* the most rows whose panels are prefetched an item ahead (pagoda_gemm_invariant) */
+_Static_assert(MB >= STREAM_ROWS, "a streamed call is one row block: a thread's next item is the next panel group");
 
 /* out[p][kk][j] = w[p * PANEL + j][kk] for column p * PANEL + j < n, else 0; w row-major [n, k] */
 void pagoda_pack_panels(float *out, const float *w, long n, long k, int num_threads) {
@@ -33,9 +34,10 @@ void pagoda_pack_panels(float *out, const float *w, long n, long k, int num_thre
             }
 }
 
-/* Bytes [from, to) to prefetch into L2 while a tile is computed, per_k cache lines each k step: a
- * share of the panels the thread computes next, so that they stream from memory while this work
- * item's tiles run from the cache */
+/* Bytes [from, to) to prefetch into L2 while a tile is computed, per_k cache lines each k step
+ * from `from` while below `to` (so the last step may run up to per_k - 1 lines past it: prefetches
+ * never fault): a share of the panels the thread computes next, so that they stream from memory
+ * while this work item's tiles run from the cache */
 typedef struct {
     const char *from, *to;
     long per_k;
@@ -125,7 +127,7 @@ void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const f
     long group = NP;
     while (group > 1 && row_blocks * ((panels + group - 1) / group) < 4 * num_threads) group /= 2;
     const long groups = (panels + group - 1) / group, items = groups * row_blocks;
-    const int stream = m <= STREAM_ROWS; /* one row block: MB > STREAM_ROWS */
+    const int stream = m <= STREAM_ROWS; /* then one row block (the assertion by STREAM_ROWS) */
     const long chunk = stream ? (items + num_threads - 1) / num_threads : 1, tiles = (block_rows + MR - 1) / MR;
     const int ahead = stream && m > 1; /* one row's panels stream front to back, as the hardware prefetches them */
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads)
