@@ -13,9 +13,8 @@
 #define PANEL 16
 #define PV (PANEL / VLEN)
 /* a tile: MR rows x NP panels. With AVX-512, 8 x 3 (24 accumulators of 32 registers) rather than
- * 6 x 4: a decode step's 8 to 32 rows then fill whole tiles or nearly (0.89-0.97x the time at 8-29
- * rows over the default model's linears, the same from 53 rows on, where 6 x 4 loads less a k
- * step but partial tiles matter little). */
+ * 6 x 4, which loads less a k step: a decode step's 8 to 32 rows then fill whole tiles or nearly
+ * (0.93-0.95x the time at 8-32 rows over the default model's linears, the same from 53 rows on). */
 #ifdef __AVX512F__
 #define MR 8
 #define NP 3
@@ -24,11 +23,12 @@
 #define NP 1 /* 12 accumulators of 16 registers */
 #endif
 #define MB (16 * MR) /* the most rows per work item: a thread reuses its panels over them from its cache */
-/* k steps ahead that a tile fetches each panel's line into L1 (a k step reads one line a panel):
- * a tile's panels (np x k x 64 bytes) outgrow L1, so every tile reads them again from L2 (or, the
- * first, from memory), streams the hardware prefetchers do not keep far enough ahead. Over the
- * default model's linears, 0.90-0.94x the time at 8-512 rows (0.96x at one), eight or 16 ahead
- * alike; fetching x's rows likewise was slower. */
+/* k steps ahead that a tile fetches each panel's line into L1 (a k step reads one line a panel;
+ * the last steps' fetches run past the panel, harmless: prefetches never fault). A tile's panels
+ * (np x k x 64 bytes) outgrow L1, so every tile reads them again from L2 (the first from memory),
+ * streams the hardware prefetchers do not keep far enough ahead. With the 8 x 3 tiles, 0.90-0.97x
+ * the time at 8-1,024 rows over the default model's linears, 1.01x at one
+ * (benchmarks/results/gemm_l1/); eight or 16 ahead alike; fetching x's rows likewise was slower. */
 #define L1_AHEAD 16
 #define STREAM_ROWS 32 /* the most rows whose panels are prefetched an item ahead (pagoda_gemm_invariant) */
 _Static_assert(MB >= STREAM_ROWS, "a streamed call is one row block: a thread's next item is the next panel group");
