@@ -136,7 +136,9 @@ static Prefetch tile_share(const char *p, long bytes, long t, long tiles, long k
  * the time at 16-32 rows over the default model's linears in five A/B runs; one row was 1.07-1.1x:
  * its panels stream front to back, which the hardware prefetcher follows). With more rows, where
  * the panels serve enough rows to hide their reads, items go one at a time to whichever thread is
- * free (a static share was 1.07-1.2x at 53). */
+ * free: a static share waits at each call's barrier for a thread the machine preempted (engine.md),
+ * and with the next panels prefetched it measured 1.07-1.2x at 53 rows in one session, 0.84-0.94x
+ * at 53-160 but 1.03-1.06x at 288-1,024 in another, and no faster offline at 32 x 256/64. */
 void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const float *packed, const float *bias, long m,
                            long n, long k, int num_threads) {
     const long panels = (n + PANEL - 1) / PANEL, row_blocks = (m + MB - 1) / MB;
