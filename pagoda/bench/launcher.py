@@ -25,6 +25,7 @@ from pagoda.bench.procfs import PROC, processes
 
 POLL_S = 0.25
 LOG_TAIL_LINES = 15
+KILL_GRACE_S = 5.0  # how long stop() waits for SIGKILLed members to disappear
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,11 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
     if _group_alive(group):
         _signal_group(group, signal.SIGKILL)
     process.wait()
+    # SIGKILL is delivered asynchronously: on a busy machine the group's other members can
+    # still show as running for a moment, and callers rely on the group being gone.
+    gone_by = time.monotonic() + KILL_GRACE_S
+    while _group_alive(group) and time.monotonic() < gone_by:
+        time.sleep(0.02)
 
 
 def _signal_group(group: int, signum: int) -> None:
