@@ -89,16 +89,19 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         pass
-    while _group_alive(group) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_group_gone(group, deadline, 0.1)
     if _group_alive(group):
         _signal_group(group, signal.SIGKILL)
     process.wait()
     # SIGKILL is delivered asynchronously: on a busy machine the group's other members can
     # still show as running for a moment, and callers rely on the group being gone.
-    gone_by = time.monotonic() + KILL_GRACE_S
-    while _group_alive(group) and time.monotonic() < gone_by:
-        time.sleep(0.02)
+    _wait_group_gone(group, time.monotonic() + KILL_GRACE_S, 0.02)
+
+
+def _wait_group_gone(group: int, deadline: float, poll_s: float) -> None:
+    """Polls until no process of the group runs or time.monotonic() reaches `deadline`."""
+    while _group_alive(group) and time.monotonic() < deadline:
+        time.sleep(poll_s)
 
 
 def _signal_group(group: int, signum: int) -> None:
