@@ -26,9 +26,10 @@
 /* k steps ahead that a tile fetches each panel's line into L1 (a k step reads one line a panel;
  * the last steps' fetches run past the panel, harmless: prefetches never fault). A tile's panels
  * (np x k x 64 bytes) outgrow L1, so every tile reads them again from L2 (the first from memory),
- * streams the hardware prefetchers do not keep far enough ahead. With the 8 x 3 tiles, 0.90-0.97x
- * the time at 8-1,024 rows over the default model's linears, 1.01x at one
- * (benchmarks/results/gemm_l1/); eight or 16 ahead alike; fetching x's rows likewise was slower. */
+ * streams the hardware prefetchers do not keep far enough ahead. With the 8 x 3 tiles, 0.87-0.96x
+ * the time at 1-96 rows over the default model's linears, 0.99x at 288-1,024
+ * (benchmarks/results/gemm_l1/gemm_invariant_ab_recheck.txt); eight or 16 ahead alike; fetching
+ * x's rows likewise was slower. */
 #define L1_AHEAD 16
 #define STREAM_ROWS 32 /* the most rows whose panels are prefetched an item ahead (pagoda_gemm_invariant) */
 _Static_assert(MB >= STREAM_ROWS, "a streamed call is one row block: a thread's next item is the next panel group");
