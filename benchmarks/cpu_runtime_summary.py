@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 
 
 def vllm_result(folder: Path, engine: str, name: str) -> dict | None:
-    path = folder / "serve" / engine / f"{name}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    """vLLM's result file for one level; for an interleaved run (serve/ENGINE/rR/), each figure's
+    median over the rounds, as serve_vs_vllm.sh's table gives it."""
+    paths = sorted((folder / "serve" / engine).glob(f"r*/{name}.json")) or [folder / "serve" / engine / f"{name}.json"]
+    results = [json.loads(path.read_text()) for path in paths if path.is_file()]
+    if not results:
+        return None
+    keys = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
+    return {key: statistics.median(result[key] for result in results) for key in keys}
 
 
 def bakeoff_row(folder: Path, engine: str) -> dict | None:
