@@ -32,7 +32,7 @@ static inline __attribute__((always_inline)) vec kv_load_n(const void *p, long i
 /* a . b over n values (b a cache row), n % 8 == 0, before its horizontal sum (dot_n is vsum of
  * it): lane j is one chain of fused multiply-adds over values j, j + VLEN, j + 2 VLEN, .. in order,
  * from zero. One chain a lane, not several summed: a score costs one FMA per VLEN values and the
- * horizontal sum, no vector adds; the scoring loops keep 16 scores' chains in flight (dot16), so
+ * horizontal sum, no vector adds; the scoring loops keep VLEN scores' chains in flight (dotv), so
  * the chain's latency does not bound them. */
 static inline __attribute__((always_inline)) vec dot_lanes_kv(const float *a, const void *b, long n, int bf16) {
     vec acc = vset(0.f);
@@ -90,30 +90,28 @@ typedef struct {
 /* value `off` of a cache row (float32 or bf16) */
 static inline const void *kv_at(const void *row, long off, int bf16) { return (const char *)row + off * value_size(bf16); }
 
-#ifdef __AVX512F__
-/* out[i] = dot_n(q, k[i] + off, d) for the 16 cache rows k[0..15], bitwise. Inlined where d is a
- * constant (the common head sizes), whose loops then unroll. */
-static inline __attribute__((always_inline)) vec dot16_kv(const float *q, const void *const *k, long off, long d,
-                                                          int bf16) {
-    vec x[16];
-    for (int m = 0; m < 16; m++) x[m] = dot_lanes_kv(q, kv_at(k[dot16_token(m)], off, bf16), d, bf16);
-    return vsum16(x);
+/* out[i] = dot_n(q, k[i] + off, d) for the VLEN cache rows k[0..VLEN), bitwise. Inlined where d is
+ * a constant (the common head sizes), whose loops then unroll. */
+static inline __attribute__((always_inline)) vec dotv_kv(const float *q, const void *const *k, long off, long d,
+                                                         int bf16) {
+    vec x[VLEN];
+    for (int m = 0; m < VLEN; m++) x[m] = dot_lanes_kv(q, kv_at(k[vsum_token(m)], off, bf16), d, bf16);
+    return vsum_each(x);
 }
 
-/* out[j] = dot16(q + j d, k, off, d) for the nh <= 3 query heads j of one kv head, bitwise, each key
- * row loaded once for all of them (the tokens in dot16's order, two at a time, each pair summed
+/* out[j] = dotv(q + j d, k, off, d) for the nh <= 3 query heads j of one kv head, bitwise, each key
+ * row loaded once for all of them (the tokens in vsum_each's order, two at a time, each pair summed
  * at once). Inlined with constant nh and d. */
-static inline __attribute__((always_inline)) void dot16_heads_kv(const float *q, long nh, const void *const *k, long off,
-                                                                 long d, vec *out, int bf16) {
-    vec y[3][8];
-    for (int i = 0; i < 8; i++) {
-        const void *a = kv_at(k[dot16_token(2 * i)], off, bf16), *b = kv_at(k[dot16_token(2 * i + 1)], off, bf16);
+static inline __attribute__((always_inline)) void dotv_heads_kv(const float *q, long nh, const void *const *k, long off,
+                                                                long d, vec *out, int bf16) {
+    vec y[3][VLEN / 2];
+    for (int i = 0; i < VLEN / 2; i++) {
+        const void *a = kv_at(k[vsum_token(2 * i)], off, bf16), *b = kv_at(k[vsum_token(2 * i + 1)], off, bf16);
         for (long j = 0; j < nh; j++)
-            y[j][i] = vsum16_halves(dot_lanes_kv(q + j * d, a, d, bf16), dot_lanes_kv(q + j * d, b, d, bf16));
+            y[j][i] = vsum_each_halves(dot_lanes_kv(q + j * d, a, d, bf16), dot_lanes_kv(q + j * d, b, d, bf16));
     }
-    for (long j = 0; j < nh; j++) out[j] = vsum16_rest(y[j]);
+    for (long j = 0; j < nh; j++) out[j] = vsum_each_rest(y[j]);
 }
-#endif
 
 /* one token's scaled score for every query head, into scores[h * stride]: dot_n times scale */
 static inline __attribute__((always_inline)) void scores1(const PagedKv *kv, const void *k, const float *q,
@@ -123,34 +121,33 @@ static inline __attribute__((always_inline)) void scores1(const PagedKv *kv, con
         scores[h * stride] = kv->scale * vsum(dot_lanes_kv(q + h * d, kv_at(k, (h / kv->group) * d, bf16), d, bf16));
 }
 
-#ifdef __AVX512F__
-/* 16 tokens' scaled scores for every query head, into scores[h * stride + t], t < 16: each the
- * decode kernel's dot_n, times scale (the heads of a kv head sharing each key load where d is 64) */
-static inline __attribute__((always_inline)) void scores16(const PagedKv *kv, const void *const *k, const float *q,
-                                                           float *scores, long stride, int bf16) {
+/* VLEN tokens' scaled scores for every query head, into scores[h * stride + t], t < VLEN: each the
+ * decode kernel's dot_n, times scale. With share_keys, the heads of a kv head share each key load
+ * where d is 64 (dotv_heads); either way the same bits. */
+static inline __attribute__((always_inline)) void scoresv(const PagedKv *kv, const void *const *k, const float *q,
+                                                          float *scores, long stride, int bf16, int share_keys) {
     const long d = kv->head_dim, heads = kv->num_heads, group = kv->group;
     for (long h = 0, off = 0; h < heads; off += d) { /* off: kv head h / group's */
-        if (d == 64 && (group == 2 || group == 3)) {
+        if (share_keys && d == 64 && (group == 2 || group == 3)) {
             vec x[3];
-            if (group == 3) dot16_heads_kv(q + h * d, 3, k, off, 64, x, bf16);
-            else dot16_heads_kv(q + h * d, 2, k, off, 64, x, bf16);
+            if (group == 3) dotv_heads_kv(q + h * d, 3, k, off, 64, x, bf16);
+            else dotv_heads_kv(q + h * d, 2, k, off, 64, x, bf16);
             for (long j = 0; j < group; j++, h++) vstore(scores + h * stride, vmul(vset(kv->scale), x[j]));
             continue;
         }
         for (long j = 0; j < group; j++, h++) {
             const float *qh = q + h * d;
-            const vec x = d == 64    ? dot16_kv(qh, k, off, 64, bf16)
-                          : d == 128 ? dot16_kv(qh, k, off, 128, bf16)
-                                     : dot16_kv(qh, k, off, d, bf16);
+            const vec x = d == 64    ? dotv_kv(qh, k, off, 64, bf16)
+                          : d == 128 ? dotv_kv(qh, k, off, 128, bf16)
+                                     : dotv_kv(qh, k, off, d, bf16);
             vstore(scores + h * stride, vmul(vset(kv->scale), x));
         }
     }
 }
-#endif
 
 enum {
     QB = 16,    /* the most rows of an item: the more share a tile, the less its first reads cost a row */
-    KTILE = 16, /* dot16's tokens: 12 KB of keys for 3 kv heads of 64 */
+    KTILE = 16, /* a multiple of VLEN (dotv's tokens): 12 KB of keys for 3 kv heads of 64 */
     VTILE = 64, /* one kv head's values, 16 KB for 64, in use at a time (the heads loop outermost);
                  * each row's accumulators are loaded and stored once a tile and head */
 };
@@ -254,7 +251,7 @@ static void span_rows(const PagedKv *kv, void *cache, const int32_t *table, long
 /* Every query head h of q (head_dim apart, its kv head h / group) over tokens [t0, t1) of the
  * request with `table`: o[h] = sum_t e^(s_ht - m[h]) v_t, unnormalized, l[h] = sum_t e^(s_ht - m[h])
  * and m[h] = max_t s_ht. scores: scratch of num_heads * (t1 - t0) floats. The prefill kernel's
- * loops on one row: scores 16 tokens at a time from the span's start (scores16: each dot_n, bitwise)
+ * loops on one row: scores VLEN tokens at a time from the span's start (scoresv: each dot_n, bitwise)
  * then one by one; each head's weighted values a VTILE of tokens at a time, each lane's chain of
  * fused multiply-adds over the tokens in order, in registers. A bf16 cache's values are widened in
  * registers as they are loaded: the same operations on the same float32 values. */
@@ -270,9 +267,7 @@ static inline __attribute__((always_inline)) void attend_span_kv(const PagedKv *
     }
     touch_rows(krow, n, row_bytes);
     long t = 0;
-#ifdef __AVX512F__
-    for (; t + 16 <= n; t += 16) scores16(kv, krow + t, q, scores + t, n, bf16);
-#endif
+    for (; t + VLEN <= n; t += VLEN) scoresv(kv, krow + t, q, scores + t, n, bf16, 1);
     for (; t < n; t++) scores1(kv, krow[t], q, scores + t, n, bf16);
     for (long h = 0; h < heads; h++) {
         m[h] = max_n(scores + h * n, n);
@@ -446,9 +441,9 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * keys, 192 KB for 3 kv heads of 64, do not fit L1's 48 KB). Only the loop order changes: each
  * score is the same dot product, and each output lane's chain of fused multiply-adds still runs
  * over the span's tokens in order, its accumulator kept in memory from one tile to the next; the
- * query heads of a kv head (up to 3, head_dim 64) share each key load (dot16_heads). The rest of
+ * query heads of a kv head (up to 3, head_dim 64) share each key load (dotv_heads). The rest of
  * the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 15 adds and 30 shuffles
- * (dot16); software prefetching of the next tile measured no faster. */
+ * on AVX-512 (dotv); software prefetching of the next tile measured no faster. */
 typedef struct {
     long rows, spans;     /* rows of the item; spans of its last (longest) row */
     float *scores;        /* [QB][heads][SPAN] */
@@ -457,9 +452,16 @@ typedef struct {
 } RowBlock;
 
 /* Scores of the span's tokens [0, n[r]) for rows r = first.. of the item, scaled, into row r's
- * scores[h][t]: a KTILE-token tile of keys at a time, all rows and heads. On AVX-512 a row's tokens
- * go 16 at a time (dot16, aligned to the span's start) while 16 remain, the rest one by one, as
- * the decode kernel's dot_n gives them. */
+ * scores[h][t]: a KTILE-token tile of keys at a time, all rows and heads. A row's tokens go VLEN
+ * at a time (dotv, aligned to the span's start) while VLEN remain, the rest one by one, as the
+ * decode kernel's dot_n gives them. */
+/* Whether the prefill's scoring shares key loads between a kv head's query heads: its keys are in
+ * L1 (a KTILE tile), so what counts is keeping a head's query in registers, which dotv_heads' three
+ * heads' sums do not leave room for in AVX2's 16 registers: sharing measured 1.07-1.16x the time
+ * there (AMD Zen 3, 2 threads, benchmarks/prefill_attention.py). A decode reads its keys from L2 and
+ * shares them (without, bf16 caches' decodes took up to 1.13x the time there). */
+enum { SHARE_KEYS = VLEN == 16 };
+
 static void prefill_scores(const PagedKv *kv, const float *const *krow, const float *q, long q_stride, const long *n,
                            long first, long rows, float *scores) {
     const long heads = kv->num_heads, last = n[rows - 1];
@@ -470,9 +472,8 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
             float *sc = scores + r * heads * SPAN;
             const long b = n[r] < a + KTILE ? n[r] : a + KTILE;
             long t = a;
-#ifdef __AVX512F__
-            for (; t + 16 <= b; t += 16) scores16(kv, (const void *const *)krow + t, qr, sc + t, SPAN, 0);
-#endif
+            for (; t + VLEN <= b; t += VLEN)
+                scoresv(kv, (const void *const *)krow + t, qr, sc + t, SPAN, 0, SHARE_KEYS);
             for (; t < b; t++) scores1(kv, krow[t], qr, sc + t, SPAN, 0);
         }
     }

@@ -188,17 +188,21 @@ static inline float exp_shifted(float *p, long n, float max) {
     return sum;
 }
 
+/* The horizontal sums of VLEN vectors at once (vsum_each), each added in exactly the pairs vsum adds
+ * it in (floating-point addition being commutative, only the pairing matters), so that lane j is
+ * bitwise vsum of one of them (vsum_token says which), for a vector's worth of dot products at the
+ * cost of a few shuffles each instead of a whole horizontal sum each.
+ * AVX-512 (_mm512_reduce_add_ps): lane j + 8 to lane j, then j + 4 to j, then 2 to 0 and 3 to 1,
+ * then 1 to 0; lane 4 L + j of the result is the sum of x[4 j + L].
+ * AVX2 (hsum): lane j + 4 to lane j, then 2 to 0 and 3 to 1, then 1 to 0; lane 4 L + j of the
+ * result is the sum of x[2 j + L]. */
 #ifdef __AVX512F__
-/* The horizontal sums of 16 vectors at once, each added in exactly the pairs _mm512_reduce_add_ps
- * (vsum) adds it in (floating-point addition being commutative, only the pairing matters): lane
- * j + 8 to lane j, then j + 4 to j, then 2 to 0 and 3 to 1, then 1 to 0. Returns lane 4 L + j =
- * the sum of x[4 j + L]. */
-static inline vec vsum16_halves(vec a, vec b) { /* 256-bit halves: lanes 0-7 of a, then of b */
+static inline vec vsum_each_halves(vec a, vec b) { /* 256-bit halves: lanes 0-7 of a, then of b */
     return vadd(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
 }
 
-/* vsum16 after its first step: y[k] = vsum16_halves(x[2k], x[2k + 1]) */
-static inline vec vsum16_rest(const vec *y) {
+/* vsum_each after its first step: y[k] = vsum_each_halves(x[2k], x[2k + 1]) */
+static inline vec vsum_each_rest(const vec *y) {
     vec z[4], w[2];
     for (int k = 0; k < 4; k++) /* 128-bit quarters: x[4k], .., x[4k + 3], 4 lanes each */
         z[k] = vadd(_mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0x88), _mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0xDD));
@@ -207,12 +211,25 @@ static inline vec vsum16_rest(const vec *y) {
     return vadd(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
 }
 
-static inline vec vsum16(const vec *x) {
-    vec y[8];
-    for (int k = 0; k < 8; k++) y[k] = vsum16_halves(x[2 * k], x[2 * k + 1]);
-    return vsum16_rest(y);
+/* The vector whose sum vsum_each puts in lane j is x[m] for j = vsum_token(m) */
+static inline int vsum_token(int m) { return 4 * (m % 4) + m / 4; }
+#else
+static inline vec vsum_each_halves(vec a, vec b) { /* 128-bit halves: lanes 0-3 of a, then of b */
+    return vadd(_mm256_insertf128_ps(a, _mm256_castps256_ps128(b), 1), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-/* The token whose dot product is vsum16's x[m], so that lane j of the sum is token j's */
-static inline int dot16_token(int m) { return 4 * (m % 4) + m / 4; }
+static inline vec vsum_each_rest(const vec *y) { /* y[k] = vsum_each_halves(x[2k], x[2k + 1]) */
+    vec z[2];
+    for (int k = 0; k < 2; k++) /* lanes 0, 2 and 1, 3 within each half */
+        z[k] = vadd(_mm256_shuffle_ps(y[2 * k], y[2 * k + 1], 0x44), _mm256_shuffle_ps(y[2 * k], y[2 * k + 1], 0xEE));
+    return vadd(_mm256_shuffle_ps(z[0], z[1], 0x88), _mm256_shuffle_ps(z[0], z[1], 0xDD));
+}
+
+static inline int vsum_token(int m) { return 4 * (m % 2) + m / 2; }
 #endif
+
+static inline vec vsum_each(const vec *x) {
+    vec y[VLEN / 2];
+    for (int k = 0; k < VLEN / 2; k++) y[k] = vsum_each_halves(x[2 * k], x[2 * k + 1]);
+    return vsum_each_rest(y);
+}
