@@ -440,10 +440,10 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
  * value row is read from L2 or L3 once per item, then from L1, instead of once per row (a span's
  * keys, 192 KB for 3 kv heads of 64, do not fit L1's 48 KB). Only the loop order changes: each
  * score is the same dot product, and each output lane's chain of fused multiply-adds still runs
- * over the span's tokens in order, its accumulator kept in memory from one tile to the next; the
- * query heads of a kv head (up to 3, head_dim 64) share each key load (dotv_heads). The rest of
- * the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 15 adds and 30 shuffles
- * on AVX-512 (dotv); software prefetching of the next tile measured no faster. */
+ * over the span's tokens in order, its accumulator kept in memory from one tile to the next; on
+ * AVX-512 the query heads of a kv head (up to 3, head_dim 64) share each key load (SHARE_KEYS). The
+ * rest of the kernel's time is that arithmetic itself: 16 scores cost 64 FMAs, 15 adds and 30
+ * shuffles on AVX-512 (dotv); software prefetching of the next tile measured no faster. */
 typedef struct {
     long rows, spans;     /* rows of the item; spans of its last (longest) row */
     float *scores;        /* [QB][heads][SPAN] */
@@ -451,10 +451,6 @@ typedef struct {
     float *kwide, *vwide; /* bf16: a span's key and value rows widened, [SPAN][token_stride] each */
 } RowBlock;
 
-/* Scores of the span's tokens [0, n[r]) for rows r = first.. of the item, scaled, into row r's
- * scores[h][t]: a KTILE-token tile of keys at a time, all rows and heads. A row's tokens go VLEN
- * at a time (dotv, aligned to the span's start) while VLEN remain, the rest one by one, as the
- * decode kernel's dot_n gives them. */
 /* Whether the prefill's scoring shares key loads between a kv head's query heads: its keys are in
  * L1 (a KTILE tile), so what counts is keeping a head's query in registers, which dotv_heads' three
  * heads' sums do not leave room for in AVX2's 16 registers: sharing measured 1.07-1.16x the time
@@ -462,6 +458,10 @@ typedef struct {
  * shares them (without, bf16 caches' decodes took up to 1.13x the time there). */
 enum { SHARE_KEYS = VLEN == 16 };
 
+/* Scores of the span's tokens [0, n[r]) for rows r = first.. of the item, scaled, into row r's
+ * scores[h][t]: a KTILE-token tile of keys at a time, all rows and heads. A row's tokens go VLEN
+ * at a time (dotv, aligned to the span's start) while VLEN remain, the rest one by one, as the
+ * decode kernel's dot_n gives them. */
 static void prefill_scores(const PagedKv *kv, const float *const *krow, const float *q, long q_stride, const long *n,
                            long first, long rows, float *scores) {
     const long heads = kv->num_heads, last = n[rows - 1];
