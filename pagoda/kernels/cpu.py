@@ -10,6 +10,7 @@ not x86-64 with AVX2 and FMA), `load()` returns None and callers keep to plain t
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import hashlib
@@ -126,11 +127,9 @@ def load() -> ctypes.CDLL | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            c_files = [str(s) for s in SOURCES if s.suffix == ".c"]
-            command = [compiler, *flags, *c_files, "-o", str(built), "-lm"]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                logger.warning("Building Pagoda's CPU kernels failed: %s", result.stderr.strip()[-2000:])
+            error = _build(compiler, flags, Path(tmp), built)
+            if error is not None:
+                logger.warning("Building Pagoda's CPU kernels failed: %s", error[-2000:])
                 return None
             os.replace(built, target)  # atomic: concurrent builders all end with one whole file
     lib = ctypes.CDLL(str(target))
@@ -147,6 +146,25 @@ def load() -> ctypes.CDLL | None:
         lib.pagoda_bf16_tiles_size.restype = _I64
     lib.amx = "amx" in isa and lib.pagoda_amx_enable() == 1  # the OS grants the tile registers
     return lib
+
+
+def _build(compiler: str, flags: list[str], folder: Path, target: Path) -> str | None:
+    """Compile each source file on its own, as many at once as there are CPUs, then link them into
+    `target` (attention.c and qdot.c take two thirds of the time: on 2 cores of an AMD Zen 3 the
+    build took 6.4 s so, 15 s as one command). The compiler's error output where a step failed."""
+    c_files = sorted((s for s in SOURCES if s.suffix == ".c"), key=lambda s: -s.stat().st_size)  # longest first
+
+    def compile_one(source: Path) -> subprocess.CompletedProcess:
+        command = [compiler, *flags, "-c", str(source), "-o", str(folder / f"{source.stem}.o")]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        failed = [r.stderr.strip() for r in pool.map(compile_one, c_files) if r.returncode != 0]
+    if failed:
+        return "\n".join(failed)
+    objects = [str(folder / f"{s.stem}.o") for s in c_files]
+    link = subprocess.run([compiler, *flags, *objects, "-o", str(target), "-lm"], capture_output=True, text=True)
+    return link.stderr.strip() if link.returncode != 0 else None
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
