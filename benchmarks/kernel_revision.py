@@ -34,8 +34,9 @@ def build(csrc: Path, out: Path) -> ctypes.CDLL:
     exist in it set, and `isa` and `amx` as cpu.load() sets them (the tile registers are granted
     per process: asking again is harmless)."""
     isa = cpu.cpu_isa()
-    c_files = sorted(str(p) for p in csrc.glob("*.c"))
-    subprocess.run(["gcc", *cpu.compiler_flags(isa), *c_files, "-o", str(out), "-lm"], check=True)
+    error = cpu.build_library("gcc", cpu.compiler_flags(isa), list(csrc.glob("*.c")), out)
+    if error is not None:
+        raise RuntimeError(f"building {csrc} failed:\n{error}")
     lib = ctypes.CDLL(str(out))
     for name, argtypes in cpu._VOID_SIGNATURES.items():
         if hasattr(lib, name):

@@ -127,7 +127,7 @@ def load() -> ctypes.CDLL | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            error = _build(compiler, flags, Path(tmp), built)
+            error = build_library(compiler, flags, [s for s in SOURCES if s.suffix == ".c"], built)
             if error is not None:
                 logger.warning("Building Pagoda's CPU kernels failed: %s", error[-2000:])
                 return None
@@ -148,22 +148,24 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-def _build(compiler: str, flags: list[str], folder: Path, target: Path) -> str | None:
-    """Compile each source file on its own, as many at once as there are CPUs, then link them into
-    `target` (attention.c and qdot.c take two thirds of the time: on 2 cores of an AMD Zen 3 the
-    build took 6.4 s so, 15 s as one command). The compiler's error output where a step failed."""
-    c_files = sorted((s for s in SOURCES if s.suffix == ".c"), key=lambda s: -s.stat().st_size)  # longest first
+def build_library(compiler: str, flags: list[str], sources: list[Path], target: Path) -> str | None:
+    """Compile each C source on its own, as many at once as there are CPUs, then link them into the
+    shared library `target` (attention.c and qdot.c take two thirds of the time: on 2 cores of an
+    AMD Zen 3 the build took 6.4 s so, 15 s as one command). The compiler's error output where a
+    step failed, else None."""
+    sources = sorted(sources, key=lambda s: -s.stat().st_size)  # longest first
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = [str(Path(tmp) / f"{s.stem}.o") for s in sources]
 
-    def compile_one(source: Path) -> subprocess.CompletedProcess:
-        command = [compiler, *flags, "-c", str(source), "-o", str(folder / f"{source.stem}.o")]
-        return subprocess.run(command, capture_output=True, text=True)
+        def compile_one(source_object: tuple[Path, str]) -> subprocess.CompletedProcess:
+            source, obj = source_object
+            return subprocess.run([compiler, *flags, "-c", str(source), "-o", obj], capture_output=True, text=True)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        failed = [r.stderr.strip() for r in pool.map(compile_one, c_files) if r.returncode != 0]
-    if failed:
-        return "\n".join(failed)
-    objects = [str(folder / f"{s.stem}.o") for s in c_files]
-    link = subprocess.run([compiler, *flags, *objects, "-o", str(target), "-lm"], capture_output=True, text=True)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            failed = [r.stderr.strip() for r in pool.map(compile_one, zip(sources, objects)) if r.returncode != 0]
+        if failed:
+            return "\n".join(failed)
+        link = subprocess.run([compiler, *flags, *objects, "-o", str(target), "-lm"], capture_output=True, text=True)
     return link.stderr.strip() if link.returncode != 0 else None
 
 
