@@ -4,13 +4,13 @@ server of its own to test `--launch`.)"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
 import pytest
 
 from pagoda.bench import cli
+from tests.bench.bench_helpers import read_results
 from tests.server.helpers import API_KEY
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def bench(server, tmp_path: Path, *args: str) -> dict:
         ["--base-url", server.base_url, "--api-key", API_KEY, *args, "--warmup", "0"]
         + ["--output", str(tmp_path), "--no-progress"]
     )
-    engine = json.loads((tmp_path / "results.json").read_text())["engines"][0]
+    engine = read_results(tmp_path)["engines"][0]
     assert code == 0, engine["error"] or engine["levels"]
     return engine["levels"][0]
 
