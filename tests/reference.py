@@ -35,13 +35,17 @@ def hf_margin(model, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def assert_greedy_match(model, prompt_ids: list[int], expected: list[int], actual: list[int], report: list) -> None:
-    """Equal, or first diverging at a near-tie of the reference (recorded in `report`)."""
+def assert_greedy_match(
+    model, prompt_ids: list[int], expected: list[int], actual: list[int], report: list, near_tie: float = NEAR_TIE
+) -> None:
+    """Equal, or first diverging at a near-tie of the reference (recorded in `report`): a top-2
+    margin below `near_tie`, the project's 1e-3 for float32 (a half-precision model's test passes
+    the logprob tolerance it holds every token to)."""
     n = min(len(expected), len(actual))
     for i in range(n):
         if expected[i] != actual[i]:
             margin = hf_margin(model, prompt_ids + expected[:i])
-            assert margin < NEAR_TIE, (
+            assert margin < near_tie, (
                 f"diverged at output token {i}: reference {expected[i]} vs ours {actual[i]}, "
                 f"reference top-2 margin {margin:.2e} is not a near-tie"
             )

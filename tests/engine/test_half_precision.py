@@ -1,5 +1,9 @@
 """bfloat16 and float16 on CPU: logprobs within a stated tolerance of transformers in the same
-dtype, and the first 8 greedy tokens of a chat answer equal to transformers'."""
+dtype, and the first 8 greedy tokens of a chat answer equal to transformers', or first diverging
+where the reference's top-2 margin is within that tolerance: two tokens that close may swap when
+every logprob may move by the tolerance. (On a Zen 4 CPU, AVX512-BF16 without AMX, the first
+token is such a tie: the reference's bf16 logits 25.75 and 25.5 are two bf16 steps apart, and
+ours come out equal.)"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import torch
 
 from pagoda import LLM, SamplingParams
 from pagoda.model_files import apply_chat_template
-from tests.reference import hf_greedy
+from tests.reference import assert_greedy_match, hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -37,4 +41,6 @@ def test_half_precision_matches_transformers(dtype, default_model_dir):
     assert worst < TOLERANCE[dtype]
 
     expected = hf_greedy(reference, prompt, 8, llm.engine.config.model.eos_token_ids)
-    assert out.token_ids == expected
+    report: list[str] = []
+    assert_greedy_match(reference, prompt, expected, out.token_ids, report, near_tie=TOLERANCE[dtype])
+    print("\n".join(report))
