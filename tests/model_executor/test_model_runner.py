@@ -56,3 +56,27 @@ def test_a_prefill_scheduled_before_a_decode_runs_after_it(tiny_llama):
     torch.testing.assert_close(
         torch.tensor([p.logprob for p in got]), expected[range(4), prompts["q"][1:]], atol=1e-4, rtol=1e-4
     )
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_kv_cache_is_zero_aligned_and_resident_only_once_written(dtype):
+    from pagoda.model_executor.model_runner import zeros_on_first_touch
+
+    shape = (2, 8192, 16, 3, 64)  # 768 MiB of float32, 384 of bf16: one layer of a 24 GiB cache
+    before = resident_bytes()
+    cache = zeros_on_first_touch(shape, dtype)
+    allocated = resident_bytes() - before
+    assert cache.shape == shape and cache.dtype == dtype and cache.is_contiguous()
+    assert cache.data_ptr() % 64 == 0
+    assert allocated < 16 << 20, f"{allocated >> 20} MiB resident right after allocating {cache.nbytes >> 20} MiB"
+    block = cache[1, 4000]
+    assert torch.count_nonzero(block) == 0  # reads as zeros, as torch.zeros
+    block.fill_(1.5)
+    touched = resident_bytes() - before
+    assert block.nbytes <= touched < 64 << 20  # writing one block makes only its pages resident
+    assert float(cache[1, 4000].sum()) == 1.5 * block.numel() and torch.count_nonzero(cache[1, 3999]) == 0
