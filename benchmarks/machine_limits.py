@@ -1,9 +1,11 @@
 """What this machine allows, measured with the threads the engine would use: the CPU's kind and
 flags, memory read bandwidth, single-row GEMV read rates (Pagoda's C kernel and torch's), GEMM
-rates in fp32 (torch's matmul and oneDNN on a packed weight, as the engine runs them) and bf16;
-and from them the default model's fp32 decode floor (its weight bytes over the GEMV read rate) and
-the fp32 compute ceiling of a 256-in/64-out workload (each output token carries five tokens of
-compute: (256 + 64) / 64), from the faster fp32 GEMM rate.
+rates in fp32 (torch's matmul, oneDNN on a packed weight as vLLM-CPU runs it, and Pagoda's own
+batch-invariant GEMM, as the engine runs its linears) and bf16, and the CPU's float32 FMA peak
+(fma_peak.c: multiply-adds alone, no memory); and from them the default model's fp32 decode floor
+(its weight bytes over the GEMV read rate) and the fp32 compute ceiling of a 256-in/64-out
+workload (each output token carries five tokens of compute: (256 + 64) / 64), from the fastest
+fp32 GEMM rate.
 
     python benchmarks/machine_limits.py [--json OUT.json]
 """
@@ -11,8 +13,11 @@ compute: (256 + 64) / 64), from the faster fp32 GEMM rate.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import platform
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +60,21 @@ def gemm_rate(dtype: torch.dtype) -> float:
         n *= 2
 
 
+def fma_peak_rate(threads: int) -> float | None:
+    """GFLOP/s of fma_peak.c on `threads` threads (None without a C compiler)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lib_path = Path(tmp) / "fma_peak.so"
+        source = Path(__file__).with_name("fma_peak.c")
+        flags = ["-O2", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
+        if subprocess.run(["gcc", *flags, str(source), "-o", str(lib_path)], capture_output=True).returncode != 0:
+            return None
+        peak = ctypes.CDLL(str(lib_path)).fma_peak
+        peak.argtypes, peak.restype = [ctypes.c_long, ctypes.c_int], ctypes.c_double
+        iters = 20_000_000
+        seconds = best_of(lambda: peak(iters, threads))
+        return threads * iters * 12 * 16 * 2 / seconds / 1e9  # fma_peak.c's ACC chains of 16 floats
+
+
 def measure() -> dict:
     lib = cpu_kernels.load()
     weight = torch.randn(4 * 49152, 576)  # 453 MB: far past every cache
@@ -74,14 +94,20 @@ def measure() -> dict:
         result["gemv_pagoda_GBps"] = nbytes / best_of(lambda: cpu_kernels.gemv(lib, x, weight, None)) / 1e9
     for dtype in (torch.float32, torch.bfloat16):
         result[f"gemm_{str(dtype).removeprefix('torch.')}_GFLOPs"] = gemm_rate(dtype)
-    # the engine's own GEMM: oneDNN on a packed weight, at a prefill chunk's shape (gate_up, 1024 rows)
+    # at a prefill chunk's shape (gate_up, 1024 rows): oneDNN on a packed weight, and Pagoda's GEMM
     weight, rows = torch.randn(3072, 576), torch.randn(1024, 576)
+    flops = 2 * 1024 * 576 * 3072
     packed = torch.ops.mkldnn._reorder_linear_weight(weight)
     seconds = best_of(lambda: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], ""))
-    result["gemm_float32_onednn_packed_GFLOPs"] = 2 * 1024 * 576 * 3072 / seconds / 1e9
+    result["gemm_float32_onednn_packed_GFLOPs"] = flops / seconds / 1e9
+    if lib is not None:
+        panels = cpu_kernels.pack_panels(lib, weight)
+        seconds = best_of(lambda: cpu_kernels.gemm_invariant(lib, rows, panels, None, 3072))
+        result["gemm_float32_pagoda_GFLOPs"] = flops / seconds / 1e9
+    result["fma_peak_float32_GFLOPs"] = fma_peak_rate(torch.get_num_threads())
     gemv = result.get("gemv_pagoda_GBps", result["gemv_torch_GBps"])
     result["default_model_fp32_decode_floor_ms"] = DEFAULT_MODEL_FP32_BYTES / (gemv * 1e9) * 1e3
-    gemm = max(result["gemm_float32_GFLOPs"], result["gemm_float32_onednn_packed_GFLOPs"])
+    gemm = max(v for k, v in result.items() if k.startswith("gemm_float32"))
     result["fp32_ceiling_256in_64out_tok_s"] = gemm / (5 * GFLOP_PER_TOKEN)
     return result
 
