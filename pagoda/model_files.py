@@ -9,6 +9,7 @@ config and tokenizer.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -98,7 +99,32 @@ def convert_gguf(gguf_path: Path, weights: bool = True) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """Within the block, gguf's reader parses each file once and its tensor-name map is built once
+    per architecture. transformers parses the whole file anew for the config, the tokenizer and
+    the tensors (4.0 s each for the default model, its 49,152-token vocabulary read a field at a
+    time), and builds the name map once per module of the model (397 times, about 5 s), both
+    looked up in the gguf module when called. The reader only reads its memory map and the map is
+    a pure function of its arguments, so sharing them changes nothing converted; the first
+    conversion of the default model took 26.7 s before (2-core AMD Zen 4)."""
+    import gguf
+
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.cache(reader_class)
+    gguf.get_tensor_name_map = functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+
+
 def _write_hf_dir(gguf_path: Path, out: Path, weights: bool) -> None:
+    with _gguf_parsed_once():
+        _convert(gguf_path, out, weights)
+
+
+def _convert(gguf_path: Path, out: Path, weights: bool) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

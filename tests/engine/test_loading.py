@@ -101,3 +101,24 @@ def test_a_deleted_llm_is_freed(tiny_llama):
     del llm
     gc.collect()
     assert runner() is None
+
+
+def test_a_gguf_conversion_parses_each_file_once_and_leaves_gguf_as_it_was(tmp_path):
+    import gguf
+
+    from pagoda.model_files import _gguf_parsed_once
+
+    path = str(tmp_path / "fields.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_uint32("test.value", 7)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with _gguf_parsed_once():
+        reader = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is reader and int(reader.fields["test.value"].parts[-1][0]) == 7
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    assert gguf.GGUFReader is reader_class and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(path) is not reader
