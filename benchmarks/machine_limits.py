@@ -1,11 +1,11 @@
 """What this machine allows, measured with the threads the engine would use: the CPU's kind and
 flags, memory read bandwidth, single-row GEMV read rates (Pagoda's C kernel and torch's), GEMM
 rates in fp32 (torch's matmul, oneDNN on a packed weight as vLLM-CPU runs it, and Pagoda's own
-batch-invariant GEMM, as the engine runs its linears) and bf16, and the CPU's float32 FMA peak
-(fma_peak.c: multiply-adds alone, no memory); and from them the default model's fp32 decode floor
-(its weight bytes over the GEMV read rate) and the fp32 compute ceiling of a 256-in/64-out
-workload (each output token carries five tokens of compute: (256 + 64) / 64), from the fastest
-fp32 GEMM rate.
+batch-invariant GEMM, as the engine runs its linears) and bf16, and the cores' float32 FMA peak
+(fma_peak.c, a copy per thread at once: multiply-adds alone, no memory); and from them the default
+model's fp32 decode floor (its weight bytes over the GEMV read rate) and the fp32 compute ceiling
+of a 256-in/64-out workload (each output token carries five tokens of compute: (256 + 64) / 64),
+from the fastest fp32 GEMM rate.
 
     python benchmarks/machine_limits.py [--json OUT.json]
 """
@@ -13,7 +13,6 @@ fp32 GEMM rate.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import platform
 import subprocess
@@ -60,19 +59,16 @@ def gemm_rate(dtype: torch.dtype) -> float:
         n *= 2
 
 
-def fma_peak_rate(threads: int) -> float | None:
-    """GFLOP/s of fma_peak.c on `threads` threads (None without a C compiler)."""
+def fma_peak_rate(copies: int) -> float | None:
+    """GFLOP/s of fma_peak.c (one core's peak), `copies` of it run at once and summed: the
+    machine's float32 FMA peak on that many cores (None without a C compiler)."""
     with tempfile.TemporaryDirectory() as tmp:
-        lib_path = Path(tmp) / "fma_peak.so"
+        program = Path(tmp) / "fma_peak"
         source = Path(__file__).with_name("fma_peak.c")
-        flags = ["-O2", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
-        if subprocess.run(["gcc", *flags, str(source), "-o", str(lib_path)], capture_output=True).returncode != 0:
+        if subprocess.run(["gcc", "-O2", "-march=native", str(source), "-o", str(program)]).returncode != 0:
             return None
-        peak = ctypes.CDLL(str(lib_path)).fma_peak
-        peak.argtypes, peak.restype = [ctypes.c_long, ctypes.c_int], ctypes.c_double
-        iters = 20_000_000
-        seconds = best_of(lambda: peak(iters, threads))
-        return threads * iters * 12 * 16 * 2 / seconds / 1e9  # fma_peak.c's ACC chains of 16 floats
+        runs = [subprocess.Popen([str(program)], stdout=subprocess.PIPE, text=True) for _ in range(copies)]
+        return sum(float(run.communicate()[0].split()[0]) for run in runs)  # "N GFLOP/s on one core .."
 
 
 def measure() -> dict:
