@@ -32,7 +32,6 @@
  * x's rows likewise was slower. */
 #define L1_AHEAD 16
 #define STREAM_ROWS 32 /* the most rows whose panels are prefetched an item ahead (pagoda_gemm_invariant) */
-#define PAIRED 2 /* items a thread takes at once past STREAM_ROWS in one row block, the second's panels prefetched */
 _Static_assert(MB >= STREAM_ROWS, "a streamed call is one row block: a thread's next item is the next panel group");
 
 /* out[p][kk][j] = w[p * PANEL + j][kk] for column p * PANEL + j < n, else 0; w row-major [n, k] */
@@ -137,16 +136,10 @@ static Prefetch tile_share(const char *p, long bytes, long t, long tiles, long k
  * equal share of them: the weights' reads overlap the arithmetic instead of preceding it (0.83-0.97x
  * the time at 16-32 rows over the default model's linears in five A/B runs; one row was 1.07-1.1x:
  * its panels stream front to back, which the hardware prefetcher follows). With more rows, where
- * the panels serve enough rows to hide most of their reads, items go to whichever thread is free:
- * a static share waits at each call's barrier for a thread the machine preempted (engine.md), and
- * with the next panels prefetched it measured 1.07-1.2x at 53 rows in one session, 0.84-0.94x at
- * 53-160 but 1.03-1.06x at 288-1,024 in another, and no faster offline at 32 x 256/64. Within one
- * row block (up to MB rows: a shared-prefix hit's step, a short prefill) they go PAIRED at a time,
- * the second's panels prefetched while the first computes, so that half the items do not start
- * from memory: 0.92-1.03x the time at 33-128 rows, most runs 0.94-0.97x (AMD Zen 4, AVX-512,
- * four A/B runs, results/zen4_avx512/gemm_paired_ab.txt; not measured on the AVX2 and AMX kinds). Four at a time measured 1.03-1.13x: the o and
- * down projections' 12 items were then three runs for two threads. Past one row block, one at a
- * time. */
+ * the panels serve enough rows to hide their reads, items go one at a time to whichever thread is
+ * free: a static share waits at each call's barrier for a thread the machine preempted (engine.md),
+ * and with the next panels prefetched it measured 1.07-1.2x at 53 rows in one session, 0.84-0.94x
+ * at 53-160 but 1.03-1.06x at 288-1,024 in another, and no faster offline at 32 x 256/64. */
 void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const float *packed, const float *bias, long m,
                            long n, long k, int num_threads) {
     const long panels = (n + PANEL - 1) / PANEL, row_blocks = (m + MB - 1) / MB;
@@ -155,10 +148,8 @@ void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const f
     while (group > 1 && row_blocks * ((panels + group - 1) / group) < 4 * num_threads) group /= 2;
     const long groups = (panels + group - 1) / group, items = groups * row_blocks;
     const int stream = m <= STREAM_ROWS; /* then one row block (the assertion by STREAM_ROWS) */
-    const long chunk = stream ? (items + num_threads - 1) / num_threads : row_blocks == 1 ? PAIRED : 1;
-    const long tiles = (block_rows + MR - 1) / MR;
-    /* one row's panels stream front to back, as the hardware prefetches them */
-    const int ahead = row_blocks == 1 && m > 1;
+    const long chunk = stream ? (items + num_threads - 1) / num_threads : 1, tiles = (block_rows + MR - 1) / MR;
+    const int ahead = stream && m > 1; /* one row's panels stream front to back, as the hardware prefetches them */
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads)
     for (long item = 0; item < items; item++) {
         const long g = item / row_blocks, rb = item % row_blocks; /* consecutive items share panels */
