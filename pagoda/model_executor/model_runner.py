@@ -18,6 +18,7 @@ from pagoda.attention.backend import AttentionInputs, kv_cache_shape
 from pagoda.attention.selector import create_backend
 from pagoda.config import EngineConfig
 from pagoda.core.outputs import ModelRunnerOutput, SchedulerOutput
+from pagoda.errors import ConfigError
 from pagoda.kernels import cpu as cpu_kernels
 from pagoda.model_executor import gpu_memory
 from pagoda.model_executor.cpu_threads import ComputeThreads
@@ -39,13 +40,28 @@ CACHE_LINE = 64
 def zeros_on_first_touch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros(shape, dtype) on the CPU, its pages mapped by the OS, already zero, when first
     touched (numpy's zeros is calloc, and a large calloc is a fresh mmap that glibc does not
-    clear), so that a large KV cache costs no start-up time and no resident memory until used:
-    torch.zeros writes every page (4 GiB took 7.6 s on a fresh 2-core VM). Cache-line aligned,
-    as torch's own allocations are, so that a cache row spans as few lines as it can."""
-    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    clear), so that allocating a large KV cache costs no start-up time: torch.zeros writes every
+    page (4 GiB took 7.6 s on a fresh 2-core VM). Each page becomes resident when first written
+    (numpy asks for transparent huge pages on large arrays, so 2 MB at a time where the OS gives
+    them). Cache-line aligned, as torch's own allocations are, so that a cache row spans as few
+    lines as it can."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
     raw = np.zeros(nbytes + CACHE_LINE, dtype=np.uint8)
     skip = -raw.ctypes.data % CACHE_LINE
     return torch.from_numpy(raw[skip : skip + nbytes]).view(dtype).view(shape)
+
+
+def available_memory_bytes() -> int | None:
+    """The kernel's estimate of the memory new allocations can have (MemAvailable), None where
+    /proc/meminfo does not give it."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 class ModelRunner:
@@ -86,6 +102,14 @@ class ModelRunner:
         m = self.config.model
         shape = kv_cache_shape(num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
         if self.device.type == "cpu":
+            # the pages are taken as they are first used, so a budget past what the machine has
+            # would fail under load, not here: refuse it now (torch.zeros failed here)
+            total, available = num_blocks * self.block_bytes(), available_memory_bytes()
+            if available is not None and total > available:
+                raise ConfigError(
+                    f"The KV cache ({total / GIB:.2f} GiB) is larger than the memory available "
+                    f"({available / GIB:.2f} GiB); lower --kv-cache-memory."
+                )
             self.kv_caches = [zeros_on_first_touch(shape, self.kv_dtype) for _ in range(m.num_layers)]
         else:
             self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(m.num_layers)]
