@@ -88,7 +88,7 @@ def test_the_cpu_kv_cache_is_zero_aligned_and_resident_only_once_written(dtype):
     assert resident_bytes(cache) < 4 << 20, "resident right after allocating"
     block = cache[1, 4000]
     block.fill_(1.5)
-    # writing one block makes its pages resident (a 2 MB huge page where the OS gives one), no more
+    # writing one block makes its pages resident (a 2 MB huge page where the OS gives those), no more
     assert block.nbytes <= resident_bytes(cache) < 8 << 20
     assert float(cache[1, 4000].sum()) == 1.5 * block.numel()
     assert torch.count_nonzero(cache[1, 3999]) == 0 and torch.count_nonzero(cache[0, 100:200]) == 0
