@@ -119,12 +119,8 @@ def _gguf_parsed_once():
         gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
 
 
+@_gguf_parsed_once()
 def _write_hf_dir(gguf_path: Path, out: Path, weights: bool) -> None:
-    with _gguf_parsed_once():
-        _convert(gguf_path, out, weights)
-
-
-def _convert(gguf_path: Path, out: Path, weights: bool) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
