@@ -6,10 +6,14 @@ owns which blocks belong to whom. Data flows one way: SchedulerOutput in, ModelR
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import mmap
+import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,6 +52,39 @@ def zeros_on_first_touch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Te
     nbytes = math.prod(shape) * dtype.itemsize
     pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name it
+PREFAULT_CHUNK = 8 << 20  # bytes a madvise call maps: a cache freed meanwhile ends the thread within one
+
+
+def prefault_at_idle_priority(caches: list[torch.Tensor]) -> threading.Thread:
+    """Makes the caches' pages resident from a daemon thread at the OS's idle priority
+    (SCHED_IDLE: it runs only where a core has nothing else to do), so that steps do not take the
+    first touch of a block's pages (zeros_on_first_touch) under load: 5% of a fresh server's time
+    at concurrency 32, and the block pool hands out every block once before it reuses one.
+    madvise(MADV_POPULATE_WRITE) maps a page as a first write would, without writing: the
+    contents are untouched, so the blocks steps write meanwhile are safe. The thread holds the
+    caches weakly (a freed cache ends it) and stops quietly where the kernel lacks the advice."""
+    refs = [weakref.ref(c) for c in caches]
+
+    def run() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only (Linux)
+        madvise = ctypes.CDLL(None, use_errno=True).madvise  # a foreign call: releases the GIL
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        for ref in refs:
+            offset = 0
+            while (cache := ref()) is not None and offset < cache.nbytes:
+                length = min(PREFAULT_CHUNK, cache.nbytes - offset)
+                if madvise(cache.data_ptr() + offset, length, MADV_POPULATE_WRITE):
+                    logger.debug("KV cache prefault stopped: %s", os.strerror(ctypes.get_errno()))
+                    return
+                offset += length
+                del cache  # between calls the thread holds no cache alive
+
+    thread = threading.Thread(target=run, name="pagoda-kv-prefault", daemon=True)
+    thread.start()
+    return thread
 
 
 def available_memory_bytes() -> int | None:
@@ -110,6 +147,7 @@ class ModelRunner:
                     f"({available / GIB:.2f} GiB); lower --kv-cache-memory."
                 )
             self.kv_caches = [zeros_on_first_touch(shape, self.kv_dtype) for _ in range(m.num_layers)]
+            prefault_at_idle_priority(self.kv_caches)
         else:
             self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(m.num_layers)]
 

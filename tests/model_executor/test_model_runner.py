@@ -94,6 +94,24 @@ def test_the_cpu_kv_cache_is_zero_aligned_and_resident_only_once_written(dtype):
     assert torch.count_nonzero(cache[1, 3999]) == 0 and torch.count_nonzero(cache[0, 100:200]) == 0
 
 
+
+def test_the_cpu_kv_cache_is_faulted_in_at_idle_priority_without_changing_a_block():
+    from pagoda.model_executor.model_runner import prefault_at_idle_priority, zeros_on_first_touch
+
+    caches = [zeros_on_first_touch((2, 512, 16, 3, 64), torch.float32) for _ in range(3)]  # 12 MiB each
+    caches[1][0, 7].fill_(2.5)  # a block written before the thread reaches it keeps its values
+    prefault_at_idle_priority(caches).join(timeout=60)
+    assert [resident_bytes(c) for c in caches] == [c.nbytes for c in caches]
+    assert float(caches[1][0, 7].sum()) == 2.5 * caches[1][0, 7].numel()
+    assert sum(torch.count_nonzero(c) for c in caches) == caches[1][0, 7].numel()
+
+    # the thread holds the caches weakly: freeing them ends it, and the memory goes
+    caches = [zeros_on_first_touch((2, 16384, 16, 3, 64), torch.float32) for _ in range(8)]  # 3 GiB
+    thread = prefault_at_idle_priority(caches)
+    del caches
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
 def test_a_kv_cache_larger_than_the_memory_available_is_refused_at_load(tiny_llama):
     from pagoda.model_executor.model_runner import available_memory_bytes
 
