@@ -32,12 +32,14 @@ def test_gemm_rows_are_invariant(libs, threads, n, k):
     full = cpu.gemm_invariant(lib, x, packed, bias, n)
     exact = x.double() @ weight.double().T + bias.double()
     assert torch.allclose(full.double(), exact, rtol=1e-5, atol=1e-5 * math.sqrt(k))
-    for m in [*range(1, 14), 31, 32, 33, 49, 97]:  # 2-32: panels prefetched an item ahead
+    for m in [*range(1, 14), 31, 32, 33, 49, 97]:  # from 2 rows the next item's panels are prefetched
         for start in (0, m, 300 - m):
             assert torch.equal(cpu.gemm_invariant(lib, x[start : start + m], packed, bias, n), full[start : start + m])
     assert torch.equal(cpu.gemm_invariant(lib, x, packed, None, n) + bias, full)  # the bias added last
-    threads(1)
-    assert torch.equal(cpu.gemm_invariant(lib, x, packed, bias, n), full)
+    for count in (1, 5):  # one thread; more threads than cores, which take each other's items
+        threads(count)
+        assert torch.equal(cpu.gemm_invariant(lib, x, packed, bias, n), full)
+        assert torch.equal(cpu.gemm_invariant(lib, x[:33], packed, bias, n), full[:33])
     # every output is one fma chain over k in order: the same bits from 8- as from 16-lane vectors
     avx2 = libs["avx2"]
     assert torch.equal(cpu.gemm_invariant(avx2, x[:7], cpu.pack_panels(avx2, weight), bias, n), full[:7])

@@ -7,6 +7,8 @@
  * (panel p: [K][PANEL], columns past N zero), so that the inner loop broadcasts one x value and
  * multiplies it into whole vectors of columns: no horizontal sums, and a single row streams the
  * panels front to back as a GEMV does. */
+#include <omp.h>
+
 #include "vec.h"
 #include "kernels.h"
 
@@ -31,8 +33,6 @@
  * (benchmarks/results/gemm_l1/gemm_invariant_ab_recheck.txt); eight or 16 ahead alike; fetching
  * x's rows likewise was slower. */
 #define L1_AHEAD 16
-#define STREAM_ROWS 32 /* the most rows whose panels are prefetched an item ahead (pagoda_gemm_invariant) */
-_Static_assert(MB >= STREAM_ROWS, "a streamed call is one row block: a thread's next item is the next panel group");
 
 /* out[p][kk][j] = w[p * PANEL + j][kk] for column p * PANEL + j < n, else 0; w row-major [n, k] */
 void pagoda_pack_panels(float *out, const float *w, long n, long k, int num_threads) {
@@ -125,21 +125,35 @@ static Prefetch tile_share(const char *p, long bytes, long t, long tiles, long k
     return (Prefetch){p + first * 64, p + last * 64, (share + k - 1) / k};
 }
 
+/* Work items shared out as one contiguous range per thread, which its owner takes front to back,
+ * so that it knows its next item, and which other threads, once theirs is empty, take from the back:
+ * a thread the machine preempted holds up nobody at the call's barrier (engine.md). A range is
+ * [front, back) packed in one word, changed by compare-and-swap; a line each, not to share lines. */
+typedef struct {
+    _Alignas(64) uint64_t span; /* front | back << 32 */
+} Range;
+
+/* the front item of r for its owner (step 1) or the back one for another thread (step 1 << 32),
+ * -1 where r is empty */
+static long claim(Range *r, uint64_t step) {
+    uint64_t span = __atomic_load_n(&r->span, __ATOMIC_RELAXED);
+    while ((uint32_t)span < span >> 32)
+        if (__atomic_compare_exchange_n(&r->span, &span, span + (step == 1 ? 1 : -step), 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            return step == 1 ? (long)(uint32_t)span : (long)(span >> 32) - 1;
+    return -1;
+}
+
 /* y [m, n] (rows ldy floats apart) = x [m, k] (rows ldx apart) @ w.T (+ bias [n]), w packed by
  * pagoda_pack_panels. Work items are blocks of rows by `group` panels: as few row blocks as MB
  * allows, of equal size (whole tiles), since each streams the panels it meets from memory again
  * (a 53-row hit step as one block of 53 rather than 48 + 5 took 0.82-0.88x the time over the
  * default model's linears); fewer panels per item where that leaves too few items to share out
- * (a decode step still has an item per thread). Up to STREAM_ROWS rows (a decode step, whose
- * panels stream from memory and serve few rows) each thread takes a contiguous share of the items
- * and, from two rows, while it computes one prefetches the next one's panels into L2, each tile an
- * equal share of them: the weights' reads overlap the arithmetic instead of preceding it (0.83-0.97x
- * the time at 16-32 rows over the default model's linears in five A/B runs; one row was 1.07-1.1x:
- * its panels stream front to back, which the hardware prefetcher follows). With more rows, where
- * the panels serve enough rows to hide their reads, items go one at a time to whichever thread is
- * free: a static share waits at each call's barrier for a thread the machine preempted (engine.md),
- * and with the next panels prefetched it measured 1.07-1.2x at 53 rows in one session, 0.84-0.94x
- * at 53-160 but 1.03-1.06x at 288-1,024 in another, and no faster offline at 32 x 256/64. */
+ * (a decode step still has an item per thread). Consecutive items share panels (the row blocks of
+ * one panel group), and a thread takes its own items in order: from two rows, while it computes
+ * one it prefetches into L2 the panels of its next one where those differ, each tile an equal
+ * share of them, so that the weights' reads overlap the arithmetic instead of preceding it. One
+ * row's panels stream front to back, as the hardware prefetches them. */
 void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const float *packed, const float *bias, long m,
                            long n, long k, int num_threads) {
     const long panels = (n + PANEL - 1) / PANEL, row_blocks = (m + MB - 1) / MB;
@@ -147,25 +161,39 @@ void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const f
     long group = NP;
     while (group > 1 && row_blocks * ((panels + group - 1) / group) < 4 * num_threads) group /= 2;
     const long groups = (panels + group - 1) / group, items = groups * row_blocks;
-    const int stream = m <= STREAM_ROWS; /* then one row block (the assertion by STREAM_ROWS) */
-    const long chunk = stream ? (items + num_threads - 1) / num_threads : 1, tiles = (block_rows + MR - 1) / MR;
-    const int ahead = stream && m > 1; /* one row's panels stream front to back, as the hardware prefetches them */
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads)
-    for (long item = 0; item < items; item++) {
-        const long g = item / row_blocks, rb = item % row_blocks; /* consecutive items share panels */
-        const long p0 = g * group, np = p0 + group <= panels ? group : panels - p0;
-        const long col0 = p0 * PANEL, cols = (col0 + np * PANEL <= n ? np * PANEL : n - col0);
-        const long r1 = (rb + 1) * block_rows < m ? (rb + 1) * block_rows : m;
-        /* the thread's next item's panels, where it has one */
-        const int prefetch = ahead && (item + 1) % chunk != 0 && item + 1 < items;
-        const long next_np = p0 + 2 * group <= panels ? group : panels - p0 - group;
-        const char *next = (const char *)(packed + (p0 + group) * k * PANEL);
-        for (long r = rb * block_rows, t = 0; r < r1; r += MR, t++) {
-            const long mr = r + MR <= r1 ? MR : r1 - r;
-            const Prefetch share = prefetch ? tile_share(next, next_np * k * PANEL * (long)sizeof(float), t, tiles, k)
-                                            : (Prefetch){NULL, NULL, 0};
-            tile_any(y + r * ldy + col0, ldy, x + r * ldx, ldx, packed + p0 * k * PANEL, bias ? bias + col0 : NULL, k,
-                     cols, mr, np, &share);
+    const long tiles = (block_rows + MR - 1) / MR;
+    Range ranges[num_threads];
+    for (long t = 0; t < num_threads; t++)
+        ranges[t].span = (uint64_t)(items * t / num_threads) | (uint64_t)(items * (t + 1) / num_threads) << 32;
+#pragma omp parallel num_threads(num_threads)
+    {
+        const int self = omp_get_thread_num(), team = omp_get_num_threads();
+        /* its own range first, then the others' from the back, a range at a time (team may be short of
+         * num_threads: then the ranges nobody owns are all taken from the back) */
+        for (long victim = 0; victim < num_threads; victim++) {
+            Range *range = &ranges[(self + victim) % num_threads];
+            const int own = victim == 0 && self < team;
+            for (long item; (item = claim(range, own ? 1 : 1ull << 32)) >= 0;) {
+                const long g = item / row_blocks, rb = item % row_blocks;
+                const long p0 = g * group, np = p0 + group <= panels ? group : panels - p0;
+                const long col0 = p0 * PANEL, cols = (col0 + np * PANEL <= n ? np * PANEL : n - col0);
+                const long r1 = (rb + 1) * block_rows < m ? (rb + 1) * block_rows : m;
+                /* the next item's panels, where it is this thread's (as far as the range says now)
+                 * and meets other panels than this one */
+                const uint64_t span = __atomic_load_n(&range->span, __ATOMIC_RELAXED);
+                const int prefetch =
+                    own && m > 1 && rb == row_blocks - 1 && (long)(uint32_t)span < (long)(span >> 32);
+                const long next_np = p0 + 2 * group <= panels ? group : panels - p0 - group;
+                const char *next = (const char *)(packed + (p0 + group) * k * PANEL);
+                for (long r = rb * block_rows, t = 0; r < r1; r += MR, t++) {
+                    const long mr = r + MR <= r1 ? MR : r1 - r;
+                    const Prefetch share = prefetch
+                                               ? tile_share(next, next_np * k * PANEL * (long)sizeof(float), t, tiles, k)
+                                               : (Prefetch){NULL, NULL, 0};
+                    tile_any(y + r * ldy + col0, ldy, x + r * ldx, ldx, packed + p0 * k * PANEL,
+                             bias ? bias + col0 : NULL, k, cols, mr, np, &share);
+                }
+            }
         }
     }
 }
