@@ -94,7 +94,6 @@ def test_the_cpu_kv_cache_is_zero_aligned_and_resident_only_once_written(dtype):
     assert torch.count_nonzero(cache[1, 3999]) == 0 and torch.count_nonzero(cache[0, 100:200]) == 0
 
 
-
 def test_the_cpu_kv_cache_is_faulted_in_at_idle_priority_without_changing_a_block():
     from pagoda.model_executor.model_runner import prefault_at_idle_priority, zeros_on_first_touch
 
@@ -111,6 +110,7 @@ def test_the_cpu_kv_cache_is_faulted_in_at_idle_priority_without_changing_a_bloc
     del caches
     thread.join(timeout=10)
     assert not thread.is_alive()
+
 
 def test_a_kv_cache_larger_than_the_memory_available_is_refused_at_load(tiny_llama):
     from pagoda.model_executor.model_runner import available_memory_bytes
