@@ -41,20 +41,17 @@ class KVCacheManager:
         return 1.0 - self.num_available / self.pool.capacity
 
     # ---- admission -----------------------------------------------------------------------
-    def find_prefix(self, token_ids: Sequence[int], partial: bool = True) -> PrefixMatch[Any]:
-        """The cached prefix of a request's tokens, whole blocks and then (with `partial`) a
-        partial one, leaving at least one token to compute (its logits are needed). A pure query;
-        the partial block's search is linear in the children of the node where the blocks end."""
-        whole = (len(token_ids) - 1) // self.block_size
-        return self.cache.find(token_ids, whole, len(token_ids) - 1 if partial else 0)
+    def find_prefix(self, token_ids: Sequence[int]) -> PrefixMatch[Any]:
+        """The cached prefix of a request's tokens, in whole blocks, leaving at least one token to
+        compute (its logits are needed). A pure query."""
+        return self.cache.find(token_ids, (len(token_ids) - 1) // self.block_size)
 
     def admit(self, request_id: str, prefix: PrefixMatch[Any], num_tokens: int) -> list[int] | None:
         """Blocks for a waiting request's first `num_tokens` tokens: the reused `prefix` (a cache
-        hit or a sibling's blocks), then new ones (the first of them, with a partial hit, to take
-        a copy of the partial block's KV). None, with nothing taken, when the pool cannot hold
-        them."""
+        hit or a sibling's blocks), then new ones. None, with nothing taken, when the pool cannot
+        hold them."""
         need = self.blocks_for(num_tokens) - len(prefix.blocks)
-        node = self.cache.touch(prefix) if prefix.from_cache else None
+        node = self.cache.touch(prefix) if prefix.node is not None else None
         if node is not None:
             self.cache.lock(node)  # first, so that eviction for `need` cannot take the hit itself
         if need > self.num_available:

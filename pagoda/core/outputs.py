@@ -17,15 +17,12 @@ class SchedulerOutput:
     `finished_request_ids`: requests that ended since the previous step (the runner drops their
     per-request state, such as a seeded request's random generator). `draft_token_ids`: per
     request that speculates this step, its proposed next tokens; such a request's count of new
-    tokens is 1 + len(drafts), its last token followed by the drafts. `kv_copies`: (source block,
-    destination block, tokens) whose keys and values the runner copies in every layer before the
-    step: the partial prefix hits of requests admitted this step."""
+    tokens is 1 + len(drafts), its last token followed by the drafts."""
 
     scheduled: tuple[tuple[Request, int], ...]
     num_batched_tokens: int
     finished_request_ids: frozenset[str] = frozenset()
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    kv_copies: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def is_empty(self) -> bool:

@@ -23,26 +23,11 @@ Node = TypeVar("Node")
 class PrefixMatch(Generic[Node]):
     """A reusable prefix: its blocks in token order and, when it came from the cache, where it ends
     (the deepest node it reaches, of which it covers the first `num_node_blocks` blocks). `node`
-    is None for a miss and for blocks shared by an n > 1 sibling rather than by the cache.
-
-    Then, where a further cached block starts with some of the tokens that follow (fewer than a
-    block), a partial hit: `partial_tokens` of them, whose KV the request copies from that block,
-    `partial_block`, into its own first new block instead of computing it (SGLang matches single
-    tokens; a chat's turns seldom end on a block boundary). That block is `partial_node`'s block
-    `partial_at`."""
+    is None for a miss and for blocks shared by an n > 1 sibling rather than by the cache."""
 
     blocks: tuple[int, ...]
     node: Node | None = None
     num_node_blocks: int = 0
-    partial_tokens: int = 0
-    partial_block: int = 0
-    partial_node: Node | None = None
-    partial_at: int = 0
-
-    @property
-    def from_cache(self) -> bool:
-        """Whether the cache must take the hit (`touch`) and lock it."""
-        return self.node is not None or self.partial_tokens > 0
 
 
 class PrefixCache(Protocol[Node]):
@@ -59,13 +44,11 @@ class PrefixCache(Protocol[Node]):
 
     def cached_blocks(self) -> set[int]: ...
 
-    def find(self, token_ids: Sequence[int], max_blocks: int, max_tokens: int = 0) -> PrefixMatch[Node]:
-        """The longest cached prefix of whole blocks, at most `max_blocks`, then a partial hit
-        where that leaves the match at most `max_tokens` tokens long; changes nothing."""
+    def find(self, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch[Node]:
+        """The longest cached prefix of whole blocks, at most `max_blocks`; changes nothing."""
 
     def touch(self, match: PrefixMatch[Node]) -> Node:
-        """Take a hit that `find` just returned; returns the node to lock for it (with a partial
-        hit, the node that starts with its block: locked, the block stays until copied)."""
+        """Take a hit that `find` just returned; returns the node to lock for it."""
 
     def insert(self, token_ids: Sequence[int], blocks: Sequence[int]) -> Node:
         """Cache `blocks` (whole blocks of `token_ids`); returns the node that ends the path.
@@ -104,7 +87,7 @@ class NoPrefixCache:
     def cached_blocks(self) -> set[int]:
         return set()
 
-    def find(self, token_ids: Sequence[int], max_blocks: int, max_tokens: int = 0) -> PrefixMatch[object]:
+    def find(self, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch[object]:
         return PrefixMatch(())
 
     def touch(self, match: PrefixMatch[object]) -> object:

@@ -52,10 +52,9 @@ class RadixCache:
     def cached_blocks(self) -> set[int]:
         return set(self._block_node)
 
-    def find(self, token_ids: Sequence[int], max_blocks: int, max_tokens: int = 0) -> PrefixMatch[RadixNode]:
-        """The longest cached prefix of `token_ids`, at most `max_blocks` blocks, then the longest
-        partial hit that keeps the match within `max_tokens` tokens. A pure query: the tree is
-        neither split nor stamped (a policy may peek at many waiting requests)."""
+    def find(self, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch[RadixNode]:
+        """The longest cached prefix of `token_ids`, at most `max_blocks` blocks. A pure query: the
+        tree is neither split nor stamped (a policy may peek at many waiting requests)."""
         node, blocks, in_node = self.root, list[int](), 0
         while len(blocks) < max_blocks:
             child = node.children.get(self._block_key(token_ids, len(blocks)))
@@ -66,41 +65,16 @@ class RadixCache:
             node = child
             if in_node < len(child.blocks):
                 break
-        whole = PrefixMatch(tuple(blocks), node if blocks else None, in_node)
-        limit = min(self.block_size - 1, max_tokens - len(blocks) * self.block_size)
-        if limit <= 0:
-            return whole
-        # the next block: the rest of this node's, else each child's first
-        start = len(blocks) * self.block_size
-        wanted = tuple(token_ids[start : start + limit])
-        if blocks and in_node < len(node.blocks):
-            candidates = [(node, in_node)]
-        else:
-            candidates = [(child, 0) for child in node.children.values()]
-        best, best_tokens = None, 0
-        for owner, at in candidates:
-            tokens = _common_length(owner.key[at * self.block_size : at * self.block_size + limit], wanted)
-            if tokens > best_tokens:
-                best, best_tokens = (owner, at), tokens
-        if best is None:
-            return whole
-        owner, at = best
-        return PrefixMatch(whole.blocks, whole.node, in_node, best_tokens, owner.blocks[at], owner, at)
+        return PrefixMatch(tuple(blocks), node if blocks else None, in_node)
 
     def touch(self, match: PrefixMatch[RadixNode]) -> RadixNode:
         """Take a hit found by `find` (the tree unchanged since): split its last node so that the
         hit ends at a node boundary, and stamp its path as the most recently used. Returns the
-        deepest node of the hit, for the caller to lock: with a partial hit, the node that starts
-        with the partial block (split off where it was inside one)."""
-        if match.partial_node is not None:
-            node = match.partial_node
-            if match.partial_at:
-                self._split(node, match.partial_at)  # `node` keeps the lower part, from the block on
-        else:
-            node = match.node
-            assert node is not None, "touching a miss"
-            if match.num_node_blocks < len(node.blocks):
-                node = self._split(node, match.num_node_blocks)
+        deepest node of the hit, for the caller to lock."""
+        node = match.node
+        assert node is not None, "touching a miss"
+        if match.num_node_blocks < len(node.blocks):
+            node = self._split(node, match.num_node_blocks)
         stamp = next(self._clock)
         for upper in _path_up(node):
             upper.last_access = stamp
@@ -255,11 +229,6 @@ def _path_up(node: RadixNode) -> Iterator[RadixNode]:
     while upper.parent is not None:
         yield upper
         upper = upper.parent
-
-
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens a and b share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _parent(node: RadixNode) -> RadixNode:

@@ -149,14 +149,13 @@ class Scheduler:
                 if remaining > 1:
                     prefill_budget -= num_new
                 index += 1
-        kv_copies: list[tuple[int, int, int]] = []
         if not preempted:
-            self._admit_waiting(scheduled, min(budget, prefill_budget), kv_copies)
+            self._admit_waiting(scheduled, min(budget, prefill_budget))
         if not scheduled:
             return SchedulerOutput((), 0)
         finished, self._finished_ids = frozenset(self._finished_ids), []
         num_tokens = sum(n for _, n in scheduled)
-        return SchedulerOutput(tuple(scheduled), num_tokens, finished, drafts, tuple(kv_copies))
+        return SchedulerOutput(tuple(scheduled), num_tokens, finished, drafts)
 
     def _prefill_budget(self) -> int:
         """Prompt tokens this step may take: max_prefill_with_decodes while a running request
@@ -229,21 +228,17 @@ class Scheduler:
         return appended, kept
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _admit_waiting(
-        self, scheduled: list[tuple[Request, int]], budget: int, kv_copies: list[tuple[int, int, int]]
-    ) -> None:
+    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request, passed_over = self._next_waiting()
             if request is None:
                 break
             prefix = self._reusable_prefix(request)
-            num_reused = len(prefix.blocks) * self.kv.block_size + prefix.partial_tokens
+            num_reused = len(prefix.blocks) * self.kv.block_size
             num_new = min(request.num_tokens - num_reused, budget)
             blocks = self.kv.admit(request.request_id, prefix, num_reused + num_new)
             if blocks is None:
                 break
-            if prefix.partial_tokens:  # copied in the step, before its block is written
-                kv_copies.append((prefix.partial_block, blocks[len(prefix.blocks)], prefix.partial_tokens))
             for earlier in passed_over:
                 earlier.num_skips += 1
             self.waiting.remove(request)
@@ -280,9 +275,7 @@ class Scheduler:
         if self.config.policy == "fcfs" or ready[0].num_skips >= LPM_MAX_SKIPS:
             return ready[0], []
         window = ready[:LPM_WINDOW]
-        best = max(
-            window, key=lambda r: (len(self.kv.find_prefix(r.token_ids, partial=False).blocks), -window.index(r))
-        )
+        best = max(window, key=lambda r: (len(self.kv.find_prefix(r.token_ids).blocks), -window.index(r)))
         return best, [r for r in window if r is not best and r.arrival_time < best.arrival_time]
 
     def _preempt(self, request: Request) -> None:

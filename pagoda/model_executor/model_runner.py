@@ -184,18 +184,10 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def copy_kv(self, copies: tuple[tuple[int, int, int], ...]) -> None:
-        """For each (source, destination, tokens): the keys and values of the source block's first
-        tokens into the destination block, in every layer (a partial prefix hit's)."""
-        for source, destination, tokens in copies:
-            for cache in self.kv_caches:
-                cache[:, destination, :tokens] = cache[:, source, :tokens]
-
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
         if self.threads is not None:
             self.threads.adjust()
         self.sampler.drop(step.finished_request_ids)
-        self.copy_kv(step.kv_copies)
         batch = self._prepare(step)
         hidden = self._forward(batch)
         sampling = [r for r, _ in batch.samplers]

@@ -102,7 +102,6 @@ class FakeEngine:
     def step(self, abort_mid_step: tuple[Request, ...] = ()) -> SchedulerOutput:
         output = self.scheduler.schedule()
         self.check_output(output)
-        self.copy_kv(output.kv_copies)
         sampled = [self.run_model(request, num_new) for request, num_new in output.scheduled]
         for request in abort_mid_step:  # the step is "on the device" while the client goes away
             self.scheduler.finish_requests([request.request_id], "abort")
@@ -116,14 +115,6 @@ class FakeEngine:
         while self.scheduler.num_unfinished:
             self.step()
             assert self.steps < max_steps, "the scheduler did not finish its requests (livelock?)"
-
-    def copy_kv(self, copies: tuple[tuple[int, int, int], ...]) -> None:
-        """As the model runner does: a partial prefix hit's slots into the request's new block. The
-        source must still be a cached block, not one the pool could have handed out again."""
-        for source, destination, tokens in copies:
-            assert self.kv.cache.is_cached(source) and not self.kv.pool.is_free(source), f"block {source} is gone"
-            assert 0 < tokens < self.kv.block_size
-            self.slots.setdefault(destination, [None] * self.kv.block_size)[:tokens] = self.slots[source][:tokens]
 
     def run_model(self, request: Request, num_new: int) -> int | None:
         """Check the KV the request reads, write its new tokens' KV, sample if it reached its end."""

@@ -323,31 +323,3 @@ def test_find_is_a_pure_query_and_touch_takes_the_hit() -> None:
     assert node.last_access > stamps[1] and leaf.last_access == stamps[0]  # the hit is newest, the tail is not
     assert cache.evict(1, unreferenced) == [13]
     cache.check_integrity([])
-
-
-def test_find_reports_a_partial_block_and_touch_returns_the_node_that_starts_with_it() -> None:
-    cache = RadixCache(BS)
-    cache.insert(seq(1, 2, 3), [11, 12, 13])
-    wanted = seq(1, 2) + [300, 301, 999]  # two tokens of block 3, then another
-    hit = cache.find(wanted, 10, len(wanted) - 1)
-    assert hit.blocks == (11, 12) and (hit.partial_tokens, hit.partial_block) == (2, 13)
-    assert cache.find(wanted, 10).partial_tokens == 0  # whole blocks only, unless asked
-    assert cache.find(wanted, 10, 9).partial_tokens == 1  # the match stays within max_tokens
-    assert shape(cache.root) == [[], [[11, 12, 13]]]  # a pure query
-    node = cache.touch(hit)
-    assert node.blocks == [13] and _parent_blocks(node) == [11, 12]
-    cache.lock(node)  # the partial block is the request's until it has copied it
-    assert cache.evict(3, unreferenced) == []
-    cache.unlock(node)
-    cache.check_integrity([])
-    # without whole blocks: a partial hit on the first block, picked among the root's children
-    cache.insert(seq(4), [14])
-    first = cache.find([100, 101, 102, 7, 8], 1, 4)
-    assert first.blocks == () and first.node is None and (first.partial_tokens, first.partial_block) == (3, 11)
-    assert first.from_cache and cache.touch(first).blocks == [11, 12]
-    assert cache.find([7, 8, 9], 0, 2).partial_tokens == 0  # no child starts so
-
-
-def _parent_blocks(node: RadixNode) -> list[int]:
-    assert node.parent is not None
-    return node.parent.blocks

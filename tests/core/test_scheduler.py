@@ -66,7 +66,7 @@ def test_a_budget_of_one_token_still_makes_progress() -> None:
     s = make_scheduler(64, BS, max_num_batched_tokens=1)
     engine = FakeEngine(s)
     a = add(s, "a", tokens(3), max_tokens=2)
-    b = add(s, "b", tokens(2, start=100), max_tokens=1)  # nothing of a's to reuse
+    b = add(s, "b", tokens(2), max_tokens=1)
     steps = [ids(engine.step()) for _ in range(6)]
     assert steps == [[("a", 1)], [("a", 1)], [("a", 1)], [("a", 1)], [("b", 1)], [("b", 1)]]
     assert a.is_finished and b.is_finished
@@ -599,26 +599,3 @@ def test_stats_count_computed_prompt_tokens_and_sampled_tokens() -> None:
     hit = s.stats().prefix_cache_hits
     assert hit > 0 and s.stats().prompt_tokens == 25 + 25 - hit  # cached prompt tokens are not computed
     assert s.stats().generation_tokens == 5
-
-
-def test_a_partial_block_of_a_cached_prefix_is_copied_not_computed() -> None:
-    """Where a cached block starts with some of a request's next tokens, the step copies their KV
-    into the request's first new block (kv_copies), and the request computes from there. The
-    fake engine checks every token a request reads, copied ones included."""
-    s = make_scheduler(6, BS)  # 5 usable blocks
-    engine = FakeEngine(s)
-    add(s, "a", tokens(11), max_tokens=1)
-    engine.run_until_done()  # a's two full blocks are cached: tokens 0-3 and 4-7
-    first, second = s.kv.cache.find(tokens(8), 2).blocks
-    b = add(s, "b", tokens(6) + tokens(4, start=50), max_tokens=2, ignore_eos=True)
-    # c needs two blocks, one of which could only come from evicting a cached one: b's partial
-    # block is locked until copied, so c waits
-    c = add(s, "c", tokens(8, start=200), max_tokens=1)
-    out = engine.step()
-    assert ids(out) == [("b", 4)] and b.num_cached_tokens == 6 and b.block_ids[0] == first
-    assert out.kv_copies == ((second, b.block_ids[1], 2),)
-    engine.run_until_done()
-    assert b.output_token_ids == reference_output(b.prompt_token_ids, b.sampling_params, frozenset(), 64)[0]
-    assert c.is_finished
-    assert (s.stats().prefix_cache_queries, s.stats().prefix_cache_hits) == (29, 6)
-    engine.check_all_released()

@@ -95,24 +95,3 @@ def test_cache_on_equals_cache_off(tiny, workload):
                 assert_greedy_match(reference, prompts[i], expected, actual, report)
     preemptions = engines[True].engine.core.stats().num_preemptions
     print(f"preemptions so far {preemptions}; {report}")
-
-
-def test_a_partial_block_hit_copies_its_kv_and_changes_nothing(tiny):
-    """Two prompts share 21 tokens: one whole block of 16, then 5 of the next, which the second
-    request copies from the first's cached block instead of computing. Its tokens and logprobs
-    are exactly those of the run without the cache."""
-    engines, _ = tiny
-    rng = random.Random(7)
-    shared = [rng.randrange(3, 1000) for _ in range(21)]
-    first, second = (shared + [rng.randrange(3, 1000) for _ in range(9)] for _ in range(2))
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
-    results = {}
-    for cache, llm in engines.items():
-        llm.generate([first], params, use_tqdm=False)
-        results[cache] = llm.generate([second], params, use_tqdm=False)[0]
-    assert results[True].num_cached_tokens == 21 and results[False].num_cached_tokens == 0
-    hit, miss = results[True].outputs[0], results[False].outputs[0]
-    assert hit.token_ids == miss.token_ids
-    assert [lp[t].logprob for lp, t in zip(hit.logprobs, hit.token_ids)] == [
-        lp[t].logprob for lp, t in zip(miss.logprobs, miss.token_ids)
-    ]
