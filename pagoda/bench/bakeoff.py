@@ -3,8 +3,12 @@
 The config's [workload] table holds `pagoda bench` options (underscores or dashes); each
 [[engine]] names a launch command, a base URL and optionally a model, an environment and a
 ready timeout. Each engine is started, timed until it answers, warmed up, swept with the same
-seeded prompts, and stopped before the next starts. The report folder is rewritten after every
-engine, so a failure or Ctrl-C keeps the engines measured so far. See docs/bench.md.
+seeded prompts, and stopped before the next starts. With `rounds` (top level, or --rounds) the
+whole list runs that many times in turn, each engine-round named NAME-rR, so that a figure a
+single run leaves noisy (a p50 between two clusters of latencies) can be pooled or compared across
+rounds that met the same machine minutes; an engine with its own `rounds` runs in the first that
+many only. The report folder is rewritten after every engine, so a failure or Ctrl-C keeps the
+engines measured so far. See docs/bench.md.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pagoda.bench.settings import BenchSettings, parse_settings
 from pagoda.entrypoints.parsing import Parser
 
 PROG = "pagoda bakeoff"
-ENGINE_KEYS = {"name", "command", "base_url", "model", "env", "ready_timeout", "api_key", "metrics_url"}
+ENGINE_KEYS = {"name", "command", "base_url", "model", "env", "ready_timeout", "api_key", "metrics_url", "rounds"}
 # Options that differ per engine or per run, so a shared [workload] table must not set them.
 NOT_WORKLOAD = {
     "base_url",
@@ -68,9 +72,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("config", type=Path, help="a TOML file: [workload] and [[engine]] tables (see examples/)")
     parser.add_argument("--output", type=Path, metavar="DIR", help="report folder (default: the config's `output`)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        metavar="N",
+        help="run the engine list N times in turn (default: the config's `rounds`, else 1)",
+    )
     args = parser.parse_args(argv)
     try:
-        bakeoff = load_config(args.config, args.output, args.no_progress)
+        bakeoff = load_config(args.config, args.output, args.no_progress, args.rounds)
         workload = load_workload(bakeoff.engines[0].settings.workload)
     except BenchError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -89,17 +99,21 @@ def main(argv: list[str]) -> int:
     return _exit_code(results, len(bakeoff.engines))
 
 
-def load_config(path: Path, output: Path | None, no_progress: bool = False) -> Bakeoff:
-    """Parse and check the whole config, every engine's options included, before anything runs."""
+def load_config(path: Path, output: Path | None, no_progress: bool = False, rounds: int | None = None) -> Bakeoff:
+    """Parse and check the whole config, every engine's options included, before anything runs.
+    The engines come in the order they run: with rounds, the whole list once per round."""
     try:
         config = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise BenchError(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise BenchError(f"{path}: not valid TOML: {exc}") from None
-    unknown = set(config) - {"workload", "engine", "output"}
+    unknown = set(config) - {"workload", "engine", "output", "rounds"}
     if unknown:
-        raise BenchError(f"{path}: unknown top-level keys {sorted(unknown)}; expected [workload], [[engine]], output")
+        raise BenchError(
+            f"{path}: unknown top-level keys {sorted(unknown)}; expected [workload], [[engine]], output, rounds"
+        )
+    rounds = _rounds(f"{path}: rounds", config.get("rounds", 1) if rounds is None else rounds)
     table = config.get("workload", {})
     if not isinstance(table, dict):
         raise BenchError(f"{path}: [workload] must be a table")
@@ -108,11 +122,29 @@ def load_config(path: Path, output: Path | None, no_progress: bool = False) -> B
         raise BenchError(f"{path}: list the engines as [[engine]] tables")
     folder = output or Path(config.get("output") or f"bakeoff-{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     workload_argv = _workload_options(path, table) + (["--no-progress"] if no_progress else [])
-    engines = tuple(_engine(path, number, entry, workload_argv, folder) for number, entry in enumerate(entries, 1))
-    names = [engine.name for engine in engines]
+    checked = tuple(_engine(path, number, entry, workload_argv, folder) for number, entry in enumerate(entries, 1))
+    names = [engine.name for engine in checked]
     if len(set(names)) != len(names):
         raise BenchError(f"{path}: engine names must differ, got {names}")
+    own = [
+        _rounds(f"{path}: engine {number} ({name!r}): rounds", entry.get("rounds", rounds))
+        for number, (name, entry) in enumerate(zip(names, entries), 1)
+    ]
+    if rounds == 1:
+        return Bakeoff(path, folder, table, checked)
+    engines = tuple(
+        _engine(path, number, entry, workload_argv, folder, f"{name}-r{r}")
+        for r in range(1, rounds + 1)
+        for number, (name, entry) in enumerate(zip(names, entries), 1)
+        if r <= own[number - 1]
+    )
     return Bakeoff(path, folder, table, engines)
+
+
+def _rounds(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BenchError(f"{where} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def _workload_options(path: Path, table: dict[str, Any]) -> list[str]:
@@ -127,7 +159,10 @@ def _workload_options(path: Path, table: dict[str, Any]) -> list[str]:
     return argv
 
 
-def _engine(path: Path, number: int, entry: dict[str, Any], workload_argv: list[str], folder: Path) -> Engine:
+def _engine(
+    path: Path, number: int, entry: dict[str, Any], workload_argv: list[str], folder: Path, name: str | None = None
+) -> Engine:
+    """Engine `number` of the config; `name`: its name in this round (default: the config's)."""
     where = f"{path}: engine {number}" + (f" ({entry['name']!r})" if "name" in entry else "")
     unknown = set(entry) - ENGINE_KEYS
     if unknown:
@@ -135,6 +170,7 @@ def _engine(path: Path, number: int, entry: dict[str, Any], workload_argv: list[
     for key in ("name", "command", "base_url"):
         if not entry.get(key):
             raise BenchError(f"{where}: missing {key!r}")
+    name = name or str(entry["name"])
     command = entry["command"]
     command = shlex.join(map(str, command)) if isinstance(command, list) else str(command)
     env = entry.get("env", {})
@@ -145,13 +181,13 @@ def _engine(path: Path, number: int, entry: dict[str, Any], workload_argv: list[
         *workload_argv,
         *_as_options(options),
         f"--launch={command}",
-        f"--server-log={folder / 'logs' / (_file_name(str(entry['name'])) + '.log')}",
+        f"--server-log={folder / 'logs' / (_file_name(name) + '.log')}",
         *(f"--launch-env={key}={value}" for key, value in env.items()),
     ]
     if "ready_timeout" in entry:
         argv.append(f"--launch-timeout={entry['ready_timeout']}")
     try:
-        return Engine(str(entry["name"]), parse_settings(argv))
+        return Engine(name, parse_settings(argv))
     except BenchError as exc:
         raise BenchError(f"{where}: {exc}") from None
 

@@ -115,6 +115,14 @@ def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path, capsys)
             "engine names must differ",
         ),
         ('[[engine]]\nname = "a"\ncommand = "x \'open"\nbase_url = "http://h:1"\n', "cannot parse launch command"),
+        (
+            'rounds = 0\n[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n',
+            "rounds must be an integer >= 1",
+        ),
+        (
+            '[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\nrounds = "two"\n',
+            "engine 1 ('a'): rounds must be an integer >= 1, got 'two'",
+        ),
     ],
 )
 def test_bad_configs_stop_before_anything_runs(tmp_path: Path, capsys, text: str, message: str) -> None:
@@ -123,6 +131,22 @@ def test_bad_configs_stop_before_anything_runs(tmp_path: Path, capsys, text: str
     assert bakeoff.main([str(config), "--output", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_rounds_run_the_engine_list_in_turn(tmp_path: Path) -> None:
+    """rounds repeats the whole list, interleaved, each engine-round named NAME-rR with its own
+    server log; an engine's own rounds keeps it to the first ones; --rounds overrides the config."""
+    config = tmp_path / "r.toml"
+    engines = '[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n'
+    engines += '[[engine]]\nname = "b c"\ncommand = "y"\nbase_url = "http://h:2"\nrounds = 1\n'
+    engines += '[[engine]]\nname = "d"\ncommand = "z"\nbase_url = "http://h:3"\n'
+    config.write_text("rounds = 3\n" + engines)
+    loaded = bakeoff.load_config(config, tmp_path / "out")
+    assert [e.name for e in loaded.engines] == ["a-r1", "b c-r1", "d-r1", "a-r2", "d-r2", "a-r3", "d-r3"]
+    assert [e.settings.base_url for e in loaded.engines[:3]] == ["http://h:1", "http://h:2", "http://h:3"]
+    assert [e.settings.launch.log_path.name for e in loaded.engines[:2]] == ["a-r1.log", "b_c-r1.log"]
+    assert [e.name for e in bakeoff.load_config(config, tmp_path / "out", rounds=1).engines] == ["a", "b c", "d"]
+    assert len(bakeoff.load_config(config, tmp_path / "out", rounds=2).engines) == 5
 
 
 def test_missing_config_file(tmp_path: Path, capsys) -> None:
