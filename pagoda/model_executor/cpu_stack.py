@@ -91,8 +91,16 @@ class CpuDecoderStack:
         return cls(model, torch.tensor(rows, dtype=torch.int64), lib)
 
     def forward(
-        self, embeddings: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata
+        self,
+        embeddings: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        metadata,
+        read_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) of the rows `read_rows` names (sorted), of all rows where it is None. Where
+        those are every decode and some last rows of each prefill chunk (what the runner samples
+        from), the last layer computes past its attention only them: the same bits for them."""
         if kv_caches is not self.kv_source:
             self.kv_pointers = torch.tensor([[c[0].data_ptr(), c[1].data_ptr()] for c in kv_caches], dtype=torch.int64)
             bf16 = int(kv_caches[0].dtype == torch.bfloat16)  # a bf16 model's, or --kv-cache-dtype bfloat16
@@ -101,7 +109,9 @@ class CpuDecoderStack:
         residual = embeddings.contiguous()
         x = torch.empty_like(residual)
         positions = positions.to(torch.int64).contiguous()
-        step = torch.tensor(step_fields(metadata, positions), dtype=torch.int64)
+        tails = None if read_rows is None else chunk_tails_read(metadata, read_rows.tolist())
+        prefill_read = None if tails is None else torch.tensor(tails, dtype=torch.int32)
+        step = torch.tensor(step_fields(metadata, positions, prefill_read), dtype=torch.int64)
         self.lib.pagoda_decoder_layers(
             self.table.data_ptr(),
             self.num_layers,
@@ -116,11 +126,38 @@ class CpuDecoderStack:
             self.scale,
             torch.get_num_threads(),
         )
-        return x, residual
+        if tails is not None:  # decoder.c left the rows read first, in order
+            n = len(read_rows)
+            return x[:n], residual[:n]
+        return (x, residual) if read_rows is None else (x[read_rows], residual[read_rows])
 
 
-def step_fields(metadata: CpuAttentionMetadata, positions: torch.Tensor) -> list[int]:
-    """decoder.c's Step: its rows, then where the backend's metadata lies."""
+def chunk_tails_read(metadata: CpuAttentionMetadata, read_rows: list[int]) -> list[int] | None:
+    """How many of each prefill chunk's last rows `read_rows` (sorted, distinct) names, where it
+    names every decode row and, of each chunk, only a run of its last rows; None otherwise, and
+    where the step has no chunk (its rows are then all read, or nothing is to be saved)."""
+    prefills = metadata.paged_prefills
+    if prefills is None:
+        return None
+    nd = metadata.num_decodes
+    if read_rows[:nd] != list(range(nd)):
+        return None
+    tails, j = [], nd
+    for end in prefills.query_start.tolist()[1:]:
+        first = j
+        while j < len(read_rows) and read_rows[j] < end:
+            j += 1
+        if j > first and read_rows[first] != end - (j - first):
+            return None
+        tails.append(j - first)
+    return tails
+
+
+def step_fields(
+    metadata: CpuAttentionMetadata, positions: torch.Tensor, prefill_read: torch.Tensor | None
+) -> list[int]:
+    """decoder.c's Step: its rows, then where the backend's metadata lies, then prefill_read's
+    address (0: every row is read)."""
     fields = [positions.shape[0], positions.data_ptr(), metadata.slot_mapping.data_ptr(), metadata.num_decodes]
     decodes, prefills = metadata.decodes, metadata.paged_prefills
     if decodes is None:
@@ -128,7 +165,7 @@ def step_fields(metadata: CpuAttentionMetadata, positions: torch.Tensor) -> list
     else:
         fields += [decodes.block_tables.data_ptr(), decodes.block_tables.shape[1], decodes.seq_lens.data_ptr()]
     if prefills is None:
-        return fields + [0] * 5
+        return fields + [0] * 6
     tables = prefills.block_tables
     return fields + [
         tables.shape[0],
@@ -136,4 +173,5 @@ def step_fields(metadata: CpuAttentionMetadata, positions: torch.Tensor) -> list
         tables.shape[1],
         prefills.query_start.data_ptr(),
         prefills.seq_lens.data_ptr(),
+        0 if prefill_read is None else prefill_read.data_ptr(),
     ]

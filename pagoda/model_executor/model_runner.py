@@ -227,8 +227,9 @@ class ModelRunner:
     def _forward(self, batch: _Batch) -> torch.Tensor:
         """A pure-decode step that fits a bucket replays that bucket's CUDA graph; the rest run eagerly."""
         if self.cuda_graphs is not None and self.cuda_graphs.covers(batch.attn_inputs):
-            return self.cuda_graphs.replay(batch.input_ids, batch.positions, batch.attn_inputs)
-        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
+            hidden = self.cuda_graphs.replay(batch.input_ids, batch.positions, batch.attn_inputs)
+            return hidden if batch.read_rows is None else hidden[batch.read_rows]
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata, batch.read_rows)
 
     def _prepare(self, step: SchedulerOutput) -> _Batch:
         """The batch's rows are the step's requests reordered decodes first (`order`); everything
@@ -266,13 +267,24 @@ class ModelRunner:
         )
         # a request that reaches its end samples its next token, or verifies its drafts (1 + k rows)
         sampling_rows = [i for i, (r, _) in enumerate(scheduled) if not drafts[i] and seq_lens[i] == r.num_tokens]
-        sample_indices = torch.tensor(
-            [int(query_start_loc[i + 1]) - 1 for i in sampling_rows], dtype=torch.long, device=device
-        )
+        sample_indices = [int(query_start_loc[i + 1]) - 1 for i in sampling_rows]
         verify_rows = [i for i in range(len(scheduled)) if drafts[i]]
         verify_indices = [
-            j for i in verify_rows for j in range(query_start_loc[i + 1] - 1 - len(drafts[i]), query_start_loc[i + 1])
+            int(j)
+            for i in verify_rows
+            for j in range(query_start_loc[i + 1] - 1 - len(drafts[i]), query_start_loc[i + 1])
         ]
+        wants_prompt_logprobs = any(
+            r.sampling_params.prompt_logprobs is not None and r.is_prefilling for r, _ in step.scheduled
+        )
+        # the rows whose hidden states the step reads, where that is not all (prompt logprobs read
+        # every prompt row): the forward returns those only, and the indices count among them
+        read_rows = None
+        if not wants_prompt_logprobs and len(sample_indices) + len(verify_indices) < len(token_ids):
+            read_rows = sorted(sample_indices + verify_indices)
+            among_read = {row: k for k, row in enumerate(read_rows)}
+            sample_indices = [among_read[row] for row in sample_indices]
+            verify_indices = [among_read[row] for row in verify_indices]
         query_starts = np.empty(len(order), dtype=np.int32)
         query_starts[order] = query_start_loc[:-1]
         return _Batch(
@@ -281,13 +293,12 @@ class ModelRunner:
             attn_inputs=inputs,
             attn_metadata=self.backend.build_metadata(inputs),
             samplers=[(scheduled[i][0], order[i]) for i in sampling_rows],
-            sample_indices=sample_indices,
+            sample_indices=torch.tensor(sample_indices, dtype=torch.long, device=device),
             verifiers=[(scheduled[i][0], order[i]) for i in verify_rows],
             verify_indices=torch.tensor(verify_indices, dtype=torch.long, device=device),
+            read_rows=None if read_rows is None else torch.tensor(read_rows, dtype=torch.long, device=device),
             query_starts=query_starts,
-            wants_prompt_logprobs=any(
-                r.sampling_params.prompt_logprobs is not None and r.is_prefilling for r, _ in step.scheduled
-            ),
+            wants_prompt_logprobs=wants_prompt_logprobs,
         )
 
     def _prompt_logprobs(
@@ -317,9 +328,10 @@ class _Batch:
     attn_inputs: AttentionInputs
     attn_metadata: object  # the backend's own type, opaque to the runner
     samplers: list[tuple[Request, int]]  # requests that sample this step, with their slot in the step
-    sample_indices: torch.Tensor  # the samplers' last query tokens, in the order of `samplers`
+    sample_indices: torch.Tensor  # the samplers' last query tokens' rows of the forward's output, as `samplers`
     verifiers: list[tuple[Request, int]]  # requests verifying drafts this step, with their slot in the step
-    verify_indices: torch.Tensor  # each verifier's 1 + k last query tokens, in the order of `verifiers`
+    verify_indices: torch.Tensor  # each verifier's 1 + k last query tokens' rows of the output, as `verifiers`
+    read_rows: torch.Tensor | None  # the batch rows the forward returns (sorted), None: all
     query_starts: np.ndarray  # per request, in the step's order: the batch row of its first query token
     wants_prompt_logprobs: bool
 

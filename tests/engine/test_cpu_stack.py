@@ -17,23 +17,34 @@ pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernel
 AMX = cpu_kernels.load() is not None and cpu_kernels.load().amx
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3, prompt_logprobs=1)
+# without prompt logprobs a step reads the hidden states of the rows that sample only (its decodes,
+# its chunks' last rows where they end a prompt), and the stack's last layer computes those only
+NO_PROMPT_LOGPROBS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3)
 
 
 def outputs(llm: LLM, prompts) -> list[tuple]:
     done = llm.generate(prompts, PARAMS, use_tqdm=False)
-    return [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in done]
+    done_reading_some = llm.generate(prompts, NO_PROMPT_LOGPROBS, use_tqdm=False)
+    # a new long prompt alone (not cached by the runs above): its first chunks' steps read no row
+    alone = llm.generate([prompts[-1][::-1]], NO_PROMPT_LOGPROBS, use_tqdm=False)
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in done] + [
+        (o.outputs[0].token_ids, o.outputs[0].logprobs) for o in done_reading_some + alone
+    ]
 
 
-def stack_steps(llm: LLM, monkeypatch) -> list[int]:
-    """The rows of each step the stack takes from now on (by wrapping its forward)."""
+def stack_steps(llm: LLM, monkeypatch) -> list[tuple[int, int]]:
+    """The rows of each step the stack takes from now on, and how many of them the step reads (by
+    wrapping its forward)."""
     stack = llm.engine.core.runner.model.cpu_stack
     assert isinstance(stack, CpuDecoderStack)
-    rows: list[int] = []
+    rows: list[tuple[int, int]] = []
     forward = stack.forward
 
-    def counted(embeddings, *args):
-        rows.append(embeddings.shape[0])
-        return forward(embeddings, *args)
+    def counted(embeddings, positions, kv_caches, metadata, read_rows=None):
+        out = forward(embeddings, positions, kv_caches, metadata, read_rows)
+        assert out[0].shape[0] == (embeddings.shape[0] if read_rows is None else len(read_rows))
+        rows.append((embeddings.shape[0], out[0].shape[0]))
+        return out
 
     monkeypatch.setattr(stack, "forward", counted)
     return rows
@@ -41,11 +52,13 @@ def stack_steps(llm: LLM, monkeypatch) -> list[int]:
 
 def assert_stack_equals_modules(model: str, prompts, monkeypatch, **engine_args) -> list[int]:
     """Each prompt's tokens and logprobs with the stack == without it (a fresh engine each, so no
-    cached prefix crosses over); returns the rows of the steps the stack took. Steps of at most 64
-    tokens: a long prompt's chunks share steps with the others' decodes."""
+    cached prefix crosses over), with prompt logprobs (every row read) and without (the rows that
+    sample only, among them none of a chunk that does not end its prompt); returns the rows of the
+    steps the stack took. Steps of at most 64 tokens: a long prompt's chunks share steps with the
+    others' decodes."""
     engine_args = dict(max_model_len=512, kv_cache_memory=0.05, max_num_batched_tokens=64, **engine_args)
     with_stack = LLM(model, **engine_args)
-    rows = stack_steps(with_stack, monkeypatch)
+    steps = stack_steps(with_stack, monkeypatch)
     got = outputs(with_stack, prompts)
     with_stack.engine.close()
     modules = LLM(model, **engine_args)
@@ -54,7 +67,9 @@ def assert_stack_equals_modules(model: str, prompts, monkeypatch, **engine_args)
     modules.engine.close()
     assert got == want
     assert all(len(lp) == PARAMS.max_tokens and len(plp) == len(p) for (_, lp, plp), p in zip(got, prompts))
-    return rows
+    assert any(0 < out < rows for rows, out in steps)  # steps that read some of their rows only
+    assert any(rows > 1 and out == 0 for rows, out in steps)  # and none
+    return [rows for rows, _ in steps]
 
 
 def prompts_of(count: int) -> list[list[int]]:

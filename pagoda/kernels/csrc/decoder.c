@@ -57,19 +57,25 @@ typedef struct {
  * (addresses as int64): positions and slots [rows]; the decodes first, their block tables int32
  * [num_decodes, decode_max_blocks] and seq_lens int32 [num_decodes]; then the prefill chunks, their
  * block tables [num_prefills, prefill_max_blocks], query_start int32 [num_prefills + 1] (their rows
- * of the step) and seq_lens [num_prefills]. */
+ * of the step) and seq_lens [num_prefills]; last, prefill_read: 0 where the caller reads every row's
+ * output, else int32 [num_prefills], how many of each chunk's last rows it reads (the decodes' it
+ * always reads). */
 typedef struct {
     int64_t rows, positions, slots;
     int64_t num_decodes, decode_tables, decode_max_blocks, decode_seq_lens;
     int64_t num_prefills, prefill_tables, prefill_max_blocks, query_start, prefill_seq_lens;
+    int64_t prefill_read;
 } Step;
 
 /* The cpu attention backend's float32 forward (attention/cpu_backend.py) on the rows' queries, keys
  * and values (rows q_stride, k_stride and v_stride floats apart): the prefill rows' keys and values
- * stored, then the decodes (which store their own) attended, then the prefill rows */
-static void attend(const Step *s, const Dims *d, void *k_cache, void *v_cache, const float *q, long q_stride,
-                   const float *k, long k_stride, const float *v, long v_stride, float *out, float scale,
-                   int num_threads) {
+ * stored, then the decodes (which store their own) attended, then the prefill rows: those of
+ * prefill_q (rows prefill_q_stride apart, each chunk's at rows query_start[i] .. query_start[i + 1] - 1 of
+ * it and of out), q itself unless only some are attended (attend_read). */
+static void attend_rows(const Step *s, const Dims *d, void *k_cache, void *v_cache, const float *q, long q_stride,
+                        const float *k, long k_stride, const float *v, long v_stride, const float *prefill_q,
+                        long prefill_q_stride, const int32_t *query_start, float *out, float scale,
+                        int num_threads) {
     const long nd = s->num_decodes;
     const int64_t *slots = AT(const int64_t *, s->slots);
     if (nd < s->rows)
@@ -80,11 +86,46 @@ static void attend(const Step *s, const Dims *d, void *k_cache, void *v_cache, c
                                       AT(const int32_t *, s->decode_tables), AT(const int32_t *, s->decode_seq_lens),
                                       nd, d->num_heads, d->num_kv_heads, d->head_dim, d->block_size,
                                       s->decode_max_blocks, scale, (int)d->kv_bf16, num_threads);
-    if (s->num_prefills)
-        pagoda_prefill_attention(out, q, q_stride, k_cache, v_cache, AT(const int32_t *, s->prefill_tables),
-                                 AT(const int32_t *, s->query_start), AT(const int32_t *, s->prefill_seq_lens),
-                                 s->num_prefills, d->num_heads, d->num_kv_heads, d->head_dim, d->block_size,
-                                 s->prefill_max_blocks, scale, (int)d->kv_bf16, num_threads);
+    if (s->num_prefills && query_start[s->num_prefills] > query_start[0])
+        pagoda_prefill_attention(out, prefill_q, prefill_q_stride, k_cache, v_cache, AT(const int32_t *, s->prefill_tables),
+                                 query_start, AT(const int32_t *, s->prefill_seq_lens), s->num_prefills,
+                                 d->num_heads, d->num_kv_heads, d->head_dim, d->block_size, s->prefill_max_blocks,
+                                 scale, (int)d->kv_bf16, num_threads);
+}
+
+static void attend(const Step *s, const Dims *d, void *k_cache, void *v_cache, const float *q, long q_stride,
+                   const float *k, long k_stride, const float *v, long v_stride, float *out, float scale,
+                   int num_threads) {
+    attend_rows(s, d, k_cache, v_cache, q, q_stride, k, k_stride, v, v_stride, q, q_stride,
+                AT(const int32_t *, s->query_start), out, scale, num_threads);
+}
+
+/* The rows whose outputs the caller reads (step->prefill_read): the decodes, then each chunk's last
+ * prefill_read[i] rows, in order. read[j]: the j-th one's row; query_read: the chunks' query_start
+ * over them (from num_decodes, as the step's). Returns how many. */
+static long rows_read(const Step *s, long *read, int32_t *query_read) {
+    const int32_t *query_start = AT(const int32_t *, s->query_start), *tail = AT(const int32_t *, s->prefill_read);
+    long n = 0;
+    for (; n < s->num_decodes; n++) read[n] = n;
+    query_read[0] = (int32_t)n;
+    for (long i = 0; i < s->num_prefills; i++) {
+        for (long r = query_start[i + 1] - tail[i]; r < query_start[i + 1]; r++) read[n++] = r;
+        query_read[i + 1] = (int32_t)n;
+    }
+    return n;
+}
+
+/* attend() for only the rows read (n of them, `read`): every row's keys and values stored and the
+ * decodes attended as attend() does, then the chunks' rows read, their queries gathered into q_read
+ * first; out: their outputs, the j-th read row's at row j. Each is the same bits as attend() gives
+ * it: the prefill kernel computes a row alike whichever other rows it computes. */
+static void attend_read(const Step *s, const Dims *d, void *k_cache, void *v_cache, const float *q, long q_stride,
+                        const float *k, long k_stride, const float *v, long v_stride, const long *read, long n,
+                        const int32_t *query_read, float *q_read, float *out, float scale, int num_threads) {
+    const long q_size = d->num_heads * d->head_dim;
+    for (long j = s->num_decodes; j < n; j++) memcpy(q_read + j * q_size, q + read[j] * q_stride, q_size * sizeof(float));
+    attend_rows(s, d, k_cache, v_cache, q, q_stride, k, k_stride, v, v_stride, q_read, q_size, query_read, out, scale,
+                num_threads);
 }
 
 /* heads [rows][heads * head_dim] copied out of src (rows src_stride values apart) and normalized
@@ -104,7 +145,8 @@ static void widen_rows(float *dst, long dst_stride, const uint16_t *src, long sr
 
 /* Layers of `table` [num_layers] over a step's rows, float32 or bf16 (d->bf16). residual [rows,
  * hidden]: the embeddings in, the stream before the last MLP output out; x [rows, hidden]: that last
- * MLP output (the final norm adds it in). kv_caches [num_layers][2]: each layer's key and value
+ * MLP output (the final norm adds it in). Where the caller reads only some rows (step->prefill_read),
+ * x and residual hold those rows' only, in order, in their first rows, and the rest are undefined. kv_caches [num_layers][2]: each layer's key and value
  * cache addresses; cos and signed_sin the rotary tables [max_positions, head_dim]. A bf16 model's
  * attention is the cpu backend's: its queries, keys and values widened to float32 exactly, attended
  * as float32 on its bf16 cache, the output rounded to bf16 once. */
@@ -123,6 +165,17 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
     float *wide = bf16 ? malloc(sizeof(float) * rows * qkv_n) : NULL;
     float *wide_attn = bf16 ? malloc(sizeof(float) * rows * q_size) : NULL;
     const int64_t *positions = AT(const int64_t *, step->positions);
+    /* The rows read, where the caller reads only some (step->prefill_read): past its attention the
+     * last layer computes those only, every row's keys and values stored as before. */
+    long *read = NULL, num_read = rows;
+    int32_t *query_read = NULL;
+    float *q_read = NULL;
+    if (step->prefill_read) {
+        read = malloc(sizeof(long) * rows);
+        query_read = malloc(sizeof(int32_t) * (step->num_prefills + 1));
+        num_read = rows_read(step, read, query_read);
+        q_read = malloc(sizeof(float) * num_read * q_size);
+    }
     for (long i = 0; i < num_layers; i++) {
         const Layer *l = (const Layer *)(table + i * (sizeof(Layer) / sizeof(int64_t)));
         const void *input_norm = AT(const void *, l->input_norm);
@@ -143,23 +196,33 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
             pagoda_rotary(qkv, cos, signed_sin, positions, rows, d->num_heads + d->num_kv_heads, d->head_dim, qkv_n,
                           bf16, num_threads);
         }
-        void *k_cache = AT(void *, kv_caches[2 * i]), *v_cache = AT(void *, kv_caches[2 * i + 1]);
-        if (bf16) {
+        if (bf16) { /* attended as float32: q, k and v widened, the output rounded below */
             widen_rows(wide, qkv_n, q, q_stride, rows, q_size);
             widen_rows(wide + q_size, qkv_n, k, k_stride, rows, kv_size);
             widen_rows(wide + q_size + kv_size, qkv_n, v, qkv_n, rows, kv_size);
-            attend(step, d, k_cache, v_cache, wide, qkv_n, wide + q_size, qkv_n, wide + q_size + kv_size, qkv_n,
-                   wide_attn, scale, num_threads);
-            floats_to_bf16(attn, wide_attn, rows * q_size);
-        } else {
-            attend(step, d, k_cache, v_cache, q, q_stride, k, k_stride, v, qkv_n, attn, scale, num_threads);
+            q = wide, k = wide + q_size, v = wide + q_size + kv_size, q_stride = k_stride = qkv_n;
         }
-        linear(&l->o, attn, x, rows, num_threads);
-        pagoda_add_rms_norm(x, residual, AT(const void *, l->post_attention_norm), rows, d->hidden, eps, bf16,
+        void *k_cache = AT(void *, kv_caches[2 * i]), *v_cache = AT(void *, kv_caches[2 * i + 1]);
+        float *out = bf16 ? wide_attn : attn;
+        const int only_read = read && i == num_layers - 1;
+        if (only_read)
+            attend_read(step, d, k_cache, v_cache, q, q_stride, k, k_stride, v, qkv_n, read, num_read, query_read,
+                        q_read, out, scale, num_threads);
+        else
+            attend(step, d, k_cache, v_cache, q, q_stride, k, k_stride, v, qkv_n, out, scale, num_threads);
+        const long n = only_read ? num_read : rows; /* the rows from here on */
+        if (only_read) /* the rows read move up to rows 0 .. n - 1 (read[j] >= j: none is overwritten first) */
+            for (long j = 0; j < n; j++)
+                if (read[j] != j) memcpy(AT_VALUE(residual, j * d->hidden), AT_VALUE(residual, read[j] * d->hidden),
+                                         es * d->hidden);
+        if (n == 0) break;
+        if (bf16) floats_to_bf16(attn, wide_attn, n * q_size);
+        linear(&l->o, attn, x, n, num_threads);
+        pagoda_add_rms_norm(x, residual, AT(const void *, l->post_attention_norm), n, d->hidden, eps, bf16,
                             num_threads);
-        linear(&l->gate_up, x, gate_up, rows, num_threads);
-        pagoda_silu_mul(act, gate_up, rows, d->intermediate, bf16, num_threads);
-        linear(&l->down, act, x, rows, num_threads);
+        linear(&l->gate_up, x, gate_up, n, num_threads);
+        pagoda_silu_mul(act, gate_up, n, d->intermediate, bf16, num_threads);
+        linear(&l->down, act, x, n, num_threads);
     }
 #undef AT_VALUE
     free(qkv);
@@ -170,4 +233,7 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
     free(act);
     free(wide);
     free(wide_attn);
+    free(read);
+    free(query_read);
+    free(q_read);
 }

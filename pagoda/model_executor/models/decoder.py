@@ -135,16 +135,22 @@ class DecoderModel(nn.Module):
         self.quant_embedding: nn.Module | None = None  # set by quant_loader: embed_tokens is then empty
         self.cpu_stack = None  # set by load_model where cpu_stack.CpuDecoderStack covers the model
 
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
+    def forward(
+        self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata, read_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The final hidden states of the rows `read_rows` names (sorted), of every row where it is
+        None. Every row's keys and values are stored either way; the CPU stack then computes the
+        last layer past its attention for the rows read only."""
         lookup = self.quant_embedding
         x, residual = F.embedding(input_ids, self.embed_tokens) if lookup is None else lookup(input_ids), None
         if self.cpu_stack is not None:
-            x, residual = self.cpu_stack.forward(x, positions, kv_caches, attn_metadata)
-        else:
-            rope = self.rotary.lookup(positions)
-            for layer, kv_cache in zip(self.layers, kv_caches):
-                x, residual = layer(x, residual, rope, kv_cache, attn_metadata)
-        return self.norm(x, residual)[0]
+            x, residual = self.cpu_stack.forward(x, positions, kv_caches, attn_metadata, read_rows)
+            return self.norm(x, residual)[0]
+        rope = self.rotary.lookup(positions)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, rope, kv_cache, attn_metadata)
+        hidden = self.norm(x, residual)[0]
+        return hidden if read_rows is None else hidden[read_rows]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.cpu_lm_head is not None:
