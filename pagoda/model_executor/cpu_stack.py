@@ -150,7 +150,7 @@ def chunk_tails_read(metadata: CpuAttentionMetadata, read_rows: list[int]) -> li
         if j > first and read_rows[first] != end - (j - first):
             return None
         tails.append(j - first)
-    return tails
+    return tails if j == len(read_rows) else None
 
 
 def step_fields(

@@ -29,12 +29,15 @@ typedef struct {
     Linear qkv, o, gate_up, down;
 } Layer;
 
-/* y = x @ w.T (+ bias) as the linear's module computes it: rows of float32, or of bf16 for LINEAR_BF16 */
-static void linear(const Linear *l, const void *x, void *y, long rows, int num_threads) {
+/* y = x @ w.T (+ bias) as the linear's module computes it on the step's step_rows rows: rows of
+ * float32, or of bf16 for LINEAR_BF16. rows <= step_rows: the last layer's rows read. A bf16 linear
+ * takes the GEMV where the step is one row (as the module does), the tiles otherwise, however few
+ * of its rows are computed: the two sum in different orders. */
+static void linear(const Linear *l, const void *x, void *y, long rows, long step_rows, int num_threads) {
     const float *bias = AT(const float *, l->bias);
     if (l->kind == LINEAR_PANELS)
         pagoda_gemm_invariant(y, l->n, x, l->k, AT(const float *, l->weight), bias, rows, l->n, l->k, num_threads);
-    else if (l->kind == LINEAR_BF16 && rows == 1)
+    else if (l->kind == LINEAR_BF16 && step_rows == 1)
         pagoda_gemv_bf16(AT(const uint16_t *, l->extra), x, 1, y, 1, bias, l->n, l->k, num_threads);
     else if (l->kind == LINEAR_BF16)
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -181,7 +184,7 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
         const void *input_norm = AT(const void *, l->input_norm);
         if (i == 0) pagoda_rms_norm(x, residual, input_norm, rows, d->hidden, eps, bf16, num_threads);
         else pagoda_add_rms_norm(x, residual, input_norm, rows, d->hidden, eps, bf16, num_threads);
-        linear(&l->qkv, x, qkv, rows, num_threads);
+        linear(&l->qkv, x, qkv, rows, rows, num_threads);
         void *q = qkv, *k = AT_VALUE(qkv, q_size), *v = AT_VALUE(qkv, q_size + kv_size);
         long q_stride = qkv_n, k_stride = qkv_n;
         if (l->q_norm) { /* Qwen3: queries and keys normalized per head into their own rows, then rotated */
@@ -217,12 +220,12 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
                                          es * d->hidden);
         if (n == 0) break;
         if (bf16) floats_to_bf16(attn, wide_attn, n * q_size);
-        linear(&l->o, attn, x, n, num_threads);
+        linear(&l->o, attn, x, n, rows, num_threads);
         pagoda_add_rms_norm(x, residual, AT(const void *, l->post_attention_norm), n, d->hidden, eps, bf16,
                             num_threads);
-        linear(&l->gate_up, x, gate_up, n, num_threads);
+        linear(&l->gate_up, x, gate_up, n, rows, num_threads);
         pagoda_silu_mul(act, gate_up, n, d->intermediate, bf16, num_threads);
-        linear(&l->down, act, x, n, num_threads);
+        linear(&l->down, act, x, n, rows, num_threads);
     }
 #undef AT_VALUE
     free(qkv);
