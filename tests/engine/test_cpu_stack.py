@@ -6,11 +6,14 @@ a step, the int8 linears' tiles), and bfloat16 on AMX tiles. Models it does not 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 from pagoda import LLM, SamplingParams
+from pagoda.attention.backend import AttentionInputs
 from pagoda.kernels import cpu as cpu_kernels
-from pagoda.model_executor.cpu_stack import CpuDecoderStack
+from pagoda.model_executor.cpu_stack import CpuDecoderStack, chunk_tails_read
 from tests.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
@@ -124,3 +127,75 @@ def test_models_it_does_not_cover_run_the_modules(tmp_path, monkeypatch):
     bf16 = LLM(str(llama), max_model_len=512, kv_cache_memory=0.05, dtype="bfloat16")
     assert bf16.engine.core.runner.model.cpu_stack is None
     bf16.engine.close()
+
+
+def step_inputs(runner, requests: list[tuple[int, int]]):
+    """AttentionInputs and positions of a step of `requests` (context, new tokens), decodes first,
+    each in blocks of its own."""
+    bs = runner.block_size
+    query_lens = [n for _, n in requests]
+    seq_lens = [c + n for c, n in requests]
+    blocks = [-(-s // bs) for s in seq_lens]
+    tables = np.zeros((len(requests), max(blocks)), dtype=np.int32)
+    for i, b in enumerate(blocks):
+        tables[i, :b] = np.arange(sum(blocks[:i]), sum(blocks[: i + 1]))
+    positions = np.concatenate([np.arange(c, c + n) for c, n in requests])
+    rows_of = np.repeat(np.arange(len(requests)), query_lens)
+    slots = tables[rows_of, positions // bs].astype(np.int64) * bs + positions % bs
+    query_start = np.zeros(len(requests) + 1, dtype=np.int32)
+    np.cumsum(query_lens, out=query_start[1:])
+    inputs = AttentionInputs(
+        query_start_loc=torch.from_numpy(query_start),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.from_numpy(tables),
+        slot_mapping=torch.from_numpy(slots),
+        num_decodes=sum(1 for n in query_lens if n == 1),
+        query_lens_cpu=tuple(query_lens),
+        seq_lens_cpu=tuple(seq_lens),
+        block_size=bs,
+        dtype=torch.float32,
+    )
+    return inputs, torch.from_numpy(positions)
+
+
+# (step: decodes then chunks as (context, new tokens), rows read, whether the last layer computes
+# only those: the decodes and a run of last rows of each chunk)
+READ_CASES = [
+    ([(10, 1), (20, 1), (10, 5), (0, 7), (20, 3)], [0, 1, 16], True),  # one chunk (rows 14-16) ends its prompt
+    ([(10, 1), (20, 1), (10, 5), (0, 7), (20, 3)], [0, 1, 6, 13, 15, 16], True),  # every chunk, some rows
+    ([(10, 5), (0, 7), (20, 3)], [], True),  # nothing read: chunks that do not end their prompts
+    ([(0, 60), (100, 40)], [59, 97, 98, 99], True),  # a verifier's last rows
+    ([(10, 1), (20, 1), (10, 5)], [1, 6], False),  # a decode not read
+    ([(10, 1), (20, 1), (10, 5)], [0, 1, 3, 4], False),  # not the chunk's (rows 2-6) last rows
+]
+
+
+def test_rows_read_are_the_same_bits(tmp_path):
+    """A step's rows read, computed alone past the last layer's attention (or where they are not
+    the decodes and chunk tails, all rows computed and those returned), are bitwise the rows of the
+    full step, and every row's keys and values are stored alike."""
+    from pagoda.model_files import load_tokenizer
+
+    model_dir = write_tiny_model("llama", tmp_path / "llama", load_tokenizer(None), vocab_size=2048)
+    llm = LLM(str(model_dir), max_model_len=512, kv_cache_memory=0.05)
+    runner = llm.engine.core.runner
+    model = runner.model
+
+    def forward(requests, read_rows):
+        inputs, positions = step_inputs(runner, requests)
+        metadata = runner.backend.build_metadata(inputs)
+        generator = torch.Generator().manual_seed(0)
+        for cache in runner.kv_caches:  # the contexts' keys and values
+            cache.copy_(torch.randn(cache.shape, generator=generator))
+        ids = torch.randint(0, 2048, positions.shape, generator=generator)
+        read = None if read_rows is None else torch.tensor(read_rows, dtype=torch.long)
+        hidden = model(ids, positions, runner.kv_caches, metadata, read)
+        return hidden, [cache.clone() for cache in runner.kv_caches], metadata
+
+    for requests, read_rows, trimmed in READ_CASES:
+        every, caches, metadata = forward(requests, None)
+        read, read_caches, _ = forward(requests, read_rows)
+        assert (chunk_tails_read(metadata, read_rows) is not None) == trimmed, (requests, read_rows)
+        assert torch.equal(read, every[read_rows]), (requests, read_rows)
+        assert all(torch.equal(a, b) for a, b in zip(caches, read_caches)), (requests, read_rows)
+    llm.engine.close()
