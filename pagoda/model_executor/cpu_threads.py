@@ -29,6 +29,10 @@ from pagoda.kernels import cpu as cpu_kernels
 logger = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 1.0
+# a poll whose interval this process spent mostly idle (under this share of one CPU) gives no
+# verdict: what others ran while the engine waited (a client starting up, say) says little about
+# the steps to come, and a persistent load shows again in the next interval, which the steps fill
+IDLE_SHARE = 0.5
 
 
 class ComputeThreads:
@@ -97,8 +101,9 @@ class LoadWatch:
         return time.monotonic(), busy / self.tick, own.user + own.system
 
     def poll(self) -> float | None:
-        """The CPUs other processes used since the last poll that returned a figure; None until
-        CHECK_INTERVAL_S has passed (or where /proc/stat cannot be read)."""
+        """The CPUs other processes used since the last poll; None until CHECK_INTERVAL_S has
+        passed, where this process was mostly idle meanwhile (IDLE_SHARE; a new interval starts),
+        or where /proc/stat cannot be read."""
         if self.last is None or time.monotonic() - self.last[0] < CHECK_INTERVAL_S:
             return None
         now = self._sample()
@@ -106,4 +111,6 @@ class LoadWatch:
             return None
         wall, busy, own = (b - a for a, b in zip(self.last, now))
         self.last = now
+        if own < IDLE_SHARE * wall:
+            return None
         return max(0.0, (busy - own) / wall)

@@ -96,23 +96,28 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def spin(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
+
+
 def test_load_watch_counts_a_busy_process_and_not_its_own_work(monkeypatch):
     """What the watch reports covers at least most of a busy process's use, and this process's
     own spinning is not part of it (on a shared machine others' load adds to both readings)."""
     monkeypatch.setattr(cpu_threads, "CHECK_INTERVAL_S", 0.5)
     watch = LoadWatch(sorted(os.sched_getaffinity(0)))
     assert watch.poll() is None  # too soon
-    own_start, deadline = os.times(), time.monotonic() + 1.0
-    while time.monotonic() < deadline:  # this process busy
-        pass
+    own_start = os.times()
+    spin(1.0)  # this process busy
     elsewhere_while_spinning = watch.poll()
     own_share = sum(os.times()[:2]) - sum(own_start[:2])
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(0.5)
+        spin(0.5)
         watch.poll()  # the interval the hog's start straddled
         hog_start = cpu_seconds(busy.pid)
-        time.sleep(1.0)
+        spin(1.0)  # this process at work meanwhile, as an engine's steps are
         elsewhere = watch.poll()
         hog_share = cpu_seconds(busy.pid) - hog_start
     finally:
@@ -122,6 +127,23 @@ def test_load_watch_counts_a_busy_process_and_not_its_own_work(monkeypatch):
     assert elsewhere >= 0.7 * hog_share > 0, (elsewhere, hog_share)
     total = len(os.sched_getaffinity(0))
     assert elsewhere_while_spinning <= total - 0.7 * own_share, (elsewhere_while_spinning, own_share)
+
+
+def test_load_watch_gives_no_verdict_on_an_interval_this_process_idled(monkeypatch):
+    """A busy process seen while the engine waited (as a benchmark client starting up before its
+    requests) does not shrink the team for the steps that follow: that poll gives nothing, and
+    the next interval, spent at work, is the one judged."""
+    monkeypatch.setattr(cpu_threads, "CHECK_INTERVAL_S", 0.5)
+    watch = LoadWatch(sorted(os.sched_getaffinity(0)))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.8)  # idle while the other process runs
+        assert watch.poll() is None
+        spin(0.8)
+        assert watch.poll() is not None  # at work: judged again
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 @pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
