@@ -6,14 +6,13 @@ a step, the int8 linears' tiles), and bfloat16 on AMX tiles. Models it does not 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from pagoda import LLM, SamplingParams
-from pagoda.attention.backend import AttentionInputs
 from pagoda.kernels import cpu as cpu_kernels
 from pagoda.model_executor.cpu_stack import CpuDecoderStack, chunk_tails_read
+from tests.attention.helpers import make_inputs
 from tests.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
@@ -129,35 +128,6 @@ def test_models_it_does_not_cover_run_the_modules(tmp_path, monkeypatch):
     bf16.engine.close()
 
 
-def step_inputs(runner, requests: list[tuple[int, int]]):
-    """AttentionInputs and positions of a step of `requests` (context, new tokens), decodes first,
-    each in blocks of its own."""
-    bs = runner.block_size
-    query_lens = [n for _, n in requests]
-    seq_lens = [c + n for c, n in requests]
-    blocks = [-(-s // bs) for s in seq_lens]
-    tables = np.zeros((len(requests), max(blocks)), dtype=np.int32)
-    for i, b in enumerate(blocks):
-        tables[i, :b] = np.arange(sum(blocks[:i]), sum(blocks[: i + 1]))
-    positions = np.concatenate([np.arange(c, c + n) for c, n in requests])
-    rows_of = np.repeat(np.arange(len(requests)), query_lens)
-    slots = tables[rows_of, positions // bs].astype(np.int64) * bs + positions % bs
-    query_start = np.zeros(len(requests) + 1, dtype=np.int32)
-    np.cumsum(query_lens, out=query_start[1:])
-    inputs = AttentionInputs(
-        query_start_loc=torch.from_numpy(query_start),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.from_numpy(tables),
-        slot_mapping=torch.from_numpy(slots),
-        num_decodes=sum(1 for n in query_lens if n == 1),
-        query_lens_cpu=tuple(query_lens),
-        seq_lens_cpu=tuple(seq_lens),
-        block_size=bs,
-        dtype=torch.float32,
-    )
-    return inputs, torch.from_numpy(positions)
-
-
 # (step: decodes then chunks as (context, new tokens), rows read, whether the last layer computes
 # only those: the decodes and a run of last rows of each chunk)
 READ_CASES = [
@@ -182,9 +152,12 @@ def test_rows_read_are_the_same_bits(tmp_path):
     model = runner.model
 
     def forward(requests, read_rows):
-        inputs, positions = step_inputs(runner, requests)
-        metadata = runner.backend.build_metadata(inputs)
         generator = torch.Generator().manual_seed(0)
+        query_lens, seq_lens = [n for _, n in requests], [c + n for c, n in requests]
+        blocks = sum(-(-s // runner.block_size) for s in seq_lens) + 4
+        inputs = make_inputs(query_lens, seq_lens, runner.block_size, blocks, generator)
+        positions = torch.cat([torch.arange(c, c + n) for c, n in requests])
+        metadata = runner.backend.build_metadata(inputs)
         for cache in runner.kv_caches:  # the contexts' keys and values
             cache.copy_(torch.randn(cache.shape, generator=generator))
         ids = torch.randint(0, 2048, positions.shape, generator=generator)
