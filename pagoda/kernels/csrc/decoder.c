@@ -73,8 +73,8 @@ typedef struct {
 /* The cpu attention backend's float32 forward (attention/cpu_backend.py) on the rows' queries, keys
  * and values (rows q_stride, k_stride and v_stride floats apart): the prefill rows' keys and values
  * stored, then the decodes (which store their own) attended, then the prefill rows: those of
- * prefill_q (rows prefill_q_stride apart, each chunk's at rows query_start[i] .. query_start[i + 1] - 1 of
- * it and of out), q itself unless only some are attended (attend_read). */
+ * prefill_q (rows prefill_q_stride apart, each chunk's at rows query_start[i] ..
+ * query_start[i + 1] - 1 of it and of out), q itself unless only some are attended (attend_read). */
 static void attend_rows(const Step *s, const Dims *d, void *k_cache, void *v_cache, const float *q, long q_stride,
                         const float *k, long k_stride, const float *v, long v_stride, const float *prefill_q,
                         long prefill_q_stride, const int32_t *query_start, float *out, float scale,
@@ -90,10 +90,11 @@ static void attend_rows(const Step *s, const Dims *d, void *k_cache, void *v_cac
                                       nd, d->num_heads, d->num_kv_heads, d->head_dim, d->block_size,
                                       s->decode_max_blocks, scale, (int)d->kv_bf16, num_threads);
     if (s->num_prefills && query_start[s->num_prefills] > query_start[0])
-        pagoda_prefill_attention(out, prefill_q, prefill_q_stride, k_cache, v_cache, AT(const int32_t *, s->prefill_tables),
-                                 query_start, AT(const int32_t *, s->prefill_seq_lens), s->num_prefills,
-                                 d->num_heads, d->num_kv_heads, d->head_dim, d->block_size, s->prefill_max_blocks,
-                                 scale, (int)d->kv_bf16, num_threads);
+        pagoda_prefill_attention(out, prefill_q, prefill_q_stride, k_cache, v_cache,
+                                 AT(const int32_t *, s->prefill_tables), query_start,
+                                 AT(const int32_t *, s->prefill_seq_lens), s->num_prefills, d->num_heads,
+                                 d->num_kv_heads, d->head_dim, d->block_size, s->prefill_max_blocks, scale,
+                                 (int)d->kv_bf16, num_threads);
 }
 
 static void attend(const Step *s, const Dims *d, void *k_cache, void *v_cache, const float *q, long q_stride,
@@ -126,7 +127,8 @@ static void attend_read(const Step *s, const Dims *d, void *k_cache, void *v_cac
                         const float *k, long k_stride, const float *v, long v_stride, const long *read, long n,
                         const int32_t *query_read, float *q_read, float *out, float scale, int num_threads) {
     const long q_size = d->num_heads * d->head_dim;
-    for (long j = s->num_decodes; j < n; j++) memcpy(q_read + j * q_size, q + read[j] * q_stride, q_size * sizeof(float));
+    for (long j = s->num_decodes; j < n; j++)
+        memcpy(q_read + j * q_size, q + read[j] * q_stride, q_size * sizeof(float));
     attend_rows(s, d, k_cache, v_cache, q, q_stride, k, k_stride, v, v_stride, q_read, q_size, query_read, out, scale,
                 num_threads);
 }
@@ -148,11 +150,12 @@ static void widen_rows(float *dst, long dst_stride, const uint16_t *src, long sr
 
 /* Layers of `table` [num_layers] over a step's rows, float32 or bf16 (d->bf16). residual [rows,
  * hidden]: the embeddings in, the stream before the last MLP output out; x [rows, hidden]: that last
- * MLP output (the final norm adds it in). Where the caller reads only some rows (step->prefill_read),
- * x and residual hold those rows' only, in order, in their first rows, and the rest are undefined. kv_caches [num_layers][2]: each layer's key and value
- * cache addresses; cos and signed_sin the rotary tables [max_positions, head_dim]. A bf16 model's
- * attention is the cpu backend's: its queries, keys and values widened to float32 exactly, attended
- * as float32 on its bf16 cache, the output rounded to bf16 once. */
+ * MLP output (the final norm adds it in). Where the caller reads only some rows
+ * (step->prefill_read), x and residual hold those rows' only, in order, in their first rows, and
+ * the rest are undefined. kv_caches [num_layers][2]: each layer's key and value cache addresses;
+ * cos and signed_sin the rotary tables [max_positions, head_dim]. A bf16 model's attention is the
+ * cpu backend's: its queries, keys and values widened to float32 exactly, attended as float32 on
+ * its bf16 cache, the output rounded to bf16 once. */
 void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t *kv_caches, const Dims *d,
                            const Step *step, void *residual, void *x, const void *cos, const void *signed_sin,
                            float eps, float scale, int num_threads) {
