@@ -83,6 +83,10 @@ class SchedulerConfig:
     # while any running request decodes, a step takes at most this many prompt tokens, so a long
     # prefill chunk does not stall every decode in the step; None: only max_num_batched_tokens
     max_prefill_with_decodes: int | None = None
+    # while any running request decodes, a prompt with at most this many tokens left to compute
+    # gets a step of its own, one prompt a step, before the decodes; None: prompts share the
+    # decodes' steps (docs/engine.md: Short prompts step alone)
+    prefill_alone_threshold: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -91,6 +95,8 @@ class SchedulerConfig:
             raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_prefill_with_decodes is not None and self.max_prefill_with_decodes < 1:
             raise ConfigError(f"max_prefill_with_decodes must be >= 1, got {self.max_prefill_with_decodes}")
+        if self.prefill_alone_threshold is not None and self.prefill_alone_threshold < 1:
+            raise ConfigError(f"prefill_alone_threshold must be >= 1, got {self.prefill_alone_threshold}")
         if self.policy not in ("fcfs", "lpm"):
             raise ConfigError(f"scheduling policy must be 'fcfs' or 'lpm', got {self.policy!r}")
 

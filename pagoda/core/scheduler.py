@@ -6,6 +6,13 @@ a chunk for a prefill) in arrival order, then waiting requests are admitted whil
 request is preempted by recompute: its blocks are released (what it computed stays in the prefix
 cache) and it waits at the head of the queue, its output so far kept.
 
+One exception to mixing (`prefill_alone_threshold`): while requests decode, a prompt with few
+tokens left to compute (a short prompt, or a prefix-cache hit's remainder) runs in a step of its
+own, one prompt a step. On a CPU a step costs about its rows' compute, so the decodes' rows and
+attention would add to that prompt's time to first token as much as it then delays them: alone,
+its first token costs its own rows only, and prompts that arrive together finish one after another
+instead of all at the end of one longer step.
+
 The scheduler owns every request's state (status, computed tokens, blocks, outputs); the KV cache
 manager hands it blocks and the model runner reads the step it is given.
 """
@@ -112,6 +119,10 @@ class Scheduler:
 
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        alone = self._schedule_prompt_alone()
+        if alone is not None:
+            finished, self._finished_ids = frozenset(self._finished_ids), []
+            return SchedulerOutput((alone,), alone[1], finished)
         budget = self.config.max_num_batched_tokens
         prefill_budget = self._prefill_budget()
         scheduled: list[tuple[Request, int]] = []
@@ -156,6 +167,33 @@ class Scheduler:
         finished, self._finished_ids = frozenset(self._finished_ids), []
         num_tokens = sum(n for _, n in scheduled)
         return SchedulerOutput(tuple(scheduled), num_tokens, finished, drafts)
+
+    def _schedule_prompt_alone(self) -> tuple[Request, int] | None:
+        """The prompt that gets this step to itself, with its tokens to compute, its blocks taken:
+        while a running request decodes, the first running prompt if it has at most
+        prefill_alone_threshold tokens left, else (none running) the next waiting request if its
+        tokens past its reusable prefix are that few. None: the step is built as usual."""
+        threshold = self.config.prefill_alone_threshold
+        if threshold is None or not any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running):
+            return None
+        threshold = min(threshold, self.config.max_num_batched_tokens)
+        prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), None)
+        if prompt is not None:
+            remaining = prompt.num_tokens - prompt.num_computed_tokens
+            if remaining > threshold or (blocks := self.kv.grow(prompt, remaining)) is None:
+                return None
+            prompt.block_ids += blocks
+            return prompt, remaining
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return None
+        request, passed_over = self._next_waiting()
+        if request is None:
+            return None
+        prefix = self._reusable_prefix(request)
+        if request.num_tokens - len(prefix.blocks) * self.kv.block_size > threshold:
+            return None
+        num_new = self._admit(request, prefix, threshold, passed_over)
+        return None if num_new is None else (request, num_new)
 
     def _prefill_budget(self) -> int:
         """Prompt tokens this step may take: max_prefill_with_decodes while a running request
@@ -233,26 +271,35 @@ class Scheduler:
             request, passed_over = self._next_waiting()
             if request is None:
                 break
-            prefix = self._reusable_prefix(request)
-            num_reused = len(prefix.blocks) * self.kv.block_size
-            num_new = min(request.num_tokens - num_reused, budget)
-            blocks = self.kv.admit(request.request_id, prefix, num_reused + num_new)
-            if blocks is None:
+            num_new = self._admit(request, self._reusable_prefix(request), budget, passed_over)
+            if num_new is None:
                 break
-            for earlier in passed_over:
-                earlier.num_skips += 1
-            self.waiting.remove(request)
-            request.status = RequestStatus.RUNNING
-            request.block_ids = blocks
-            request.num_computed_tokens = num_reused
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = time.monotonic()
-                request.num_cached_tokens = num_reused
-                self._prefix_queries += request.num_prompt_tokens
-                self._prefix_hits += num_reused
-            self.running.append(request)
             scheduled.append((request, num_new))
             budget -= num_new
+
+    def _admit(
+        self, request: Request, prefix: PrefixMatch[object], budget: int, passed_over: list[Request]
+    ) -> int | None:
+        """Moves a waiting request to running from its reusable prefix, with up to `budget` tokens
+        to compute this step; returns how many, or None (it stays waiting) if the pool cannot hold them."""
+        num_reused = len(prefix.blocks) * self.kv.block_size
+        num_new = min(request.num_tokens - num_reused, budget)
+        blocks = self.kv.admit(request.request_id, prefix, num_reused + num_new)
+        if blocks is None:
+            return None
+        for earlier in passed_over:
+            earlier.num_skips += 1
+        self.waiting.remove(request)
+        request.status = RequestStatus.RUNNING
+        request.block_ids = blocks
+        request.num_computed_tokens = num_reused
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
+            request.num_cached_tokens = num_reused
+            self._prefix_queries += request.num_prompt_tokens
+            self._prefix_hits += num_reused
+        self.running.append(request)
+        return num_new
 
     def _reusable_prefix(self, request: Request) -> PrefixMatch[object]:
         """KV blocks a waiting request can start from: a prefix-cache hit, else (caching off) the

@@ -23,6 +23,9 @@ if typing.TYPE_CHECKING:
 
 # The CPU default of --max-prefill-with-decodes: measured in benchmarks/results/cpu_runtime/prefill_bound.
 CPU_PREFILL_WITH_DECODES = 256
+# The CPU default of --prefill-alone-threshold: a prefix-cache hit's remainder or a short chat turn
+# (benchmarks/results/zen4_avx512/prefill_alone/ measures it); longer prompts share the decodes' steps.
+CPU_PREFILL_ALONE_THRESHOLD = 64
 
 # Whether a model that can be served deterministically is, unless told otherwise (--deterministic /
 # --no-deterministic): on where the mode costs at most 10% of throughput at concurrency 1, 8 and 32
@@ -78,6 +81,13 @@ class EngineArgs:
         "while any request decodes, a step takes at most this many prompt tokens (bounds the stall a long "
         "prompt's chunk puts on running decodes); 0: no bound beyond --max-num-batched-tokens",
         default_text=f"{CPU_PREFILL_WITH_DECODES} on CPU, no bound on a GPU",
+    )
+    prefill_alone_threshold: int | None = option(
+        None,
+        "while any request decodes, a prompt with at most this many tokens left to compute (a short prompt, "
+        "or what a prefix-cache hit leaves) gets a step of its own, one prompt a step, before the decodes: its "
+        "first token then costs only its own rows; 0: prompts always share the decodes' steps",
+        default_text=f"{CPU_PREFILL_ALONE_THRESHOLD} on CPU, 0 on a GPU",
     )
     block_size: int = option(16, "tokens per KV block")
     enable_prefix_caching: bool = option(True, "the radix prefix cache")
@@ -202,6 +212,7 @@ class EngineArgs:
                 policy=self.scheduling_policy,
                 max_queue=self.max_queue,
                 max_prefill_with_decodes=self.prefill_with_decodes(device),
+                prefill_alone_threshold=self.prefill_alone(device),
             ),
             device=device,
             attention_backend=backend.name,
@@ -267,6 +278,14 @@ class EngineArgs:
         if cap is None:
             cap = CPU_PREFILL_WITH_DECODES if device.type == "cpu" else 0
         return cap or None
+
+    def prefill_alone(self, device: torch.device) -> int | None:
+        """SchedulerConfig.prefill_alone_threshold; None: off. Off by default on a GPU, where a
+        step with a few more decode rows takes hardly longer."""
+        threshold = self.prefill_alone_threshold
+        if threshold is None:
+            threshold = CPU_PREFILL_ALONE_THRESHOLD if device.type == "cpu" else 0
+        return threshold or None
 
     def resolve_kv_cache_dtype(self, model, backend) -> str:
         """CacheConfig.kv_cache_dtype: "bfloat16" where the cache is not the model's dtype, else "auto";

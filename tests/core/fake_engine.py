@@ -77,10 +77,17 @@ def make_scheduler(
     policy: str = "fcfs",
     max_queue: int | None = None,
     max_prefill_with_decodes: int | None = None,
+    prefill_alone_threshold: int | None = None,
 ) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, caching)
     config = SchedulerConfig(
-        max_num_seqs, max_num_batched_tokens, max_model_len, policy, max_queue, max_prefill_with_decodes
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        policy,
+        max_queue,
+        max_prefill_with_decodes,
+        prefill_alone_threshold,
     )
     return Scheduler(config, kv)
 

@@ -40,6 +40,7 @@ class Workload:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_prefill_with_decodes: int | None
+    prefill_alone_threshold: int | None
     policy: str
     specs: tuple[Spec, ...]
 
@@ -80,6 +81,7 @@ def workloads(draw) -> Workload:
         max_num_seqs=draw(st.integers(1, 8)),
         max_num_batched_tokens=draw(st.integers(1, 64)),
         max_prefill_with_decodes=draw(st.one_of(st.none(), st.integers(1, 16))),
+        prefill_alone_threshold=draw(st.one_of(st.none(), st.integers(1, 24))),
         policy=draw(st.sampled_from(["fcfs", "lpm"])),
         specs=tuple(specs),
     )
@@ -96,6 +98,7 @@ def run_workload(w: Workload, caching: bool, num_blocks: int | None = None) -> t
         max_model_len=w.max_model_len,
         policy=w.policy,
         max_prefill_with_decodes=w.max_prefill_with_decodes,
+        prefill_alone_threshold=w.prefill_alone_threshold,
     )
     engine = FakeEngine(scheduler)
     groups: list[list[Request]] = []

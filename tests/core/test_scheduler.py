@@ -90,6 +90,57 @@ def test_prompt_tokens_are_bounded_while_requests_decode() -> None:
     engine.check_all_released()
 
 
+def test_a_short_prompt_gets_a_step_of_its_own_while_requests_decode() -> None:
+    """With prefill_alone_threshold, a waiting prompt with at most that many tokens past its cached
+    prefix runs alone, one prompt a step, the decodes in the next step; a longer one shares the
+    decodes' step as before, and so does any prompt while nothing decodes."""
+    s = make_scheduler(64, BS, max_num_batched_tokens=40, prefill_alone_threshold=6)
+    engine = FakeEngine(s, sample=constant(7))
+    add(s, "a", tokens(9), max_tokens=8)
+    add(s, "b", tokens(4, start=100), max_tokens=8)
+    assert ids(engine.step()) == [("a", 9), ("b", 4)]  # nothing decodes yet: both share the step
+    hit = add(s, "hit", tokens(8) + tokens(5, start=300), max_tokens=2)  # 8 cached, 5 to compute
+    short = add(s, "short", tokens(6, start=200), max_tokens=2)
+    long = add(s, "long", tokens(7, start=400), max_tokens=2)
+    assert ids(engine.step()) == [("hit", 5)]  # the decodes wait one step
+    assert hit.num_cached_tokens == 8 and hit.output_token_ids == [7]
+    assert ids(engine.step()) == [("short", 6)]  # one prompt a step
+    assert ids(engine.step()) == [("a", 1), ("b", 1), ("hit", 1), ("short", 1), ("long", 7)]
+    assert long.num_cached_tokens == 0 and short.output_token_ids == [7, 7]
+    engine.run_until_done()
+    engine.check_all_released()
+
+
+def test_a_short_remainder_of_a_running_prompt_runs_alone() -> None:
+    """A running prompt whose last chunk is within the threshold finishes alone; its earlier
+    chunks, longer, shared the decodes' steps under max_prefill_with_decodes."""
+    s = make_scheduler(64, BS, max_num_batched_tokens=40, max_prefill_with_decodes=8, prefill_alone_threshold=4)
+    engine = FakeEngine(s, sample=constant(7))
+    add(s, "a", tokens(3), max_tokens=8)
+    assert ids(engine.step()) == [("a", 3)]
+    add(s, "p", tokens(11, start=100), max_tokens=2)
+    assert ids(engine.step()) == [("a", 1), ("p", 8)]
+    assert ids(engine.step()) == [("p", 3)]
+    assert ids(engine.step()) == [("a", 1), ("p", 1)]
+    engine.run_until_done()
+    engine.check_all_released()
+
+
+def test_a_prompt_alone_that_the_pool_cannot_hold_waits_for_a_usual_step() -> None:
+    """Short of blocks, the prompt does not preempt to run alone: the step is built as usual (the
+    decodes grow; the prompt is admitted once blocks are free)."""
+    s = make_scheduler(4, BS, max_num_batched_tokens=40, prefill_alone_threshold=8)  # 3 usable blocks
+    engine = FakeEngine(s, sample=constant(7))
+    a = add(s, "a", tokens(2 * BS - 1), max_tokens=2)
+    assert ids(engine.step()) == [("a", 2 * BS - 1)]
+    b = add(s, "b", tokens(BS + 2, start=100), max_tokens=1)  # 2 blocks: only 1 is free
+    assert ids(engine.step()) == [("a", 1)]
+    assert a.is_finished and b.status is RequestStatus.WAITING
+    assert ids(engine.step()) == [("b", BS + 2)]
+    engine.run_until_done()
+    engine.check_all_released()
+
+
 def test_running_requests_come_first_then_admissions_in_order() -> None:
     """No decodes-first sort: the model runner orders its batch for the attention backends."""
     s = make_scheduler(64, BS, max_num_batched_tokens=100)
