@@ -53,16 +53,26 @@ static inline __attribute__((always_inline)) void axpy_kv(float *y, float a, con
 
 static inline void axpy_n(float *y, float a, const float *x, long n) { axpy_kv(y, a, x, n, 0); }
 
-/* Reads one byte of every cache line of n rows of `bytes` bytes each, in order, and does nothing
- * else: a loop of independent loads keeps many more lines in flight than the scoring and value
- * loops, whose FMA chains fill the core's out-of-order window while their loads wait on memory
- * (software prefetching a fixed distance ahead in those loops measured no faster than none). Run
- * over a decode span's keys before scoring them and its values before weighing them, so that those
- * loops read L2: a 30-layer decode step's attention took 0.66-0.80x the time (32 x 300, 8 x 1,100
- * and 1 x 4,000 tokens, bf16 and float32 caches, 2 threads, AMX machine; results/decode_touch/). */
+/* Reads one byte of every cache line of n rows of `bytes` bytes each and does nothing else: a loop
+ * of independent loads keeps many more lines in flight than the scoring and value loops, whose FMA
+ * chains fill the core's out-of-order window while their loads wait on memory (software
+ * prefetching a fixed distance ahead in those loops measured no faster than none). Run over a
+ * decode span's keys before scoring them and its values before weighing them, so that those loops
+ * read L2: a 30-layer decode step's attention took 0.66-0.80x the time (32 x 300, 8 x 1,100 and
+ * 1 x 4,000 tokens, bf16 and float32 caches, 2 threads, AMX machine; results/decode_touch/).
+ * The rows are read as TOUCH_WAYS interleaved streams (quarters of the span: rows t, t + n/4, ..
+ * line by line), not in order: a span's rows lie in blocks of a few KB scattered over the pool, and
+ * one stream at a time restarts the hardware prefetcher at every block. Four streams read
+ * shuffled 12 KB blocks at 26 GB/s where one read at 14.5 (2 threads, Zen 4) and made decode
+ * attention 0.69-0.88x the time (results/zen4_avx512/decode_touch_ways.txt); eight measured the
+ * same as four, as did touching a span's values together with its keys. */
+enum { TOUCH_WAYS = 4 };
+
 static inline void touch_rows(const void *const *rows, long n, long bytes) {
-    for (long t = 0; t < n; t++)
-        for (long i = 0; i < bytes; i += 64) (void)((const volatile char *)rows[t])[i];
+    const long quarter = (n + TOUCH_WAYS - 1) / TOUCH_WAYS;
+    for (long t = 0; t < quarter; t++)
+        for (long i = 0; i < bytes; i += 64)
+            for (long r = t; r < n; r += quarter) (void)((const volatile char *)rows[r])[i];
 }
 
 static inline void prefetch_row(const float *p, long n) {
