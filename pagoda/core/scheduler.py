@@ -11,7 +11,9 @@ tokens left to compute (a short prompt, or a prefix-cache hit's remainder) runs 
 own, one prompt a step. On a CPU a step costs about its rows' compute, so the decodes' rows and
 attention would add to that prompt's time to first token as much as it then delays them: alone,
 its first token costs its own rows only, and prompts that arrive together finish one after another
-instead of all at the end of one longer step.
+instead of all at the end of one longer step. At most PROMPTS_ALONE_IN_A_ROW such steps follow each
+other: a burst of short prompts beyond that shares the decodes' steps again, so no decode waits
+longer than that many short steps.
 
 The scheduler owns every request's state (status, computed tokens, blocks, outputs); the KV cache
 manager hands it blocks and the model runner reads the step it is given.
@@ -38,6 +40,9 @@ from pagoda.request import Request, RequestStatus, TokenLogprob
 
 LPM_WINDOW = 128  # waiting requests the longest-prefix-match policy looks at
 LPM_MAX_SKIPS = 16  # a request passed over this often is admitted next (no starvation)
+# consecutive steps of a prompt alone before one built as usual: two requests that ended in the same
+# step send their next prompts together, and these then run one after the other
+PROMPTS_ALONE_IN_A_ROW = 2
 
 
 class QueueFullError(RuntimeError):
@@ -55,6 +60,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._finished_ids: list[str] = []  # ended since the last step handed to the runner
         self._num_preemptions = 0
+        self._prompts_alone = 0  # steps of a prompt alone since the last step built as usual
         self._num_steps = 0
         self._prompt_tokens = 0  # prompt tokens computed (prefix-cache hits are not computed)
         self._generation_tokens = 0  # tokens sampled
@@ -119,10 +125,12 @@ class Scheduler:
 
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        alone = self._schedule_prompt_alone()
+        alone = self._schedule_prompt_alone() if self._prompts_alone < PROMPTS_ALONE_IN_A_ROW else None
         if alone is not None:
+            self._prompts_alone += 1
             finished, self._finished_ids = frozenset(self._finished_ids), []
             return SchedulerOutput((alone,), alone[1], finished)
+        self._prompts_alone = 0
         budget = self.config.max_num_batched_tokens
         prefill_budget = self._prefill_budget()
         scheduled: list[tuple[Request, int]] = []

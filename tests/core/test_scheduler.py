@@ -111,6 +111,22 @@ def test_a_short_prompt_gets_a_step_of_its_own_while_requests_decode() -> None:
     engine.check_all_released()
 
 
+def test_at_most_two_prompts_alone_in_a_row() -> None:
+    """A burst of short prompts: two run alone, then a step built as usual gives the decodes their
+    tokens and admits the rest beside them."""
+    s = make_scheduler(64, BS, max_num_batched_tokens=40, prefill_alone_threshold=6)
+    engine = FakeEngine(s, sample=constant(7))
+    add(s, "a", tokens(5), max_tokens=8)
+    assert ids(engine.step()) == [("a", 5)]
+    for i in range(4):
+        add(s, f"p{i}", tokens(3, start=100 * (i + 1)), max_tokens=3)
+    assert ids(engine.step()) == [("p0", 3)]
+    assert ids(engine.step()) == [("p1", 3)]
+    assert ids(engine.step()) == [("a", 1), ("p0", 1), ("p1", 1), ("p2", 3), ("p3", 3)]
+    engine.run_until_done()
+    engine.check_all_released()
+
+
 def test_a_short_remainder_of_a_running_prompt_runs_alone() -> None:
     """A running prompt whose last chunk is within the threshold finishes alone; its earlier
     chunks, longer, shared the decodes' steps under max_prefill_with_decodes."""
