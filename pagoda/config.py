@@ -84,8 +84,8 @@ class SchedulerConfig:
     # prefill chunk does not stall every decode in the step; None: only max_num_batched_tokens
     max_prefill_with_decodes: int | None = None
     # while any running request decodes, a prompt with at most this many tokens left to compute
-    # gets a step of its own, one prompt a step, before the decodes; None: prompts share the
-    # decodes' steps (docs/engine.md: Short prompts step alone)
+    # gets a step of its own, one prompt a step and at most two in a row, before the decodes;
+    # None: prompts share the decodes' steps (docs/engine.md: How a step works)
     prefill_alone_threshold: int | None = None
 
     def __post_init__(self) -> None:
