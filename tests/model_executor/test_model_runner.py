@@ -24,7 +24,15 @@ def tiny_llama(tmp_path_factory):
 
 
 def test_a_prefill_scheduled_before_a_decode_runs_after_it(tiny_llama):
-    llm = LLM(str(tiny_llama), block_size=4, kv_cache_memory=0.01, max_model_len=64, max_num_batched_tokens=100)
+    # prefill_alone_threshold=0: the short prompts share the decode's step, the mixed batch under test
+    llm = LLM(
+        str(tiny_llama),
+        block_size=4,
+        kv_cache_memory=0.01,
+        max_model_len=64,
+        max_num_batched_tokens=100,
+        prefill_alone_threshold=0,
+    )
     engine, runner = llm.engine, llm.engine.core.runner
     steps, batches = [], []
     execute, build = runner.execute, runner.backend.build_metadata
