@@ -179,10 +179,10 @@ class Scheduler:
     def _schedule_prompt_alone(self) -> tuple[Request, int] | None:
         """The prompt that gets this step to itself, with its tokens to compute, its blocks taken:
         while a running request decodes, the first running prompt if it has at most
-        prefill_alone_threshold tokens left, else (none running) the next waiting request if its
-        tokens past its reusable prefix are that few. None: the step is built as usual."""
+        prefill_alone_threshold tokens left, else (no prompt running) the next waiting request if
+        its tokens past its reusable prefix are that few. None: the step is built as usual."""
         threshold = self.config.prefill_alone_threshold
-        if threshold is None or not any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running):
+        if threshold is None or not self._any_decoding():
             return None
         threshold = min(threshold, self.config.max_num_batched_tokens)
         prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), None)
@@ -207,9 +207,13 @@ class Scheduler:
         """Prompt tokens this step may take: max_prefill_with_decodes while a running request
         decodes, else the whole step budget."""
         cap = self.config.max_prefill_with_decodes
-        if cap is not None and any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running):
+        if cap is not None and self._any_decoding():
             return cap
         return self.config.max_num_batched_tokens
+
+    def _any_decoding(self) -> bool:
+        """Whether a running request has one token to compute: it decodes this step."""
+        return any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
 
     def update(self, step: SchedulerOutput, result: ModelRunnerOutput) -> StepOutputs:
         """Apply a step's results: computed tokens advance and sampled tokens are appended.

@@ -22,9 +22,12 @@ if typing.TYPE_CHECKING:
     import torch
 
 # The CPU default of --max-prefill-with-decodes: measured in benchmarks/results/cpu_runtime/prefill_bound.
+# No default cap on a GPU: its step time barely grows with a few thousand more prompt tokens, and
+# capping them there starved prefill (the H200 check's concurrency 256 fell to half its throughput).
 CPU_PREFILL_WITH_DECODES = 256
 # The CPU default of --prefill-alone-threshold: a prefix-cache hit's remainder or a short chat turn
 # (benchmarks/results/zen4_avx512/prefill_alone/ measures it); longer prompts share the decodes' steps.
+# Off by default on a GPU, where a step with a few more decode rows takes hardly longer.
 CPU_PREFILL_ALONE_THRESHOLD = 64
 
 # Whether a model that can be served deterministically is, unless told otherwise (--deterministic /
@@ -38,6 +41,14 @@ def option(default: object, help: str, *, choices: list[str] | None = None, defa
     where `default_text` says what a None default means (the value itself is shown otherwise)."""
     metadata = {"help": help, "choices": choices, "default_text": default_text}
     return field(default=default, metadata=metadata)
+
+
+def on_cpu_by_default(value: int | None, cpu_default: int, device: torch.device) -> int | None:
+    """A scheduler bound as SchedulerConfig takes it: the flag's value, or where unset `cpu_default`
+    on a CPU and none elsewhere; 0 (none) becomes None."""
+    if value is None:
+        value = cpu_default if device.type == "cpu" else 0
+    return value or None
 
 
 @dataclass(frozen=True)
@@ -211,8 +222,12 @@ class EngineArgs:
                 max_model_len=model.max_model_len,
                 policy=self.scheduling_policy,
                 max_queue=self.max_queue,
-                max_prefill_with_decodes=self.prefill_with_decodes(device),
-                prefill_alone_threshold=self.prefill_alone(device),
+                max_prefill_with_decodes=on_cpu_by_default(
+                    self.max_prefill_with_decodes, CPU_PREFILL_WITH_DECODES, device
+                ),
+                prefill_alone_threshold=on_cpu_by_default(
+                    self.prefill_alone_threshold, CPU_PREFILL_ALONE_THRESHOLD, device
+                ),
             ),
             device=device,
             attention_backend=backend.name,
@@ -268,24 +283,6 @@ class EngineArgs:
                 f"model's ({target.model.vocab_size}); a draft must share the model's tokenizer"
             )
         return replace(spec, draft=config)
-
-    def prefill_with_decodes(self, device: torch.device) -> int | None:
-        """The step's prompt-token cap while requests decode; None: no cap. The CPU default is a
-        measured trade-off (docs/engine.md); a GPU's step time barely grows with a few thousand
-        more prompt tokens, and capping them there starved prefill (the H200 check's concurrency
-        256 fell to half its throughput under 256)."""
-        cap = self.max_prefill_with_decodes
-        if cap is None:
-            cap = CPU_PREFILL_WITH_DECODES if device.type == "cpu" else 0
-        return cap or None
-
-    def prefill_alone(self, device: torch.device) -> int | None:
-        """SchedulerConfig.prefill_alone_threshold; None: off. Off by default on a GPU, where a
-        step with a few more decode rows takes hardly longer."""
-        threshold = self.prefill_alone_threshold
-        if threshold is None:
-            threshold = CPU_PREFILL_ALONE_THRESHOLD if device.type == "cpu" else 0
-        return threshold or None
 
     def resolve_kv_cache_dtype(self, model, backend) -> str:
         """CacheConfig.kv_cache_dtype: "bfloat16" where the cache is not the model's dtype, else "auto";
