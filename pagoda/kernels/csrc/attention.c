@@ -60,19 +60,19 @@ static inline void axpy_n(float *y, float a, const float *x, long n) { axpy_kv(y
  * decode span's keys before scoring them and its values before weighing them, so that those loops
  * read L2: a 30-layer decode step's attention took 0.66-0.80x the time (32 x 300, 8 x 1,100 and
  * 1 x 4,000 tokens, bf16 and float32 caches, 2 threads, AMX machine; results/decode_touch/).
- * The rows are read as TOUCH_WAYS interleaved streams (quarters of the span: rows t, t + n/4, ..
- * line by line), not in order: a span's rows lie in blocks of a few KB scattered over the pool, and
- * one stream at a time restarts the hardware prefetcher at every block. Four streams read
- * shuffled 12 KB blocks at 26 GB/s where one read at 14.5 (2 threads, Zen 4) and made decode
+ * The rows are read as TOUCH_WAYS interleaved streams (with 4, quarters of the span: rows t,
+ * t + n/4, .. line by line), not in order: a span's rows lie in blocks of a few KB scattered over
+ * the pool, and one stream at a time restarts the hardware prefetcher at every block. Four streams
+ * read shuffled 12 KB blocks at 26 GB/s where one read at 14.5 (2 threads, Zen 4) and made decode
  * attention 0.69-0.88x the time (results/zen4_avx512/decode_touch_ways.txt); eight measured the
  * same as four, as did touching a span's values together with its keys. */
 enum { TOUCH_WAYS = 4 };
 
 static inline void touch_rows(const void *const *rows, long n, long bytes) {
-    const long quarter = (n + TOUCH_WAYS - 1) / TOUCH_WAYS;
-    for (long t = 0; t < quarter; t++)
+    const long per_stream = (n + TOUCH_WAYS - 1) / TOUCH_WAYS; /* rows; stream w starts at row w * per_stream */
+    for (long t = 0; t < per_stream; t++)
         for (long i = 0; i < bytes; i += 64)
-            for (long r = t; r < n; r += quarter) (void)((const volatile char *)rows[r])[i];
+            for (long r = t; r < n; r += per_stream) (void)((const volatile char *)rows[r])[i];
 }
 
 static inline void prefetch_row(const float *p, long n) {
