@@ -8,15 +8,25 @@ but the request that asked.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
 # How JSON is written under a schema or json_object: compact, one space after ':' and ','. (Free
 # whitespace lets small models pad a document with blank lines until max_tokens.)
 SEPARATORS = (", ", ": ")
-COMPILE_OPTIONS = f"any_whitespace=False separators={SEPARATORS} strict_mode=True"  # part of the disk cache's key
+# part of the disk cache's key (a grammar xgrammar warned about was cached before they were refused)
+COMPILE_OPTIONS = f"any_whitespace=False separators={SEPARATORS} strict_mode=True warnings=refused"
+# xgrammar's C++ log line for a part of the constraint it does not enforce, e.g. "[13:12:09]
+# /project/cpp/json_schema_converter.cc:1199: Warning: format combined with minLength/maxLength
+# is not supported; ignoring minLength/maxLength"
+LIBRARY_WARNING = re.compile(r"Warning: (.*)")
 
 
 def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:
@@ -37,6 +47,25 @@ def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:
     raise ValueError(f"unknown constraint kind {kind!r}")
 
 
+@contextlib.contextmanager
+def library_warnings() -> Iterator[list[str]]:
+    """The warnings the library's C++ code writes to file descriptor 2 while the block runs, which
+    Python's own warnings machinery never sees; filled in when the block ends."""
+    warnings: list[str] = []
+    with tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield warnings
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode(errors="replace")
+            warnings.extend(m.group(1).strip() for m in map(LIBRARY_WARNING.search, text.splitlines()) if m)
+
+
 def serve(conn: Connection) -> None:
     """The process's main loop: the tokenizer info first, then (kind, value) in and ("ok",
     serialized grammar) or ("error", reason) out, one at a time."""
@@ -51,9 +80,15 @@ def serve(conn: Connection) -> None:
         except EOFError:
             return
         try:
-            conn.send(("ok", compile_constraint(compiler, kind, value).serialize_json()))
+            with library_warnings() as warnings:
+                compiled = compile_constraint(compiler, kind, value)
         except Exception as exc:  # noqa: BLE001 - every library error is the client's to read
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            continue
+        if warnings:  # the library would enforce less than asked: outputs could break the constraint
+            conn.send(("error", f"structured outputs cannot enforce this {kind} constraint as given: {warnings[0]}"))
+        else:
+            conn.send(("ok", compiled.serialize_json()))
 
 
 if __name__ == "__main__":  # python -m pagoda.structured.worker FD: FD is this end of a socket pair

@@ -92,3 +92,31 @@ def test_keywords_xgrammar_would_ignore_are_refused(schema, message) -> None:
 
 def test_a_property_named_like_a_keyword_is_fine() -> None:
     check_supported({"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"}}})
+
+
+@pytest.mark.parametrize(
+    "schema, warning",
+    [
+        ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "allOf with multiple options"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "falling back to anyOf"),  # 2 is both
+        ({"type": "string", "format": "date", "maxLength": 5}, "ignoring minLength/maxLength"),
+        ({"type": "string", "pattern": "[a-z]+", "minLength": 3}, "ignoring minLength/maxLength"),
+        ({"type": "string", "pattern": "(?=a)b"}, "Lookahead assertion is not supported"),
+    ],
+)
+def test_what_xgrammar_would_enforce_less_of_is_refused(tokenizer, tmp_path, schema, warning) -> None:
+    """xgrammar warns (on its C++ stderr) and compiles a weaker grammar for these: refused instead,
+    with its reason; nothing is cached; schemas it enforces whole still compile in the same worker."""
+    grammars = compiler(tokenizer, tmp_path)
+    try:
+        with pytest.raises(GrammarError, match=f"cannot enforce this json constraint as given: .*{re.escape(warning)}"):
+            grammars.compile(StructuredOutputsParams(json=schema))
+        assert not list(tmp_path.rglob("*.json"))
+        for whole in (
+            {"allOf": [{"type": "integer"}]},
+            {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+            {"type": "string", "maxLength": 5},
+        ):
+            assert grammars.compile(StructuredOutputsParams(json=whole)) is not None
+    finally:
+        grammars.close()
