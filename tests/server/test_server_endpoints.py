@@ -35,6 +35,19 @@ def test_tokenize_and_detokenize_round_trip(http):
     assert templated["count"] > tokens["count"]  # the chat template adds its markup
 
 
+def test_tokenize_renders_tools_as_a_chat_request_does(http):
+    messages = [{"role": "user", "content": PROMPTS[3]}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    plain = http.post("/tokenize", json={"messages": messages}).json()["count"]
+    with_tools = http.post("/tokenize", json={"messages": messages, "tools": tools}).json()["count"]
+    chat = http.post(
+        "/v1/chat/completions", json={"messages": messages, "tools": tools, "tool_choice": "none", "max_tokens": 1}
+    ).json()
+    assert with_tools == chat["usage"]["prompt_tokens"] > plain  # the tools are in the prompt
+    bad = http.post("/tokenize", json={"messages": messages, "tools": [{"type": "function"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools[0]"
+
+
 def test_health_and_version_need_no_key(server):
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert httpx.get(f"{server.base_url}/version").json() == {"version": __version__}

@@ -116,12 +116,42 @@ def test_harmless_values_of_refused_fields_pass(http):
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
         ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
         ("/tokenize", {"messages": []}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),  # a required field's null
+        # lone surrogates (JSON's unpaired \ud800 escapes): no tokenizer or grammar takes them
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi \ud800"}]}, "messages"),
+        ("/v1/completions", {**COMPLETION, "prompt": "\udfff"}, "prompt"),
+        ("/tokenize", {"prompt": "a\ud800b"}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]},
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "structured_outputs": {"choice": ["a", "\ud800"]}},
+            "structured_outputs.choice",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["\ud800"]}}}},
+            "response_format",
+        ),
     ],
 )
 def test_invalid_parameters_are_400_naming_the_param(http, path, body, param):
     content = json.dumps(body)  # Python's json writes Infinity and NaN, as some clients do
     error = error_of(http.post(path, content=content, headers={"Content-Type": "application/json"}), 400)
     assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_null_takes_the_default(http):
+    """OpenAI's nullable fields: an explicit null is the default, not a 400."""
+    nulls = ("n", "stream", "logprobs", "presence_penalty", "min_p", "parallel_tool_calls", "ignore_eos")
+    chat = http.post("/v1/chat/completions", json={**CHAT, **dict.fromkeys(nulls)})
+    assert chat.status_code == 200 and len(chat.json()["choices"]) == 1, chat.text
+    assert chat.json()["choices"][0]["logprobs"] is None
+    completion = http.post("/v1/completions", json={**COMPLETION, **dict.fromkeys(("n", "echo", "stream"))})
+    assert completion.status_code == 200 and completion.json()["choices"][0]["text"] != "Hi", completion.text
 
 
 def test_malformed_json_is_400(http):

@@ -39,6 +39,7 @@ from pagoda.entrypoints.openai.recording import RecordSinks
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
 from pagoda.entrypoints.openai.stats_log import log_stats
+from pagoda.entrypoints.openai.tool_calls import check_tools
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +211,10 @@ async def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
         raise bad_request("Give exactly one of `prompt` and `messages`.", "prompt")
     if body.messages is not None:
         messages = chat.parse_messages(body.messages)
-        return await state.off_loop(chat.render, state, messages, size=sum(len(m["content"]) for m in messages))
+        tools = check_tools(body.tools) or None
+        kwargs = chat.checked_template_kwargs(state.tokenizer, body.chat_template_kwargs)
+        size = sum(len(m["content"]) for m in messages)
+        return await state.off_loop(chat.render, state, messages, tools, kwargs, size=size)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
     return await state.off_loop(
         lambda: state.tokenizer.encode(body.prompt, add_special_tokens=add_special), size=len(body.prompt)

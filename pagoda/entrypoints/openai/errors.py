@@ -105,7 +105,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
     param = param_of(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
         return rejected(request, bad_request(f"The body is not valid JSON: {first.get('msg')}"))
-    message = f"{param}: {first['msg']}" if param else f"Invalid request body: {first['msg']}"
+    reason = first["msg"].removeprefix("Value error, ")  # a validator's own message says what is wrong
+    message = f"{param}: {reason}" if param else f"Invalid request body: {reason}"
     return rejected(request, bad_request(message, param))
 
 

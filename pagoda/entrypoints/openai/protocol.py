@@ -8,9 +8,10 @@ Responses are plain dicts built by chat.py and completions.py.
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_N = 128  # OpenAI's own limit on choices per request
@@ -19,6 +20,55 @@ MAX_N = 128  # OpenAI's own limit on choices per request
 class _Body(BaseModel):
     # inf and NaN would reach the sampler's tensors: refused like any other invalid number
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """An explicit null for an optional field whose type has no None (n, stream, ...) takes its
+        default, as OpenAI's nullable fields do; a required field's null is still refused."""
+        if not isinstance(data, dict):
+            return data
+        defaulted = {
+            field.alias or name
+            for name, field in cls.model_fields.items()
+            if not field.is_required() and not _admits_none(field.annotation)
+        }
+        return {key: value for key, value in data.items() if value is not None or key not in defaulted}
+
+    @field_validator("*")
+    @classmethod
+    def _text_is_unicode(cls, value: Any, info: ValidationInfo) -> Any:
+        """JSON's \\ud800 escapes decode to lone surrogates, which no tokenizer, grammar compiler or
+        UTF-8 encoder takes: refused here rather than failing deep inside one."""
+        where = _lone_surrogate(value, info.field_name or "")
+        if where is not None:
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)")
+        return value
+
+
+def _admits_none(annotation: Any) -> bool:
+    return annotation is Any or annotation is None or type(None) in typing.get_args(annotation)
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """Where in value (a parsed JSON value, at `path`) a string or key holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = _lone_surrogate(key, f"{path} (a key)") or _lone_surrogate(item, f"{path}.{key}")
+            if where is not None:
+                return where
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            where = _lone_surrogate(item, f"{path}[{i}]")
+            if where is not None:
+                return where
+    return None
 
 
 class StreamOptions(_Body):
@@ -103,6 +153,9 @@ class TokenizeRequest(_Body):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)  # a chat template needs a message
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    # with messages, rendered as a chat request renders them (vLLM's tokenize does likewise)
+    tools: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_Body):

@@ -125,7 +125,7 @@ def plan_tools(
 ) -> ToolPlan:
     """Check a request's tools and tool_choice (400s name the field) and decide how to serve them."""
     reasoning = REASONING_PARSERS[settings.reasoning_parser] if settings.reasoning_parser else None
-    checked = _check_tools(tools)
+    checked = check_tools(tools)
     choice, forced = _check_choice(tool_choice, checked)
     if not checked or choice == "none":
         return ToolPlan(tools=checked or None, reasoning=reasoning)
@@ -197,7 +197,9 @@ def _lift_definitions(prefix: str, schema: dict[str, Any]) -> tuple[dict[str, An
     return body, lifted
 
 
-def _check_tools(tools: Any) -> list[dict[str, Any]]:
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """A request's tools, each a function tool with a valid name and parameters schema (400s name
+    the field); [] for none."""
     if tools is None:
         return []
     if not isinstance(tools, list):
