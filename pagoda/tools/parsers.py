@@ -26,6 +26,7 @@ call until it is complete, and a whole-output format's text while it may still b
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -439,6 +440,64 @@ def _llama3_streamer() -> ToolStreamer:
 
 def _generic_streamer() -> ToolStreamer:
     return _WholeStreamer(None, None, _read_generic)
+
+
+# ---- calls forced by a grammar ----------------------------------------------------------------------------------
+
+
+# The generic format's text as its grammar writes it (tool_calls.calls_schema: "name" before "arguments"), up to
+# where a call's arguments begin: the opening of the first call, or the end of one call and the opening of the next.
+_NAME = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:'
+_FIRST_CALL = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*' + _NAME)
+_NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + _NAME)
+
+
+class _ForcedStreamer(ToolStreamer):
+    """Calls a grammar forces (tool_choice "required" or a named function): the output is the generic format,
+    `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`, valid by construction, so a call is sent as it is
+    generated: its name once the name's string and the "arguments" key are complete, then its arguments' text as
+    it comes, the model's own (the grammar writes compact JSON). Only a text cut short (max_tokens) can leave the
+    format: before its first call's name is complete, all of it is content; after, what follows the last
+    complete argument is dropped (the call's arguments stop where the text did)."""
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._pos = 0  # read up to here
+        self._arguments: _JsonExtent | None = None  # the arguments object being sent
+        self._calls = 0
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        self._text += delta
+        deltas: list[ToolCallDelta] = []
+        while True:
+            if self._arguments is None:
+                head = (_FIRST_CALL if self._calls == 0 else _NEXT_CALL).match(self._text, self._pos)
+                if head is None:
+                    return "", deltas
+                name = _loads(head.group(1))
+                if not isinstance(name, str):
+                    return "", deltas
+                deltas.append(ToolCallDelta(self._calls, name, ""))
+                self._pos = head.end()
+                self._arguments = _JsonExtent(self._pos)
+            if self._arguments.start == self._pos:  # nothing sent yet: the arguments start at their bracket
+                self._pos = self._arguments.start = _skip_space(self._text, self._pos)
+            end = self._arguments.end(self._text)
+            upto = len(self._text) if end is None else end
+            if upto > self._pos:
+                deltas.append(ToolCallDelta(self._calls, None, self._text[self._pos : upto]))
+                self._pos = upto
+            if end is None:
+                return "", deltas
+            self._arguments = None
+            self._calls += 1
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        started = self._calls > 0 or self._arguments is not None
+        return ("" if started else self._text), []
+
+
+FORCED_CALLS = ToolParser("forced", _ForcedStreamer)  # not a --tool-call-parser: chosen by tool_choice
 
 
 # ---- choosing a parser ---------------------------------------------------------------------------------------------

@@ -91,6 +91,7 @@ def test_streamed_calls_equal_whole_ones(client):
     whole = client.chat.completions.create(**kwargs).choices[0]
     names: dict[int, str] = {}
     arguments: dict[int, str] = {}
+    pieces: dict[int, int] = {}  # deltas carrying a piece of a call's arguments
     finish = None
     for chunk in client.chat.completions.create(**kwargs, stream=True):
         if not chunk.choices:
@@ -101,10 +102,13 @@ def test_streamed_calls_equal_whole_ones(client):
                 assert call.index not in names and call.id and call.type == "function"
                 names[call.index] = call.function.name
             arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+            pieces[call.index] = pieces.get(call.index, 0) + bool(call.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" == whole.finish_reason
     assert [names[i] for i in sorted(names)] == [c.function.name for c in whole.message.tool_calls]
     assert [arguments[i] for i in sorted(arguments)] == [c.function.arguments for c in whole.message.tool_calls]
+    # a forced call's arguments stream as they are generated, a token or so a delta
+    assert all(pieces[i] > 1 for i in names), pieces
 
 
 def test_a_two_turn_agent_loop(client):

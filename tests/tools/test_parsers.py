@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagoda.tools import (
+    FORCED_CALLS,
     PARSERS,
     ParsedOutput,
     ToolCall,
@@ -19,6 +20,7 @@ from pagoda.tools import (
     detect_parser,
     get_parser,
 )
+from pagoda.tools.parsers import assemble
 
 from .cases import CASES, PIECES
 
@@ -155,3 +157,37 @@ def test_detect_parser(template, expected):
 def test_importing_the_parsers_leaves_torch_alone():
     code = "import sys, pagoda.tools; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# outputs as the grammar of tool_choice "required" or a named function writes them (compact JSON)
+FORCED = [
+    '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa}ris \\"x\\"", "n": [1, {"a": [2]}]}}]}',
+    '{"tool_calls": [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"s": "\u00e9\\u00e9"}}]}',
+]
+
+
+@pytest.mark.parametrize("text", FORCED)
+def test_forced_calls_stream_their_arguments_as_they_come(text):
+    """A forced call's name is sent with its "arguments" key, then its arguments a piece at a time as they are
+    generated, the model's own text; every split of the text gives what parse() gives."""
+    expected = [(call["name"], call["arguments"]) for call in json.loads(text)["tool_calls"]]
+    parsed = FORCED_CALLS.parse(text)
+    assert parsed.content == "" and [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == expected
+    assert all(call.arguments in text for call in parsed.tool_calls)  # the model's text, not re-serialized
+    for cut in range(len(text) + 1):
+        streamer = FORCED_CALLS.streamer()
+        deltas = streamer.feed(text[:cut])[1] + streamer.feed(text[cut:])[1] + streamer.finish()[1]
+        assert assemble(deltas) == parsed.tool_calls, cut
+    streamer = FORCED_CALLS.streamer()
+    deltas = [delta for char in text for delta in streamer.feed(char)[1]]
+    firsts = [delta for delta in deltas if delta.name is not None]
+    assert [(d.name, d.arguments) for d in firsts] == [(name, "") for name, _ in expected]
+    pieces = [delta for delta in deltas if delta.name is None]
+    assert len(pieces) == sum(len(call.arguments) for call in parsed.tool_calls)  # a character a piece
+
+
+def test_a_forced_call_cut_short():
+    """Cut before a call's name is complete: all content, no call; cut in its arguments: the call as far as it came."""
+    head = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa'
+    assert FORCED_CALLS.parse(head[:30]) == ParsedOutput(head[:30], [])
+    assert FORCED_CALLS.parse(head) == ParsedOutput("", [ToolCall("get_weather", '{"city": "Pa')])

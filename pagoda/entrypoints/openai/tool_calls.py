@@ -23,7 +23,7 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.model_files import template_supports_tools
 from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError, check_json_schema, check_supported
-from pagoda.tools.parsers import PARSERS, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
+from pagoda.tools.parsers import FORCED_CALLS, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
 from pagoda.tools.reasoning import REASONING_PARSERS
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
@@ -144,7 +144,7 @@ def plan_tools(
     schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
     return ToolPlan(
         tools=checked,
-        parser=PARSERS["generic"],
+        parser=FORCED_CALLS,
         constraint=StructuredOutputsParams(json=schema),
         reasoning=reasoning,
     )
