@@ -117,6 +117,7 @@ def test_harmless_values_of_refused_fields_pass(http):
         ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
         ("/tokenize", {"messages": []}, "messages"),
         ("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),  # a required field's null
+        ("/v1/chat/completions", {**CHAT, "response_format": "json_object"}, "response_format"),  # not an object
         # lone surrogates (JSON's unpaired \ud800 escapes): no tokenizer or grammar takes them
         ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi \ud800"}]}, "messages"),
         ("/v1/completions", {**COMPLETION, "prompt": "\udfff"}, "prompt"),

@@ -105,7 +105,11 @@ def structured_outputs(request: CompletionRequest | ChatCompletionRequest) -> St
 def _response_format(value: object) -> StructuredOutputsParams:
     """OpenAI's response_format: json_object, or json_schema with its schema (`strict` is accepted
     either way, as vLLM does: the output follows the schema)."""
-    kind = value.get("type") if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        raise bad_request(
+            f'response_format must be an object such as {{"type": "json_object"}}, got {value!r:.80}', "response_format"
+        )
+    kind = value.get("type")
     if kind == "json_object":
         return StructuredOutputsParams(json_object=True)
     if kind != "json_schema":
