@@ -40,7 +40,8 @@ class _Body(BaseModel):
     def _text_is_unicode(cls, value: Any, info: ValidationInfo) -> Any:
         """JSON's \\ud800 escapes decode to lone surrogates, which no tokenizer, grammar compiler or
         UTF-8 encoder takes: refused here rather than failing deep inside one."""
-        where = _lone_surrogate(value, info.field_name or "")
+        field = cls.model_fields[info.field_name] if info.field_name else None
+        where = _lone_surrogate(value, (field.alias if field else None) or info.field_name or "")
         if where is not None:
             raise ValueError(f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)")
         return value
