@@ -96,18 +96,48 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+        self._check_types()
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()})
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         self._validate()
+
+    def _check_types(self) -> None:
+        """Each field's type, so that a wrong one is refused here, naming it, rather than failing in
+        the sampler's tensors after the request has joined the engine."""
+        for name in _INTS:
+            value = getattr(self, name)
+            if not (_is_int(value) or (value is None and name in _OPTIONAL)):
+                raise SamplingParamsError(name, f"{name} must be an integer, got {value!r}")
+        for name in _NUMBERS:
+            value = getattr(self, name)
+            if not (_is_int(value) or isinstance(value, float)):
+                raise SamplingParamsError(name, f"{name} must be a number, got {value!r}")
+        if self.seed is not None and not INT64_MIN <= self.seed <= INT64_MAX:
+            raise SamplingParamsError("seed", f"seed must fit in 64 bits, got {self.seed}")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
+            raise SamplingParamsError("stop", f"stop must be a string or a list of strings, got {self.stop!r}")
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise SamplingParamsError(
+                "stop_token_ids", f"stop_token_ids must be token ids (integers >= 0), got {ids!r}"
+            )
+        bias = self.logit_bias
+        if not isinstance(bias, dict) or not all(
+            _is_int(k) and k >= 0 and (_is_int(v) or isinstance(v, float)) for k, v in bias.items()
+        ):
+            raise SamplingParamsError(
+                "logit_bias", f"logit_bias must map token ids (integers >= 0) to numbers, got {bias!r:.200}"
+            )
 
     def _validate(self) -> None:
         checks = [
             (self.n >= 1, "n", "must be at least 1"),
             (self.temperature >= 0.0, "temperature", "must be non-negative"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (self.top_k >= 0, "top_k", "must be -1 (disabled) or a positive integer"),
+            (self.top_k >= 0, "top_k", "must be 0 or -1 (both: disabled) or a positive integer"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
             (self.repetition_penalty > 0.0, "repetition_penalty", "must be positive"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
@@ -133,6 +163,16 @@ class SamplingParams:
     @property
     def uses_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a seed seeds a torch generator
+_INTS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs")
+_OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class SamplingParamsError(ValueError):

@@ -181,6 +181,11 @@ class EngineArgs:
     def create_config(self) -> EngineConfig:
         import torch
 
+        if self.max_model_len is not None and (isinstance(self.max_model_len, bool) or self.max_model_len < 1):
+            raise ConfigError(
+                f"max_model_len must be at least 1 token (or unset: the model's), got {self.max_model_len}"
+            )
+
         from pagoda.attention.selector import select_backend
         from pagoda.model_executor.loader import load_model_config
 

@@ -38,6 +38,15 @@ class LLMEngine(EngineBase):
             self.core.finish_requests([engine_id], "stop", stop_string)
         return updates
 
+    def abort(self, request_ids: list[str]) -> None:
+        """End these requests (as add_request named them) wherever they are, their outputs forgotten,
+        so that a caller interrupted half way leaves nothing behind for the next one."""
+        wanted = set(request_ids)
+        engine_ids = [eid for eid, seq in self.outputs.sequences.items() if seq.out.request_id in wanted]
+        self.core.finish_requests(engine_ids, "abort")
+        for engine_id in engine_ids:
+            self.outputs.drop(engine_id)
+
     @property
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished

@@ -81,6 +81,10 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. `use_tqdm`: a progress bar and a throughput line on stderr."""
+        if not isinstance(prompts, (str, Sequence)) or not prompts:
+            raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
+        if sampling_params is not None and not isinstance(sampling_params, (SamplingParams, Sequence)):
+            raise TypeError(f"sampling_params must be a SamplingParams or one per prompt, got {sampling_params!r:.80}")
         prompt_list: list[Prompt] = (
             [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else list(prompts)
         )
@@ -89,8 +93,15 @@ class LLM:
         if len(params_list) != len(prompt_list):
             raise ValueError("give one SamplingParams, or one per prompt")
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompt_ids, params_list)]
-        done = self._run(ids, Progress(len(ids), sum(map(len, prompt_ids)), sum(sp.n for sp in params_list), use_tqdm))
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompt_ids, params_list):
+                ids.append(self.engine.add_request(prompt, sp))
+            progress = Progress(len(ids), sum(map(len, prompt_ids)), sum(sp.n for sp in params_list), use_tqdm)
+            done = self._run(ids, progress)
+        except BaseException:  # a refused prompt or a Ctrl-C: this call's requests leave the engine
+            self.engine.abort(ids)
+            raise
         return [
             request_output(
                 rid,

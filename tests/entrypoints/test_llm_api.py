@@ -97,3 +97,68 @@ def test_loading_steps_show_on_the_terminal(tiny_llm, configure):
         assert all(step in done.stderr for step in steps), done.stderr
     else:
         assert not any(step in done.stderr for step in steps), done.stderr
+
+
+@pytest.mark.parametrize(
+    "params, param",
+    [
+        (dict(seed="abc"), "seed"),
+        (dict(seed=1.5), "seed"),
+        (dict(seed=2**70), "seed"),
+        (dict(max_tokens=1.5), "max_tokens"),
+        (dict(temperature="hot"), "temperature"),
+        (dict(stop=5), "stop"),
+        (dict(stop_token_ids=["a"]), "stop_token_ids"),
+        (dict(logit_bias={"a": 1}), "logit_bias"),
+        (dict(logit_bias={-1: 1}), "logit_bias"),
+    ],
+)
+def test_sampling_params_of_the_wrong_type_are_refused_naming_them(params, param):
+    from pagoda.sampling_params import SamplingParamsError
+
+    with pytest.raises(SamplingParamsError, match=param) as info:
+        SamplingParams(**params)
+    assert info.value.param == param
+
+
+def test_a_refused_or_interrupted_call_leaves_the_llm_usable(tiny_llm, monkeypatch):
+    """Token ids outside the vocabulary are refused before anything joins the engine, and a call
+    interrupted half way (Ctrl-C) takes its requests out: the next call answers as if neither happened."""
+    from pagoda.sampling_params import SamplingParamsError
+
+    expected = tiny_llm.generate([5, 6, 7], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    vocab = tiny_llm.engine.config.model.vocab_size
+    for prompts, params, param in [
+        ([[5, 6], [1, vocab]], GREEDY, "prompt"),  # the second prompt: the first had joined already
+        ([[5, 6], [-1, 5]], GREEDY, "prompt"),
+        ([5, 6], dataclasses.replace(GREEDY, logit_bias={vocab: 1.0}), "logit_bias"),
+        ([5, 6], dataclasses.replace(GREEDY, stop_token_ids=(vocab + 3,)), "stop_token_ids"),
+    ]:
+        with pytest.raises(SamplingParamsError, match="outside the vocabulary") as info:
+            tiny_llm.generate(prompts, params, use_tqdm=False)
+        assert info.value.param == param and not tiny_llm.engine.has_unfinished
+    step = tiny_llm.engine.step
+
+    def interrupted():
+        monkeypatch.setattr(tiny_llm.engine, "step", step)
+        step()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiny_llm.engine, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_llm.generate([[5, 6, 7], [8, 9]], GREEDY, use_tqdm=False)
+    assert not tiny_llm.engine.has_unfinished and not tiny_llm.engine.outputs.sequences
+    assert tiny_llm.generate([5, 6, 7], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == expected
+    with pytest.raises(TypeError, match="prompts must be"):
+        tiny_llm.generate(5)
+    with pytest.raises(TypeError, match="sampling_params must be"):
+        tiny_llm.generate("hi", {"max_tokens": 3})
+
+
+@pytest.mark.parametrize("length", [0, -5])
+def test_max_model_len_below_one_is_refused_before_loading(length):
+    from pagoda.engine.args import EngineArgs
+    from pagoda.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_model_len must be at least 1"):
+        EngineArgs(model="/nonexistent", max_model_len=length).create_config()
