@@ -2,7 +2,8 @@
 
 The server runs in its own session, so its process group holds it and every helper it starts
 (vLLM's engine core, a shell's children), and Ctrl-C in the terminal reaches only the
-benchmark, which then stops the group: SIGTERM, a grace period, then SIGKILL.
+benchmark, which then stops the group: SIGTERM, a grace period, then SIGKILL. A SIGTERM sent to
+the benchmark itself is taken as a Ctrl-C.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -75,9 +77,30 @@ def launched(spec: LaunchSpec) -> Iterator[subprocess.Popen[bytes]]:
         except OSError as exc:
             raise BenchError(f"cannot launch {shlex.join(spec.command)}: {exc}") from None
         try:
-            yield process
+            with _terminate_as_interrupt():
+                yield process
         finally:
             stop(process, spec.stop_timeout_s)
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While a launched server runs, SIGTERM (`timeout`, `kill`, a CI job cancelled) ends the run as
+    Ctrl-C does: the requests that finished are written and the server's group is stopped, where
+    the default action would end this process at once and leave the server running. (Signal
+    handlers can only be set from the main thread; elsewhere SIGTERM keeps its action.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:

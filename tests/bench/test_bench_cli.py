@@ -197,3 +197,26 @@ def test_ctrl_c_writes_the_requests_that_finished(start_stub, tmp_path: Path) ->
     level = read_results(tmp_path / "out")["engines"][0]["levels"][0]
     assert level["interrupted"] and 1 <= level["summary"]["completed"] < 40
     assert json.loads((tmp_path / "out" / "results.json").read_text())["engines"][0]["status"] == "interrupted"
+
+
+def test_sigterm_stops_the_launched_server_and_writes_what_finished(tmp_path: Path) -> None:
+    """`timeout` or a cancelled CI job sends SIGTERM: handled as Ctrl-C, so the server goes too."""
+    port = free_port()
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "max_tokens": 2}] * 40)
+    launch = " ".join(stub_command("--ttft", "0.2", "--itl", "0.001", port=port))
+    process = subprocess.Popen(
+        [*PAGODA, "bench", "--launch", launch, "--base-url", f"http://127.0.0.1:{port}", "--dataset", str(data)]
+        + ["--warmup", "0", "--no-progress", "--output", str(tmp_path / "out")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in process.stderr:  # type: ignore[union-attr]
+        if "replay of" in line:  # the server answers and the run has started
+            break
+    time.sleep(0.7)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=40) == 130
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+    engine = read_results(tmp_path / "out")["engines"][0]
+    assert engine["status"] == "interrupted" and 1 <= engine["levels"][0]["summary"]["completed"] < 40
