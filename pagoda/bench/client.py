@@ -242,13 +242,21 @@ def _whole_call(entry: dict[str, Any]) -> Call:
 
 async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | None) -> list[str] | None:
     """The served model ids; None when the server has no /v1/models. Raises BenchError when
-    nothing answers at all."""
+    nothing answers at all, or the server refuses the key (401, 403) or is not ready (503): passing
+    --model would not help then."""
     try:
         response = await http.get(f"{base_url}/v1/models", headers=headers(api_key), timeout=10.0)
     except httpx.HTTPError as exc:
         raise BenchError(
             f"cannot reach {base_url}: {type(exc).__name__}: {exc}. Is the server running there?"
         ) from None
+    if response.status_code in (401, 403, 503):
+        reason = "refuses the API key (pass --api-key)" if response.status_code != 503 else "is not ready yet"
+        try:
+            message = _message(response.json())
+        except ValueError:
+            message = response.text
+        raise BenchError(f"{base_url}/v1/models: the server {reason}: {response.status_code} {message[:300]}")
     if response.status_code != 200:
         return None
     try:

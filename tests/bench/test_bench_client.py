@@ -147,3 +147,9 @@ def test_list_models_and_unreachable_server() -> None:
 
     with pytest.raises(BenchError, match="cannot reach http://h"):
         asyncio.run(go(refuse))
+    # a refused key or a server still loading: not "lists no model; pass --model"
+    wrong_key = httpx.Response(401, json={"error": {"message": "Invalid API key", "type": "invalid_request_error"}})
+    with pytest.raises(BenchError, match=r"refuses the API key \(pass --api-key\): 401 Invalid API key"):
+        asyncio.run(go(lambda r: wrong_key))
+    with pytest.raises(BenchError, match="is not ready yet: 503 The model is still loading"):
+        asyncio.run(go(lambda r: httpx.Response(503, json={"error": {"message": "The model is still loading"}})))
