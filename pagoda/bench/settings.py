@@ -36,7 +36,26 @@ class UsageError(BenchError):
     """A bad command line; the parser's usage line goes with the message."""
 
 
+class _OneSpelling(argparse._StoreAction):
+    """Stores an option's value, as argparse does, but an option with two spellings (Pagoda's and
+    vLLM's: --input-len and --random-input-len) given both ways with different values is an error,
+    where argparse would keep the last one."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+        given = namespace.__dict__.setdefault("_spellings", {})
+        earlier = given.get(self.dest)
+        if earlier is not None and earlier[0] != option_string and earlier[1] != values:
+            parser.error(f"{earlier[0]} {earlier[1]} and {option_string} {values} disagree; give one")
+        given[self.dest] = (option_string, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _Parser(Parser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _OneSpelling)
+        self.register("action", "store", _OneSpelling)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(with_suggestions(message, self))
 

@@ -62,6 +62,10 @@ def test_malformed_dataset_stops_before_sending(tmp_path: Path, capsys) -> None:
         (["--base-url", "localhost:8000"], "must start with http://"),
         (["--workload", "random", "--dataset", "x.jsonl"], "--dataset is for the replay and sharegpt"),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        # both spellings of an option, differently (the same value twice is fine)
+        (["--input-len", "32", "--random-input-len", "16"], "--input-len 32 and --random-input-len 16 disagree"),
+        (["--concurrency", "1", "--max-concurrency", "2"], "--concurrency 1 and --max-concurrency 2 disagree"),
+        (["--output", "a", "--result-dir", "b"], "--output a and --result-dir b disagree"),
     ],
 )
 def test_bad_options_are_usage_errors(args: list[str], message: str, capsys) -> None:
