@@ -16,6 +16,7 @@ from pagoda.analyze.simulate import CacheSimulator, ReplayRequest, Simulation
 from pagoda.analyze.tokenize import PromptError, PromptTokenizer
 
 MALFORMED_KEPT = 1000  # listed by line number; beyond that only counted
+MALFORMED_SHOWN = 10  # of them in the report or the error
 PREVIEW_TOKENS = 48
 
 
@@ -54,8 +55,12 @@ def analyze_log(
                 if len(malformed) < MALFORMED_KEPT:
                     malformed.append(problem)
     if simulator.num_requests == 0:
-        what = f"all {malformed_count} requests in it are malformed" if malformed_count else "it has no lines"
-        raise AnalyzeError(f"No requests to analyze in {path}: {what}.")
+        if not malformed_count:
+            raise AnalyzeError(f"No requests to analyze in {path}: it has no requests (only blank lines, or none).")
+        shown = "".join(f"\n  line {m.line}: {m.reason}" for m in malformed[:MALFORMED_SHOWN])
+        more = f"\n  ... and {malformed_count - MALFORMED_SHOWN:,} more" if malformed_count > MALFORMED_SHOWN else ""
+        what = "its one request is" if malformed_count == 1 else f"all {malformed_count:,} requests in it are"
+        raise AnalyzeError(f"No requests to analyze in {path}: {what} malformed:{shown}{more}")
     simulation = simulator.finish()
     previews = tuple(_preview(tokenizer, prefix.tokens) for prefix in simulation.shared_prefixes)
     routing = tuple(replay.finish() for replay in routed)

@@ -6,11 +6,10 @@ import json
 import textwrap
 from dataclasses import asdict
 
-from pagoda.analyze.pipeline import MALFORMED_KEPT
+from pagoda.analyze.pipeline import MALFORMED_KEPT, MALFORMED_SHOWN
 from pagoda.analyze.recommend import Recommendation
 from pagoda.analyze.summary import CachePoint, Summary
 
-MALFORMED_SHOWN = 10
 PREVIEW_CHARS = 60
 WIDTH = 100
 

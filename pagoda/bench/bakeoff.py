@@ -106,7 +106,7 @@ def load_config(path: Path, output: Path | None, no_progress: bool = False, roun
         config = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise BenchError(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise BenchError(f"{path}: not valid TOML: {exc}") from None
     unknown = set(config) - {"workload", "engine", "output", "rounds"}
     if unknown:
@@ -172,6 +172,8 @@ def _engine(
             raise BenchError(f"{where}: missing {key!r}")
     name = name or str(entry["name"])
     command = entry["command"]
+    if not isinstance(command, (str, list)):
+        raise BenchError(f"{where}: command must be a string or a list of strings, got {command!r}")
     command = shlex.join(map(str, command)) if isinstance(command, list) else str(command)
     env = entry.get("env", {})
     if not isinstance(env, dict):

@@ -159,7 +159,7 @@ def test_all_lines_malformed_is_an_error(tmp_path, capsys):
     log = write_log(tmp_path / "bad.jsonl", ["nope", '{"model": "x"}'])
     code, out, err = run([str(log)], capsys)
     assert code == 1 and out == ""
-    assert "all 2 requests in it are malformed" in err
+    assert "all 2 requests in it are malformed:\n  line 1: " in err and "\n  line 2: " in err  # each with its reason
 
 
 def test_missing_file_is_an_error(tmp_path, capsys):
@@ -189,7 +189,8 @@ def test_empty_file_is_a_clear_error_without_traceback(tmp_path):
     empty.write_text("\n\n")
     done = run_process([str(empty)])
     assert done.returncode == 1
-    assert done.stderr.strip() == f"pagoda analyze: error: No requests to analyze in {empty}: it has no lines."
+    expected = f"No requests to analyze in {empty}: it has no requests (only blank lines, or none)."
+    assert done.stderr.strip() == f"pagoda analyze: error: {expected}"
     assert "Traceback" not in done.stderr
 
 

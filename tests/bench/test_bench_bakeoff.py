@@ -115,6 +115,8 @@ def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path, capsys)
             "engine names must differ",
         ),
         ('[[engine]]\nname = "a"\ncommand = "x \'open"\nbase_url = "http://h:1"\n', "cannot parse launch command"),
+        ('[[engine]]\nname = "a"\ncommand = 5\nbase_url = "http://h:1"\n', "command must be a string or a list"),
+        ("\x00\udcff\n", "not valid TOML"),  # bytes 0x00 0xff: not UTF-8
         (
             'rounds = 0\n[[engine]]\nname = "a"\ncommand = "x"\nbase_url = "http://h:1"\n',
             "rounds must be an integer >= 1",
@@ -127,7 +129,7 @@ def test_bakeoff_of_two_engines_writes_every_report_file(tmp_path: Path, capsys)
 )
 def test_bad_configs_stop_before_anything_runs(tmp_path: Path, capsys, text: str, message: str) -> None:
     config = tmp_path / "bad.toml"
-    config.write_text(text)
+    config.write_bytes(text.encode("utf-8", "surrogateescape"))
     assert bakeoff.main([str(config), "--output", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
