@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cache-threshold",
-        type=float,
+        type=_share,
         default=CACHE_THRESHOLD,
         help="the gateway's --cache-threshold: the share of a request's text a worker must hold "
         "for cache-aware routing to prefer it (default %(default)s)",
@@ -115,6 +115,16 @@ def _read_template(value: str | None) -> str | None:
         return read_chat_template(value)
     except ConfigError as exc:
         raise AnalyzeError(str(exc)) from None
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a share in [0, 1], got {value}")
+    return value
 
 
 def _positive(text: str) -> int:

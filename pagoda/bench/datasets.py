@@ -170,7 +170,8 @@ def _dataset(spec: WorkloadSpec) -> Path:
     if spec.dataset is None:
         raise BenchError(f"the {spec.kind} workload needs --dataset FILE")
     if not spec.dataset.is_file():
-        raise BenchError(f"dataset file {spec.dataset} not found")
+        what = "is a directory, not a file" if spec.dataset.is_dir() else "not found"
+        raise BenchError(f"dataset file {spec.dataset} {what}")
     return spec.dataset
 
 

@@ -167,7 +167,10 @@ def test_missing_file_is_an_error(tmp_path, capsys):
     assert code == 1 and "Cannot read" in err and "No such file" in err
 
 
-@pytest.mark.parametrize("args", [["--block-size", "0"], ["--cache-tokens", "2x"], ["--cache-tokens", "0"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--block-size", "0"], ["--cache-tokens", "2x"], ["--cache-tokens", "0"], ["--cache-threshold", "5"]],
+)
 def test_bad_options_exit_2(token_log, args, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([str(token_log), *args])
