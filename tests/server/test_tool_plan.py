@@ -9,7 +9,7 @@ import pytest
 
 from pagoda.entrypoints.openai.errors import APIError
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, calls_schema, plan_tools
-from pagoda.tools.parsers import PARSERS
+from pagoda.tools.parsers import FORCED_CALLS, PARSERS
 
 TOOL = {
     "type": "function",
@@ -32,7 +32,7 @@ def test_auto_takes_the_templates_format_else_generic():
 
 def test_required_and_named_are_constrained_to_the_generic_format():
     required = plan("required")
-    assert required.parser is PARSERS["generic"]
+    assert required.parser is FORCED_CALLS  # the generic format, streamed as the grammar writes it
     assert required.constraint.json == calls_schema([TOOL], parallel=True)
     named = plan({"type": "function", "function": {"name": "f"}})
     assert named.constraint.json["properties"]["tool_calls"]["maxItems"] == 1
