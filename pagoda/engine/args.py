@@ -181,6 +181,8 @@ class EngineArgs:
     def create_config(self) -> EngineConfig:
         import torch
 
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**63:
+            raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
         if self.max_model_len is not None and (isinstance(self.max_model_len, bool) or self.max_model_len < 1):
             raise ConfigError(
                 f"max_model_len must be at least 1 token (or unset: the model's), got {self.max_model_len}"

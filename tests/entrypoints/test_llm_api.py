@@ -155,10 +155,18 @@ def test_a_refused_or_interrupted_call_leaves_the_llm_usable(tiny_llm, monkeypat
         tiny_llm.generate("hi", {"max_tokens": 3})
 
 
-@pytest.mark.parametrize("length", [0, -5])
-def test_max_model_len_below_one_is_refused_before_loading(length):
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (dict(max_model_len=0), "max_model_len must be at least 1"),
+        (dict(max_model_len=-5), "max_model_len must be at least 1"),
+        (dict(seed="x"), "seed must be an integer"),
+        (dict(seed=2**64), "seed must be an integer"),
+    ],
+)
+def test_bad_engine_options_are_refused_before_loading(option, message):
     from pagoda.engine.args import EngineArgs
     from pagoda.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="max_model_len must be at least 1"):
-        EngineArgs(model="/nonexistent", max_model_len=length).create_config()
+    with pytest.raises(ConfigError, match=message):
+        EngineArgs(model="/nonexistent", **option).create_config()
