@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,3 +180,10 @@ class SamplingParamsError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+def check_token_ids(ids: Iterable[object], vocab_size: int, param: str) -> None:
+    """SamplingParamsError naming `param` where an id is not a token of the vocabulary."""
+    bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+    if bad is not None:
+        raise SamplingParamsError(param, f"{param} holds token id {bad}, outside the vocabulary (0..{vocab_size - 1})")

@@ -15,7 +15,7 @@ from pagoda.engine.output_processor import OutputProcessor, make_requests
 from pagoda.model_executor.device import check_device
 from pagoda.model_files import cache_root, load_tokenizer
 from pagoda.request import Request
-from pagoda.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams
+from pagoda.sampling_params import SamplingParams, StructuredOutputsParams, check_token_ids
 
 if TYPE_CHECKING:
     from pagoda.structured.compiler import GrammarCompiler
@@ -70,16 +70,9 @@ class EngineBase:
         """The engine requests of one caller request, one per sequence of n; `grammar`: the
         compiled grammar of its constraint, if it has one."""
         m = self.config.model
-        for param, ids in (
-            ("prompt", prompt_ids),
-            ("stop_token_ids", params.stop_token_ids),
-            ("logit_bias", params.logit_bias),
-        ):
-            bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < m.vocab_size)), None)
-            if bad is not None:
-                raise SamplingParamsError(
-                    param, f"{param} holds token id {bad}, outside the vocabulary (0..{m.vocab_size - 1})"
-                )
+        check_token_ids(prompt_ids, m.vocab_size, "prompt")
+        check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
+        check_token_ids(params.logit_bias, m.vocab_size, "logit_bias")
         new_grammar = None
         if grammar is not None:
             from pagoda.structured.grammar import RequestGrammar

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagoda import sampling_params as sampling
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError, StructuredOutputsParams
@@ -153,9 +154,11 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise bad_request(f"{param} holds token id {bad}, outside the vocabulary (0..{vocab_size - 1})", param)
+    """The engine's own check (sampling_params.check_token_ids), as a 400 before the request is queued."""
+    try:
+        sampling.check_token_ids(ids, vocab_size, param)
+    except SamplingParamsError as exc:
+        raise bad_request(str(exc), param) from None
 
 
 def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> None:
