@@ -166,7 +166,7 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a seed seeds a torch generator
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the sampler's int64 tensors and torch generators hold
 _INTS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs")
 _OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")

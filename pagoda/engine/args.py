@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig, ThreadConfig, parse_cores
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, gguf_path, resolve_model
+from pagoda.sampling_params import INT64_MAX, INT64_MIN
 
 if typing.TYPE_CHECKING:
     import torch
@@ -181,7 +182,7 @@ class EngineArgs:
     def create_config(self) -> EngineConfig:
         import torch
 
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**63:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not INT64_MIN <= self.seed <= INT64_MAX:
             raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
         if self.max_model_len is not None and (isinstance(self.max_model_len, bool) or self.max_model_len < 1):
             raise ConfigError(

@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+from pagoda.sampling_params import INT64_MAX, INT64_MIN
+
 MAX_N = 128  # OpenAI's own limit on choices per request
 
 
