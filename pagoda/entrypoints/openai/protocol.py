@@ -8,6 +8,7 @@ Responses are plain dicts built by chat.py and completions.py.
 
 from __future__ import annotations
 
+import functools
 import typing
 from typing import Any
 
@@ -29,11 +30,7 @@ class _Body(BaseModel):
         default, as OpenAI's nullable fields do; a required field's null is still refused."""
         if not isinstance(data, dict):
             return data
-        defaulted = {
-            field.alias or name
-            for name, field in cls.model_fields.items()
-            if not field.is_required() and not _admits_none(field.annotation)
-        }
+        defaulted = _defaulted_on_null(cls)
         return {key: value for key, value in data.items() if value is not None or key not in defaulted}
 
     @field_validator("*")
@@ -46,6 +43,17 @@ class _Body(BaseModel):
         if where is not None:
             raise ValueError(f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)")
         return value
+
+
+@functools.cache
+def _defaulted_on_null(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields (as the client spells them) whose null means their default: optional, and of a type
+    without None. Once per request class, not per request."""
+    return frozenset(
+        field.alias or name
+        for name, field in cls.model_fields.items()
+        if not field.is_required() and not _admits_none(field.annotation)
+    )
 
 
 def _admits_none(annotation: Any) -> bool:
