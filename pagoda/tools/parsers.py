@@ -446,8 +446,9 @@ def _generic_streamer() -> ToolStreamer:
 
 
 # The generic format's text as its grammar writes it (tool_calls.calls_schema: "name" before "arguments"), up to
-# where a call's arguments begin: the opening of the first call, or the end of one call and the opening of the next.
-_NAME = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:'
+# where a call's arguments begin, at their opening bracket (matched once it has come, not consumed): the opening of
+# the first call, or the end of one call and the opening of the next.
+_NAME = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)'
 _FIRST_CALL = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*' + _NAME)
 _NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + _NAME)
 
@@ -455,10 +456,10 @@ _NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + _NAME)
 class _ForcedStreamer(ToolStreamer):
     """Calls a grammar forces (tool_choice "required" or a named function): the output is the generic format,
     `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`, valid by construction, so a call is sent as it is
-    generated: its name once the name's string and the "arguments" key are complete, then its arguments' text as
-    it comes, the model's own (the grammar writes compact JSON). Only a text cut short (max_tokens) can leave the
-    format: before its first call's name is complete, all of it is content; after, what follows the last
-    complete argument is dropped (the call's arguments stop where the text did)."""
+    generated: its name once the name, the "arguments" key and the arguments' opening bracket have come, then the
+    arguments' text as it comes, the model's own (the grammar writes compact JSON). Only a text cut short
+    (max_tokens) can leave the format: before its first call's arguments open, all of it is content; after, what
+    follows the last complete argument is dropped (the call's arguments stop where the text did)."""
 
     def __init__(self) -> None:
         self._text = ""
@@ -480,8 +481,6 @@ class _ForcedStreamer(ToolStreamer):
                 deltas.append(ToolCallDelta(self._calls, name, ""))
                 self._pos = head.end()
                 self._arguments = _JsonExtent(self._pos)
-            if self._arguments.start == self._pos:  # nothing sent yet: the arguments start at their bracket
-                self._pos = self._arguments.start = _skip_space(self._text, self._pos)
             end = self._arguments.end(self._text)
             upto = len(self._text) if end is None else end
             if upto > self._pos:
