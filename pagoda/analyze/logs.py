@@ -56,6 +56,9 @@ class Malformed:
     line: int
     reason: str
 
+    def __str__(self) -> str:  # as the report and the all-malformed error list it
+        return f"line {self.line}: {self.reason}"
+
 
 def read_log(path: Path, on_bytes: Callable[[int], None]) -> Iterator[LogEntry | Malformed]:
     """Entries of the log at `path` in file order; `on_bytes` hears how much has been read."""

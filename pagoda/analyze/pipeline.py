@@ -57,7 +57,7 @@ def analyze_log(
     if simulator.num_requests == 0:
         if not malformed_count:
             raise AnalyzeError(f"No requests to analyze in {path}: it has no requests (only blank lines, or none).")
-        shown = "".join(f"\n  line {m.line}: {m.reason}" for m in malformed[:MALFORMED_SHOWN])
+        shown = "".join(f"\n  {m}" for m in malformed[:MALFORMED_SHOWN])
         more = f"\n  ... and {malformed_count - MALFORMED_SHOWN:,} more" if malformed_count > MALFORMED_SHOWN else ""
         what = "its one request is" if malformed_count == 1 else f"all {malformed_count:,} requests in it are"
         raise AnalyzeError(f"No requests to analyze in {path}: {what} malformed:{shown}{more}")

@@ -63,7 +63,7 @@ def _malformed(summary: Summary) -> str:
     if not summary.malformed_lines:
         return ""
     lines = [f"Malformed lines: {summary.malformed_lines:,}, skipped"]
-    lines += [f"  line {m.line}: {m.reason}" for m in summary.malformed[:MALFORMED_SHOWN]]
+    lines += [f"  {m}" for m in summary.malformed[:MALFORMED_SHOWN]]
     if summary.malformed_lines > MALFORMED_SHOWN:
         more = summary.malformed_lines - MALFORMED_SHOWN
         lines.append(f"  ... and {more:,} more (--json lists the first {MALFORMED_KEPT:,})")
