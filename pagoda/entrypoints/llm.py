@@ -86,7 +86,7 @@ class LLM:
         if sampling_params is not None and not isinstance(sampling_params, (SamplingParams, Sequence)):
             raise TypeError(f"sampling_params must be a SamplingParams or one per prompt, got {sampling_params!r:.80}")
         prompt_list: list[Prompt] = (
-            [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else list(prompts)
+            [prompts] if isinstance(prompts, str) or isinstance(prompts[0], int) else list(prompts)
         )
         params = sampling_params or SamplingParams()
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompt_list)
