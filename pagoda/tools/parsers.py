@@ -337,9 +337,10 @@ def _mistral_streamer() -> ToolStreamer:
 
 
 class _WholeStreamer(ToolStreamer):
-    """The whole output is calls or it is content: optional whitespace, an optional `prefix`, then JSON objects
+    """The output opens with calls or it is content: optional whitespace, an optional `prefix`, then JSON objects
     (separated by `separator` where there is one) with whitespace around them. The text is held back while it may
-    still be that; the first sign that it is not releases all of it as content and lets the rest pass through."""
+    still be that; the first sign that it is not releases the calls read so far and the text after them (all of
+    the text where there are none) as content, and lets the rest pass through, as text after a tagged call does."""
 
     def __init__(self, prefix: str | None, separator: str | None, read: Callable[[str], list[ToolCall] | None]):
         self._prefix = prefix
@@ -350,7 +351,8 @@ class _WholeStreamer(ToolStreamer):
         self._state = self._at_start
         self._object: _JsonExtent | None = None
         self._calls: list[ToolCall] = []
-        self._content = False  # decided: the output is content
+        self._calls_end = 0  # where the text after the calls read so far begins (past a separator that follows them)
+        self._content = False  # decided: the rest of the output is content
 
     def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
         self._text += delta
@@ -368,12 +370,13 @@ class _WholeStreamer(ToolStreamer):
         verdict = None
         while verdict is None:
             verdict = self._state(final)
-        if verdict == "content":
-            self._content = True
-            return self._text, []
+        if verdict == "wait":
+            return "", []
+        deltas = [ToolCallDelta(i, call.name, call.arguments) for i, call in enumerate(self._calls)]
         if verdict == "calls":
-            return "", [ToolCallDelta(i, call.name, call.arguments) for i, call in enumerate(self._calls)]
-        return "", []
+            return "", deltas
+        self._content = True
+        return self._text[self._calls_end :], deltas
 
     # Each state reads from _pos and returns None to go on, "wait" (more text could decide), "content" or "calls".
 
@@ -392,7 +395,9 @@ class _WholeStreamer(ToolStreamer):
         pos = _skip_space(self._text, self._pos)
         if pos == len(self._text):
             self._pos = pos
-            return "content" if final else "wait"
+            if not final:
+                return "wait"
+            return "calls" if self._calls else "content"
         if self._text[pos] != "{":
             return "content"
         self._object, self._state = _JsonExtent(pos), self._in_object
@@ -407,7 +412,8 @@ class _WholeStreamer(ToolStreamer):
         if calls is None:
             return "content"
         self._calls += calls
-        self._pos, self._state = end, self._after_object
+        self._pos = self._calls_end = end
+        self._state = self._after_object
         return None
 
     def _after_object(self, final: bool) -> str | None:
@@ -417,7 +423,8 @@ class _WholeStreamer(ToolStreamer):
             return "calls" if final else "wait"
         if self._text[pos] != self._separator:
             return "content"
-        self._pos, self._state = pos + 1, self._at_object
+        self._pos = self._calls_end = pos + 1
+        self._state = self._at_object
         return None
 
 
