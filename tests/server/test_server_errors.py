@@ -134,7 +134,13 @@ def test_harmless_values_of_refused_fields_pass(http):
         ),
         (
             "/v1/chat/completions",
-            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["\ud800"]}}}},
+            {
+                **CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"enum": ["\ud800"]}},
+                },
+            },
             "response_format",
         ),
     ],

@@ -125,6 +125,11 @@ BAD = [
         "invalid JSON schema",
     ),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        "response_format.json_schema",
+        "name",
+    ),
     ({"response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
     ({"structured_outputs": {"regex": "([a-z]"}}, "structured_outputs", "parenthesis is not closed"),
     ({"structured_outputs": {"grammar": "root ::= undefined_rule"}}, "structured_outputs", "is not defined"),

@@ -118,7 +118,13 @@ def _response_format(value: object) -> StructuredOutputsParams:
             f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"
         )
     spec = value.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        # OpenAI's and vLLM's json_schema requires its name
+        raise bad_request(
+            'response_format.json_schema must be an object with a "name" string and a "schema"',
+            "response_format.json_schema",
+        )
+    schema = spec.get("schema")
     if not isinstance(schema, dict):
         raise bad_request("response_format.json_schema.schema must be a JSON schema object", "response_format")
     return StructuredOutputsParams(json=schema)
