@@ -228,9 +228,16 @@ class AsyncEngine(EngineBase):
         if not answer.done():  # its caller may have gone away
             answer.set_result(done)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def fail_in_flight(self, reason: str) -> int:
+        """Ends every request in flight with EngineDeadError(reason): its iterator raises it (and
+        aborts its sequences, freeing their blocks), so its caller answers with the error. On the
+        event loop; how many requests."""
         for queue in self._queues.values():
-            queue.put_nowait(EngineDeadError(f"the engine stopped: {exc!r}"))
+            queue.put_nowait(EngineDeadError(reason))
+        return len(self._queues)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.fail_in_flight(f"the engine stopped: {exc!r}")
         self._fail_resets(EngineDeadError(f"the engine stopped: {exc!r}"))
 
     def _fail_resets(self, error: EngineDeadError) -> None:

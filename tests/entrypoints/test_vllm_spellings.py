@@ -105,6 +105,20 @@ def test_max_logprobs_above_what_pagoda_returns_is_refused(capsys):
     assert "--max-logprobs must be in [0, 20]" in parse_error(["--max-logprobs", "21"], capsys)
 
 
+def test_out_of_range_port_and_negative_grace_are_refused_at_parse(capsys):
+    assert "--port must be in [0, 65535], got 99999" in parse_error(["--port", "99999"], capsys)
+    assert "--port must be in [0, 65535], got -1" in parse_error(["--port", "-1"], capsys)
+    assert "--shutdown-timeout must be at least 0, got -5" in parse_error(["--shutdown-timeout", "-5"], capsys)
+
+
+def test_a_host_that_does_not_resolve_is_named():
+    from pagoda.entrypoints.openai.startup import bind_socket
+    from pagoda.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--host 999\.1\.1\.1 does not resolve to an address"):
+        bind_socket("999.1.1.1", 0)
+
+
 USER = {"role": "user", "content": "x"}
 LIMITS = ModelLimits(2048, 1000, {"temperature": 0.6, "top_p": 0.9}, max_logprobs=5)
 

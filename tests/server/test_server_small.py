@@ -79,7 +79,9 @@ def test_log_prompts_puts_prompt_text_in_the_log_line(small_server):
 
 def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server):
     """At SIGTERM two streams run: one of 2000 tokens, which cannot finish within the grace and is
-    aborted, and one of 12 tokens that has just sent its first, which finishes; exit code 0."""
+    aborted, and one of 12 tokens that has just sent its first, which finishes; a non-streamed
+    request of 2000 tokens waits. What still runs at the grace's end gets an error: an error event
+    and [DONE] on the stream, a 503 body for the other; no traceback; exit code 0."""
     base = small_server.base_url
     first_tokens = {"endless": threading.Event(), "short": threading.Event()}
 
@@ -96,6 +98,9 @@ def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server)
     assert first_tokens["endless"].wait(timeout=60)
     short, short_result = in_thread(lambda: stream("short", "Finish me", 12))
     assert first_tokens["short"].wait(timeout=60)
+    body = {"prompt": "kestrel-whole-5517", "max_tokens": 2000, "ignore_eos": True}
+    whole, whole_result = in_thread(lambda: httpx.post(f"{base}/v1/completions", json=body, timeout=120))
+    wait_for(lambda: waiting(base) == 1)
     small_server.process.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     short.join(timeout=SMALL_GRACE_S + 30)
@@ -107,6 +112,13 @@ def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server)
         httpx.get(f"{base}/health", timeout=2)  # no longer accepting
     assert small_server.process.wait(timeout=SMALL_GRACE_S + 60) == 0
     endless.join(timeout=10)
-    assert "error" in endless_result or endless_result["value"][0][-1] != "[DONE]"
-    [line] = [line for line in small_server.log().splitlines() if "kestrel-endless-9034" in line]
+    events, ended = endless_result["value"]
+    assert events[-1] == "[DONE]" and "shutting down" in events[-2]["error"]["message"], events[-3:]
+    assert ended - signalled >= SMALL_GRACE_S
+    whole.join(timeout=10)
+    response = whole_result["value"]
+    assert response.status_code == 503 and "--shutdown-timeout" in response.json()["error"]["message"]
+    log = small_server.log()
+    [line] = [line for line in log.splitlines() if "kestrel-endless-9034" in line]
     assert "finish_reason=abort" in line
+    assert "Traceback" not in log and "aborted 2 request(s) still running" in log

@@ -6,7 +6,8 @@ come from EngineArgs.
 
 Startup: bind the port (a busy one fails at once), serve 503s while the engine loads on threads of
 its own (startup.py), then serve the API and log "ready". SIGTERM or Ctrl-C: stop accepting, let
-in-flight requests finish for --shutdown-timeout seconds, abort the rest, exit 0.
+in-flight requests finish for --shutdown-timeout seconds, end the rest with an error (a 503 body,
+or an error event on a stream), exit 0.
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ from pagoda.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger("pagoda.serve")
 
+STOP_POLL_S = 0.1  # how often the stop watcher reads uvicorn's should_exit (its own main loop's tick)
+ABORT_ANSWER_S = 5.0  # after the abort at --shutdown-timeout, for handlers to send their errors
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from pagoda.engine.async_engine import AsyncEngine
     from pagoda.entrypoints.openai.serving import ServerConfig
 
 
@@ -198,6 +203,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"--tensor-parallel-size {args.tensor_parallel_size}: Pagoda has no tensor parallelism yet; "
             "a model runs on one device (leave it at 1)"
         )
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in [0, 65535], got {args.port}")
+    if args.shutdown_timeout < 0:
+        parser.error(f"--shutdown-timeout must be at least 0, got {args.shutdown_timeout:g}")
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
     if args.enable_log_requests and args.disable_log_requests:
@@ -290,9 +299,9 @@ def read_reports_dir(path: Path | None) -> Path | None:
     return path.resolve()
 
 
-def load_app(args: argparse.Namespace) -> tuple[FastAPI, str]:
-    """The engine (its model loaded on its engine thread), its FastAPI app and the served model's
-    name; run on the loader thread, since the server's modules import torch (seconds)."""
+def load_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngine]:
+    """The engine (its model loaded on its engine thread) and its FastAPI app; run on the loader
+    thread, since the server's modules import torch (seconds)."""
     logger.info("loading %s", args.model or "the default model")
     loaded = time.monotonic()
     from pagoda.engine.args import EngineArgs
@@ -320,7 +329,7 @@ def load_app(args: argparse.Namespace) -> tuple[FastAPI, str]:
     # serving allocates. As vLLM does; only here, since an offline LLM may be dropped and rebuilt.
     gc.collect()
     gc.freeze()
-    return app, m.name
+    return app, engine
 
 
 async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) -> int:
@@ -336,7 +345,9 @@ async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) 
             log_config=None,
             access_log=args.access_log,
             log_level=args.uvicorn_log_level or args.log_level,
-            timeout_graceful_shutdown=args.shutdown_timeout,
+            # the server's own abort (_abort_after_grace) ends what still runs at --shutdown-timeout;
+            # uvicorn cancels a handler only if it has not answered ABORT_ANSWER_S after that
+            timeout_graceful_shutdown=args.shutdown_timeout + ABORT_ANSWER_S,
             lifespan="on",
         )
     )
@@ -353,12 +364,14 @@ async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) 
             server.should_exit = True
             await serving
             return 1
-        api, model_name = loading.result()
+        api, engine = loading.result()
         await starting.serve(api)
         url = f"http://{args.host}:{sock.getsockname()[1]}"
-        announce = asyncio.create_task(_announce_ready(server, model_name, url, started))
+        announce = asyncio.create_task(_announce_ready(server, engine.config.model.name, url, started))
+        aborter = asyncio.create_task(_abort_after_grace(server, engine, args.shutdown_timeout))
         await serving
         announce.cancel()
+        aborter.cancel()
     return 0
 
 
@@ -373,6 +386,18 @@ def _load_failure(loading: asyncio.Future) -> str | None:
         return str(exc)
     logger.debug("the load failed", exc_info=exc)
     return f"loading the model failed: {type(exc).__name__}: {exc}"
+
+
+async def _abort_after_grace(server, engine: AsyncEngine, grace_s: float) -> None:
+    """Once the server stops (SIGTERM, Ctrl-C), give requests in flight `grace_s` seconds, then end
+    the rest with an error, which their handlers answer as any engine error: a 503 body, or an
+    error event and [DONE] on a stream."""
+    while not server.should_exit:
+        await asyncio.sleep(STOP_POLL_S)
+    await asyncio.sleep(grace_s)
+    aborted = engine.fail_in_flight(f"the server is shutting down: aborted after --shutdown-timeout {grace_s:g} s")
+    if aborted:
+        logger.warning("aborted %d request(s) still running %g s after the stop", aborted, grace_s)
 
 
 async def _announce_ready(server, model_name: str, url: str, started: float) -> None:

@@ -41,7 +41,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
         return socket.create_server((host, port), family=family, backlog=2048)
     except OSError as exc:
         hint = " (is another server running on it?)" if exc.errno == errno.EADDRINUSE else ""
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno is not None and exc.errno < 0:  # getaddrinfo's code: the host does not resolve
+            reason, hint = exc.strerror.split(" (while")[0], f" (--host {host} does not resolve to an address)"
+        else:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
 
 

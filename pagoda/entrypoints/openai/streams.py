@@ -109,6 +109,8 @@ class Generation:
             self.observer.on_prompt_done(i, latest, aborted=True)
             raise
         except Exception as exc:  # noqa: BLE001 - refused or failed: the consumer raises it
+            if latest:  # it had begun (a refusal is answered and logged as one): it ends aborted
+                self.observer.on_prompt_done(i, latest, aborted=True)
             self._queue.put_nowait((i, exc))
             return
         self.observer.on_prompt_done(i, latest, aborted=False)
