@@ -236,7 +236,28 @@ def test_a_replica_killed_mid_run_is_taken_out_and_the_survivor_serves(deploymen
 
 
 def test_sigterm_stops_the_gateway_and_every_replica(deployment):
+    """The gateway stops first and drains: a stream in flight at SIGTERM finishes (its replica still
+    serves it), and a request sent meanwhile is refused or served, never a 5xx."""
+    assert "the gateway: pid" in deployment.log() and "its metrics at http://127.0.0.1:" in deployment.log()
+    client = deployment.client()
+    stream = client.completions.create(
+        model=MODEL, prompt="drain me", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
+    )
+    chunks = iter(stream)
+    first = next(chunks)
     deployment.process.send_signal(signal.SIGTERM)
+    late: list[int | str] = []
+    for _ in range(3):
+        time.sleep(0.3)
+        try:
+            late.append(
+                httpx.post(f"{deployment.url}/v1/completions", json={"model": MODEL, "prompt": "x"}).status_code
+            )
+        except httpx.TransportError as exc:
+            late.append(type(exc).__name__)
+    tokens = sum(1 for chunk in [first, *chunks] if chunk.choices and chunk.choices[0].text)
+    assert tokens == 200
+    assert not [status for status in late if isinstance(status, int) and status >= 500], late
     assert deployment.process.wait(timeout=60) == 0
     assert not _alive(deployment.replicas[0][0])
     with pytest.raises(httpx.TransportError):

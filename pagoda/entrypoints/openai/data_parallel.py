@@ -6,8 +6,9 @@ Each replica is a `pagoda serve` child on a free loopback port with its share of
 default: requests sharing a prefix go to the replica that holds it). The launcher reports ready
 once every replica answers /health and the gateway serves /v1/models.
 
-Lifetime: SIGTERM or Ctrl-C stops the gateway first (no new requests), then the replicas, which
-let their in-flight requests finish for --shutdown-timeout seconds. A replica that dies is logged
+Lifetime: SIGTERM or Ctrl-C stops the gateway first and alone: it takes no new requests and lets
+those in flight finish (for up to --shutdown-timeout seconds) while the replicas still serve
+them; once it has exited, the replicas stop. A replica that dies is logged
 and the gateway routes around it; the launcher exits 1 when the gateway or the last replica dies.
 Each child gets SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so none outlives it.
 """
@@ -18,6 +19,7 @@ import argparse
 import ctypes
 import importlib.util
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -80,26 +82,27 @@ def serve(args: argparse.Namespace, argv: list[str]) -> int:
     shares = thread_shares(args, scale.data_parallel_size)
     stopping: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _: stopping.append(signum)) for sig in STOP_SIGNALS}
-    children: list[Child] = []  # in stopping order: the gateway first
+    gateway: list[Child] = []  # stopped first, then the replicas
+    replicas: list[Child] = []
     try:
         for rank, share in enumerate(shares):
-            children.append(_start_replica(rank, argv, share, args.request_log))
-            logger.info("replica %d: pid %d at %s", rank, children[-1].process.pid, children[-1].url)
-        if not _wait_all(children, lambda child: _status(child.url + "/health") == 200, stopping):
+            replicas.append(_start_replica(rank, argv, share, args.request_log))
+            logger.info("replica %d: pid %d at %s", rank, replicas[-1].process.pid, replicas[-1].url)
+        if not _wait_all(replicas, lambda child: _status(child.url + "/health") == 200, stopping):
             return 0 if stopping else 1
-        replicas = list(children)
-        children.insert(0, _start_gateway(args, scale, [c.url for c in replicas]))
-        if not _wait_all(children[:1], lambda gateway: _healthy_workers(gateway) == len(replicas), stopping):
+        gateway.append(_start_gateway(args, scale, [c.url for c in replicas]))
+        if not _wait_all(gateway, lambda child: _healthy_workers(child) == len(replicas), stopping):
             return 0 if stopping else 1
         logger.info(
             "ready: serving at %s with %d replicas behind SGLang Model Gateway (policy %s)",
-            children[0].url,
+            gateway[0].url,
             len(replicas),
             scale.router_policy,
         )
-        return _supervise(children[0], replicas, stopping)
+        return _supervise(gateway[0], replicas, stopping)
     finally:
-        _stop(children, args.shutdown_timeout)
+        _stop(gateway, args.shutdown_timeout)
+        _stop(replicas, args.shutdown_timeout)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -136,6 +139,7 @@ def replica_log(request_log: Path, rank: int) -> Path:
 
 
 def _start_gateway(args: argparse.Namespace, scale: ScaleArgs, worker_urls: list[str]) -> Child:
+    metrics_port = free_port()
     command = [
         sys.executable,
         "-m",
@@ -152,16 +156,20 @@ def _start_gateway(args: argparse.Namespace, scale: ScaleArgs, worker_urls: list
         "--prometheus-host",
         "127.0.0.1",
         "--prometheus-port",
-        str(free_port()),
+        str(metrics_port),
         "--log-level",
         "debug" if args.log_level == "debug" else "warn",  # its info lines are per request
+        "--shutdown-grace-period-secs",  # its drain of requests in flight at SIGTERM
+        str(math.ceil(args.shutdown_timeout)),
         *(scale.gateway_args or "").split(),
     ]
     api_key = args.api_key or os.environ.get("PAGODA_API_KEY")
     if api_key:
         command += ["--api-key", api_key]
     host = f"[{args.host}]" if ":" in args.host else args.host
-    return Child("the gateway", _spawn(command), f"http://{host}:{args.port}")
+    gateway = Child("the gateway", _spawn(command), f"http://{host}:{args.port}")
+    logger.info("the gateway: pid %d, its metrics at http://127.0.0.1:%d/metrics", gateway.process.pid, metrics_port)
+    return gateway
 
 
 def _spawn(command: list[str]) -> subprocess.Popen:
@@ -230,8 +238,8 @@ def _supervise(gateway: Child, replicas: list[Child], stopping: list[int]) -> in
 
 
 def _stop(children: list[Child], grace_s: float) -> None:
-    """SIGTERM each child in order (the gateway first), then wait for all; SIGKILL any still
-    running `grace_s + STOP_TIMEOUT_S` later."""
+    """SIGTERM each child, then wait for all; SIGKILL any still running `grace_s + STOP_TIMEOUT_S`
+    later."""
     for child in children:
         _signal(child, signal.SIGTERM)
     deadline = time.monotonic() + grace_s + STOP_TIMEOUT_S
