@@ -242,6 +242,54 @@ def test_the_stop_button_aborts_the_stream(page_of, server):
     assert console.errors == []
 
 
+def test_a_refused_turn_is_left_out_of_the_conversation(page_of):
+    console = page_of()
+    page = console.open("playground")
+    sent: list[dict] = []
+    page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/chat/completions") else None)
+    for max_tokens, text in (("4", "Say hello"), ("100000", "Again"), ("4", "Third")):
+        page.fill("#max_tokens", max_tokens)
+        page.fill("#prompt", text)
+        page.click("#send")
+        page.wait_for_selector(".msg.assistant:last-child:not([data-state='streaming'])", timeout=60_000)
+    states = [node.get_attribute("data-state") for node in page.query_selector_all(".msg.assistant")]
+    assert states == ["done", "error", "done"], states
+    assert "maximum context length" in page.inner_text(".msg.assistant[data-state='error'] .error")
+    assert [m["content"] for m in sent[-1]["messages"] if m["role"] == "user"] == ["Say hello", "Third"]
+    assert all("400" in error for error in console.errors), console.errors  # the refusal's fetch only
+
+
+def test_the_dashboard_reads_afresh_when_the_server_restarts(page_of):
+    """A restarted server's feed counts from 1 again: its new instance makes the page drop what it
+    holds and read the feed from the start (here a route stands in for the new server's answers)."""
+    console = page_of()
+    page = console.open("dashboard")
+    feeds: list[str] = []
+    restarted = threading.Event()
+
+    def feed(route) -> None:
+        feeds.append(route.request.url)
+        response = route.fetch()
+        body = response.json()
+        if restarted.is_set():
+            body["instance"] = "a-new-server"
+        route.fulfill(response=response, json=body)
+
+    page.route("**/console/api/feed*", feed)
+    page.wait_for_function("document.querySelector('#value-requests').innerText !== '–'")
+    page.wait_for_timeout(2500)  # a few polls, so that the page reads only newer samples
+    assert "after=0&" not in feeds[-1]
+    count = len(feeds)
+    restarted.set()
+    deadline = time.monotonic() + 10
+    while not any("after=0&after_request=0" in url for url in feeds[count:]):
+        assert time.monotonic() < deadline, feeds[count:]
+        page.wait_for_timeout(200)
+    page.wait_for_timeout(1500)  # and it goes on from there
+    assert "after=0&" not in feeds[-1] and page.get_attribute("#conn", "class") == "conn live"
+    assert console.errors == []
+
+
 def _aborts(server) -> float:
     text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
     return metric(text, "pagoda:request_success_total", required=False, finished_reason="abort")

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import math
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -109,6 +110,9 @@ class EngineFeed:
         self._samples: deque[Sample] = deque(maxlen=int(HISTORY_S / SAMPLE_INTERVAL_S))
         self._readings: deque[_Reading] = deque(maxlen=int(WINDOW_S / SAMPLE_INTERVAL_S) + 1)
         self._seq = itertools.count(1)
+        # this server's feed: a page that polled an earlier server on the same address (its
+        # counters restart at 1 here) sees a new value and reads from the start
+        self.instance = uuid.uuid4().hex
 
     async def run(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
         """Sample every `interval_s` until cancelled (the app's lifespan owns the task)."""
@@ -156,6 +160,7 @@ class EngineFeed:
     def since(self, after_sample: int = 0, after_request: int = 0) -> dict:
         """The samples and request rows newer than the ones a page already has (0: all held)."""
         return {
+            "instance": self.instance,
             "samples": [asdict(s) for s in self._samples if s.seq > after_sample],
             "requests": [asdict(r) for r in self.requests.latest(after_request)],
         }

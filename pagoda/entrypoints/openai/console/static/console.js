@@ -143,7 +143,7 @@ const TILES = [
 ];
 const COLORS = ["var(--s1)", "var(--s2)", "var(--s3)"];
 
-const feed = { samples: [], rows: [], afterSample: 0, afterRequest: 0 };
+const feed = { instance: null, samples: [], rows: [], afterSample: 0, afterRequest: 0 };
 
 function valueAgo(samples, key, seconds) {
   const latest = samples[samples.length - 1];
@@ -241,7 +241,8 @@ function renderInfo(info) {
     ["pagoda", info.version],
   ].filter(Boolean);
   $("engine-info").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
-  if (info.prompts_shown) $("requests").tHead.rows[0].append(el("th", {}, "prompt"));
+  $("prompt-col")?.remove(); // renderInfo runs again after a restart
+  if (info.prompts_shown) $("requests").tHead.rows[0].append(el("th", { id: "prompt-col" }, "prompt"));
 }
 
 async function poll() {
@@ -249,7 +250,14 @@ async function poll() {
   try {
     if (!document.hidden) {
       const path = `/console/api/feed?after=${feed.afterSample}&after_request=${feed.afterRequest}`;
-      const data = await authorized(() => api.get(path));
+      let data = await authorized(() => api.get(path));
+      if (feed.instance !== null && data.instance !== feed.instance) {
+        // the server restarted: its counters began again, so read its feed and its info afresh
+        Object.assign(feed, { samples: [], rows: [], afterSample: 0, afterRequest: 0 });
+        renderInfo(await authorized(() => api.get("/console/api/info")));
+        data = await authorized(() => api.get("/console/api/feed?after=0&after_request=0"));
+      }
+      feed.instance = data.instance;
       if (data.samples.length) {
         feed.samples.push(...data.samples);
         feed.afterSample = data.samples[data.samples.length - 1].seq;
@@ -403,7 +411,7 @@ async function send(text) {
       node.dataset.state = "stopped";
     } else {
       node.dataset.state = "error";
-      node.append(el("div", { class: "error" }, error.message));
+      node.append(el("div", { class: "error" }, `${error.message} (this turn is left out of the conversation)`));
     }
   } finally {
     chat.controller = null;
@@ -412,7 +420,11 @@ async function send(text) {
   if (calls.length) {
     node.append(el("pre", { class: "calls" }, calls.map((c) => `${c.name}(${c.arguments})`).join("\n")));
   }
-  chat.history.push({ role: "assistant", content: out.textContent });
+  if (node.dataset.state === "error") {
+    chat.history.pop(); // the user's message: a refused or failed turn is not sent again with the next one
+  } else {
+    chat.history.push({ role: "assistant", content: out.textContent });
+  }
   stats.textContent = messageStats(usage, started, first, performance.now(), finish);
   node.scrollIntoView({ block: "end" });
 }
