@@ -125,6 +125,15 @@ class SpeculativeConfig:
     draft: EngineConfig | None = field(default=None, repr=False, compare=False)  # the draft's engine
 
     def __post_init__(self) -> None:
+        # the JSON of --speculative-config reaches here unchecked: a float or a string where a count
+        # belongs would pass the comparisons below, or fail in them, or only at the first draft
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "max_batch_size"):
+            value = getattr(self, name)
+            if not (value is None and name == "max_batch_size") and (type(value) is not int):
+                raise ConfigError(f"speculative_config.{name} must be an integer, got {value!r}")
+        for name in ("model", "quantization"):
+            if not isinstance(getattr(self, name), str | None):
+                raise ConfigError(f"speculative_config.{name} must be a string, got {getattr(self, name)!r}")
         if self.method not in ("ngram", "draft_model"):
             raise ConfigError(f"speculative_config.method must be 'ngram' or 'draft_model', got {self.method!r}")
         if (self.method == "draft_model") != (self.model is not None):

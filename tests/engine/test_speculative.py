@@ -64,6 +64,15 @@ def test_speculative_config_errors_name_the_field():
         EngineArgs(speculative_config={"method": "ngram", "quantization": "gguf"}).speculative()
     with pytest.raises(ConfigError, match="not valid JSON"):
         EngineArgs(speculative_config="{ngram").speculative()
+    # a value of the wrong type is refused naming its key, not at the first draft (3.5 was, in a slice)
+    for key, value in [("num_speculative_tokens", 3.5), ("num_speculative_tokens", "3"), ("max_batch_size", "8")]:
+        with pytest.raises(ConfigError, match=f"speculative_config.{key} must be an integer, got {value!r}"):
+            EngineArgs(speculative_config={key: value}).speculative()
+    for key, value in [("num_speculative_tokens", True), ("prompt_lookup_max", None), ("prompt_lookup_min", 2.5)]:
+        with pytest.raises(ConfigError, match=f"speculative_config.{key} must be an integer"):
+            EngineArgs(speculative_config={key: value}).speculative()
+    with pytest.raises(ConfigError, match="speculative_config.model must be a string, got 5"):
+        EngineArgs(speculative_config={"model": 5}).speculative()
     spec = EngineArgs(speculative_config='{"method": "ngram", "num_speculative_tokens": 5}').speculative()
     assert spec == SpeculativeConfig(num_speculative_tokens=5)
     # each method's measured batch limit unless one is given: a draft model's passes cost more per request
