@@ -6,7 +6,7 @@ and how many of them the draft's KV cache holds. Before proposing, the mirror ta
 request's tokens; where they differ from the mirror's (the target rejected a draft), the
 mirror's computed count falls back to the common prefix, so rejected drafts' KV is rolled back
 exactly as the target's is. A greedy draft is a point mass on its argmax, so the runner's
-rejection sampling keeps a sampled request's distribution exactly the target's.
+verification keeps a sampled request's tokens those of plain decoding (docs/speculative_decoding.md).
 
 A step's drafting runs all its speculating requests together: k forward passes of the draft,
 each over every request still drafting.

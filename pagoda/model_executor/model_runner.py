@@ -209,7 +209,7 @@ class ModelRunner:
         drafts = [step.draft_token_ids[r.request_id] for r in verifying]
         logits = self.model.compute_logits(hidden[batch.verify_indices])
         bitmask = self._grammar_bitmask(verifying, drafts)
-        verdicts = verify(logits, verifying, drafts, self.sampler.generator, bitmask)
+        verdicts = verify(logits, verifying, drafts, self.sampler, bitmask)
         for (_, slot), verdict in zip(batch.verifiers, verdicts):
             accepted[slot], tokens[slot] = verdict.accepted, verdict.token
             accepted_logprobs[slot], logprobs[slot] = verdict.logprobs[:-1], verdict.logprobs[-1]

@@ -4,33 +4,33 @@ model's logits at the 1 + k positions it computed (its last token, then each dra
 Greedy requests accept the longest prefix of drafts equal to the target's argmax, then take the
 argmax after it: exactly the tokens decoding one at a time would give.
 
-Sampled requests use rejection sampling, so that every emitted token is distributed exactly as the
-target's (after temperature, top-k, top-p, min-p). An n-gram draft is a point mass q = 1 at draft
-token d, so draft i is accepted with probability min(1, p_i(d) / q(d)) = p_i(d); on rejection the
-token is drawn from the residual max(p_i - q, 0) normalized, which is p_i with d removed. When every
-draft is accepted, one more token is drawn from p_k. A seeded request draws all of this from its
-own generator, so it is reproducible (not equal to its output without speculation).
+Sampled requests draw each position's token as decoding one at a time would: the sampler's own
+draw for that row (temperature, top-k, top-p, min-p) with the request's next uniform, one uniform a
+position, drawn only as far as tokens are emitted. Draft i is accepted where that token equals it,
+and the first token that differs is the one emitted there. So every emitted token is the token
+plain decoding emits with the same uniforms: distributed exactly as the target's, and for a seeded
+request the very same tokens with speculation on or off, whatever the load (a batch too large to
+speculate decodes one at a time). An n-gram or draft-model draft is one token, so draft i is
+accepted with probability p_i(d), as rejection sampling would accept it.
 
 A constrained request's rows are masked by its grammar first (row i: the tokens allowed after
-drafts 0..i-1), so both rules see the distribution the sampler would draw from at that position;
+drafts 0..i-1), so argmax and the sampler see what plain decoding would at that position;
 logprobs stay the model's, before the mask, as the sampler's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from pagoda.model_executor.sampler import draw, filtered_probs, token_logprob
+from pagoda.model_executor.sampler import Sampler, token_logprob
 from pagoda.request import Request, TokenLogprob
 
 if TYPE_CHECKING:  # xgrammar is imported only where a request is constrained
     from pagoda.structured.grammar import TokenBitmask
-
-GeneratorOf = Callable[[Request, torch.device], torch.Generator]
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,13 @@ def verify(
     logits: torch.Tensor,
     requests: Sequence[Request],
     drafts: Sequence[list[int]],
-    generator_of: GeneratorOf,
+    sampler: Sampler,
     bitmask: TokenBitmask | None = None,
 ) -> list[Verified]:
     """logits [sum(1 + len(d)), V]: each request's rows in order, row j scoring the token after
-    its j-th query token; `bitmask`: the allowed tokens of constrained requests' rows. Returns
-    each request's verdict."""
+    its j-th query token; `sampler`: the one plain decoding draws with (its generators, its
+    kernels); `bitmask`: the allowed tokens of constrained requests' rows. Returns each request's
+    verdict."""
     allowed = logits
     if bitmask is not None:
         allowed = logits.float().clone()
@@ -58,7 +59,6 @@ def verify(
     starts = [0]
     for draft in drafts:
         starts.append(starts[-1] + len(draft) + 1)
-    probs = _target_probs(allowed, requests, starts)
     results = []
     for request, draft, start in zip(requests, drafts, starts):
         rows = logits[start : start + len(draft) + 1]
@@ -66,25 +66,13 @@ def verify(
         if params.greedy:
             accepted, token = _greedy(greedy_tokens[start : start + len(draft) + 1], draft)
         else:
-            accepted, token = _rejection_sample(probs[start : start + len(draft) + 1], draft, request, generator_of)
+            accepted, token = _sampled(allowed[start : start + len(draft) + 1], draft, request, sampler)
         logprobs: list[TokenLogprob | None] = [None] * (len(accepted) + 1)
         if params.logprobs is not None:
             raw = torch.log_softmax(rows[: len(accepted) + 1].float(), dim=-1)
             logprobs = [token_logprob(raw[j], t, params.logprobs) for j, t in enumerate([*accepted, token])]
         results.append(Verified(accepted, token, logprobs))
     return results
-
-
-def _target_probs(logits: torch.Tensor, requests: Sequence[Request], starts: list[int]) -> torch.Tensor:
-    """The sampled requests' target distributions, all their rows in one call (rows of greedy
-    requests are left zero)."""
-    probs = torch.zeros_like(logits, dtype=torch.float32)
-    rows = [j for i, r in enumerate(requests) if not r.sampling_params.greedy for j in range(starts[i], starts[i + 1])]
-    if rows:
-        owners = [r.sampling_params for i, r in enumerate(requests) for _ in range(starts[i], starts[i + 1])]
-        index = torch.tensor(rows, device=logits.device)
-        probs[index] = filtered_probs(logits[index].float(), [owners[j] for j in rows])
-    return probs
 
 
 def _greedy(targets: list[int], draft: list[int]) -> tuple[list[int], int]:
@@ -94,19 +82,11 @@ def _greedy(targets: list[int], draft: list[int]) -> tuple[list[int], int]:
     return draft[:n], targets[n]
 
 
-def _rejection_sample(
-    probs: torch.Tensor, draft: list[int], request: Request, generator_of: GeneratorOf
-) -> tuple[list[int], int]:
-    """probs [1 + k, V]: the target's distribution at each position."""
-    generator = generator_of(request, probs.device) if request.sampling_params.seed is not None else None
-
-    def sample(row: torch.Tensor) -> int:
-        return int(draw(row[None], torch.rand(1, dtype=torch.float64, generator=generator, device=row.device))[0])
-
-    uniforms = torch.rand(len(draft), generator=generator, device=probs.device).tolist()
-    for i, (d, u) in enumerate(zip(draft, uniforms)):
-        if u >= float(probs[i, d]):  # rejected: sample the residual, p_i without d
-            residual = probs[i].clone()
-            residual[d] = 0.0
-            return draft[:i], sample(residual)
-    return list(draft), sample(probs[len(draft)])
+def _sampled(rows: torch.Tensor, draft: list[int], request: Request, sampler: Sampler) -> tuple[list[int], int]:
+    """rows [1 + k, V]: the target's (masked) logits at each position. Each position's token is the
+    sampler's own for that row alone, one uniform each, until one differs from its draft."""
+    for i, d in enumerate(draft):
+        token = sampler.sample(rows[i : i + 1], [request]).token_ids[0]
+        if token != d:
+            return draft[:i], token
+    return list(draft), sampler.sample(rows[len(draft) :], [request]).token_ids[0]

@@ -494,16 +494,17 @@ def test_a_draft_model_must_share_the_vocabulary(tiny, tmp_path):
         EngineArgs(model=str(path), speculative_config={"model": str(small)}).create_config()
 
 
-# ---- rejection sampling: exactly the target's distribution ---------------------------------------
+# ---- sampled verification: exactly the target's distribution, and plain decoding's tokens ----------
 CHI2_SAMPLES = 3000
 CHI2_ALPHA = 1e-3  # a correct sampler fails with probability 0.1% for a random choice of seeds
 
 
 @torch.inference_mode()
-def test_rejection_sampling_matches_the_target_distribution(tmp_path):
+def test_sampled_verification_matches_the_target_distribution_and_plain_decoding(tmp_path):
     """Token 1 is sampled by the prefill; tokens 2 and 3 by verifying two drafts. The joint of
     (t1, t2, t3) under top-k 4 at temperature 1 is computed exactly from transformers; a
-    chi-square test compares the counts of 3000 seeded requests with it."""
+    chi-square test compares the counts of 3000 seeded requests with it. Each seeded request's
+    tokens are also those it gets without speculation (as when its batch is too large to speculate)."""
     from transformers import AutoModelForCausalLM
 
     from pagoda.model_files import load_tokenizer
@@ -565,3 +566,8 @@ def test_rejection_sampling_matches_the_target_distribution(tmp_path):
         torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
     )
     assert p_value > CHI2_ALPHA, f"chi-square {stat:.1f} on {dof} dof: p = {p_value:.2e}"
+    accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
+    assert 0 < accepted < 2 * CHI2_SAMPLES  # drafts were accepted and rejected
+    llm.engine.core.scheduler.proposer = None
+    plain = llm.generate([prompt] * CHI2_SAMPLES, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in plain] == [o.outputs[0].token_ids for o in outs]
