@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -67,8 +68,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
-        if self.kv_cache_memory_gib <= 0:
-            raise ConfigError(f"kv_cache_memory must be > 0 GiB, got {self.kv_cache_memory_gib}")
+        if not 0 < self.kv_cache_memory_gib < math.inf:  # NaN fails too
+            raise ConfigError(f"kv_cache_memory must be a finite number > 0 GiB, got {self.kv_cache_memory_gib}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

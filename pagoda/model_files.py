@@ -169,15 +169,29 @@ def apply_chat_template(
     messages: list[dict],
     chat_template: str | None = None,
     tools: list[dict] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
     **template_kwargs,
 ) -> list[int]:
-    """Token ids of `messages` rendered with the model's chat template plus the generation prompt.
-    `tools` (OpenAI's tools list) and `template_kwargs` (e.g. enable_thinking) become template variables."""
+    """Token ids of `messages` rendered with the model's chat template, then the generation prompt
+    (the header of a new assistant turn) unless `add_generation_prompt` is False; with
+    `continue_final_message`, the last message is left open for the model to continue (vLLM's
+    options of these names; not both). `tools` (OpenAI's tools list) and `template_kwargs` (e.g.
+    enable_thinking) become template variables."""
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
     template = chat_template or tokenizer.chat_template
     if not template:
         raise ConfigError("This model has no chat template; pass one with --chat-template.")
     text = tokenizer.apply_chat_template(
-        messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True, **template_kwargs
+        messages,
+        tools=tools,
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        **template_kwargs,
     )
     return tokenizer.encode(text, add_special_tokens=False)
 

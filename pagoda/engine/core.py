@@ -21,13 +21,14 @@ class EngineCore:
         self.config = config
         self.runner = ModelRunner(config)
         num_blocks = self.runner.num_kv_blocks()
-        capacity = (num_blocks - 1) * config.cache.block_size
+        capacity = max(0, num_blocks - 1) * config.cache.block_size  # one block is the pool's null block
         max_len = config.model.max_model_len
         if capacity < max_len:
             knob = "--gpu-memory-utilization" if config.device.type == "cuda" else "--kv-cache-memory"
             raise ConfigError(
-                f"The KV cache ({num_blocks * self.runner.block_bytes() / 2**30:.2f} GiB: {capacity} tokens) cannot "
-                f"hold one sequence of max_model_len={max_len}; raise {knob} or lower --max-model-len."
+                f"The KV cache ({num_blocks} blocks of {config.cache.block_size} tokens: {capacity} tokens for "
+                f"requests) cannot hold one sequence of max_model_len={max_len}; raise {knob} or lower "
+                "--max-model-len (or --block-size)."
             )
         logger.info(
             "Allocating the KV cache: %.2f GiB of %s",

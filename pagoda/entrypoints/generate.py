@@ -63,10 +63,14 @@ def main(argv: list[str]) -> int:
         print(f"pagoda generate: {exc}", file=sys.stderr)
         return 1
     many = len(prompts) > 1
-    if args.chat:
-        results = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=many)
-    else:
-        results = llm.generate(prompts, params, use_tqdm=many)
+    try:
+        if args.chat:
+            results = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=many)
+        else:
+            results = llm.generate(prompts, params, use_tqdm=many)
+    except (ConfigError, ValueError) as exc:  # a prompt the engine refuses: empty, or past the context
+        print(f"pagoda generate: {exc}", file=sys.stderr)
+        return 1
     for prompt, result in zip(prompts, results):
         out = result.outputs[0]
         if args.json:

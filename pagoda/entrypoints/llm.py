@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 
+import jinja2
 from tqdm import tqdm
 
 from pagoda.engine.args import EngineArgs
@@ -81,8 +82,11 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. `use_tqdm`: a progress bar and a throughput line on stderr."""
-        if not isinstance(prompts, (str, Sequence)) or not prompts:
+        if not isinstance(prompts, (str, Sequence)):
             raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
+        if not prompts:  # "" passes: the engine refuses an empty prompt, as any prompt, by name
+            if not isinstance(prompts, str):
+                raise ValueError("prompts is empty: give at least one prompt")
         if sampling_params is not None and not isinstance(sampling_params, (SamplingParams, Sequence)):
             raise TypeError(f"sampling_params must be a SamplingParams or one per prompt, got {sampling_params!r:.80}")
         prompt_list: list[Prompt] = (
@@ -133,9 +137,22 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         chat_template: str | None = None,
         use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
+        """One conversation or a list of them, rendered with the chat template (vLLM's keywords:
+        `continue_final_message` with `add_generation_prompt=False` continues the last message;
+        `chat_template_kwargs` are template variables, e.g. enable_thinking)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [apply_chat_template(self.tokenizer, c, chat_template) for c in conversations]
+        turn = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
+        try:
+            prompts = [
+                apply_chat_template(self.tokenizer, c, chat_template, **turn, **(chat_template_kwargs or {}))
+                for c in conversations
+            ]
+        except jinja2.TemplateError as exc:  # a message the template cannot read, e.g. without content
+            raise ValueError(f"the chat template cannot render these messages: {exc}") from None
         results = self.generate(prompts, sampling_params, use_tqdm)
         # as vLLM's: .prompt is the rendered conversation
         return [replace(r, prompt=self.tokenizer.decode(r.prompt_token_ids)) for r in results]

@@ -153,6 +153,32 @@ def test_a_refused_or_interrupted_call_leaves_the_llm_usable(tiny_llm, monkeypat
         tiny_llm.generate(5)
     with pytest.raises(TypeError, match="sampling_params must be"):
         tiny_llm.generate("hi", {"max_tokens": 3})
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        tiny_llm.generate("")
+    with pytest.raises(ValueError, match="give at least one prompt"):
+        tiny_llm.generate([])
+    with pytest.raises(ValueError, match="the chat template cannot render these messages"):
+        tiny_llm.chat([{"role": "user"}])
+    assert not tiny_llm.engine.has_unfinished
+
+
+def test_chat_continues_the_final_message_as_vllms(tiny_llm):
+    opened = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I am"}]
+    (result,) = tiny_llm.chat(opened, GREEDY, add_generation_prompt=False, continue_final_message=True)
+    assert result.prompt.endswith("Hello, I am")
+    (plain,) = tiny_llm.generate(result.prompt_token_ids, GREEDY, use_tqdm=False)
+    assert result.outputs[0].token_ids == plain.outputs[0].token_ids
+    (bare,) = tiny_llm.chat(opened[:1], GREEDY, add_generation_prompt=False)
+    (headed,) = tiny_llm.chat(opened[:1], GREEDY)
+    assert headed.prompt.startswith(bare.prompt) and len(headed.prompt) > len(bare.prompt)
+    with pytest.raises(ValueError, match="cannot both be true"):
+        tiny_llm.chat(opened, GREEDY, continue_final_message=True)
+
+
+def test_generate_cli_refused_prompts_are_one_line(tmp_path, capsys):
+    assert generate.main(["", "--max-tokens", "4"]) == 1
+    err = capsys.readouterr().err
+    assert err == "pagoda generate: the prompt is empty\n"
 
 
 @pytest.mark.parametrize(
@@ -170,3 +196,12 @@ def test_bad_engine_options_are_refused_before_loading(option, message):
 
     with pytest.raises(ConfigError, match=message):
         EngineArgs(model="/nonexistent", **option).create_config()
+
+
+@pytest.mark.parametrize("gib", [float("inf"), float("nan"), 0.0])
+def test_kv_cache_memory_must_be_finite_and_positive(gib):
+    from pagoda.config import CacheConfig
+    from pagoda.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"kv_cache_memory must be a finite number > 0 GiB, got {gib}"):
+        CacheConfig(kv_cache_memory_gib=gib)

@@ -9,6 +9,7 @@ import pytest
 
 from pagoda.entrypoints.openai.chat import checked_template_kwargs, parse_messages
 from pagoda.entrypoints.openai.errors import APIError
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 PARSED_CALL = {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
@@ -126,13 +127,31 @@ def test_arguments_keep_their_json_values():
 
 
 class _Tokenizer:
-    def apply_chat_template(self, conversation, tools=None, chat_template=None, tokenize=True, **kwargs): ...
+    def apply_chat_template(  # transformers' arguments, as far as the check reads them
+        self, conversation, tools=None, chat_template=None, add_generation_prompt=False, tokenize=True, **kwargs
+    ): ...
+
+
+def _chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], **fields)
 
 
 def test_template_kwargs_pass_unless_they_name_the_renderers_arguments():
-    assert checked_template_kwargs(_Tokenizer(), {"enable_thinking": False}) == {"enable_thinking": False}
-    assert checked_template_kwargs(_Tokenizer(), None) == {}
-    for name in ("tokenize", "chat_template", "tools", "messages"):
+    turn = {"add_generation_prompt": True, "continue_final_message": False}  # vLLM's defaults
+    assert checked_template_kwargs(_Tokenizer(), _chat(chat_template_kwargs={"enable_thinking": False})) == {
+        "enable_thinking": False,
+        **turn,
+    }
+    assert checked_template_kwargs(_Tokenizer(), _chat()) == turn
+    for name in ("tokenize", "chat_template", "tools", "messages", "add_generation_prompt"):
         with pytest.raises(APIError) as raised:
-            checked_template_kwargs(_Tokenizer(), {name: True})
+            checked_template_kwargs(_Tokenizer(), _chat(chat_template_kwargs={name: True}))
         assert raised.value.param == f"chat_template_kwargs.{name}"
+    continued = _chat(add_generation_prompt=False, continue_final_message=True)
+    assert checked_template_kwargs(_Tokenizer(), continued) == {
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    }
+    with pytest.raises(APIError) as raised:
+        checked_template_kwargs(_Tokenizer(), _chat(continue_final_message=True))
+    assert raised.value.param == "continue_final_message"

@@ -169,3 +169,23 @@ def test_chat_template_kwargs(http):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs.tokenize"
     refused = http.post("/v1/chat/completions", json={**body, "chat_template_kwargs": ["enable_thinking"]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_continue_final_message_continues_the_assistant_turn(http):
+    """vLLM's continue_final_message (with add_generation_prompt false): the last message stays
+    open and the answer is its continuation: greedy, the same tokens as a completion of the
+    rendered prompt; add_generation_prompt false alone renders no assistant header."""
+    opened = [*MESSAGES, {"role": "assistant", "content": "The fruit I name is"}]
+    turn = {"add_generation_prompt": False, "continue_final_message": True}
+    prompt = http.post("/tokenize", json={"messages": opened, **turn}).json()["tokens"]
+    text = http.post("/detokenize", json={"tokens": prompt}).json()["prompt"]
+    assert text.endswith("<|im_start|>assistant\nThe fruit I name is")
+    chat = http.post("/v1/chat/completions", json={"messages": opened, **turn, **GREEDY}).json()
+    assert chat["usage"]["prompt_tokens"] == len(prompt)
+    completion = http.post("/v1/completions", json={"prompt": prompt, **GREEDY}).json()
+    assert chat["choices"][0]["message"]["content"] == completion["choices"][0]["text"]
+    bare = http.post("/tokenize", json={"messages": MESSAGES, "add_generation_prompt": False}).json()["tokens"]
+    header = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    assert header[: len(bare)] == bare and len(header) > len(bare)
+    both = http.post("/v1/chat/completions", json={"messages": opened, "continue_final_message": True, **GREEDY})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"

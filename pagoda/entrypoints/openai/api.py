@@ -212,7 +212,7 @@ async def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
     if body.messages is not None:
         messages = chat.parse_messages(body.messages)
         tools = check_tools(body.tools) or None
-        kwargs = chat.checked_template_kwargs(state.tokenizer, body.chat_template_kwargs)
+        kwargs = chat.checked_template_kwargs(state.tokenizer, body)
         size = sum(len(m["content"]) for m in messages)
         return await state.off_loop(chat.render, state, messages, tools, kwargs, size=size)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens

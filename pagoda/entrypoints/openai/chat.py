@@ -18,7 +18,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, sampling_params
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
 from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
@@ -123,16 +123,27 @@ def _tool_result(message: dict, i: int, call_ids: set[str]) -> dict:
     return {**result, "name": name} if name else result
 
 
-def checked_template_kwargs(tokenizer, kwargs: dict | None) -> dict:
-    """The request's chat_template_kwargs. Names of the renderer's own arguments (tokenize,
-    chat_template, ...) are refused: they would change the call, not what the template sees."""
-    kwargs = kwargs or {}
+def checked_template_kwargs(tokenizer, body: ChatCompletionRequest | TokenizeRequest) -> dict:
+    """The renderer's keywords for the request: its chat_template_kwargs, whose names of the
+    renderer's own arguments (tokenize, chat_template, ...) are refused, as they would change the
+    call, not what the template sees; and vLLM's add_generation_prompt and continue_final_message."""
+    kwargs = body.chat_template_kwargs or {}
     own = {"messages", "conversations", *inspect.signature(tokenizer.apply_chat_template).parameters}
     for name in kwargs:
         if name in own:
             param = f"chat_template_kwargs.{name}"
             raise bad_request(f"{param}: {name!r} is an argument of the renderer, not a template variable", param)
-    return kwargs
+    if body.add_generation_prompt and body.continue_final_message:
+        raise bad_request(
+            "continue_final_message and add_generation_prompt cannot both be true (set add_generation_prompt "
+            "to false to continue the last message)",
+            "continue_final_message",
+        )
+    return {
+        **kwargs,
+        "add_generation_prompt": body.add_generation_prompt,
+        "continue_final_message": body.continue_final_message,
+    }
 
 
 def render_ids(
@@ -156,7 +167,7 @@ def render(
 ) -> list[int]:
     try:
         return render_ids(state.tokenizer, messages, state.config.chat_template, tools, template_kwargs)
-    except (ConfigError, jinja2.TemplateError) as exc:
+    except (ConfigError, ValueError, jinja2.TemplateError) as exc:  # ValueError: transformers' own refusals
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
 
 
@@ -166,7 +177,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     messages = parse_messages(body.messages)
     size = sum(len(m["content"]) for m in messages)
-    kwargs = checked_template_kwargs(state.tokenizer, body.chat_template_kwargs)
+    kwargs = checked_template_kwargs(state.tokenizer, body)
     template = state.config.chat_template or state.tokenizer.chat_template
     plan = plan_tools(
         body.tools,

@@ -146,6 +146,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables, e.g. enable_thinking
+    add_generation_prompt: bool = True  # vLLM's: the header of a new assistant turn after the messages
+    continue_final_message: bool = False  # vLLM's: the last message left open, for the model to continue
     tools: Any = None  # checked by tool_calls.py, so that a 400 can name tools[i].function.parameters
     tool_choice: Any = None
     parallel_tool_calls: bool = True
@@ -166,6 +168,8 @@ class TokenizeRequest(_Body):
     # with messages, rendered as a chat request renders them (vLLM's tokenize does likewise)
     tools: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class DetokenizeRequest(_Body):
