@@ -111,6 +111,15 @@ def test_out_of_range_port_and_negative_grace_are_refused_at_parse(capsys):
     assert "--shutdown-timeout must be at least 0, got -5" in parse_error(["--shutdown-timeout", "-5"], capsys)
 
 
+def test_cors_flags_take_vllms_json_lists(capsys):
+    args = serve.parse_args(["--allowed-origins", '["https://a.example"]', "--allow-credentials"])
+    cors = serve.server_config(args).cors
+    assert cors.origins == ("https://a.example",) and cors.methods == cors.headers == ("*",) and cors.credentials
+    assert serve.server_config(serve.parse_args([])).cors.origins == ()  # as vLLM: no cross-origin calls
+    error = parse_error(["--allowed-origins", "*"], capsys)
+    assert "argument --allowed-origins: a JSON list of strings such as '[\"*\"]', got '*'" in error
+
+
 def test_a_host_that_does_not_resolve_is_named():
     from pagoda.entrypoints.openai.startup import bind_socket
     from pagoda.errors import ConfigError

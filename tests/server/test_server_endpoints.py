@@ -53,6 +53,33 @@ def test_health_and_version_need_no_key(server):
     assert httpx.get(f"{server.base_url}/version").json() == {"version": __version__}
 
 
+def test_cross_origin_calls_from_the_allowed_origin_only(server):
+    """The main server runs with --allowed-origins '["http://app.example"]' (vLLM's flag): a browser's
+    preflight from it is answered before the key check, and its answers, errors too, carry the
+    header; another origin's preflight is refused."""
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    url = f"{server.base_url}/v1/chat/completions"
+    allowed = httpx.options(url, headers={"Origin": "http://app.example", **preflight})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "http://app.example"
+    assert "POST" in allowed.headers["access-control-allow-methods"]
+    other = httpx.options(url, headers={"Origin": "http://elsewhere.example", **preflight})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    unauthorized = httpx.get(f"{server.base_url}/v1/models", headers={"Origin": "http://app.example"})
+    assert unauthorized.status_code == 401  # the key is still needed; the browser may read why
+    assert unauthorized.headers["access-control-allow-origin"] == "http://app.example"
+    answered = httpx.get(f"{server.base_url}/v1/models", headers={"Origin": "http://app.example", **server.headers})
+    assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == "http://app.example"
+
+
+def test_behind_a_prefix_the_page_links_resolve_under_it(server):
+    """--root-path /pagoda (a proxy strips it): the API answers at the stripped paths, and the
+    console's page links its script and style relatively, so a browser at /pagoda/ finds them."""
+    page = httpx.get(f"{server.base_url}/").text
+    assert 'src="console/console.js"' in page and 'href="console/console.css"' in page
+    assert httpx.get(f"{server.base_url}/console/console.js").status_code == 200
+    assert httpx.get(f"{server.base_url}/v1/models", headers=server.headers).status_code == 200
+
+
 def test_repeated_prompt_hits_the_prefix_cache_and_metrics_count_it(client, http, server):
     assert http.post("/reset_prefix_cache").status_code == 200
     before = wait_idle(server.base_url)

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from pagoda import __version__
@@ -87,6 +88,15 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
                 await asyncio.to_thread(state.sinks.request_log.close)
 
     app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan)
+    cors = config.cors
+    # outermost: a preflight is answered before the key check, and errors carry the CORS headers too
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(cors.origins),
+        allow_methods=list(cors.methods),
+        allow_headers=list(cors.headers),
+        allow_credentials=cors.credentials,
+    )
     install_handlers(app)
     authorized = [Depends(_require_key(config.api_key))]
     app.include_router(_v1_routes(state), dependencies=authorized)

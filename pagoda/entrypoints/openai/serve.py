@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         default=None,
         help="require `Authorization: Bearer KEY` (default: env PAGODA_API_KEY, else none)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        type=_json_strings("--allowed-origins"),
+        default=[],
+        help="origins a browser page may call the API from, a JSON list such as '[\"https://app.example\"]' "
+        '(["*"]: any); vLLM\'s flag; without it no cross-origin calls (default: none)',
+    )
+    p.add_argument(
+        "--allowed-methods",
+        type=_json_strings("--allowed-methods"),
+        default=["*"],
+        help="HTTP methods cross-origin calls may use, a JSON list (default: all)",
+    )
+    p.add_argument(
+        "--allowed-headers",
+        type=_json_strings("--allowed-headers"),
+        default=["*"],
+        help="request headers cross-origin calls may send, a JSON list (default: all)",
+    )
+    p.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="let cross-origin calls carry cookies and HTTP authentication (default: %(default)s)",
+    )
+    p.add_argument(
+        "--root-path",
+        default="",
+        help="the path prefix under which a reverse proxy serves the server and which it strips, e.g. "
+        "/pagoda (ASGI's root_path; the web console's links are relative, so it works there) (default: none)",
     )
     p.add_argument(
         "--request-log",
@@ -216,6 +246,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _json_strings(flag: str) -> Callable[[str], list[str]]:
+    """argparse's type for vLLM's JSON-list flags (--allowed-origins '["https://a.example"]')."""
+
+    def parse(text: str) -> list[str]:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise argparse.ArgumentTypeError(f"a JSON list of strings such as '[\"*\"]', got {text!r}")
+        return value
+
+    parse.__name__ = flag  # argparse names the type in its message
+    return parse
+
+
 def read_generation_config(value: str) -> dict[str, Any] | None:
     """Sampling defaults per --generation-config: None for auto (the model's own, read by the
     loader), {} for vllm (none: OpenAI's apply), else those of the folder's generation_config.json."""
@@ -271,7 +317,7 @@ def _serve_replicas(args: argparse.Namespace, argv: list[str]) -> int:
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """The server's own settings out of the command line (the engine's are EngineArgs)."""
-    from pagoda.entrypoints.openai.serving import ServerConfig
+    from pagoda.entrypoints.openai.serving import CrossOrigin, ServerConfig
     from pagoda.entrypoints.openai.tool_calls import ToolSettings
 
     return ServerConfig(
@@ -285,6 +331,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         generation_defaults=read_generation_config(args.generation_config),
         tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
         reports=read_reports_dir(args.reports),
+        cors=CrossOrigin(
+            tuple(args.allowed_origins),
+            tuple(args.allowed_methods),
+            tuple(args.allowed_headers),
+            args.allow_credentials,
+        ),
     )
 
 
@@ -348,6 +400,7 @@ async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) 
             # the server's own abort (_abort_after_grace) ends what still runs at --shutdown-timeout;
             # uvicorn cancels a handler only if it has not answered ABORT_ANSWER_S after that
             timeout_graceful_shutdown=args.shutdown_timeout + ABORT_ANSWER_S,
+            root_path=args.root_path,
             lifespan="on",
         )
     )

@@ -35,6 +35,16 @@ DONE = "data: [DONE]\n\n"
 
 
 @dataclass(frozen=True)
+class CrossOrigin:
+    """Which browser pages on other origins may call the API (CORS; vLLM's flags). No origins: none."""
+
+    origins: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ("*",)
+    headers: tuple[str, ...] = ("*",)
+    credentials: bool = False
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     api_key: str | None = None
     chat_template: str | None = None  # template text; None: the model's own
@@ -48,6 +58,7 @@ class ServerConfig:
     log_stats_interval_s: float = DEFAULT_INTERVAL_S
     reset_wait_s: float = 10.0  # how long POST /reset_prefix_cache waits for running requests to finish
     reports: Path | None = None  # --reports: bench result folders the console renders
+    cors: CrossOrigin = field(default_factory=CrossOrigin)
 
 
 @dataclass(frozen=True)

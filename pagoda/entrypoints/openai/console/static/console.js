@@ -249,13 +249,13 @@ async function poll() {
   const conn = $("conn");
   try {
     if (!document.hidden) {
-      const path = `/console/api/feed?after=${feed.afterSample}&after_request=${feed.afterRequest}`;
+      const path = `console/api/feed?after=${feed.afterSample}&after_request=${feed.afterRequest}`;
       let data = await authorized(() => api.get(path));
       if (feed.instance !== null && data.instance !== feed.instance) {
         // the server restarted: its counters began again, so read its feed and its info afresh
         Object.assign(feed, { samples: [], rows: [], afterSample: 0, afterRequest: 0 });
-        renderInfo(await authorized(() => api.get("/console/api/info")));
-        data = await authorized(() => api.get("/console/api/feed?after=0&after_request=0"));
+        renderInfo(await authorized(() => api.get("console/api/info")));
+        data = await authorized(() => api.get("console/api/feed?after=0&after_request=0"));
       }
       feed.instance = data.instance;
       if (data.samples.length) {
@@ -373,7 +373,7 @@ async function send(text) {
   let finish = null;
   const calls = [];
   try {
-    const response = await fetch("/v1/chat/completions", {
+    const response = await fetch("v1/chat/completions", {
       method: "POST",
       headers: api.headers({ "Content-Type": "application/json" }),
       body: JSON.stringify(body),
@@ -476,7 +476,7 @@ async function loadReports(info) {
     $("report").hidden = true;
     return;
   }
-  const { reports } = await authorized(() => api.get("/console/api/reports"));
+  const { reports } = await authorized(() => api.get("console/api/reports"));
   const select = $("report-select");
   const current = select.value;
   select.replaceChildren(...reports.map((name) => el("option", { value: name }, name === "." ? "(the folder itself)" : name)));
@@ -488,7 +488,7 @@ async function loadReports(info) {
 async function showReport(name) {
   const report = $("report");
   try {
-    const data = await authorized(() => api.get(`/console/api/reports/${name.split("/").map(encodeURIComponent).join("/")}`));
+    const data = await authorized(() => api.get(`console/api/reports/${name.split("/").map(encodeURIComponent).join("/")}`));
     report.innerHTML = data.html; // built by the server from report.md with every text escaped
   } catch (error) {
     report.replaceChildren(el("p", { class: "error" }, error.message));
@@ -498,7 +498,7 @@ async function showReport(name) {
 // ---- start -------------------------------------------------------------------------------------
 async function start() {
   buildTiles();
-  const info = await authorized(() => api.get("/console/api/info"));
+  const info = await authorized(() => api.get("console/api/info"));
   renderInfo(info);
   $("report-select").addEventListener("change", (event) => showReport(event.target.value));
   tabHooks.reports = () => loadReports(info).catch((error) => ($("reports-note").textContent = error.message));
