@@ -106,3 +106,14 @@ def test_request_log_failure_is_logged_once_and_never_raises(tmp_path, caplog):
             writer.write({"request_id": str(i)})
         writer.close()
     assert len([r for r in caplog.records if "request log" in r.getMessage()]) == 1
+
+
+def test_metrics_have_each_finish_reason_from_the_start_and_no_created_series():
+    from pagoda.core.outputs import SchedulerStats
+    from pagoda.entrypoints.openai.metrics import ServerMetrics
+    from tests.server.helpers import metric
+
+    text = ServerMetrics(SchedulerStats, "m").render().decode()
+    for reason in ("stop", "length", "abort"):  # at 0 before any request ends so, as vLLM's
+        assert metric(text, "pagoda:request_success_total", finished_reason=reason) == 0
+    assert "_created" not in text

@@ -137,7 +137,7 @@ def _v1_routes(state: ServerState) -> APIRouter:
             "object": "model",
             "created": created,
             "owned_by": "pagoda",
-            "root": state.model_name,
+            "root": state.engine.config.model.path,  # as vLLM's: the model it loaded
             "max_model_len": state.limits.max_model_len,
             # batch-invariant kernels: equal requests get bitwise-equal logprobs (docs/determinism.md)
             "deterministic": state.engine.config.deterministic,

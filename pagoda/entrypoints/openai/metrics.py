@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -87,6 +87,7 @@ LATENCY_BUCKETS = (
     7680.0,
 )
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+FINISH_REASONS = ("stop", "length", "abort")  # the engine's (a tool call finishes as "stop" there)
 
 
 class _EngineStatsCollector(Collector):
@@ -143,6 +144,9 @@ class _EngineStatsCollector(Collector):
 
 class ServerMetrics:
     def __init__(self, stats: Callable[[], SchedulerStats], model_name: str) -> None:
+        # no `*_created` series beside each counter and histogram (vLLM turns them off too); the switch
+        # is prometheus_client's, for the process, which serves one model's metrics
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(stats, model_name))
         self.model_name = model_name
@@ -157,6 +161,8 @@ class ServerMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.").labels(model_name)
         self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
         self._success = counter("request_success", "Finished sequences by finish reason.", ("finished_reason",))
+        for reason in FINISH_REASONS:  # each series exists from the start, at 0, as vLLM's
+            self._success.labels(model_name, reason)
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS).labels(model_name)
         self.tpot = histogram(
             "time_per_output_token_seconds", "Mean time per output token after the first, per sequence.", TPOT_BUCKETS
