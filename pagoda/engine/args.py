@@ -318,9 +318,13 @@ class EngineArgs:
     def resolve_deterministic(self, device, model, backend) -> bool:
         """--deterministic where asked for (ConfigError with the reason where it cannot hold), else
         DETERMINISTIC_BY_DEFAULT where it can."""
+        from pagoda.attention import selector
         from pagoda.model_executor.cpu_invariant import unsupported_reason
 
-        reason = unsupported_reason(device, model.dtype, model.quantization, backend.support.batch_invariant)
+        cpu_reason = selector.unsupported_reason("cpu", device, model.dtype, model.head_dim)
+        reason = unsupported_reason(
+            device, model.dtype, model.quantization, backend.support.batch_invariant, cpu_reason
+        )
         if self.deterministic and reason is not None:
             raise ConfigError(f"--deterministic cannot hold here: {reason}.")
         return reason is None and (self.deterministic if self.deterministic is not None else DETERMINISTIC_BY_DEFAULT)

@@ -21,9 +21,14 @@ from pagoda.model_executor.layers import replace_linears
 
 
 def unsupported_reason(
-    device: torch.device, dtype: torch.dtype, quantization: str | None, backend_invariant: bool
+    device: torch.device,
+    dtype: torch.dtype,
+    quantization: str | None,
+    backend_invariant: bool,
+    cpu_backend_reason: str | None = None,
 ) -> str | None:
-    """Why deterministic serving cannot hold for this configuration, or None when it can."""
+    """Why deterministic serving cannot hold for this configuration, or None when it can;
+    `cpu_backend_reason`: why the cpu attention backend (batch-invariant) cannot serve the model."""
     if device.type != "cpu":
         return f"its batch-invariant kernels run on the CPU only, not on {device.type}"
     if dtype != torch.float32:
@@ -31,6 +36,8 @@ def unsupported_reason(
     if quantization is not None:
         return f"quantized ({quantization}) linears have no batch-invariant kernel"
     if not backend_invariant:
+        if cpu_backend_reason is not None:
+            return f"the attention backend is not batch-invariant, and the cpu one cannot serve: {cpu_backend_reason}"
         return "the attention backend is not batch-invariant (choose --attention-backend cpu)"
     if cpu.load() is None:
         return "Pagoda's C kernels cannot be built here (they need gcc and an x86-64 CPU with AVX2 and FMA)"

@@ -44,6 +44,14 @@ class ComputeThreads:
         allowed = sorted(os.sched_getaffinity(0))
         self.cpus = list(config.bind_cores) if config.bind_cores else allowed
         self.max_threads = config.num_threads or len(self.cpus)
+        if self.max_threads > len(self.cpus):
+            logger.warning(
+                "%d compute threads on %d CPUs: threads that share a core slow every step (each waits for the "
+                "slowest); --threads %d or fewer is faster",
+                self.max_threads,
+                len(self.cpus),
+                len(self.cpus),
+            )
         self.watch = LoadWatch(self.cpus) if config.adaptive else None
         self.num_threads = self.max_threads
         torch.set_num_threads(self.num_threads)

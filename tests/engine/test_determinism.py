@@ -189,3 +189,19 @@ def test_refused_where_it_cannot_hold(overrides, reason):
         EngineArgs(deterministic=True, **overrides).create_config()
     assert not EngineArgs(**overrides).create_config().deterministic  # by default: off, not refused
     assert not EngineArgs(deterministic=False).create_config().deterministic
+
+
+def test_the_refusal_says_why_the_cpu_backend_cannot_serve_either():
+    """A model the cpu backend refuses (head_dim 12) runs on torch, which is not batch-invariant:
+    the reason names the cpu backend's own refusal instead of advising it."""
+    import torch
+
+    from pagoda.attention import selector
+    from pagoda.model_executor.cpu_invariant import unsupported_reason
+
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    cpu_reason = selector.unsupported_reason("cpu", cpu, fp32, 12)
+    assert cpu_reason == "the cpu attention backend needs a head_dim divisible by 8 (got 12)"
+    reason = unsupported_reason(cpu, fp32, None, False, cpu_reason)
+    assert reason.endswith(f"cannot serve: {cpu_reason}") and "choose --attention-backend cpu" not in reason
+    assert "choose --attention-backend cpu" in unsupported_reason(cpu, fp32, None, False, None)

@@ -3,6 +3,7 @@ processes keep CPUs busy."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -68,6 +69,20 @@ def test_fixed_count_is_set_and_never_adjusted():
     assert torch.get_num_threads() == 1 and threads.watch is None
     threads.adjust()
     assert torch.get_num_threads() == 1
+
+
+def test_more_threads_than_cpus_are_warned_of(caplog):
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with caplog.at_level(logging.WARNING, "pagoda.model_executor.cpu_threads"):
+            ComputeThreads(ThreadConfig(num_threads=cpus + 3))
+        assert f"{cpus + 3} compute threads on {cpus} CPUs" in caplog.text
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "pagoda.model_executor.cpu_threads"):
+            ComputeThreads(ThreadConfig(num_threads=cpus))
+        assert caplog.text == ""
+    finally:
+        torch.set_num_threads(cpus)
 
 
 class FakeWatch:
