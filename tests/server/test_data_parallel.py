@@ -241,7 +241,12 @@ def test_sigterm_stops_the_gateway_and_every_replica(deployment):
     assert "the gateway: pid" in deployment.log() and "its metrics at http://127.0.0.1:" in deployment.log()
     client = deployment.client()
     stream = client.completions.create(
-        model=MODEL, prompt="drain me", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
+        model=MODEL,
+        prompt="drain me",
+        max_tokens=200,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
     )
     chunks = iter(stream)
     first = next(chunks)
@@ -255,8 +260,9 @@ def test_sigterm_stops_the_gateway_and_every_replica(deployment):
             )
         except httpx.TransportError as exc:
             late.append(type(exc).__name__)
-    tokens = sum(1 for chunk in [first, *chunks] if chunk.choices and chunk.choices[0].text)
-    assert tokens == 200
+    streamed = [first, *chunks]  # to its end: the finish reason, then the usage
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "length"
+    assert streamed[-1].usage.completion_tokens == 200
     assert not [status for status in late if isinstance(status, int) and status >= 500], late
     assert deployment.process.wait(timeout=60) == 0
     assert not _alive(deployment.replicas[0][0])
