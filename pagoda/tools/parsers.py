@@ -42,6 +42,7 @@ class ToolCall:
 class ParsedOutput:
     content: str  # text outside any tool call ("" if none)
     tool_calls: list[ToolCall]
+    calls_whole: bool = True  # False: the text ended inside a forced call, whose arguments stop there
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,12 @@ class ToolStreamer:
         """Flush at the end of the sequence: whatever was held back is settled now."""
         raise NotImplementedError
 
+    def calls_whole(self) -> bool:
+        """After finish(): whether every call it sent is whole. A parser that reads a model's own calls sends
+        only whole ones; calls a grammar forces are sent as they come, so a text cut short (max_tokens, a stop
+        string) leaves its last call, or the calls' closing, unfinished."""
+        return True
+
 
 @dataclass(frozen=True)
 class ToolParser:
@@ -79,7 +86,7 @@ class ToolParser:
         streamer = self.new_streamer()
         content, deltas = streamer.feed(text)
         tail, more = streamer.finish()
-        return ParsedOutput(content + tail, assemble(deltas + more))
+        return ParsedOutput(content + tail, assemble(deltas + more), streamer.calls_whole())
 
 
 def assemble(deltas: list[ToolCallDelta]) -> list[ToolCall]:
@@ -458,6 +465,7 @@ def _generic_streamer() -> ToolStreamer:
 _NAME = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)'
 _FIRST_CALL = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*' + _NAME)
 _NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + _NAME)
+_CLOSING = re.compile(r"\s*\}\s*\]\s*\}\s*")  # after the last call's arguments: the call, the list, the object
 
 
 class _ForcedStreamer(ToolStreamer):
@@ -465,8 +473,8 @@ class _ForcedStreamer(ToolStreamer):
     `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`, valid by construction, so a call is sent as it is
     generated: its name once the name, the "arguments" key and the arguments' opening bracket have come, then the
     arguments' text as it comes, the model's own (the grammar writes compact JSON). Only a text cut short
-    (max_tokens) can leave the format: before its first call's arguments open, all of it is content; after, what
-    follows the last complete argument is dropped (the call's arguments stop where the text did)."""
+    (max_tokens, a stop string) can leave the format: before its first call's arguments open, all of it is
+    content; after, the last call's arguments stop where the text did, and calls_whole() says so."""
 
     def __init__(self) -> None:
         self._text = ""
@@ -501,6 +509,9 @@ class _ForcedStreamer(ToolStreamer):
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         started = self._calls > 0 or self._arguments is not None
         return ("" if started else self._text), []
+
+    def calls_whole(self) -> bool:
+        return self._arguments is None and _CLOSING.fullmatch(self._text, self._pos) is not None
 
 
 FORCED_CALLS = ToolParser("forced", _ForcedStreamer)  # not a --tool-call-parser: chosen by tool_choice

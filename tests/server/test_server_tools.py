@@ -111,6 +111,36 @@ def test_streamed_calls_equal_whole_ones(client):
     assert all(pieces[i] > 1 for i in names), pieces
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_short_keeps_its_finish_reason(client, stream):
+    """A forced call cut by max_tokens or a stop string is sent as far as it came, with the
+    sequence's own finish reason: only whole calls finish as "tool_calls"."""
+    base = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0)
+    whole = client.chat.completions.create(**base, max_tokens=300).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    city = json.loads(whole.message.tool_calls[0].function.arguments)["city"]
+    for cut, reason in ((dict(max_tokens=whole_tokens(client, base) - 4), "length"), (dict(stop=[city]), "stop")):
+        if stream:
+            chunks = list(client.chat.completions.create(**base, **cut, stream=True))
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            arguments = "".join(
+                call.function.arguments or ""
+                for c in chunks
+                if c.choices
+                for call in c.choices[0].delta.tool_calls or []
+            )
+            assert finish == [reason] and arguments, cut
+        else:
+            choice = client.chat.completions.create(**base, **cut).choices[0]
+            assert choice.finish_reason == reason and choice.message.tool_calls, cut
+            arguments = "".join(call.function.arguments for call in choice.message.tool_calls)
+        assert whole.message.tool_calls[0].function.arguments.startswith(arguments[: len(arguments) // 2] or "{")
+
+
+def whole_tokens(client, base) -> int:
+    return client.chat.completions.create(**base, max_tokens=300).usage.completion_tokens
+
+
 def test_a_two_turn_agent_loop(client):
     """Greedy: sampled, this model may keep adding calls until max_tokens cuts the list, and a cut
     forced list comes back as content (docs/tools.md); which sample it draws depends on what the

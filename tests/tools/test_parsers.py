@@ -173,6 +173,7 @@ def test_forced_calls_stream_their_arguments_as_they_come(text):
     expected = [(call["name"], call["arguments"]) for call in json.loads(text)["tool_calls"]]
     parsed = FORCED_CALLS.parse(text)
     assert parsed.content == "" and [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == expected
+    assert parsed.calls_whole
     assert all(call.arguments in text for call in parsed.tool_calls)  # the model's text, not re-serialized
     for cut in range(len(text) + 1):
         streamer = FORCED_CALLS.streamer()
@@ -187,7 +188,12 @@ def test_forced_calls_stream_their_arguments_as_they_come(text):
 
 
 def test_a_forced_call_cut_short():
-    """Cut before a call's name is complete: all content, no call; cut in its arguments: the call as far as it came."""
+    """Cut before a call's name is complete: all content, no call; cut in its arguments: the call as far as it
+    came; either way, or cut after the arguments but before the calls' closing, the calls are not whole."""
     head = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa'
-    assert FORCED_CALLS.parse(head[:30]) == ParsedOutput(head[:30], [])
-    assert FORCED_CALLS.parse(head) == ParsedOutput("", [ToolCall("get_weather", '{"city": "Pa')])
+    assert FORCED_CALLS.parse(head[:30]) == ParsedOutput(head[:30], [], calls_whole=False)
+    assert FORCED_CALLS.parse(head) == ParsedOutput("", [ToolCall("get_weather", '{"city": "Pa')], calls_whole=False)
+    whole = FORCED[1]
+    for cut in range(len(whole)):  # every cut of a text is not whole; the text itself is
+        assert not FORCED_CALLS.parse(whole[:cut]).calls_whole, cut
+    assert FORCED_CALLS.parse(whole).calls_whole

@@ -287,7 +287,7 @@ async def _chunks(
                     "index": update.index,
                     "delta": {},
                     "logprobs": None,
-                    "finish_reason": "tool_calls" if streamer.has_calls else update.finish_reason,
+                    "finish_reason": "tool_calls" if streamer.called else update.finish_reason,
                     "stop_reason": update.stop_reason,
                 }
             )

@@ -57,7 +57,8 @@ class ToolPlan:
     reasoning: Any = None  # a ReasoningParser, or None
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
-        """The assistant message for a sequence's whole text, and whether it called tools."""
+        """The assistant message for a sequence's whole text, and whether it called tools with whole
+        calls (finish_reason "tool_calls"; a forced call cut short keeps the sequence's own reason)."""
         reasoning, text = self.reasoning.parse(text) if self.reasoning is not None else (None, text)
         parsed = self.parser.parse(text) if self.parser is not None else None
         calls = parsed.tool_calls if parsed is not None else []
@@ -67,7 +68,7 @@ class ToolPlan:
             message["tool_calls"] = [_call_object(call) for call in calls]
         if reasoning is not None:
             message["reasoning"] = message["reasoning_content"] = reasoning
-        return message, bool(calls)
+        return message, bool(calls) and parsed is not None and parsed.calls_whole
 
     def streamer(self) -> MessageStreamer:
         return MessageStreamer(self)
@@ -78,7 +79,7 @@ class MessageStreamer:
     """One sequence's stream: text deltas in, OpenAI delta objects out."""
 
     plan: ToolPlan
-    has_calls: bool = False
+    _sent_calls: bool = False
     _ids: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -95,6 +96,11 @@ class MessageStreamer:
         flushed = self._tools.finish() if self._tools is not None else ("", [])
         return self._deltas(reasoning, deltas[0] + flushed[0], deltas[1] + flushed[1])
 
+    @property
+    def called(self) -> bool:
+        """After finish(): it sent calls, each whole (finish_reason "tool_calls")."""
+        return self._sent_calls and (self._tools is None or self._tools.calls_whole())
+
     def _deltas(self, reasoning: str, content: str, calls: list[ToolCallDelta]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if reasoning:
@@ -102,7 +108,7 @@ class MessageStreamer:
         if content:
             out.append({"content": content})
         for call in calls:
-            self.has_calls = True
+            self._sent_calls = True
             entry: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
             if call.name is not None:
                 self._ids[call.index] = _call_id()
