@@ -221,25 +221,42 @@ SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # keywords whose valu
 SCHEMA_VALUES = ("items", "additionalProperties")  # keywords whose value is a schema
 
 
-def check_supported(schema: Any, where: str = "") -> None:
-    """Refuse a schema using a keyword that xgrammar cannot enforce, or a reference to another
-    document, naming the keyword and its place."""
+def check_supported(schema: Any, where: str = "", root: Any = None) -> None:
+    """Refuse a schema using a keyword that xgrammar cannot enforce, a reference to another
+    document, or a local reference to nothing, naming the keyword and its place."""
     if not isinstance(schema, dict):
         return
+    root = schema if root is None else root
     place = f" at {where}" if where else ""
     for keyword in sorted(UNSUPPORTED_KEYWORDS & schema.keys()):
         raise GrammarError(f"the JSON schema uses `{keyword}`{place}, which structured outputs cannot enforce")
     ref = schema.get("$ref")
     if isinstance(ref, str) and not ref.startswith("#"):
         raise GrammarError(f"the JSON schema refers to another document ({ref}){place}; only local $refs work")
+    if isinstance(ref, str) and not _resolves(root, ref):
+        raise GrammarError(f"the JSON schema's $ref {ref}{place} points to nothing in the schema")
     prefix = f"{where}/" if where else ""
     for key in SCHEMA_MAPS:
         subs = schema.get(key)
         for name, sub in subs.items() if isinstance(subs, dict) else ():
-            check_supported(sub, f"{prefix}{key}/{name}")
+            check_supported(sub, f"{prefix}{key}/{name}", root)
     for key in SCHEMA_LISTS:
         subs = schema.get(key)
         for i, sub in enumerate(subs if isinstance(subs, list) else ()):
-            check_supported(sub, f"{prefix}{key}/{i}")
+            check_supported(sub, f"{prefix}{key}/{i}", root)
     for key in SCHEMA_VALUES:
-        check_supported(schema.get(key), f"{prefix}{key}")
+        check_supported(schema.get(key), f"{prefix}{key}", root)
+
+
+def _resolves(root: Any, ref: str) -> bool:
+    """Whether a local $ref ("#", "#/$defs/a", a JSON pointer with ~0 ~1 escapes) names a part of `root`."""
+    node = root
+    for token in ref[1:].split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return False
+    return True

@@ -144,6 +144,7 @@ BAD = [
         "uniqueItems",
     ),
     ({"guided_json": {"$ref": "https://example.com/schema.json"}}, "guided_json", "another document"),
+    ({"guided_json": {"properties": {"p": {"$ref": "#/$defs/Missing"}}}}, "guided_json", "points to nothing"),
     ({"guided_regex": "\\p{L}+"}, "guided_regex", "not supported"),
 ]
 

@@ -190,6 +190,8 @@ def test_langchain_bind_tools_and_function_calling(server):
     assert isinstance(result, Zone)
 
 
+DANGLING = {"type": "object", "properties": {"p": {"$ref": "#/$defs/Missing"}}}
+LOOKAHEAD = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}
 BAD = [
     (
         {
@@ -205,6 +207,17 @@ BAD = [
             ]
         },
         "tools[0].function.parameters",
+    ),
+    (  # a local $ref to nothing: refused at once, under any tool_choice
+        {"tools": [TIME, {"type": "function", "function": {"name": "f", "parameters": DANGLING}}]},
+        "tools[1].function.parameters",
+    ),
+    (  # a lookahead the grammar library refuses when it compiles the forced calls: the tool is named
+        {
+            "tools": [TIME, {"type": "function", "function": {"name": "f", "parameters": LOOKAHEAD}}],
+            "tool_choice": "required",
+        },
+        "tools[1].function.parameters",
     ),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0]"),

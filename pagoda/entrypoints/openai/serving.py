@@ -23,8 +23,8 @@ from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, Completion
 from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
-from pagoda.entrypoints.openai.tool_calls import ToolSettings
-from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams
+from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
+from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError
 
 T = TypeVar("T")
@@ -100,8 +100,20 @@ class ServerState:
         try:
             await self.engine.compile_grammar_async(params.structured_outputs)
         except GrammarError as exc:
-            field = constraint_field(body) or "tools"  # none of the constraint fields: a tool_choice's
+            field = constraint_field(body)
+            if field is None:  # the calls a tool_choice forces: name the tool whose schema is refused
+                field, exc = await self._refused_tool(body, exc)
             raise bad_request(f"{field}: {exc}", field) from None
+
+    async def _refused_tool(self, body: ChatCompletionRequest, exc: GrammarError) -> tuple[str, GrammarError]:
+        """The first forced tool whose parameters schema the library refuses on its own, with its
+        reason; else (only the tools together fail) "tools" and the combined schema's reason."""
+        for i, parameters in forced_parameters(body.tools, body.tool_choice):
+            try:
+                await self.engine.compile_grammar_async(StructuredOutputsParams(json=parameters))
+            except GrammarError as refused:
+                return f"tools[{i}].function.parameters", refused
+        return "tools", exc
 
     async def off_loop(self, work: Callable[..., T], *args, size: int = 0) -> T:
         """Run tokenizer work of `size` characters inline when short, on a thread when long."""

@@ -156,6 +156,17 @@ def plan_tools(
     )
 
 
+def forced_parameters(tools: list[dict[str, Any]], tool_choice: Any) -> list[tuple[int, dict[str, Any]]]:
+    """(index, parameters schema) of each checked tool a tool_choice forces calls of: all for
+    "required", the named one for a function."""
+    named = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    return [
+        (i, tool["function"].get("parameters") or ANY_ARGUMENTS)
+        for i, tool in enumerate(tools)
+        if named is None or tool["function"]["name"] == named
+    ]
+
+
 def calls_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
     """The generic format's JSON schema, for calls of `tools` only (one call unless `parallel`).
     Each tool's own definitions move to the root, renamed per tool, so its local $refs still hold."""
