@@ -103,7 +103,7 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
             "--max-model-len",
             "2048",
             "--enable-auto-tool-choice",
-            *("--allowed-origins", '["http://app.example"]', "--root-path", "/pagoda"),
+            *("--allowed-origins", '["http://app.example"]'),
             api_key=API_KEY,
             request_log=folder / "requests.jsonl",
             reports=folder / "reports",

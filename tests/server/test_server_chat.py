@@ -53,6 +53,22 @@ def test_stream_in_openai_shape(http, greedy):
     assert usage["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
 
 
+def test_continuous_usage_stats_give_each_chunk_its_choice_so_far(http):
+    """vLLM's stream_options.continuous_usage_stats: every chunk's usage counts its choice's tokens so far."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"messages": MESSAGES, "stream": True, "stream_options": options, "n": 2, **GREEDY}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        *chunks, total = sse_events(response.iter_lines())[:-1]
+    prompt = total["usage"]["prompt_tokens"]
+    so_far = {0: 0, 1: 0}
+    for c in chunks:
+        usage, index = c["usage"], c["choices"][0]["index"]
+        assert usage["prompt_tokens"] == prompt and usage["total_tokens"] == prompt + usage["completion_tokens"]
+        assert usage["completion_tokens"] >= so_far[index]
+        so_far[index] = usage["completion_tokens"]
+    assert so_far == {0: 6, 1: 6} and total["usage"]["completion_tokens"] == 12
+
+
 def test_stream_without_usage_has_no_usage_field(http):
     with http.stream("POST", "/v1/chat/completions", json={"messages": MESSAGES, "stream": True, **GREEDY}) as response:
         chunks = sse_events(response.iter_lines())[:-1]

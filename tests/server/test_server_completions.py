@@ -45,6 +45,18 @@ def test_stream_matches_non_stream(client, greedy):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_continuous_usage_stats_count_each_prompts_choice(client):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(
+        client.completions.create(model=MODEL, prompt=PROMPTS[:2], stream=True, stream_options=options, **GREEDY)
+    )
+    *streamed, total = chunks
+    prompts = {c.choices[0].index: c.usage.prompt_tokens for c in streamed}
+    assert sum(prompts.values()) == total.usage.prompt_tokens and len(prompts) == 2
+    last = {c.choices[0].index: c.usage.completion_tokens for c in streamed}
+    assert last == {0: 6, 1: 6} and total.usage.completion_tokens == 12
+
+
 def test_many_prompts_and_n_are_indexed_prompt_major(client, greedy):
     result = client.completions.create(model=MODEL, prompt=PROMPTS[:2], n=2, **GREEDY)
     by_index = {c.index: c.text for c in result.choices}

@@ -74,7 +74,7 @@ def test_a_busy_port_fails_at_once_with_one_line_and_exit_1(tiny_model):
 
 def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model):
     port = free_port()
-    process = start(port, tiny_model, "--access-log", "--kv-cache-memory", "0.01")
+    process = start(port, tiny_model, "--access-log", "--kv-cache-memory", "0.01", "--root-path", "/pagoda")
     try:
         answers = poll(f"http://127.0.0.1:{port}/v1/models", 200)
         assert answers[0].status_code == 503  # the port answered before the model had loaded
@@ -90,7 +90,9 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model):
     steps += ["Allocating the KV cache", "loaded llama", "ready: serving llama"]
     positions = [log.index(step) for step in steps]
     assert positions == sorted(positions), log
-    assert '"GET /v1/models HTTP/1.1" 200' in log  # --access-log
+    # --access-log, with --root-path: a request as the proxy forwards it (stripped) is logged at
+    # the path the client asked for
+    assert '"GET /pagoda/v1/models HTTP/1.1" 200' in log
     assert f"deterministic {'on' if DETERMINISTIC_BY_DEFAULT else 'off'})" in log  # the mode, in the load line
 
 

@@ -83,7 +83,7 @@ def test_streamed_message_equals_the_whole_one(parser, text, reasoning):
         assert [arguments[i] for i in sorted(arguments)] == [
             c["function"]["arguments"] for c in whole.get("tool_calls", [])
         ]
-        assert streamer.has_calls is called
+        assert streamer.called is called
     if reasoning:
         assert whole["reasoning"] == whole["reasoning_content"] == "weighing it"
     if called:

@@ -19,7 +19,7 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, sampling_params
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
-from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, sse, usage
+from pagoda.entrypoints.openai.serving import DONE, ServerState, chunk_usage, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from pagoda.model_files import apply_chat_template, template_supports_tools
@@ -214,7 +214,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}
     if body.stream:
-        return event_stream(_chunks(state, body, plan, generation, head), generation)
+        return event_stream(_chunks(state, body, plan, generation, head, len(prompt_ids)), generation)
     outputs = (await state.collect(http, generation))[0]
     return JSONResponse(_response(state, body, plan, head, prompt_ids, outputs))
 
@@ -248,17 +248,23 @@ def _response(
 
 
 async def _chunks(
-    state: ServerState, body: ChatCompletionRequest, plan: ToolPlan, generation: Generation, head: dict
+    state: ServerState,
+    body: ChatCompletionRequest,
+    plan: ToolPlan,
+    generation: Generation,
+    head: dict,
+    prompt_tokens: int,
 ) -> AsyncIterator[str]:
     """OpenAI's chunk sequence per choice: the role with empty content, then content, reasoning
     and tool-call deltas (a call's first delta carries its id and name, the next ones fragments of
     its arguments), a chunk with only finish_reason; then the usage chunk (choices []) when asked,
     then [DONE]."""
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    usage_of = chunk_usage(body)
     base = {**head, "object": "chat.completion.chunk"}
 
-    def chunk(choice: dict) -> str:
-        return sse({**base, "choices": [choice], **({"usage": None} if include_usage else {})})
+    def chunk(choice: dict, completion_tokens: int = 0) -> str:
+        shown = {} if usage_of is None else {"usage": usage_of(prompt_tokens, completion_tokens)}
+        return sse({**base, "choices": [choice], **shown})
 
     for index in range(body.n):
         yield chunk(
@@ -279,7 +285,10 @@ async def _chunks(
                 if body.logprobs and j == 0
                 else None
             )
-            yield chunk({"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": None})
+            yield chunk(
+                {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": None},
+                len(update.token_ids),
+            )
         if update.finished:
             final[update.index] = update
             yield chunk(
@@ -289,8 +298,9 @@ async def _chunks(
                     "logprobs": None,
                     "finish_reason": "tool_calls" if streamer.called else update.finish_reason,
                     "stop_reason": update.stop_reason,
-                }
+                },
+                len(update.token_ids),
             )
-    if include_usage:
+    if usage_of is not None:
         yield sse({**base, "choices": [], "usage": usage([[final[k] for k in sorted(final)]])})
     yield DONE

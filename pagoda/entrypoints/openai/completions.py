@@ -18,7 +18,7 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params
 from pagoda.entrypoints.openai.protocol import CompletionRequest
-from pagoda.entrypoints.openai.serving import DONE, ServerState, event_stream, sse, usage
+from pagoda.entrypoints.openai.serving import DONE, ServerState, chunk_usage, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
 
 ENDPOINT = "/v1/completions"
@@ -143,10 +143,11 @@ async def _chunks(
     choice carries its finish_reason. Then the usage chunk when asked, then [DONE].
     Updates that bring no token (a prefill chunk's prompt logprobs) send nothing; by a choice's
     first token its prompt's logprobs are complete, so the echo goes out then."""
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    usage_of = chunk_usage(body)
 
-    def chunk(choice: dict) -> str:
-        return sse({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
+    def chunk(choice: dict, prompt: int, completion_tokens: int) -> str:
+        shown = {} if usage_of is None else {"usage": usage_of(len(prompts[prompt].ids), completion_tokens)}
+        return sse({**head, "choices": [choice], **shown})
 
     offsets: dict[int, int] = {}  # characters sent so far per choice (logprobs' text_offset)
     prompt_lps: list[list] = [[] for _ in prompts]
@@ -165,7 +166,7 @@ async def _chunks(
                 if body.logprobs is not None:
                     logprobs = echo_logprobs(state.token_texts, prompts[i].ids, prompt_lps[i])
                 offsets[index] = len(text)
-                yield chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None})
+                yield chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}, i, 0)
         logprobs = None
         if body.logprobs is not None:
             logprobs = completion_logprobs(state.token_texts, update.logprobs_delta, offsets[index])
@@ -180,8 +181,10 @@ async def _chunks(
                     "logprobs": logprobs,
                     "finish_reason": update.finish_reason,
                     "stop_reason": update.stop_reason,
-                }
+                },
+                i,
+                len(engine_update.token_ids),
             )
-    if include_usage:
+    if usage_of is not None:
         yield sse({**head, "choices": [], "usage": usage([[outs[k] for k in sorted(outs)] for outs in final])})
     yield DONE

@@ -83,6 +83,7 @@ def _lone_surrogate(value: Any, path: str) -> str | None:
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries its choice's usage so far
 
 
 class StructuredOutputsBody(_Body):

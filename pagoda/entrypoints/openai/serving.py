@@ -185,6 +185,22 @@ def event_stream(events: AsyncIterator[str], generation: Generation) -> Streamin
     )
 
 
+def chunk_usage(body: CompletionRequest | ChatCompletionRequest) -> Callable[[int, int], dict | None] | None:
+    """What a stream's chunks carry as `usage` given a choice's prompt and completion tokens so
+    far: None without include_usage (no field); with it, null, or with vLLM's
+    continuous_usage_stats those counts."""
+    options = body.stream_options
+    if options is None or not options.include_usage:
+        return None
+    if not options.continuous_usage_stats:
+        return lambda prompt, completion: None
+    return lambda prompt, completion: {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
 def usage(outputs: list[list[SequenceOutput]]) -> dict:
     """OpenAI usage over every prompt (counted once) and every sequence."""
     prompt = sum(outs[0].metrics.num_prompt_tokens for outs in outputs if outs)
