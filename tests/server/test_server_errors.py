@@ -119,18 +119,23 @@ def test_harmless_values_of_refused_fields_pass(http):
         ("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),  # a required field's null
         ("/v1/chat/completions", {**CHAT, "response_format": "json_object"}, "response_format"),  # not an object
         # lone surrogates (JSON's unpaired \ud800 escapes): no tokenizer or grammar takes them
-        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi \ud800"}]}, "messages"),
+        # the param is the place itself
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": "hi \ud800"}]},
+            "messages[0].content",
+        ),
         ("/v1/completions", {**COMPLETION, "prompt": "\udfff"}, "prompt"),
         ("/tokenize", {"prompt": "a\ud800b"}, "prompt"),
         (
             "/v1/chat/completions",
             {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]},
-            "tools",
+            "tools[0].function.description",
         ),
         (
             "/v1/chat/completions",
             {**CHAT, "structured_outputs": {"choice": ["a", "\ud800"]}},
-            "structured_outputs.choice",
+            "structured_outputs.choice[1]",
         ),
         (
             "/v1/chat/completions",
@@ -141,7 +146,7 @@ def test_harmless_values_of_refused_fields_pass(http):
                     "json_schema": {"name": "x", "schema": {"enum": ["\ud800"]}},
                 },
             },
-            "response_format",
+            "response_format.json_schema.schema.enum[0]",
         ),
     ],
 )
@@ -149,6 +154,8 @@ def test_invalid_parameters_are_400_naming_the_param(http, path, body, param):
     content = json.dumps(body)  # Python's json writes Infinity and NaN, as some clients do
     error = error_of(http.post(path, content=content, headers={"Content-Type": "application/json"}), 400)
     assert error["param"] == param and error["type"] == "invalid_request_error"
+    if "surrogate" in error["message"]:
+        assert error["message"].startswith(f"{param} holds a lone UTF-16 surrogate"), error["message"]
 
 
 def test_null_takes_the_default(http):

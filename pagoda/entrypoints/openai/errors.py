@@ -106,6 +106,12 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
     if first.get("type") == "json_invalid":
         return rejected(request, bad_request(f"The body is not valid JSON: {first.get('msg')}"))
     reason = first["msg"].removeprefix("Value error, ")  # a validator's own message says what is wrong
+    if "param" in first.get("ctx", {}):  # a validator that names the place within its field, in its message too
+        outer = param_of(tuple(first.get("loc", ()))[:-1])  # the object the field is in, if nested
+        inner = first["ctx"]["param"]
+        if outer:
+            return rejected(request, bad_request(f"{outer}.{reason}", f"{outer}.{inner}"))
+        return rejected(request, bad_request(reason, inner))
     message = f"{param}: {reason}" if param else f"Invalid request body: {reason}"
     return rejected(request, bad_request(message, param))
 

@@ -13,6 +13,7 @@ import typing
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from pagoda.sampling_params import INT64_MAX, INT64_MIN
 
@@ -40,8 +41,12 @@ class _Body(BaseModel):
         UTF-8 encoder takes: refused here rather than failing deep inside one."""
         field = cls.model_fields[info.field_name] if info.field_name else None
         where = _lone_surrogate(value, (field.alias if field else None) or info.field_name or "")
-        if where is not None:
-            raise ValueError(f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)")
+        if where is not None:  # the 400's param is the place itself (errors.py reads it from the context)
+            raise PydanticCustomError(
+                "lone_surrogate",
+                "{place} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)",
+                {"place": where, "param": where.removesuffix(" (a key)")},
+            )
         return value
 
 
