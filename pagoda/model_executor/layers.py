@@ -130,11 +130,26 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-def rope_inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+# rope types whose frequencies transformers recomputes as the sequence grows (longrope past its
+# original length); one table computed at load cannot follow them, so the loader refuses them
+SEQUENCE_LENGTH_ROPES = frozenset({"longrope"})
+
+
+def _rope_parameters(hf_config) -> dict:
     params = getattr(hf_config, "rope_parameters", None)
     if not params:  # transformers 4.x keeps theta and scaling apart
         params = {**(getattr(hf_config, "rope_scaling", None) or {}), "rope_theta": hf_config.rope_theta}
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    return params
+
+
+def rope_type_of(hf_config) -> str:
+    params = _rope_parameters(hf_config)
+    return params.get("rope_type", params.get("type", "default"))
+
+
+def rope_inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    params = _rope_parameters(hf_config)
+    rope_type = rope_type_of(hf_config)
     if rope_type == "default":
         base = params["rope_theta"]
         return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0

@@ -20,6 +20,7 @@ from pagoda.errors import ConfigError
 from pagoda.generation_config import sampling_defaults
 from pagoda.model_executor import cpu_invariant, cpu_layers, cpu_linear, quant_loader
 from pagoda.model_executor.cpu_stack import CpuDecoderStack
+from pagoda.model_executor.layers import SEQUENCE_LENGTH_ROPES, rope_type_of
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
@@ -50,6 +51,7 @@ def load_model_config(
     gguf_file: str | None = None,
 ) -> ModelConfig:
     from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if load_format not in LOAD_FORMATS:
         raise ConfigError(f"Unknown load_format {load_format!r}; choose auto or dummy.")
@@ -63,9 +65,22 @@ def load_model_config(
     architecture = (getattr(hf_config, "architectures", None) or [_BY_MODEL_TYPE.get(hf_config.model_type, "?")])[0]
     if architecture not in ARCHITECTURES:
         raise ConfigError(f"Unsupported architecture {architecture!r} in {path}. Supported: {SUPPORTED}.")
+    activation = getattr(hf_config, "hidden_act", "silu")
+    if activation not in ("silu", "swish"):
+        raise ConfigError(f"{path}: hidden_act {activation!r} is not supported; Pagoda's MLP computes SiLU (silu).")
+    rope = rope_type_of(hf_config)
+    if rope in SEQUENCE_LENGTH_ROPES:
+        raise ConfigError(
+            f"{path}: rope type {rope!r} changes its frequencies with the sequence's length, which Pagoda does not "
+            "do; this model is not supported."
+        )
+    if rope != "default" and rope not in ROPE_INIT_FUNCTIONS:
+        raise ConfigError(f"{path}: unknown rope type {rope!r}.")
     limit = hf_config.max_position_embeddings
     window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True):
+    layer_types = getattr(hf_config, "layer_types", None)  # transformers' own verdict per layer, where it keeps one
+    slides = "sliding_attention" in layer_types if layer_types else getattr(hf_config, "use_sliding_window", True)
+    if window and slides:
         limit = min(limit, window)  # full attention is exact only within the window
     if max_model_len is not None and max_model_len > limit:
         raise ConfigError(f"max_model_len {max_model_len} exceeds the model's limit of {limit} positions.")
@@ -167,6 +182,7 @@ def load_weights(
     float copy of a weight is resident at a time)."""
     params = dict(model.named_parameters())
     pending = {name: p.shape[0] for name, p in params.items()}  # rows still to load
+    read: set[str] = set()  # the files' weight names read, to name what is missing as the files would
     files = weight_files(Path(config.path))
     total_gib = sum(f.stat().st_size for f in files) / 2**30
     for i, file in enumerate(tqdm(files, desc="Loading weights", disable=len(files) < 2)):
@@ -177,6 +193,7 @@ def load_weights(
                 if target is None:
                     continue
                 name, slot = target
+                read.add(key)
                 if name == "lm_head" and model.lm_head is None:
                     continue  # tied to the embeddings
                 if name not in params:
@@ -190,7 +207,7 @@ def load_weights(
             raise
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt file
             raise ConfigError(f"Cannot read weights from {file}: {exc}") from exc
-    missing = [name for name, rows in pending.items() if rows]
+    missing = [key for name, rows in pending.items() if rows for key in _file_names(name) if key not in read]
     if missing:
         raise ConfigError(
             f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
@@ -300,6 +317,20 @@ def _target(key: str) -> tuple[str, str | None] | None:
         fused, part = _FUSED[module]
         return f"layers.{layer}.{fused}.{leaf}", part
     return f"layers.{layer}.{rest}", None
+
+
+def _file_names(name: str) -> list[str]:
+    """The HF weight names that fill our parameter `name` (_target's inverse)."""
+    if name == "lm_head":
+        return ["lm_head.weight"]
+    if name == "embed_tokens":
+        return ["model.embed_tokens.weight"]
+    parts = name.split(".")
+    if parts[0] == "layers":  # layers.L.<module>.<leaf>, the module maybe one fused from several
+        module, leaf = ".".join(parts[2:-1]), parts[-1]
+        sources = [hf for hf, (fused, _) in _FUSED.items() if fused == module] or [module]
+        return [f"model.layers.{parts[1]}.{source}.{leaf}" for source in sources]
+    return [f"model.{name}"]
 
 
 def _slot_rows(part: str | None, d, num_rows: int) -> slice:

@@ -56,6 +56,66 @@ def test_unknown_architecture_names_the_supported_ones(tiny_llama, tmp_path):
         LLM(str(path))
 
 
+def with_config(src, dst, **changes):
+    path = broken_copy(src, dst)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        (dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+        (dict(hidden_act="gelu_pytorch_tanh"), "hidden_act 'gelu_pytorch_tanh' is not supported"),
+        (
+            dict(
+                rope_scaling={
+                    "rope_type": "longrope",
+                    "short_factor": [1.0] * 8,
+                    "long_factor": [float(i) for i in range(1, 9)],
+                    "original_max_position_embeddings": 48,
+                }
+            ),
+            "rope type 'longrope' changes its frequencies with the sequence's length",
+        ),
+    ],
+)
+def test_what_the_model_computes_differently_is_refused_at_load(tiny_llama, tmp_path, changes, reason):
+    """A config field Pagoda would otherwise ignore, computing something else than the model."""
+    with pytest.raises(ConfigError, match=reason):
+        LLM(str(with_config(tiny_llama, tmp_path / "m", **changes)), kv_cache_memory=0.01)
+
+
+def test_a_sliding_window_caps_the_context_only_where_a_layer_slides(tokenizer, tmp_path):
+    """Qwen2's window applies to layers from max_window_layers on (transformers' layer_types):
+    with every layer below it, attention is full and the context is the model's."""
+    path = write_tiny_model("qwen2", tmp_path / "qwen2", tokenizer)
+    full = with_config(path, tmp_path / "full", use_sliding_window=True, sliding_window=32, max_window_layers=2)
+    assert LLM(str(full), kv_cache_memory=0.01, max_model_len=256).engine.config.model.max_model_len == 256
+    sliding = with_config(
+        path,
+        tmp_path / "sliding",
+        use_sliding_window=True,
+        sliding_window=32,
+        max_window_layers=1,
+        layer_types=["full_attention", "sliding_attention"],  # as transformers writes it for these
+    )
+    with pytest.raises(ConfigError, match="exceeds the model's limit of 32 positions"):
+        LLM(str(sliding), kv_cache_memory=0.01, max_model_len=256)
+
+
+def test_a_missing_weight_is_named_as_the_file_would_name_it(tiny_llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = broken_copy(tiny_llama, tmp_path / "m")
+    weights = load_file(path / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"Weights missing from .*: model\.layers\.1\.mlp\.up_proj\.weight$"):
+        LLM(str(path), kv_cache_memory=0.01)
+
+
 def test_missing_weights(tiny_llama, tmp_path):
     path = broken_copy(tiny_llama, tmp_path / "m")
     (path / "model.safetensors").unlink()
