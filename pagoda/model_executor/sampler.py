@@ -5,7 +5,8 @@ Sampling inverts each row's cumulative distribution at one float64 uniform (`dra
 exactly from p (to float64 rounding) and needs one random number a row: the exponential race
 (argmax of p / E, E ~ Exp(1)) needs one per vocabulary entry, and torch's exponential_ made that
 ~50 ms a step for 32 rows of a 49,152-token vocabulary, on the engine's thread while the compute
-threads waited. A seeded request draws its uniform from its own generator, so its tokens do not
+threads waited. A seeded request draws its uniform from its own generator, and each row takes its way (the
+kernels' one pass or torch ops) and its filters by its own parameters, so its tokens do not
 depend on what else is in the batch. The `Sampler` owns those generators: one per seeded request, made at its
 first sampled token, kept across preemption, dropped when the scheduler says it finished.
 """
@@ -78,15 +79,34 @@ def sample(
     if bitmask is not None:  # first: penalties, bias and sampling see only allowed tokens
         logits = logits.float()
         bitmask.apply(logits)
-    edited = not all(_plain(p) for p in params) or any(_min_tokens_active(r) for r in requests)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     uniforms = _uniforms([requests[i] for i in random_rows], generator_of, logits.device) if random_rows else None
-    token_ids = None
-    if kernels is not None and not edited and not any(_filters(params[i]) for i in random_rows):
-        token_ids = _sample_plain(kernels, logits, params, random_rows, uniforms)
-    if token_ids is None:
-        token_ids = _sample_torch(logits, requests, params, edited, random_rows, uniforms)
+    row_uniform = torch.zeros(len(params), dtype=torch.float64, device=logits.device)
+    if random_rows:
+        row_uniform[random_rows] = uniforms
+    # Each row takes its way by its own parameters, never by its batch's, so that a request's
+    # tokens are the same whatever shares its step: plain rows through the kernels' one pass,
+    # the rest (penalties, bias, min_tokens, top-k/p, min-p) by torch ops.
+    plain = [i for i, (r, p) in enumerate(zip(requests, params)) if _plain_row(r, p)] if kernels is not None else []
+    token_ids = torch.empty(len(params), dtype=torch.long, device=logits.device)
+    rest = [i for i in range(len(params)) if i not in set(plain)]
+    if plain:
+        got = _sample_plain(kernels, logits[plain], [params[i] for i in plain], row_uniform[plain])
+        if got is None:  # a row the kernels leave to torch's rules (a NaN, a zero temperature)
+            rest = list(range(len(params)))
+        else:
+            token_ids[plain] = got
+    if rest:
+        token_ids[rest] = _sample_torch(
+            logits[rest], [requests[i] for i in rest], [params[i] for i in rest], row_uniform[rest]
+        )
     return SamplerOutput(token_ids.tolist(), _logprobs(raw, token_ids, requests))
+
+
+def _plain_row(request: Request, params) -> bool:
+    """A row the kernels' one pass takes: no penalty, bias or active min_tokens, and greedy or a
+    draw from the whole tempered distribution."""
+    return _plain(params) and not _min_tokens_active(request) and (params.greedy or not _filters(params))
 
 
 def _filters(params) -> bool:
@@ -94,37 +114,30 @@ def _filters(params) -> bool:
 
 
 def _sample_plain(
-    kernels: ctypes.CDLL,
-    logits: torch.Tensor,
-    params: Sequence,
-    random_rows: list[int],
-    uniforms: torch.Tensor | None,
+    kernels: ctypes.CDLL, logits: torch.Tensor, params: Sequence, row_uniform: torch.Tensor
 ) -> torch.Tensor | None:
-    """The batch's tokens in the kernels' one pass; None where it cannot take them all (not a CPU
-    float32 or bfloat16 batch, a temperature that is 0 in float32, or a row with a NaN or no
-    finite positive total, which the torch way decides by its own rules)."""
+    """The rows' tokens in the kernels' one pass (`row_uniform`: each random row's uniform, 0 for
+    greedy rows); None where it cannot take them all (not a CPU float32 or bfloat16 batch, a
+    temperature that is 0 in float32, or a row with a NaN or no finite positive total, which the
+    torch way decides by its own rules)."""
     if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16):
         return None
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows and not bool((temperature[random_rows] > 0).all()):
         return None
-    row_uniforms = torch.zeros(len(params), dtype=torch.float64)
-    if random_rows:
-        row_uniforms[random_rows] = uniforms
-    token_ids = cpu_kernels.sample_rows(kernels, logits.contiguous(), temperature, row_uniforms)
+    token_ids = cpu_kernels.sample_rows(kernels, logits.contiguous(), temperature, row_uniform.cpu())
     return None if bool((token_ids < 0).any()) else token_ids
 
 
 def _sample_torch(
-    logits: torch.Tensor,
-    requests: Sequence[Request],
-    params: Sequence,
-    edited: bool,
-    random_rows: list[int],
-    uniforms: torch.Tensor | None,
+    logits: torch.Tensor, requests: Sequence[Request], params: Sequence, row_uniform: torch.Tensor
 ) -> torch.Tensor:
-    """The batch's tokens by torch ops: penalties, bias and min_tokens, then each greedy row's
-    argmax and each random row's draw from its filtered probabilities."""
+    """The rows' tokens by torch ops: penalties, bias and min_tokens, then each greedy row's
+    argmax and each random row's draw from its filtered probabilities (row by row the same
+    whatever the other rows ask for)."""
+    edited = not all(_plain(p) for p in params) or any(_min_tokens_active(r) for r in requests)
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if not edited and not random_rows:
         return logits.argmax(dim=-1)
     logits = logits.float()
@@ -140,36 +153,46 @@ def _sample_torch(
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
         probs = filtered_probs(logits[rows], [params[i] for i in random_rows])
-        token_ids[rows] = draw(probs, uniforms)
+        token_ids[rows] = draw(probs, row_uniform[rows])
     return token_ids
 
 
 def filtered_probs(logits: torch.Tensor, params: Sequence) -> torch.Tensor:
-    """Probabilities after temperature, top-k, top-p and min-p (rows renormalized)."""
+    """Probabilities after temperature, top-k, top-p and min-p (rows renormalized). Each filter
+    touches only the rows that ask for it, so a row's probabilities are the same in any batch
+    (a top-p of 1 applied anyway cut a tail where float32's running sum reached 1 early)."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)
     logits = logits / temperature[:, None]
-    top_k = [p.top_k for p in params]
-    top_p = [p.top_p for p in params]
-    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(logits.shape[-1], device=device)[None, :]
-        k = torch.tensor([k if k > 0 else logits.shape[-1] for k in top_k], device=device)
-        sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
-        sorted_probs = sorted_logits.softmax(dim=-1)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        p = torch.tensor(top_p, device=device)
-        sorted_logits = sorted_logits.masked_fill(
-            mass_before >= p[:, None], float("-inf")
-        )  # the top token always stays
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    sorting = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1.0]
+    if sorting:
+        rows = torch.tensor(sorting, device=device)
+        logits[rows] = _top_k_top_p(logits[rows], [params[i] for i in sorting])
     probs = logits.softmax(dim=-1)
-    min_p = [p.min_p for p in params]
-    if any(m > 0 for m in min_p):
-        threshold = torch.tensor(min_p, device=device)[:, None] * probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < threshold, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+    thinning = [i for i, p in enumerate(params) if p.min_p > 0]
+    if thinning:
+        rows = torch.tensor(thinning, device=device)
+        kept = probs[rows]
+        threshold = torch.tensor([params[i].min_p for i in thinning], device=device)[:, None]
+        kept = kept.masked_fill(kept < threshold * kept.max(dim=-1, keepdim=True).values, 0.0)
+        probs[rows] = kept / kept.sum(dim=-1, keepdim=True)
     return probs
+
+
+def _top_k_top_p(logits: torch.Tensor, params: Sequence) -> torch.Tensor:
+    """Tempered logits with the tokens outside each row's top-k, then outside its top-p nucleus,
+    set to -inf (the top token always stays); a row without one of them is not touched by it."""
+    device = logits.device
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=device)[None, :]
+    k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
+    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_logits = sorted_logits.masked_fill((mass_before >= top_p) & (top_p < 1.0), float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
 def apply_penalties(logits: torch.Tensor, requests: Sequence[Request]) -> None:

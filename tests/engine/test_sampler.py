@@ -129,7 +129,26 @@ def test_seeded_rows_do_not_depend_on_the_batch(new_sampler):
     alone = draws([])
     crowded = draws([req(temperature=1.0), req(temperature=1.0, seed=99), req(temperature=0.0)])
     assert alone == crowded
+    filtered = draws([req(temperature=1.0, top_k=5), req(temperature=0.7, top_p=0.9), req(temperature=1.0, min_p=0.2)])
+    assert alone == filtered
     assert len(set(alone)) > 1  # it is really sampling
+
+
+def test_a_rows_filtered_probabilities_do_not_depend_on_the_other_rows():
+    """Each filter touches only the rows asking for it: a plain row beside top-k, top-p and min-p
+    rows has bitwise its probabilities alone (a top-p of 1 applied to it anyway used to cut a
+    tail of the 49,152-token vocabulary where float32's running sum reached 1 early)."""
+    logits = torch.randn(4, 49152, generator=torch.Generator().manual_seed(3)) * 3
+    plain = SamplingParams(temperature=1.0)
+    alone = filtered_probs(logits[:1].clone(), [plain])
+    others = [SamplingParams(temperature=1.0, top_k=40), SamplingParams(top_p=0.95), SamplingParams(min_p=0.05)]
+    for other in others:
+        beside = filtered_probs(torch.stack([logits[0], logits[1]]), [plain, other])
+        assert torch.equal(beside[0], alone[0]), other
+    for other in others:  # and each filtered row is the same alone as beside the others
+        batch = filtered_probs(logits.clone(), [plain, *others])
+        i = others.index(other) + 1
+        assert torch.equal(batch[i], filtered_probs(logits[i : i + 1].clone(), [other])[0]), other
 
 
 def test_sampling_follows_the_distribution(new_sampler):
@@ -180,10 +199,11 @@ def test_a_seeded_generator_lives_until_the_request_is_dropped(new_sampler):
 
 
 def test_the_kernels_take_plain_rows_and_leave_the_rest_to_torch():
-    """With the kernels, a batch of plain greedy and plain random rows is one pass: the greedy rows
-    are torch's argmax and the seeded random row draws from its own generator as the torch way
-    does; a batch with a filter (top-k) or a NaN row is sampled the torch way whole, so its tokens
-    equal the kernel-less sampler's with the same generators."""
+    """With the kernels, the plain greedy and plain random rows of a batch are one pass: the greedy
+    rows are torch's argmax and the seeded random row draws from its own generator as the torch way
+    does; a row with a filter (top-k) is sampled the torch way, whatever the others are, and a batch
+    whose plain rows hold a NaN is sampled the torch way whole, so its tokens equal the kernel-less
+    sampler's with the same generators."""
     kernels = cpu_kernels.load()
     if kernels is None:
         pytest.skip("the C kernels cannot be built on this machine")
