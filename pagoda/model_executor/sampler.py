@@ -79,17 +79,13 @@ def sample(
     if bitmask is not None:  # first: penalties, bias and sampling see only allowed tokens
         logits = logits.float()
         bitmask.apply(logits)
-    random_rows = [i for i, p in enumerate(params) if not p.greedy]
-    uniforms = _uniforms([requests[i] for i in random_rows], generator_of, logits.device) if random_rows else None
-    row_uniform = torch.zeros(len(params), dtype=torch.float64, device=logits.device)
-    if random_rows:
-        row_uniform[random_rows] = uniforms
+    row_uniform = _uniforms(requests, generator_of, logits.device)
     # Each row takes its way by its own parameters, never by its batch's, so that a request's
     # tokens are the same whatever shares its step: plain rows through the kernels' one pass,
     # the rest (penalties, bias, min_tokens, top-k/p, min-p) by torch ops.
     plain = [i for i, (r, p) in enumerate(zip(requests, params)) if _plain_row(r, p)] if kernels is not None else []
     token_ids = torch.empty(len(params), dtype=torch.long, device=logits.device)
-    rest = [i for i in range(len(params)) if i not in set(plain)]
+    rest = sorted(set(range(len(params))) - set(plain))
     if plain:
         got = _sample_plain(kernels, logits[plain], [params[i] for i in plain], row_uniform[plain])
         if got is None:  # a row the kernels leave to torch's rules (a NaN, a zero temperature)
@@ -244,11 +240,15 @@ def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def _uniforms(requests: Sequence[Request], generator_of: GeneratorOf, device: torch.device) -> torch.Tensor:
-    """One uniform per request (float64): a seeded request's from its own generator."""
-    uniforms = torch.rand(len(requests), dtype=torch.float64, device=device)
-    for i, r in enumerate(requests):
-        if r.sampling_params.seed is not None:
-            uniforms[i] = torch.rand(1, dtype=torch.float64, generator=generator_of(r, device), device=device)[0]
+    """One uniform per row (float64; 0 for a greedy row): a seeded random row's from its own generator."""
+    uniforms = torch.zeros(len(requests), dtype=torch.float64, device=device)
+    random_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+    if random_rows:
+        uniforms[random_rows] = torch.rand(len(random_rows), dtype=torch.float64, device=device)
+    for i in random_rows:
+        if requests[i].sampling_params.seed is not None:
+            own = generator_of(requests[i], device)
+            uniforms[i] = torch.rand(1, dtype=torch.float64, generator=own, device=device)[0]
     return uniforms
 
 
