@@ -84,9 +84,8 @@ class LLM:
         """One RequestOutput per prompt, in order. `use_tqdm`: a progress bar and a throughput line on stderr."""
         if not isinstance(prompts, (str, Sequence)):
             raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
-        if not prompts:  # "" passes: the engine refuses an empty prompt, as any prompt, by name
-            if not isinstance(prompts, str):
-                raise ValueError("prompts is empty: give at least one prompt")
+        if not prompts and not isinstance(prompts, str):  # "": the engine refuses an empty prompt by name
+            raise ValueError("prompts is empty: give at least one prompt")
         if sampling_params is not None and not isinstance(sampling_params, (SamplingParams, Sequence)):
             raise TypeError(f"sampling_params must be a SamplingParams or one per prompt, got {sampling_params!r:.80}")
         prompt_list: list[Prompt] = (

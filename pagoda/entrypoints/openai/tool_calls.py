@@ -146,7 +146,7 @@ def plan_tools(
         reads_tools = bool(template) and template_supports_tools(template)
         name = (settings.tool_call_parser or detect_parser(template)) if reads_tools else None
         return ToolPlan(tools=checked, parser=get_parser(name or "generic"), reasoning=reasoning)
-    allowed = checked if choice == "required" else [t for t in checked if t["function"]["name"] == forced]
+    allowed = [checked[i] for i in _forced_indices(checked, choice, forced)]
     schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
     return ToolPlan(
         tools=checked,
@@ -157,14 +157,17 @@ def plan_tools(
 
 
 def forced_parameters(tools: list[dict[str, Any]], tool_choice: Any) -> list[tuple[int, dict[str, Any]]]:
-    """(index, parameters schema) of each checked tool a tool_choice forces calls of: all for
-    "required", the named one for a function."""
-    named = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
-    return [
-        (i, tool["function"].get("parameters") or ANY_ARGUMENTS)
-        for i, tool in enumerate(tools)
-        if named is None or tool["function"]["name"] == named
-    ]
+    """(index, parameters schema) of each of a request's checked tools its tool_choice forces calls of."""
+    choice, forced = _check_choice(tool_choice, tools)
+    indices = _forced_indices(tools, choice, forced)
+    return [(i, tools[i]["function"].get("parameters") or ANY_ARGUMENTS) for i in indices]
+
+
+def _forced_indices(tools: list[dict[str, Any]], choice: str, forced: str | None) -> list[int]:
+    """The tools a checked choice forces calls of: all for "required", the named one for a function, none else."""
+    if choice == "required":
+        return list(range(len(tools)))
+    return [i for i, tool in enumerate(tools) if choice == "function" and tool["function"]["name"] == forced]
 
 
 def calls_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
