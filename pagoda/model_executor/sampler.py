@@ -39,11 +39,16 @@ class Sampler:
         self._kernels = kernels  # the CPU kernels (plain rows in one pass), or None
 
     def sample(
-        self, logits: torch.Tensor, requests: Sequence[Request], bitmask: TokenBitmask | None = None
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[Request],
+        bitmask: TokenBitmask | None = None,
+        with_logprobs: bool = True,
     ) -> SamplerOutput:
         """logits [B, V] for the requests' next tokens, in order; `bitmask`: the allowed tokens
-        of constrained requests (structured outputs)."""
-        return sample(logits, requests, self.generator, bitmask, self._kernels)
+        of constrained requests (structured outputs); `with_logprobs`: False where the caller
+        computes the requests' logprobs itself (all None then)."""
+        return sample(logits, requests, self.generator, bitmask, self._kernels, with_logprobs)
 
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget finished requests' generators."""
@@ -68,13 +73,14 @@ def sample(
     generator_of: GeneratorOf,
     bitmask: TokenBitmask | None = None,
     kernels: ctypes.CDLL | None = None,
+    with_logprobs: bool = True,
 ) -> SamplerOutput:
     """logits [B, V] for the requests' next tokens, in order; `generator_of` gives a seeded
     request's random generator; `kernels`: the CPU kernels, whose one pass takes a batch of plain
     greedy and plain random rows (cpu.sample_rows: the same rules). Returned logprobs are the
-    model's, before any mask (as vLLM's)."""
+    model's, before any mask (as vLLM's), for the requests that ask, if `with_logprobs`."""
     params = [r.sampling_params for r in requests]
-    wants_logprobs = any(p.logprobs is not None for p in params)
+    wants_logprobs = with_logprobs and any(p.logprobs is not None for p in params)
     raw = torch.log_softmax(logits.float(), dim=-1) if wants_logprobs else None
     if bitmask is not None:  # first: penalties, bias and sampling see only allowed tokens
         logits = logits.float()

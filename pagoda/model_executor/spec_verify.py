@@ -84,9 +84,10 @@ def _greedy(targets: list[int], draft: list[int]) -> tuple[list[int], int]:
 
 def _sampled(rows: torch.Tensor, draft: list[int], request: Request, sampler: Sampler) -> tuple[list[int], int]:
     """rows [1 + k, V]: the target's (masked) logits at each position. Each position's token is the
-    sampler's own for that row alone, one uniform each, until one differs from its draft."""
+    sampler's own for that row alone, one uniform each, until one differs from its draft (the
+    logprobs are verify's, of the unmasked rows, so the sampler computes none)."""
     for i, d in enumerate(draft):
-        token = sampler.sample(rows[i : i + 1], [request]).token_ids[0]
+        token = sampler.sample(rows[i : i + 1], [request], with_logprobs=False).token_ids[0]
         if token != d:
             return draft[:i], token
-    return list(draft), sampler.sample(rows[len(draft) :], [request]).token_ids[0]
+    return list(draft), sampler.sample(rows[len(draft) :], [request], with_logprobs=False).token_ids[0]

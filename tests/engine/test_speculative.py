@@ -134,6 +134,7 @@ def test_ngram_keeps_stops_max_tokens_and_logprobs(default_llm, ngram_llm):
         SamplingParams(temperature=0.0, max_tokens=80, stop_token_ids=[ids[30]]),
         SamplingParams(temperature=0.0, max_tokens=37),
         SamplingParams(temperature=0.0, max_tokens=80, logprobs=2),
+        SamplingParams(temperature=0.7, seed=3, max_tokens=80, logprobs=2),  # verified by the sampler's draws
     ]
     for params in cases:
         want = default_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
