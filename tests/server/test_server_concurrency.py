@@ -76,6 +76,7 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer(server):
         httpx.post(f"{server.base_url}/v1/completions", json=body, headers=server.headers, timeout=1.5)
     after = wait_idle(server.base_url, timeout_s=10)
     assert _held(server.base_url) == (0, 0) and time.monotonic() - started < 12
+    assert "client closed POST /v1/completions before its response: aborted" in server.log()
     assert (
         metric(after, "pagoda:request_success_total", finished_reason="abort")
         == metric(before, "pagoda:request_success_total", False, finished_reason="abort") + 1

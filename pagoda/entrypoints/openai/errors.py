@@ -120,7 +120,9 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
     return rejected(request, APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
 
 
-async def _client_disconnected(_: Request, __: ClientDisconnected) -> Response:
+async def _client_disconnected(request: Request, _: ClientDisconnected) -> Response:
+    # The response goes nowhere (so no access-log line): the log says what became of the request.
+    rejections.info("client closed %s %s before its response: aborted", request.method, request.url.path)
     return Response(status_code=STATUS_CLIENT_CLOSED)
 
 
