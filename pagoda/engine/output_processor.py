@@ -100,9 +100,13 @@ class OutputProcessor:
         # token by token: a step may bring several (speculative decoding), and a stop string that
         # the first of them completes ends the output there, as it would one token at a time
         steps = list(tokens) or [None]  # a finished output with no new token still flushes
+        # the token that stopped the output (an end-of-sequence or stop_token_ids token, or the one
+        # that ended a grammar) leaves its text out, unless the stop is asked into the output: vLLM's rule
+        stop_token = core.finish_reason == "stop" and not seq.stops.include_in_output
         for count, token in enumerate(steps, 1):
-            new_text = seq.detokenizer.add(token) if token is not None else ""
-            if core.finished and count == len(steps):
+            last = core.finished and count == len(steps)
+            new_text = seq.detokenizer.add(token) if token is not None and not (last and stop_token) else ""
+            if last:
                 new_text += seq.detokenizer.flush()
             seq.full_text += new_text
             hit = seq.stops.find(seq.full_text, len(new_text)) if new_text and seq.stops.stop else None

@@ -51,6 +51,18 @@ def test_stop_token_ids(default_llm, chat_prompt):
     stop_token = full.token_ids[3]
     out = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=64, stop_token_ids=[stop_token]).outputs[0]
     assert out.token_ids == full.token_ids[:4] and out.stop_reason == stop_token
+    # the stop token's text is left out (vLLM's rule), unless asked into the output
+    before = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=3).outputs[0].text
+    through = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=4).outputs[0].text
+    kept = generate_one(
+        default_llm,
+        chat_prompt,
+        temperature=0.0,
+        max_tokens=64,
+        stop_token_ids=[stop_token],
+        include_stop_str_in_output=True,
+    ).outputs[0]
+    assert before != through and out.text == before and kept.text == through
 
 
 def test_max_model_len_ends_a_request(default_llm):
