@@ -371,9 +371,16 @@ def _body_prompt(body: Any, endpoint: Endpoint, where: str) -> Prompt:
     elif not isinstance(body.get("prompt"), (str, list)):
         raise BenchError(f"{where}: 'prompt' must be a string or a list of token ids")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-    if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):
-        raise BenchError(f"{where}: 'max_tokens' must be a positive integer")
+    if _scores_prompt(body, endpoint):
+        pass  # echo with max_tokens 0: scoring the prompt (lm-eval's loglikelihood requests)
+    elif max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):
+        raise BenchError(f"{where}: 'max_tokens' must be a positive integer (or 0 with echo, to score the prompt)")
     return Prompt(endpoint, dict(body), calls_expected=tool_calls.requires_calls(body))
+
+
+def _scores_prompt(body: dict[str, Any], endpoint: Endpoint) -> bool:
+    max_tokens = body.get("max_tokens")
+    return endpoint == "completions" and body.get("echo") is True and max_tokens == 0 and type(max_tokens) is int
 
 
 def load_sharegpt(path: Path) -> list[tuple[str, str]]:

@@ -132,10 +132,11 @@ def test_replay_understands_every_line_format(tmp_path: Path) -> None:
             {"model": "x", "prompt": "completion body", "max_tokens": 4, "echo": False},
             {"prompt": "plain line", "max_tokens": 5, "temperature": 0.5},
             log_record,
+            {"model": "x", "prompt": "scored", "max_tokens": 0, "echo": True, "logprobs": 1},  # lm-eval's scoring
         ],
     )
     as_completions = load_replay(path, "completions")
-    assert [p.endpoint for p in as_completions] == ["chat", "completions", "completions", "chat"]
+    assert [p.endpoint for p in as_completions] == ["chat", "completions", "completions", "chat", "completions"]
     assert as_completions[2].body == {"prompt": "plain line", "max_tokens": 5, "temperature": 0.5}
     assert as_completions[3].token_ids == (1, 2, 3) and as_completions[3].body["max_tokens"] == 7
     as_chat = load_replay(path, "chat")
@@ -155,6 +156,7 @@ def test_replay_understands_every_line_format(tmp_path: Path) -> None:
         (['{"text": "a"}'], "r.jsonl:1: expected an OpenAI request body"),
         (['{"messages": []}'], "'messages' must be a non-empty list"),
         (['{"prompt": "a", "max_tokens": -1}'], "'max_tokens' must be a positive integer"),
+        (['{"prompt": "a", "max_tokens": 0}'], "'max_tokens' must be a positive integer (or 0 with echo"),
         (['{"endpoint": "/v1/embeddings", "body": {}}'], "request-log 'endpoint' must be one of"),
         (['{"endpoint": "/v1/completions", "body": {"prompt": "a"}, "prompt_token_ids": "1 2"}'], "list of integers"),
         (["", "  "], "no requests in the file"),

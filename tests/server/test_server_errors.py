@@ -166,6 +166,8 @@ def test_null_takes_the_default(http):
     assert chat.json()["choices"][0]["logprobs"] is None
     completion = http.post("/v1/completions", json={**COMPLETION, **dict.fromkeys(("n", "echo", "stream"))})
     assert completion.status_code == 200 and completion.json()["choices"][0]["text"] != "Hi", completion.text
+    unbounded = http.post("/v1/completions", json={**COMPLETION, "max_tokens": None, "ignore_eos": True})
+    assert unbounded.json()["usage"]["completion_tokens"] == 16, unbounded.text  # completions' default
 
 
 def test_malformed_json_is_400(http):

@@ -81,7 +81,7 @@ def _scores_only(body: CompletionRequest) -> bool:
     return body.echo and body.max_tokens == 0
 
 
-def _engine_max_tokens(body: CompletionRequest) -> int | None:
+def _engine_max_tokens(body: CompletionRequest) -> int:
     """The prompt's logprobs come with the prefill that samples a first token, so scoring asks for one."""
     if body.max_tokens == 0 and not body.echo:
         raise bad_request("max_tokens must be at least 1 (0 only with echo, to score the prompt)", "max_tokens")

@@ -136,7 +136,7 @@ class _SamplingFields(_Body):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int = 16  # null is 16 too (OpenAI's legacy API, vLLM), not "up to the context"
     echo: bool = False
     logprobs: int | None = None
     # refused unless harmless (see unsupported_fields)
