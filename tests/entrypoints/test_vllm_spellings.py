@@ -255,3 +255,23 @@ def test_the_defaults_formatter_leaves_a_stated_default_alone():
     text = " ".join(parser.format_help().split())
     assert "a number (default: 3)" in text and "a path (default: none)" in text
     assert "as stated (default: one)" in text and "(default: one) (default" not in text
+
+
+def test_the_model_argument_as_given_names_the_model_too():
+    """vLLM's id for a model is the argument as given, which its clients send; Pagoda lists the
+    folder's name and takes either, unless --served-model-name names it."""
+
+    def state(argv: list[str]) -> ServerState:
+        fields = dict.fromkeys(("engine", "limits", "sinks", "token_texts"))
+        return ServerState(config=serve.server_config(serve.parse_args(argv)), model_name="smollm2", **fields)
+
+    given = state(["/models/smollm2"])
+    given.check_model("/models/smollm2")
+    given.check_model("smollm2")
+    for refused, model in (
+        (given, "/models/other"),
+        (state(["/models/smollm2", "--served-model-name", "x"]), "/models/smollm2"),
+    ):
+        with pytest.raises(APIError) as error:
+            refused.check_model(model)
+        assert error.value.status == 404 and error.value.param == "model"

@@ -337,6 +337,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             tuple(args.allowed_headers),
             args.allow_credentials,
         ),
+        model_aliases=(args.model,) if args.model and not args.served_model_name else (),
     )
 
 

@@ -59,6 +59,9 @@ class ServerConfig:
     reset_wait_s: float = 10.0  # how long POST /reset_prefix_cache waits for running requests to finish
     reports: Path | None = None  # --reports: bench result folders the console renders
     cors: CrossOrigin = field(default_factory=CrossOrigin)
+    # other names a request's `model` may give: without --served-model-name, the model argument as
+    # given (vLLM's id for it, which its clients send)
+    model_aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class ServerState:
         return self.engine.tokenizer
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.model_name and model not in self.config.model_aliases:
             raise APIError(
                 404,
                 f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
