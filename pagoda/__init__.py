@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -13,8 +13,8 @@ def __getattr__(name: str):
         from pagoda.entrypoints.llm import LLM
 
         return LLM
-    if name == "SamplingParams":
-        from pagoda.sampling_params import SamplingParams
+    if name in ("SamplingParams", "StructuredOutputsParams"):
+        from pagoda import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
     raise AttributeError(name)

@@ -50,6 +50,8 @@ class Request:
     # Requests of one n>1 group share the prompt: all but the first wait for its prefill.
     parent: Request | None = None
     grammar: Grammar | None = None  # the output's constraint, if the request has one
+    # sampling_params.bad_words as token sequences (the engine's tokenizer makes them)
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)  # prompt, then outputs

@@ -93,6 +93,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's: the only tokens that may be sampled (None: any)
+    allowed_token_ids: tuple[int, ...] | None = None
+    # vLLM's: words never generated; each, as its tokens with and without a leading space, has its
+    # last token banned wherever the output so far ends with the tokens before it
+    bad_words: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -101,6 +106,9 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()})
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        object.__setattr__(self, "bad_words", tuple(self.bad_words))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         self._validate()
@@ -125,6 +133,16 @@ class SamplingParams:
             raise SamplingParamsError(
                 "stop_token_ids", f"stop_token_ids must be token ids (integers >= 0), got {ids!r}"
             )
+        allowed = self.allowed_token_ids
+        if allowed is not None and (
+            not isinstance(allowed, (list, tuple)) or not allowed or not all(_is_int(t) and t >= 0 for t in allowed)
+        ):
+            raise SamplingParamsError(
+                "allowed_token_ids", f"allowed_token_ids must be a non-empty list of token ids, got {allowed!r:.200}"
+            )
+        words = self.bad_words
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
+            raise SamplingParamsError("bad_words", f"bad_words must be a list of non-blank strings, got {words!r:.200}")
         bias = self.logit_bias
         if not isinstance(bias, dict) or not all(
             _is_int(k) and k >= 0 and (_is_int(v) or isinstance(v, float)) for k, v in bias.items()
@@ -164,6 +182,12 @@ class SamplingParams:
     @property
     def uses_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether the sampler changes the model's logits for this request beyond its penalties:
+        a logit bias, allowed tokens, or banned words."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the sampler's int64 tensors and torch generators hold

@@ -101,12 +101,13 @@ def can_speculate(request: Request) -> bool:
     """Requests whose next tokens can be verified position by position from the target's logits
     and, for a constrained request, its grammar's mask at each position (the runner fills one per
     draft). Penalties and an active min_tokens change the distribution with each accepted token,
-    and a logit bias is applied by the sampler alone; those requests decode one token at a time
-    (min_tokens does not act on a constrained request: its grammar decides where it ends)."""
+    and a logit bias, allowed tokens and bad words are applied by the sampler alone; those requests
+    decode one token at a time (min_tokens does not act on a constrained request: its grammar
+    decides where it ends)."""
     params = request.sampling_params
     return (
         not params.uses_penalties
-        and not params.logit_bias
+        and not params.edits_logits
         and (request.grammar is not None or request.num_output_tokens >= params.min_tokens)
     )
 

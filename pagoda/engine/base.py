@@ -73,6 +73,7 @@ class EngineBase:
         check_token_ids(prompt_ids, m.vocab_size, "prompt")
         check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
         check_token_ids(params.logit_bias, m.vocab_size, "logit_bias")
+        check_token_ids(params.allowed_token_ids or (), m.vocab_size, "allowed_token_ids")
         new_grammar = None
         if grammar is not None:
             from pagoda.structured.grammar import RequestGrammar
@@ -81,4 +82,16 @@ class EngineBase:
             think_start = self._token_ids(span.start) if span is not None and span.start else ()
             think_end = self._token_ids(span.end) if span is not None else ()
             new_grammar = functools.partial(RequestGrammar, grammar, think_start, think_end)
-        return make_requests(request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len, new_grammar)
+        bad_words_ids = tuple(ids for word in params.bad_words for ids in self._word_token_ids(word))
+        return make_requests(
+            request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len, new_grammar, bad_words_ids
+        )
+
+    def _word_token_ids(self, word: str) -> list[tuple[int, ...]]:
+        """A bad word's token sequences, as vLLM makes them: the word alone (as at the start of the
+        text), and with a leading space (as within it) where that is another token of the same count."""
+        alone = self._token_ids(word.lstrip())
+        spaced = self._token_ids(" " + word.lstrip())
+        if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+            return [alone, spaced]
+        return [alone]

@@ -21,6 +21,7 @@ def make_requests(
     eos_ids,
     max_model_len: int,
     new_grammar: Callable[[], Grammar] | None = None,
+    bad_words_ids: tuple[tuple[int, ...], ...] = (),
 ) -> list[Request]:
     """The engine requests of one caller request: one per sequence; siblings of n > 1 share the
     prompt through the first one, seeded siblings get consecutive seeds, and a constrained
@@ -37,6 +38,7 @@ def make_requests(
                 max_model_len,
                 parent=requests[0] if requests else None,
                 grammar=new_grammar() if new_grammar is not None else None,
+                bad_words_ids=bad_words_ids,
             )
         )
     return requests

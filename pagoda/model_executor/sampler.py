@@ -147,7 +147,7 @@ def _sample_torch(
         logits = logits.clone()  # edited in place below; the caller's logits stay as they were
         if any(p.uses_penalties for p in params):
             apply_penalties(logits, requests)
-        _apply_bias_and_min_tokens(logits, requests)
+        _apply_edits(logits, requests)
     if len(random_rows) < len(params):
         token_ids = logits.argmax(dim=-1)
     else:  # every row drawn: no argmax to compute
@@ -216,8 +216,16 @@ def apply_penalties(logits: torch.Tensor, requests: Sequence[Request]) -> None:
     logits -= freq * outputs + presence * (outputs > 0)
 
 
-def _apply_bias_and_min_tokens(logits: torch.Tensor, requests: Sequence[Request]) -> None:
+def _apply_edits(logits: torch.Tensor, requests: Sequence[Request]) -> None:
+    """Each row's logit bias, allowed tokens, banned words and min_tokens' ban on stopping, in place."""
     for i, r in enumerate(requests):
+        allowed = r.sampling_params.allowed_token_ids
+        if allowed is not None:
+            keep = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+            logits[i] = torch.full_like(logits[i], float("-inf")).index_copy_(0, keep, logits[i, keep])
+        banned = _banned_word_ends(r)
+        if banned:
+            logits[i, torch.tensor(banned, dtype=torch.long, device=logits.device)] = float("-inf")
         bias = r.sampling_params.logit_bias
         if bias:
             ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
@@ -280,8 +288,18 @@ def token_logprob(logprobs: torch.Tensor, token_id: int, num_top: int) -> TokenL
     return TokenLogprob(token_id, float(chosen), rank, alternatives)
 
 
+def _banned_word_ends(request: Request) -> list[int]:
+    """The last tokens of the request's bad words whose earlier tokens end its output so far."""
+    output = request.output_token_ids
+    return [
+        ids[-1]
+        for ids in request.bad_words_ids
+        if len(ids) == 1 or (len(output) >= len(ids) - 1 and tuple(output[len(output) - len(ids) + 1 :]) == ids[:-1])
+    ]
+
+
 def _plain(params) -> bool:
-    return not params.uses_penalties and not params.logit_bias
+    return not params.uses_penalties and not params.edits_logits
 
 
 def _min_tokens_active(request: Request) -> bool:

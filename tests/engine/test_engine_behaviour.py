@@ -65,6 +65,32 @@ def test_stop_token_ids(default_llm, chat_prompt):
     assert before != through and out.text == before and kept.text == through
 
 
+def _contains(ids: list[int], part: tuple[int, ...]) -> bool:
+    return any(tuple(ids[i : i + len(part)]) == part for i in range(len(ids) - len(part) + 1))
+
+
+def test_allowed_token_ids_and_bad_words(default_llm, chat_prompt):
+    """vLLM's allowed_token_ids (only those sampled) and bad_words (a word's tokens never completed):
+    greedy output is the plain one up to where it would have broken them."""
+    full = generate_one(default_llm, chat_prompt, temperature=0.0, max_tokens=32, ignore_eos=True).outputs[0]
+    allowed = sorted(set(full.token_ids[1:6]) - {full.token_ids[0]})
+    for temperature in (0.0, 1.0):
+        out = generate_one(
+            default_llm, chat_prompt, temperature=temperature, seed=1, max_tokens=12, allowed_token_ids=allowed
+        )
+        assert set(out.outputs[0].token_ids) <= set(allowed)
+    spaced = tuple(default_llm.tokenizer.encode(" Paris", add_special_tokens=False))
+    assert _contains(full.token_ids, spaced)  # the precondition: greedy output says " Paris"
+    at = next(i for i in range(len(full.token_ids)) if tuple(full.token_ids[i : i + len(spaced)]) == spaced)
+    banned = generate_one(
+        default_llm, chat_prompt, temperature=0.0, max_tokens=32, ignore_eos=True, bad_words=["Paris"]
+    ).outputs[0]
+    assert not _contains(banned.token_ids, spaced)
+    assert banned.token_ids[: at + len(spaced) - 1] == full.token_ids[: at + len(spaced) - 1]
+    with pytest.raises(ValueError, match="allowed_token_ids"):
+        generate_one(default_llm, chat_prompt, allowed_token_ids=[default_llm.engine.config.model.vocab_size])
+
+
 def test_max_model_len_ends_a_request(default_llm):
     limit = default_llm.engine.config.model.max_model_len
     prompt = list(range(1000, 1000 + limit - 5))

@@ -99,6 +99,13 @@ def test_loading_steps_show_on_the_terminal(tiny_llm, configure):
         assert not any(step in done.stderr for step in steps), done.stderr
 
 
+def test_the_package_exports_what_the_docs_import():
+    import pagoda
+    from pagoda.sampling_params import StructuredOutputsParams
+
+    assert pagoda.StructuredOutputsParams is StructuredOutputsParams and "StructuredOutputsParams" in pagoda.__all__
+
+
 @pytest.mark.parametrize(
     "params, param",
     [
@@ -111,6 +118,10 @@ def test_loading_steps_show_on_the_terminal(tiny_llm, configure):
         (dict(stop_token_ids=["a"]), "stop_token_ids"),
         (dict(logit_bias={"a": 1}), "logit_bias"),
         (dict(logit_bias={-1: 1}), "logit_bias"),
+        (dict(allowed_token_ids=[]), "allowed_token_ids"),
+        (dict(allowed_token_ids=[1.5]), "allowed_token_ids"),
+        (dict(bad_words=[" "]), "bad_words"),
+        (dict(bad_words="word"), "bad_words"),
     ],
 )
 def test_sampling_params_of_the_wrong_type_are_refused_naming_them(params, param):

@@ -172,11 +172,12 @@ def test_vllm_sampling_extensions(client, http, greedy):
     ]
     assert text.strip() and forced.text == text * 6
     first = http.post("/tokenize", json={"prompt": greedy[PROMPTS[0]], "add_special_tokens": False}).json()["tokens"][0]
-    stopped = client.completions.create(
+    response = client.completions.create(
         model=MODEL, prompt=PROMPTS[0], **GREEDY, extra_body={"stop_token_ids": [first]}
-    ).choices[0]
+    )
+    stopped = response.choices[0]
     assert stopped.finish_reason == "stop" and stopped.model_extra["stop_reason"] == first
-    assert stopped.text == "" and stopped.usage.completion_tokens == 1  # the stop token's text left out, as vLLM
+    assert stopped.text == "" and response.usage.completion_tokens == 1  # the stop token's text left out, as vLLM
     shaped = client.completions.create(
         model=MODEL,
         prompt=PROMPTS[0],
@@ -195,6 +196,27 @@ def test_vllm_sampling_extensions(client, http, greedy):
         },
     )
     assert shaped.usage.completion_tokens == 4
+
+
+def test_vllm_token_controls(client, http, greedy):
+    """allowed_token_ids, bad_words and truncate_prompt_tokens are honoured, not ignored."""
+    token = http.post("/tokenize", json={"prompt": " banana", "add_special_tokens": False}).json()["tokens"][0]
+    text = http.post("/detokenize", json={"tokens": [token]}).json()["prompt"]
+    only = client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], **GREEDY, extra_body={"allowed_token_ids": [token]}
+    )
+    assert only.choices[0].text == text * 6
+    word = greedy[PROMPTS[0]].split()[0]
+    banned = client.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY, extra_body={"bad_words": [word]})
+    assert banned.choices[0].text != greedy[PROMPTS[0]]
+    cut = client.completions.create(model=MODEL, prompt=PROMPTS[0], **GREEDY, extra_body={"truncate_prompt_tokens": 3})
+    assert cut.usage.prompt_tokens == 3
+    for body, param in (
+        ({"allowed_token_ids": [10**7]}, "allowed_token_ids"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ):
+        refused = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, **body})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
 
 
 def test_prompt_logprobs_in_vllm_shape(client, http):

@@ -17,7 +17,7 @@ from pagoda.config import ConfigError
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
-from pagoda.entrypoints.openai.params import check_context, sampling_params
+from pagoda.entrypoints.openai.params import check_context, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
 from pagoda.entrypoints.openai.serving import DONE, ServerState, chunk_usage, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
@@ -187,6 +187,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         template,
     )
     prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
+    prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, state.limits.max_model_len)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = sampling_params(

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
-from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params
+from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import CompletionRequest
 from pagoda.entrypoints.openai.serving import DONE, ServerState, chunk_usage, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
@@ -49,6 +49,8 @@ async def prompts_of(state: ServerState, prompt: str | list[str] | list[int] | l
 async def create_completion(state: ServerState, body: CompletionRequest, http: Request) -> Response:
     state.check_request(body)
     prompts = await prompts_of(state, body.prompt)
+    if body.truncate_prompt_tokens is not None:
+        prompts = [_truncated(p, body.truncate_prompt_tokens, state.limits.max_model_len) for p in prompts]
     echo_logprobs_k = body.logprobs if body.echo and body.logprobs is not None else None
     prompt_logprobs = max((k for k in (body.prompt_logprobs, echo_logprobs_k) if k is not None), default=None)
     max_tokens = _engine_max_tokens(body)
@@ -75,6 +77,12 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
         for out in outs
     ]
     return JSONResponse({**head, "choices": choices, "usage": usage(outputs)})
+
+
+def _truncated(prompt: Prompt, keep: int, max_model_len: int) -> Prompt:
+    """The prompt's last `keep` tokens; a shortened prompt echoes the text of the tokens kept."""
+    ids = truncated(prompt.ids, keep, max_model_len)
+    return prompt if len(ids) == len(prompt.ids) else Prompt(ids, None)
 
 
 def _scores_only(body: CompletionRequest) -> bool:

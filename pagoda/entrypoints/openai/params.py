@@ -37,6 +37,7 @@ def sampling_params(
             param = renames.get(name, name)
             raise bad_request(f"`{param}` is {asked}; this server returns at most {limits.max_logprobs}", param)
     check_token_ids(request.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
+    check_token_ids(request.allowed_token_ids or [], limits.vocab_size, "allowed_token_ids")
     try:
         return SamplingParams(
             n=request.n,
@@ -53,6 +54,8 @@ def sampling_params(
             min_tokens=request.min_tokens,
             stop=_stop(request.stop),
             stop_token_ids=tuple(request.stop_token_ids or ()),
+            allowed_token_ids=request.allowed_token_ids,
+            bad_words=tuple(request.bad_words or ()),
             ignore_eos=request.ignore_eos,
             include_stop_str_in_output=request.include_stop_str_in_output,
             logprobs=logprobs,
@@ -165,6 +168,17 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
         sampling.check_token_ids(ids, vocab_size, param)
     except SamplingParamsError as exc:
         raise bad_request(str(exc), param) from None
+
+
+def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens (-1: as many as the context
+    holds; None: all of them)."""
+    if keep is None:
+        return ids
+    if keep == 0:
+        raise bad_request("truncate_prompt_tokens must be -1 or at least 1, got 0", "truncate_prompt_tokens")
+    keep = max_model_len if keep == -1 else keep
+    return ids[-keep:] if len(ids) > keep else ids
 
 
 def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> None:

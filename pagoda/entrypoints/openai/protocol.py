@@ -117,6 +117,9 @@ class _SamplingFields(_Body):
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None  # vLLM's
+    bad_words: list[str] | None = None  # vLLM's
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # vLLM's: keep the prompt's last N tokens (-1: the context)
     min_tokens: int = 0
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
