@@ -154,7 +154,8 @@ class SamplingParams:
     def _validate(self) -> None:
         checks = [
             (self.n >= 1, "n", "must be at least 1"),
-            (self.temperature >= 0.0, "temperature", "must be non-negative"),
+            (0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]"),  # OpenAI's and vLLM's range
+            (all(self.stop), "stop", "must not contain an empty string"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
             (self.top_k >= 0, "top_k", "must be 0 or -1 (both: disabled) or a positive integer"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),

@@ -61,7 +61,7 @@ class IncrementalDetokenizer:
 
 class StopStringMatcher:
     def __init__(self, stop: Sequence[str], include_in_output: bool) -> None:
-        self.stop = [s for s in stop if s]
+        self.stop = list(stop)  # never empty strings: SamplingParams refuses them
         self.include_in_output = include_in_output
         self.holdback = 0 if include_in_output or not self.stop else max(map(len, self.stop)) - 1
 

@@ -52,6 +52,7 @@ def test_tokenize_renders_tools_as_a_chat_request_does(http):
 
 def test_health_and_version_need_no_key(server):
     assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert httpx.get(f"{server.base_url}/ping").status_code == httpx.post(f"{server.base_url}/ping").status_code == 200
     assert httpx.get(f"{server.base_url}/version").json() == {"version": __version__}
 
 

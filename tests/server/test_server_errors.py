@@ -72,6 +72,8 @@ def test_harmless_values_of_refused_fields_pass(http):
     [
         ("/v1/completions", {**COMPLETION, "temperature": "hot"}, "temperature"),
         ("/v1/completions", {**COMPLETION, "temperature": -1}, "temperature"),
+        ("/v1/completions", {**COMPLETION, "temperature": 3}, "temperature"),
+        ("/v1/completions", {**COMPLETION, "stop": ["\n", ""]}, "stop"),
         ("/v1/completions", {**COMPLETION, "n": 0}, "n"),
         ("/v1/completions", {**COMPLETION, "top_p": 0}, "top_p"),
         ("/v1/completions", {**COMPLETION, "max_tokens": 0}, "max_tokens"),
@@ -186,6 +188,12 @@ def test_too_long_prompt_is_400_with_the_numbers(http):
     whole = [{"role": "user", "content": "word " * 2100}]  # no max_tokens: the prompt alone is too long
     error = error_of(http.post("/v1/chat/completions", json={"messages": whole}), 400)
     assert error["param"] == "messages" and "maximum context length is 2048 tokens" in error["message"]
+    for path, body, param in (
+        ("/v1/completions", {**COMPLETION, "max_tokens": 100_000}, "max_tokens"),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 2048}, "max_completion_tokens"),
+    ):
+        error = error_of(http.post(path, json=body), 400)  # the limit alone leaves no room: it is named
+        assert error["param"] == param and "maximum context length is 2048 tokens" in error["message"]
 
 
 def test_the_engine_still_serves_after_bad_input(http, server):

@@ -190,6 +190,7 @@ def _open_routes(state: ServerState) -> APIRouter:
     router = APIRouter()
 
     @router.get("/health")
+    @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's health check)
     async def health() -> Response:
         return Response(status_code=200 if state.engine.is_alive else 503)
 

@@ -209,7 +209,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)
         constraint = dataclasses.replace(params.structured_outputs, after_reasoning=thinking)
         params = dataclasses.replace(params, structured_outputs=constraint)
-    check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages")
+    check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param)
     await state.check_constraint(body, params)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)

@@ -181,11 +181,20 @@ def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]
     return ids[-keep:] if len(ids) > keep else ids
 
 
-def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> None:
+def check_context(
+    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str, max_param: str = "max_tokens"
+) -> None:
     """The prompt plus max_tokens must fit the context; without max_tokens the prompt must leave
-    room for at least one token. Checked here so the engine never refuses what was accepted."""
+    room for at least one token. Checked here so the engine never refuses what was accepted.
+    `param`: the prompt's field; `max_param`: max_tokens' (named where it alone is too large)."""
     if num_prompt_tokens == 0:
         raise bad_request("The prompt is empty: at least one token is needed to generate from.", param)
+    if max_tokens is not None and max_tokens >= max_model_len:
+        raise bad_request(
+            f"{max_param}={max_tokens} leaves no room for a prompt: this model's maximum context length is "
+            f"{max_model_len} tokens.",
+            max_param,
+        )
     if max_tokens is None:
         if num_prompt_tokens >= max_model_len:
             raise bad_request(
