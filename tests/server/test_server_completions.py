@@ -219,6 +219,26 @@ def test_vllm_token_controls(client, http, greedy):
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_return_token_ids_streamed_and_not(http, path):
+    """vLLM's return_token_ids: the prompt's ids and each choice's, whole or chunk by chunk."""
+    chat = path.endswith("chat/completions")
+    ask = {"messages": [{"role": "user", "content": PROMPTS[1]}]} if chat else {"prompt": PROMPTS[1]}
+    body = {**ask, **GREEDY, "return_token_ids": True}
+    whole = http.post(path, json=body).json()
+    choice = whole["choices"][0]
+    prompt_ids = whole["prompt_token_ids"] if chat else choice["prompt_token_ids"]
+    tokenized = http.post("/tokenize", json={**ask, "add_special_tokens": not chat}).json()["tokens"]
+    assert prompt_ids == tokenized and len(choice["token_ids"]) == whole["usage"]["completion_tokens"] == 6
+    text = choice["message"]["content"] if chat else choice["text"]
+    assert http.post("/detokenize", json={"tokens": choice["token_ids"]}).json()["prompt"] == text
+    with http.stream("POST", path, json={**body, "stream": True}) as response:
+        chunks = sse_events(response.iter_lines())[:-1]
+    streamed = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
+    firsts = [c["prompt_token_ids"] if chat else c["choices"][0]["prompt_token_ids"] for c in chunks[:1]]
+    assert streamed == choice["token_ids"] and firsts == [prompt_ids]
+
+
 def test_prompt_logprobs_in_vllm_shape(client, http):
     ids = http.post("/tokenize", json={"prompt": PROMPTS[0]}).json()["tokens"]
     choice = client.completions.create(

@@ -215,7 +215,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}
     if body.stream:
-        return event_stream(_chunks(state, body, plan, generation, head, len(prompt_ids)), generation)
+        return event_stream(_chunks(state, body, plan, generation, head, prompt_ids), generation)
     outputs = (await state.collect(http, generation))[0]
     return JSONResponse(_response(state, body, plan, head, prompt_ids, outputs))
 
@@ -243,6 +243,10 @@ def _response(
             }
         )
     response = {**head, "choices": choices, "usage": usage([outputs])}
+    if body.return_token_ids:
+        for choice, out in zip(choices, outputs):
+            choice["token_ids"] = out.token_ids
+        response["prompt_token_ids"] = prompt_ids
     if body.prompt_logprobs is not None:
         response["prompt_logprobs"] = vllm_prompt_logprobs(state.token_texts, prompt_ids, outputs[0].prompt_logprobs)
     return response
@@ -254,7 +258,7 @@ async def _chunks(
     plan: ToolPlan,
     generation: Generation,
     head: dict,
-    prompt_tokens: int,
+    prompt_token_ids: list[int],
 ) -> AsyncIterator[str]:
     """OpenAI's chunk sequence per choice: the role with empty content, then content, reasoning
     and tool-call deltas (a call's first delta carries its id and name, the next ones fragments of
@@ -262,14 +266,19 @@ async def _chunks(
     then [DONE]."""
     usage_of = chunk_usage(body)
     base = {**head, "object": "chat.completion.chunk"}
+    prompt_tokens = len(prompt_token_ids)
 
-    def chunk(choice: dict, completion_tokens: int = 0) -> str:
+    def chunk(choice: dict, completion_tokens: int = 0, extra: dict | None = None) -> str:
         shown = {} if usage_of is None else {"usage": usage_of(prompt_tokens, completion_tokens)}
-        return sse({**base, "choices": [choice], **shown})
+        return sse({**base, "choices": [choice], **shown, **(extra or {})})
 
+    # return_token_ids: the prompt's ids with each choice's first chunk, then each update's new ids
+    # with the first chunk it sends (one is sent for every update that brings tokens)
+    prompt_ids = {"prompt_token_ids": prompt_token_ids} if body.return_token_ids else None
     for index in range(body.n):
         yield chunk(
-            {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+            extra=prompt_ids,
         )
     final: dict[int, SequenceOutput] = {}
     streamers = [plan.streamer() for _ in range(body.n)]
@@ -278,18 +287,18 @@ async def _chunks(
         deltas = streamer.feed(update.text_delta) if update.text_delta else []
         if update.finished:
             deltas += streamer.finish()
-        if body.logprobs and update.logprobs_delta and not deltas:
-            deltas = [{"content": ""}]  # the logprobs of tokens whose text is held back
+        if (body.logprobs or body.return_token_ids) and update.token_ids_delta and not deltas:
+            deltas = [{"content": ""}]  # the logprobs or ids of tokens whose text is held back
         for j, delta in enumerate(deltas):
             logprobs = (
                 chat_logprobs(state.token_texts, update.logprobs_delta, body.top_logprobs or 0)
                 if body.logprobs and j == 0
                 else None
             )
-            yield chunk(
-                {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": None},
-                len(update.token_ids),
-            )
+            choice = {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+            if body.return_token_ids:
+                choice["token_ids"] = update.token_ids_delta if j == 0 else []
+            yield chunk(choice, len(update.token_ids))
         if update.finished:
             final[update.index] = update
             yield chunk(

@@ -141,6 +141,8 @@ def _choice(
         choice["logprobs"] = generated
     if body.prompt_logprobs is not None:
         choice["prompt_logprobs"] = vllm_prompt_logprobs(state.token_texts, prompt.ids, prompt_logprobs)
+    if body.return_token_ids:
+        choice |= {"prompt_token_ids": prompt.ids, "token_ids": out.token_ids}
     return choice
 
 
@@ -153,8 +155,11 @@ async def _chunks(
     first token its prompt's logprobs are complete, so the echo goes out then."""
     usage_of = chunk_usage(body)
 
-    def chunk(choice: dict, prompt: int, completion_tokens: int) -> str:
+    def chunk(choice: dict, prompt: int, completion_tokens: int, token_ids: list[int], first: bool) -> str:
         shown = {} if usage_of is None else {"usage": usage_of(len(prompts[prompt].ids), completion_tokens)}
+        if body.return_token_ids:  # the prompt's ids with a choice's first chunk, then each chunk's new ones
+            choice |= {"prompt_token_ids": prompts[prompt].ids} if first else {}
+            choice |= {"token_ids": token_ids}
         return sse({**head, "choices": [choice], **shown})
 
     offsets: dict[int, int] = {}  # characters sent so far per choice (logprobs' text_offset)
@@ -166,7 +171,8 @@ async def _chunks(
         prompt_lps[i] = max(prompt_lps[i], update.prompt_logprobs, key=len)
         if not update.token_ids_delta and not update.finished:
             continue
-        if index not in offsets:
+        first = index not in offsets
+        if first:
             offsets[index] = 0
             if body.echo:
                 text = _echo(state, prompts[i])
@@ -174,14 +180,15 @@ async def _chunks(
                 if body.logprobs is not None:
                     logprobs = echo_logprobs(state.token_texts, prompts[i].ids, prompt_lps[i])
                 offsets[index] = len(text)
-                yield chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}, i, 0)
+                yield chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}, i, 0, [], True)
+                first = False
         logprobs = None
         if body.logprobs is not None:
             logprobs = completion_logprobs(state.token_texts, update.logprobs_delta, offsets[index])
         offsets[index] += len(update.text_delta)
         if update.finished:
             final[i][update.index] = update
-        if update.text_delta or update.finished or logprobs is not None:
+        if update.text_delta or update.finished or logprobs is not None or body.return_token_ids:
             yield chunk(
                 {
                     "index": index,
@@ -192,6 +199,8 @@ async def _chunks(
                 },
                 i,
                 len(engine_update.token_ids),
+                update.token_ids_delta,
+                first,
             )
     if usage_of is not None:
         yield sse({**head, "choices": [], "usage": usage([[outs[k] for k in sorted(outs)] for outs in final])})

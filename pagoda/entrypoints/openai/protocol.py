@@ -120,6 +120,7 @@ class _SamplingFields(_Body):
     allowed_token_ids: list[int] | None = None  # vLLM's
     bad_words: list[str] | None = None  # vLLM's
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # vLLM's: keep the prompt's last N tokens (-1: the context)
+    return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids beside the text
     min_tokens: int = 0
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
