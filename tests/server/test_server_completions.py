@@ -239,6 +239,18 @@ def test_return_token_ids_streamed_and_not(http, path):
     assert streamed == choice["token_ids"] and firsts == [prompt_ids]
 
 
+def test_logprobs_name_tokens_by_id_where_asked(http):
+    ids = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+    plain = http.post("/v1/completions", json={"prompt": PROMPTS[1], **GREEDY, "logprobs": 1, **ids}).json()
+    choice = plain["choices"][0]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert all(set(top) >= {f"token_id:{t}"} for top, t in zip(choice["logprobs"]["top_logprobs"], choice["token_ids"]))
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    chat = http.post("/v1/chat/completions", json={"messages": messages, **GREEDY, "logprobs": True, **ids}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [entry["token"] for entry in content] == [f"token_id:{t}" for t in chat["choices"][0]["token_ids"]]
+
+
 def test_prompt_logprobs_in_vllm_shape(client, http):
     ids = http.post("/tokenize", json={"prompt": PROMPTS[0]}).json()["tokens"]
     choice = client.completions.create(

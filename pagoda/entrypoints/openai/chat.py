@@ -235,7 +235,7 @@ def _response(
             {
                 "index": out.index,
                 "message": message,
-                "logprobs": chat_logprobs(state.token_texts, out.logprobs, body.top_logprobs or 0)
+                "logprobs": chat_logprobs(state.logprob_tokens(body), out.logprobs, body.top_logprobs or 0)
                 if body.logprobs
                 else None,
                 "finish_reason": "tool_calls" if called else out.finish_reason,
@@ -291,7 +291,7 @@ async def _chunks(
             deltas = [{"content": ""}]  # the logprobs or ids of tokens whose text is held back
         for j, delta in enumerate(deltas):
             logprobs = (
-                chat_logprobs(state.token_texts, update.logprobs_delta, body.top_logprobs or 0)
+                chat_logprobs(state.logprob_tokens(body), update.logprobs_delta, body.top_logprobs or 0)
                 if body.logprobs and j == 0
                 else None
             )

@@ -135,9 +135,9 @@ def _choice(
         "stop_reason": out.stop_reason,
     }
     if body.logprobs is not None:
-        generated = completion_logprobs(state.token_texts, out.logprobs, len(prefix))
+        generated = completion_logprobs(state.logprob_tokens(body), out.logprobs, len(prefix))
         if body.echo:
-            generated = join_logprobs(echo_logprobs(state.token_texts, prompt.ids, prompt_logprobs), generated)
+            generated = join_logprobs(echo_logprobs(state.logprob_tokens(body), prompt.ids, prompt_logprobs), generated)
         choice["logprobs"] = generated
     if body.prompt_logprobs is not None:
         choice["prompt_logprobs"] = vllm_prompt_logprobs(state.token_texts, prompt.ids, prompt_logprobs)
@@ -178,13 +178,13 @@ async def _chunks(
                 text = _echo(state, prompts[i])
                 logprobs = None
                 if body.logprobs is not None:
-                    logprobs = echo_logprobs(state.token_texts, prompts[i].ids, prompt_lps[i])
+                    logprobs = echo_logprobs(state.logprob_tokens(body), prompts[i].ids, prompt_lps[i])
                 offsets[index] = len(text)
                 yield chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}, i, 0, [], True)
                 first = False
         logprobs = None
         if body.logprobs is not None:
-            logprobs = completion_logprobs(state.token_texts, update.logprobs_delta, offsets[index])
+            logprobs = completion_logprobs(state.logprob_tokens(body), update.logprobs_delta, offsets[index])
         offsets[index] += len(update.text_delta)
         if update.finished:
             final[i][update.index] = update

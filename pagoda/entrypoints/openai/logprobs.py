@@ -17,11 +17,23 @@ class TokenTexts:
         self.text = lru_cache(maxsize=cache_size)(lambda token_id: tokenizer.decode([token_id]))
 
 
-def chat_logprobs(texts: TokenTexts, logprobs: Sequence[TokenLogprob], num_top: int) -> dict:
+class TokenIdTexts:
+    """Tokens shown as `token_id:N` (vLLM's return_tokens_as_token_ids: tokens whose text alone is
+    not valid UTF-8 stay tellable apart)."""
+
+    @staticmethod
+    def text(token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
+TokenNames = TokenTexts | TokenIdTexts  # how logprobs name tokens
+
+
+def chat_logprobs(texts: TokenNames, logprobs: Sequence[TokenLogprob], num_top: int) -> dict:
     return {"content": [_chat_entry(texts, lp, num_top) for lp in logprobs], "refusal": None}
 
 
-def _chat_entry(texts: TokenTexts, lp: TokenLogprob, num_top: int) -> dict:
+def _chat_entry(texts: TokenNames, lp: TokenLogprob, num_top: int) -> dict:
     token = texts.text(lp.token_id)
     top = sorted(lp.top.items(), key=lambda kv: -kv[1])[:num_top]
     return {
@@ -32,7 +44,7 @@ def _chat_entry(texts: TokenTexts, lp: TokenLogprob, num_top: int) -> dict:
     }
 
 
-def completion_logprobs(texts: TokenTexts, logprobs: Sequence[TokenLogprob | None], text_offset: int) -> dict:
+def completion_logprobs(texts: TokenNames, logprobs: Sequence[TokenLogprob | None], text_offset: int) -> dict:
     """Legacy format; `text_offset` is where the first token starts in the choice's text. The
     sampled token is listed among top_logprobs along with the top alternatives (as vLLM does);
     a None entry (the first prompt token under echo) has no logprob."""
@@ -51,7 +63,7 @@ def completion_logprobs(texts: TokenTexts, logprobs: Sequence[TokenLogprob | Non
     return result
 
 
-def echo_logprobs(texts: TokenTexts, prompt_ids: Sequence[int], prompt_logprobs: Sequence[TokenLogprob | None]) -> dict:
+def echo_logprobs(texts: TokenNames, prompt_ids: Sequence[int], prompt_logprobs: Sequence[TokenLogprob | None]) -> dict:
     """The prompt's tokens in the legacy format: the first has no logprob (nothing precedes it)."""
     first = texts.text(prompt_ids[0])
     head = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}

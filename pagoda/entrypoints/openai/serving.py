@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
-from pagoda.entrypoints.openai.logprobs import TokenTexts
+from pagoda.entrypoints.openai.logprobs import TokenIdTexts, TokenNames, TokenTexts
 from pagoda.entrypoints.openai.params import ModelLimits, constraint_field
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
@@ -76,6 +76,10 @@ class ServerState:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def logprob_tokens(self, body: CompletionRequest | ChatCompletionRequest) -> TokenNames:
+        """How the request's logprobs show tokens: as their text, or as ids where it asks."""
+        return TokenIdTexts() if body.return_tokens_as_token_ids else self.token_texts
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name and model not in self.config.model_aliases:
