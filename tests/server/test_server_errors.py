@@ -172,6 +172,12 @@ def test_null_takes_the_default(http):
     assert unbounded.json()["usage"]["completion_tokens"] == 16, unbounded.text  # completions' default
 
 
+def test_a_body_not_sent_as_json_is_415_saying_so(http):
+    for headers in ({"Content-Type": "application/x-www-form-urlencoded"}, {}):
+        response = http.post("/v1/completions", content=b'{"prompt": "Hi", "max_tokens": 2}', headers=headers)
+        assert "Content-Type: application/json" in error_of(response, 415)["message"]
+
+
 def test_malformed_json_is_400(http):
     response = http.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert "JSON" in error_of(response, 400)["message"]
