@@ -51,9 +51,6 @@ class CpuAttentionMetadata:
     paged_prefills: PagedPrefills | None  # None without prefill chunks
 
 
-_NO_KERNELS = "its C kernels cannot be built here (they need gcc and an x86-64 CPU with AVX2 and FMA)"
-
-
 class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
     name = "cpu"
     support = BackendSupport(  # the C kernels'
@@ -62,12 +59,12 @@ class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
-        return _NO_KERNELS if cpu_kernels.load() is None else None
+        return cpu_kernels.unavailable_reason()
 
     def __init__(self, batch_invariant: bool = False) -> None:  # float32 is batch-invariant either way
         lib = cpu_kernels.load()
         if lib is None:
-            raise ConfigError(f"The cpu attention backend is unavailable: {_NO_KERNELS}.")
+            raise ConfigError(f"The cpu attention backend is unavailable: {cpu_kernels.unavailable_reason()}.")
         self.lib = lib
 
     def build_metadata(self, inputs: AttentionInputs) -> CpuAttentionMetadata:

@@ -105,18 +105,27 @@ def compiler_flags(isa: tuple[str, ...]) -> list[str]:
     return BASE_FLAGS + enabled
 
 
-@functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None where they cannot run here."""
+    return _load()[0]
+
+
+def unavailable_reason() -> str | None:
+    """Why load() gives None (for messages that say what is missing), or None where it does not."""
+    return _load()[1]
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None
+        return None, "Pagoda's C kernels need Linux on x86-64"
     isa = cpu_isa()
     if not isa:
-        return None
+        return None, "Pagoda's C kernels need a CPU with AVX2 and FMA"
     compiler = shutil.which(os.environ.get("CC", "gcc"))
     if compiler is None:
         logger.warning("No C compiler found: Pagoda's CPU kernels are disabled (plain torch serves instead).")
-        return None
+        return None, "Pagoda's C kernels need a C compiler (gcc, or $CC), and none was found"
     flags = compiler_flags(isa)
     digest = hashlib.sha256(" ".join(flags).encode())
     for source in SOURCES:
@@ -130,7 +139,7 @@ def load() -> ctypes.CDLL | None:
             error = build_library(compiler, flags, [s for s in SOURCES if s.suffix == ".c"], built)
             if error is not None:
                 logger.warning("Building Pagoda's CPU kernels failed: %s", error[-2000:])
-                return None
+                return None, "building Pagoda's C kernels failed (the compiler's error is in the log above)"
             os.replace(built, target)  # atomic: concurrent builders all end with one whole file
     lib = ctypes.CDLL(str(target))
     lib.isa = isa
@@ -145,7 +154,7 @@ def load() -> ctypes.CDLL | None:
         lib.pagoda_bf16_tiles_size.argtypes = [_I64, _I64]
         lib.pagoda_bf16_tiles_size.restype = _I64
     lib.amx = "amx" in isa and lib.pagoda_amx_enable() == 1  # the OS grants the tile registers
-    return lib
+    return lib, None
 
 
 def build_library(compiler: str, flags: list[str], sources: list[Path], target: Path) -> str | None:

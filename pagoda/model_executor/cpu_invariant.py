@@ -39,9 +39,7 @@ def unsupported_reason(
         if cpu_backend_reason is not None:
             return f"the attention backend is not batch-invariant, and the cpu one cannot serve: {cpu_backend_reason}"
         return "the attention backend is not batch-invariant (choose --attention-backend cpu)"
-    if cpu.load() is None:
-        return "Pagoda's C kernels cannot be built here (they need gcc and an x86-64 CPU with AVX2 and FMA)"
-    return None
+    return cpu.unavailable_reason()
 
 
 class InvariantLinear(nn.Module):

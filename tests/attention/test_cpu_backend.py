@@ -23,11 +23,11 @@ def isa(request, monkeypatch):
     """The kernels rebuilt (or loaded from the cache) for this ISA level, and again after the test."""
     if request.param == "avx2":
         monkeypatch.setenv("PAGODA_CPU_ISA", "avx2")
-    cpu_kernels.load.cache_clear()
+    cpu_kernels._load.cache_clear()
     lib = cpu_kernels.load()
     assert lib is not None and (request.param == "native" or lib.isa[-1] == "avx2")
     yield request.param
-    cpu_kernels.load.cache_clear()
+    cpu_kernels._load.cache_clear()
 
 
 @pytest.fixture

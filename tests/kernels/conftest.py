@@ -18,9 +18,9 @@ def build(isa: str) -> ctypes.CDLL:
     with pytest.MonkeyPatch.context() as patch:
         if isa == "avx2":
             patch.setenv("PAGODA_CPU_ISA", "avx2")
-        cpu_kernels.load.cache_clear()
+        cpu_kernels._load.cache_clear()
         lib = cpu_kernels.load()
-    cpu_kernels.load.cache_clear()
+    cpu_kernels._load.cache_clear()
     assert lib is not None and (isa == "native" or lib.isa[-1] == "avx2")
     return lib
 

@@ -22,13 +22,13 @@ def lib(request, monkeypatch) -> Iterator:
     if request.param not in cpu_kernels.cpu_isa(cap=request.param):
         pytest.skip(f"this CPU lacks {request.param}")
     monkeypatch.setenv("PAGODA_CPU_ISA", request.param)
-    cpu_kernels.load.cache_clear()
+    cpu_kernels._load.cache_clear()
     try:
         built = cpu_kernels.load()
         assert built is not None and built.isa[-1] == request.param
         yield built
     finally:
-        cpu_kernels.load.cache_clear()
+        cpu_kernels._load.cache_clear()
 
 
 def assert_bf16_close(out: torch.Tensor, exact: torch.Tensor) -> None:

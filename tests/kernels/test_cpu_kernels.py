@@ -26,24 +26,27 @@ def test_gemv_matches_f_linear(n_out, k, bias):
 
 def test_kernels_build_once_into_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGODA_CACHE", str(tmp_path))
-    cpu_kernels.load.cache_clear()
+    cpu_kernels._load.cache_clear()
     try:
         assert cpu_kernels.load() is not None
         built = list((tmp_path / "kernels").glob("cpu-*.so"))
         assert len(built) == 1 and built[0].name.startswith(f"cpu-{cpu_kernels.cpu_isa()[-1]}-")
         stamp = built[0].stat().st_mtime_ns
-        cpu_kernels.load.cache_clear()
+        cpu_kernels._load.cache_clear()
         assert cpu_kernels.load() is not None and built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
     finally:
-        cpu_kernels.load.cache_clear()
+        cpu_kernels._load.cache_clear()
 
 
-def test_no_compiler_means_no_kernels(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "compiler, reason", [("/nonexistent/cc", "need a C compiler"), ("/bin/false", "building Pagoda's C kernels failed")]
+)
+def test_no_kernels_say_why(tmp_path, monkeypatch, compiler, reason):
     monkeypatch.setenv("PAGODA_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", "/nonexistent/cc")
-    cpu_kernels.load.cache_clear()
+    monkeypatch.setenv("CC", compiler)
+    cpu_kernels._load.cache_clear()
     try:
         assert cpu_kernels.load() is None
-        assert "cannot be built" in unsupported_reason("cpu", torch.device("cpu"), torch.float32, 64)
+        assert reason in unsupported_reason("cpu", torch.device("cpu"), torch.float32, 64)
     finally:
-        cpu_kernels.load.cache_clear()
+        cpu_kernels._load.cache_clear()
