@@ -35,6 +35,8 @@ def test_tokenize_and_detokenize_round_trip(http):
         "/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[3]}]}
     ).json()
     assert templated["count"] > tokens["count"]  # the chat template adds its markup
+    strings = http.post("/tokenize", json={"prompt": " hello world", "return_token_strs": True}).json()
+    assert len(strings["token_strs"]) == strings["count"] and "Ġhello" in strings["token_strs"]  # the vocabulary's
 
 
 def test_tokenize_renders_tools_as_a_chat_request_does(http):

@@ -206,7 +206,10 @@ def _open_routes(state: ServerState) -> APIRouter:
     async def tokenize(body: TokenizeRequest) -> dict:
         state.check_model(body.model)
         ids = await _tokenize(state, body)
-        return {"tokens": ids, "count": len(ids), "max_model_len": state.limits.max_model_len}
+        answer = {"tokens": ids, "count": len(ids), "max_model_len": state.limits.max_model_len}
+        if body.return_token_strs:
+            answer["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
+        return answer
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:

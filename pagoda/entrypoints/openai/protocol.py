@@ -181,6 +181,7 @@ class TokenizeRequest(_Body):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    return_token_strs: bool = False  # vLLM's: the tokens' own strings (the vocabulary's, e.g. "Ġhello") too
 
 
 class DetokenizeRequest(_Body):
