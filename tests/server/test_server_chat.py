@@ -205,3 +205,15 @@ def test_continue_final_message_continues_the_assistant_turn(http):
     assert header[: len(bare)] == bare and len(header) > len(bare)
     both = http.post("/v1/chat/completions", json={"messages": opened, "continue_final_message": True, **GREEDY})
     assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    # vLLM's echo: the reply starts with the continued message (whole and streamed); a user's last
+    # message is not the reply's role, so nothing is echoed there
+    answer = chat["choices"][0]["message"]["content"]
+    echoed = {"messages": opened, **turn, **GREEDY, "echo": True}
+    whole = http.post("/v1/chat/completions", json=echoed).json()["choices"][0]["message"]["content"]
+    with http.stream("POST", "/v1/chat/completions", json={**echoed, "stream": True}) as response:
+        chunks = sse_events(response.iter_lines())[:-1]
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert whole == streamed == "The fruit I name is" + answer
+    unechoed = http.post("/v1/chat/completions", json={"messages": MESSAGES, **GREEDY, "echo": True}).json()
+    plain = http.post("/v1/chat/completions", json={"messages": MESSAGES, **GREEDY}).json()
+    assert unechoed["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]

@@ -171,6 +171,15 @@ def render(
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
 
 
+def _echoed(body: ChatCompletionRequest, messages: list[dict]) -> str:
+    """vLLM's chat echo: the last message's content, where that message has the reply's role (the
+    assistant's, or without a generation prompt the last message's own), else nothing."""
+    if not body.echo:
+        return ""
+    role = "assistant" if body.add_generation_prompt else messages[-1]["role"]
+    return messages[-1]["content"] if messages[-1]["role"] == role else ""
+
+
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
     state.check_request(body)
     if body.top_logprobs is not None and not body.logprobs:
@@ -186,6 +195,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         state.config.tools,
         template,
     )
+    echoed = _echoed(body, messages)
     prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
     prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, state.limits.max_model_len)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -215,9 +225,9 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}
     if body.stream:
-        return event_stream(_chunks(state, body, plan, generation, head, prompt_ids), generation)
+        return event_stream(_chunks(state, body, plan, generation, head, prompt_ids, echoed), generation)
     outputs = (await state.collect(http, generation))[0]
-    return JSONResponse(_response(state, body, plan, head, prompt_ids, outputs))
+    return JSONResponse(_response(state, body, plan, head, prompt_ids, outputs, echoed))
 
 
 def _response(
@@ -227,10 +237,13 @@ def _response(
     head: dict,
     prompt_ids: list[int],
     outputs: list[SequenceOutput],
+    echoed: str,
 ) -> dict:
     choices = []
     for out in outputs:
         message, called = plan.message(out.text)
+        if echoed:
+            message["content"] = echoed + (message["content"] or "")
         choices.append(
             {
                 "index": out.index,
@@ -259,6 +272,7 @@ async def _chunks(
     generation: Generation,
     head: dict,
     prompt_token_ids: list[int],
+    echoed: str,
 ) -> AsyncIterator[str]:
     """OpenAI's chunk sequence per choice: the role with empty content, then content, reasoning
     and tool-call deltas (a call's first delta carries its id and name, the next ones fragments of
@@ -280,6 +294,9 @@ async def _chunks(
             {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
             extra=prompt_ids,
         )
+    if echoed:  # then the echoed message, before anything generated
+        for index in range(body.n):
+            yield chunk({"index": index, "delta": {"content": echoed}, "logprobs": None, "finish_reason": None})
     final: dict[int, SequenceOutput] = {}
     streamers = [plan.streamer() for _ in range(body.n)]
     async for _, update in generation.updates():

@@ -159,6 +159,7 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables, e.g. enable_thinking
     add_generation_prompt: bool = True  # vLLM's: the header of a new assistant turn after the messages
     continue_final_message: bool = False  # vLLM's: the last message left open, for the model to continue
+    echo: bool = False  # vLLM's: the reply starts with the last message's content where it has the reply's role
     tools: Any = None  # checked by tool_calls.py, so that a 400 can name tools[i].function.parameters
     tool_choice: Any = None
     parallel_tool_calls: bool = True
