@@ -48,7 +48,7 @@ class Progress:
         if self.enabled:
             elapsed = max(time.perf_counter() - self.start, 1e-9)
             print(
-                f"Processed {self.num_prompts} prompts in {elapsed:.1f} s: "
+                f"Processed {self.num_prompts} prompt{'' if self.num_prompts == 1 else 's'} in {elapsed:.1f} s: "
                 f"{self.num_input_tokens / elapsed:.1f} input tok/s, {self.output_tokens / elapsed:.1f} output tok/s",
                 file=sys.stderr,
             )
