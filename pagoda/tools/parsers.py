@@ -72,18 +72,26 @@ class ToolStreamer:
         return True
 
 
+Known = Callable[[str], bool]  # whether a call's name is one of the request's tools
+
+
+def _any_name(name: str) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class ToolParser:
-    """One per format; stateless."""
+    """One per format; stateless. Its streamers take `known`: a call naming no known tool is
+    malformed (its text stays content, as any malformed call's), since no client can run it."""
 
     name: str
-    new_streamer: Callable[[], ToolStreamer]
+    new_streamer: Callable[[Known], ToolStreamer]
 
-    def streamer(self) -> ToolStreamer:
-        return self.new_streamer()
+    def streamer(self, known: Known = _any_name) -> ToolStreamer:
+        return self.new_streamer(known)
 
-    def parse(self, text: str) -> ParsedOutput:
-        streamer = self.new_streamer()
+    def parse(self, text: str, known: Known = _any_name) -> ParsedOutput:
+        streamer = self.new_streamer(known)
         content, deltas = streamer.feed(text)
         tail, more = streamer.finish()
         return ParsedOutput(content + tail, assemble(deltas + more), streamer.calls_whole())
@@ -332,12 +340,22 @@ def _read_mistral(raw: str) -> list[ToolCall] | None:
     return _tool_calls(_loads(raw[len(MISTRAL_MARKER) :]))
 
 
-def _hermes_streamer() -> ToolStreamer:
-    return _TaggedStreamer(HERMES_START, lambda start: _EndTag(HERMES_END, start), _read_hermes)
+def _known_only(read: Callable[[str], list[ToolCall] | None], known: Known) -> Callable[[str], list[ToolCall] | None]:
+    """`read`, with calls that name an unknown tool read as malformed (None)."""
+
+    def checked(raw: str) -> list[ToolCall] | None:
+        calls = read(raw)
+        return calls if calls is None or all(known(call.name) for call in calls) else None
+
+    return checked
 
 
-def _mistral_streamer() -> ToolStreamer:
-    return _TaggedStreamer(MISTRAL_MARKER, _JsonArray, _read_mistral)
+def _hermes_streamer(known: Known) -> ToolStreamer:
+    return _TaggedStreamer(HERMES_START, lambda start: _EndTag(HERMES_END, start), _known_only(_read_hermes, known))
+
+
+def _mistral_streamer(known: Known) -> ToolStreamer:
+    return _TaggedStreamer(MISTRAL_MARKER, _JsonArray, _known_only(_read_mistral, known))
 
 
 # ---- formats where the whole output is the calls -------------------------------------------------------------------
@@ -448,12 +466,12 @@ def _read_generic(text: str) -> list[ToolCall] | None:
     return _tool_calls(obj.get("tool_calls")) if isinstance(obj, dict) else None
 
 
-def _llama3_streamer() -> ToolStreamer:
-    return _WholeStreamer(LLAMA3_PYTHON_TAG, ";", _read_llama3)
+def _llama3_streamer(known: Known) -> ToolStreamer:
+    return _WholeStreamer(LLAMA3_PYTHON_TAG, ";", _known_only(_read_llama3, known))
 
 
-def _generic_streamer() -> ToolStreamer:
-    return _WholeStreamer(None, None, _read_generic)
+def _generic_streamer(known: Known) -> ToolStreamer:
+    return _WholeStreamer(None, None, _known_only(_read_generic, known))
 
 
 # ---- calls forced by a grammar ----------------------------------------------------------------------------------
@@ -514,7 +532,7 @@ class _ForcedStreamer(ToolStreamer):
         return self._arguments is None and _CLOSING.fullmatch(self._text, self._pos) is not None
 
 
-FORCED_CALLS = ToolParser("forced", _ForcedStreamer)  # not a --tool-call-parser: chosen by tool_choice
+FORCED_CALLS = ToolParser("forced", lambda known: _ForcedStreamer())  # not a --tool-call-parser: chosen by tool_choice
 
 
 # ---- choosing a parser ---------------------------------------------------------------------------------------------

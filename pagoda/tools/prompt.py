@@ -56,7 +56,30 @@ def calls_text(calls: list[dict]) -> str:
 def _describe(function: dict) -> str:
     description = function.get("description")
     head = f"- {function['name']}: {description}" if description else f"- {function['name']}"
-    return f"{head}\n  parameters: {json.dumps(function.get('parameters') or {'type': 'object', 'properties': {}})}"
+    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    return f"{head}\n  parameters: {json.dumps(_untitled(parameters))}"
+
+
+NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions")  # maps of names to schemas
+VALUES = ("default", "const", "enum", "examples")  # JSON values, not schemas: kept as they are
+
+
+def _untitled(schema: object) -> object:
+    """A schema without its `title` annotations (pydantic titles a tool's arguments `get_weather_args`,
+    a name a small model then calls); a property named "title" stays."""
+    if isinstance(schema, list):
+        return [_untitled(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {
+        key: {name: _untitled(sub) for name, sub in value.items()}
+        if key in NAMED_SCHEMAS and isinstance(value, dict)
+        else value
+        if key in VALUES
+        else _untitled(value)
+        for key, value in schema.items()
+        if not (key == "title" and isinstance(value, str))
+    }
 
 
 def _example_call(function: dict) -> dict:

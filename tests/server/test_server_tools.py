@@ -86,6 +86,16 @@ def test_a_named_function_is_the_one_called(client):
     assert_valid_calls(calls, allowed=("get_time",))
 
 
+def test_a_forced_call_overrides_response_format(client):
+    """OpenAI takes both; the forced call's grammar wins (vLLM's rule): its output is the call."""
+    forced = {"type": "function", "function": {"name": "get_time"}}
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+    response = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice=forced, response_format=schema, max_tokens=80
+    )
+    assert_valid_calls(response.choices[0].message.tool_calls, allowed=("get_time",))
+
+
 def test_streamed_calls_equal_whole_ones(client):
     kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=300)
     whole = client.chat.completions.create(**kwargs).choices[0]
@@ -225,7 +235,6 @@ BAD = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"messages": [{"role": "tool", "tool_call_id": "call_x", "content": "42"}]}, "messages[0].tool_call_id"),
 ]
 

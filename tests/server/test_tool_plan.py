@@ -56,7 +56,17 @@ SCRIPTED = [
     ("generic", '{"tool_calls": [{"name": "f", "arguments": {"x": 2}}, {"name": "f", "arguments": {"x": 3}}]}'),
     ("generic", "Just text, no call."),
     ("hermes", "<tool_call>\n{not json}\n</tool_call>"),
+    ("hermes", '<tool_call>\n{"name": "f_args", "arguments": {}}\n</tool_call>'),  # no such tool
+    ("generic", '{"tool_calls": [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]}'),
 ]
+
+
+@pytest.mark.parametrize("parser, text", SCRIPTED[-2:])
+def test_a_call_of_no_listed_tool_stays_content(parser, text):
+    """No client can run it (an agent SDK fails on it): it is read as a malformed call is."""
+    settings = ToolSettings(enable_auto_tool_choice=True, tool_call_parser=parser)
+    message, called = plan(settings=settings, template="{{ tools }}").message(text)
+    assert message["content"] == text and "tool_calls" not in message and not called
 
 
 @pytest.mark.parametrize("parser, text", SCRIPTED)

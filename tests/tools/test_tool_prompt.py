@@ -68,3 +68,15 @@ def test_earlier_calls_and_results_become_text_in_the_same_format():
         messages[-1],
     ]
     assert calls_text(calls[:1]) == '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+
+
+def test_the_schema_shown_has_no_title_annotations():
+    """pydantic titles a tool's arguments `get_weather_args`, a name a small model then calls."""
+    parameters = {
+        "title": "get_weather_args",
+        "type": "object",
+        "properties": {"title": {"title": "Title", "type": "string"}, "unit": {"default": {"title": "kept"}}},
+    }
+    shown = tool_instructions([{"type": "function", "function": {"name": "get_weather", "parameters": parameters}}])
+    assert "get_weather_args" not in shown and '"Title"' not in shown
+    assert '"title": {"type": "string"}' in shown and '{"title": "kept"}' in shown

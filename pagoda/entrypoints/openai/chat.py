@@ -95,18 +95,22 @@ def _tool_call(call: object, param: str) -> dict:
         raise bad_request(f"{param}.function must be an object with name and arguments", f"{param}.function")
     if not isinstance(function.get("name"), str) or not function["name"]:
         raise bad_request(f"{param}.function.name must be a non-empty string", f"{param}.function.name")
-    arguments = _arguments(function.get("arguments"), f"{param}.function.arguments")
+    arguments = _arguments(function.get("arguments"))
     return {"type": "function", "id": call["id"], "function": {"name": function["name"], "arguments": arguments}}
 
 
-def _arguments(arguments: object, param: str) -> dict:
+def _arguments(arguments: object) -> dict:
+    """A call's arguments as chat templates take them, a mapping: its JSON object, parsed; anything
+    else ({} then: none, an empty string, a call cut short as this server returns one at max_tokens,
+    JSON that is no object) does not refuse the turn, since it stays in every later turn's history
+    (vLLM's rule)."""
+    if isinstance(arguments, dict):
+        return arguments
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) else None
     except (json.JSONDecodeError, RecursionError):
         parsed = None
-    if not isinstance(parsed, dict):
-        raise bad_request(f"{param} must be a string holding a JSON object, got {arguments!r:.100}", param)
-    return parsed
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def _tool_result(message: dict, i: int, call_ids: set[str]) -> dict:
@@ -208,12 +212,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         prompt_logprobs=body.prompt_logprobs,
         renames={"logprobs": "top_logprobs", "max_tokens": max_param},
     )
-    if plan.constraint is not None:
-        if params.structured_outputs is not None:
-            raise bad_request(
-                'tool_choice "required" or a named function cannot be combined with another output constraint',
-                "tool_choice",
-            )
+    if plan.constraint is not None:  # a forced call's grammar replaces any other constraint (vLLM's rule)
         params = dataclasses.replace(params, structured_outputs=plan.constraint)
     if plan.reasoning is not None and params.structured_outputs is not None:  # the constraint is the answer's
         thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)

@@ -107,9 +107,15 @@ class ServerState:
         try:
             await self.engine.compile_grammar_async(params.structured_outputs)
         except GrammarError as exc:
-            field = constraint_field(body)
-            if field is None:  # the calls a tool_choice forces: name the tool whose schema is refused
+            forced = (
+                isinstance(body, ChatCompletionRequest)
+                and body.tools
+                and forced_parameters(body.tools, body.tool_choice)
+            )
+            if forced:  # the calls a tool_choice forces: name the tool whose schema is refused
                 field, exc = await self._refused_tool(body, exc)
+            else:
+                field = constraint_field(body)
             raise bad_request(f"{field}: {exc}", field) from None
 
     async def _refused_tool(self, body: ChatCompletionRequest, exc: GrammarError) -> tuple[str, GrammarError]:

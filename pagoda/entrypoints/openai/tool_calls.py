@@ -60,7 +60,7 @@ class ToolPlan:
         """The assistant message for a sequence's whole text, and whether it called tools with whole
         calls (finish_reason "tool_calls"; a forced call cut short keeps the sequence's own reason)."""
         reasoning, text = self.reasoning.parse(text) if self.reasoning is not None else (None, text)
-        parsed = self.parser.parse(text) if self.parser is not None else None
+        parsed = self.parser.parse(text, self.known) if self.parser is not None else None
         calls = parsed.tool_calls if parsed is not None else []
         content = parsed.content if parsed is not None else text
         message: dict[str, Any] = {"role": "assistant", "content": content if content.strip() or not calls else None}
@@ -73,6 +73,10 @@ class ToolPlan:
     def streamer(self) -> MessageStreamer:
         return MessageStreamer(self)
 
+    def known(self, name: str) -> bool:
+        """Whether a call's name is one of the request's tools (a call of any other is content)."""
+        return any(tool["function"]["name"] == name for tool in self.tools or ())
+
 
 @dataclass
 class MessageStreamer:
@@ -84,7 +88,7 @@ class MessageStreamer:
 
     def __post_init__(self) -> None:
         self._reasoning = self.plan.reasoning.streamer() if self.plan.reasoning is not None else None
-        self._tools = self.plan.parser.streamer() if self.plan.parser is not None else None
+        self._tools = self.plan.parser.streamer(self.plan.known) if self.plan.parser is not None else None
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         reasoning, content = self._reasoning.feed(text) if self._reasoning is not None else ("", text)
