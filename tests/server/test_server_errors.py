@@ -39,6 +39,8 @@ def test_unknown_model_is_404(http):
 
 def test_unknown_route_is_an_openai_404(http):
     assert error_of(http.get("/v1/nothing"), 404)["type"] == "invalid_request_error"
+    unserved = error_of(http.post("/v1/responses", json={"model": MODEL, "input": "hi"}), 404)
+    assert unserved["code"] == "unsupported_endpoint" and "/v1/chat/completions" in unserved["message"]
 
 
 @pytest.mark.parametrize(
@@ -181,6 +183,8 @@ def test_a_body_not_sent_as_json_is_415_saying_so(http):
 def test_malformed_json_is_400(http):
     response = http.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert "JSON" in error_of(response, 400)["message"]
+    empty = http.post("/v1/chat/completions", content=b"", headers={"Content-Type": "application/json"})
+    assert "body is empty" in error_of(empty, 400)["message"]
 
 
 def test_too_long_prompt_is_400_with_the_numbers(http):

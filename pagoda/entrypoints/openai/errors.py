@@ -109,6 +109,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
         return rejected(request, APIError(415, message))
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     param = param_of(tuple(first.get("loc", ())))
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") == "missing":
+        return rejected(request, bad_request("The request body is empty: send a JSON object"))
     if first.get("type") == "json_invalid":
         return rejected(request, bad_request(f"The body is not valid JSON: {first.get('msg')}"))
     reason = first["msg"].removeprefix("Value error, ")  # a validator's own message says what is wrong
@@ -122,7 +124,20 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
     return rejected(request, bad_request(message, param))
 
 
+# OpenAI routes Pagoda does not serve, and what to use instead: their 404 says so (a bare "Not Found"
+# leaves a client, or an SDK that picked the route itself, guessing)
+UNSERVED = {
+    "/v1/responses": "The Responses API is not served by this server; use /v1/chat/completions "
+    "(OpenAI Agents SDK: OpenAIChatCompletionsModel, or set_default_openai_api('chat_completions'))",
+    "/v1/embeddings": "Embeddings are not served by this server (it generates text: /v1/chat/completions, "
+    "/v1/completions)",
+}
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    path = request.url.path.removeprefix(request.scope.get("root_path", "")).rstrip("/")
+    if exc.status_code == 404 and (message := UNSERVED.get(path)) is not None:
+        return rejected(request, APIError(404, message, code="unsupported_endpoint"))
     return rejected(request, APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
 
 
