@@ -18,11 +18,11 @@ from pagoda.engine.args import EngineArgs
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints import LOG_FORMAT
-from pagoda.model_files import apply_chat_template
 from pagoda.outputs import RequestOutput, request_output
 from pagoda.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+# a text, its token ids, or vLLM's prompt dicts: {"prompt": text} and {"prompt_token_ids": ids}
+Prompt = str | list[int] | dict
 
 
 class Progress:
@@ -67,6 +67,17 @@ def show_load_progress() -> None:
     pagoda_logger.setLevel(logging.INFO)
 
 
+def _unwrapped(prompt: Prompt) -> str | list[int]:
+    """A prompt's text or token ids, out of vLLM's prompt dicts where it comes in one."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if "prompt_token_ids" in prompt:
+        return list(prompt["prompt_token_ids"])
+    if isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    raise TypeError(f'a prompt dict holds "prompt" (a string) or "prompt_token_ids", got {prompt!r:.80}')
+
+
 class LLM:
     def __init__(self, model: str | None = None, **engine_args) -> None:
         """`engine_args`: the other fields of EngineArgs; one it lacks is a TypeError that names it."""
@@ -81,20 +92,24 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order. `use_tqdm`: a progress bar and a throughput line on stderr."""
-        if not isinstance(prompts, (str, Sequence)):
+        """One RequestOutput per prompt, in order; without `sampling_params`, the model's defaults
+        (get_default_sampling_params). `use_tqdm`: a progress bar and a throughput line on stderr."""
+        if not isinstance(prompts, (str, dict, Sequence)):
             raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
         if not prompts and not isinstance(prompts, str):  # "": the engine refuses an empty prompt by name
             raise ValueError("prompts is empty: give at least one prompt")
         if sampling_params is not None and not isinstance(sampling_params, (SamplingParams, Sequence)):
             raise TypeError(f"sampling_params must be a SamplingParams or one per prompt, got {sampling_params!r:.80}")
-        prompt_list: list[Prompt] = (
-            [prompts] if isinstance(prompts, str) or isinstance(prompts[0], int) else list(prompts)
-        )
-        params = sampling_params or SamplingParams()
+        single = isinstance(prompts, (str, dict)) or isinstance(prompts[0], int)
+        prompt_list = [_unwrapped(p) for p in ([prompts] if single else prompts)]
+        params = self.get_default_sampling_params() if sampling_params is None else sampling_params
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompt_list)
         if len(params_list) != len(prompt_list):
-            raise ValueError("give one SamplingParams, or one per prompt")
+            raise ValueError(
+                f"give one SamplingParams, or one per prompt: {len(prompt_list)} prompt(s), {len(params_list)} given"
+            )
+        if not all(isinstance(sp, SamplingParams) for sp in params_list):
+            raise TypeError(f"sampling_params must hold SamplingParams only, got {params_list!r:.120}")
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
         ids: list[str] = []
         try:
@@ -117,6 +132,15 @@ class LLM:
             for rid, prompt, ids_, sp in zip(ids, prompt_list, prompt_ids, params_list)
         ]
 
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's name for `tokenizer`)."""
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the sampling values the model's generation_config.json sets (temperature, top_p,
+        top_k), over SamplingParams' own defaults; what `generate` and `chat` use when given none."""
+        return SamplingParams(**self.engine.config.model.generation_defaults)
+
     def _run(self, request_ids: list[str], progress: Progress) -> dict[str, dict[int, SequenceOutput]]:
         """Steps the engine until every request has finished; their final updates by request and index."""
         done: dict[str, dict[int, SequenceOutput]] = {i: {} for i in request_ids}
@@ -134,23 +158,43 @@ class LLM:
         self,
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        chat_template: str | None = None,
         use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """One conversation or a list of them, rendered with the chat template (vLLM's keywords:
-        `continue_final_message` with `add_generation_prompt=False` continues the last message;
-        `chat_template_kwargs` are template variables, e.g. enable_thinking)."""
+        """One conversation or a list of them, in OpenAI's message shapes (content parts, tool calls
+        and results), rendered as the server renders a chat request, `tools` included (vLLM's
+        keywords: `continue_final_message` with `add_generation_prompt=False` continues the last
+        message; `chat_template_kwargs` are template variables, e.g. enable_thinking). A message or
+        tool the server would refuse is a ValueError naming its place."""
+        from pagoda.entrypoints.openai.chat import parse_messages, render_ids
+        from pagoda.entrypoints.openai.errors import APIError
+        from pagoda.entrypoints.openai.tool_calls import check_tools
+
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        turn = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
+        if add_generation_prompt and continue_final_message:
+            raise ValueError(
+                "continue_final_message and add_generation_prompt cannot both be true "
+                "(set add_generation_prompt=False to continue the last message)"
+            )
+        template_kwargs = {
+            **(chat_template_kwargs or {}),
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+        }
         try:
+            checked = check_tools(tools) or None
             prompts = [
-                apply_chat_template(self.tokenizer, c, chat_template, **turn, **(chat_template_kwargs or {}))
+                render_ids(self.tokenizer, parse_messages(c), chat_template, checked, template_kwargs)
                 for c in conversations
             ]
-        except jinja2.TemplateError as exc:  # a message the template cannot read, e.g. without content
+        except APIError as exc:  # the server's 400: the same words, naming the same place
+            raise ValueError(exc.message) from None
+        except jinja2.TemplateError as exc:  # a message the template cannot read
             raise ValueError(f"the chat template cannot render these messages: {exc}") from None
         results = self.generate(prompts, sampling_params, use_tqdm)
         # as vLLM's: .prompt is the rendered conversation

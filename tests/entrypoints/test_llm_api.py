@@ -168,9 +168,33 @@ def test_a_refused_or_interrupted_call_leaves_the_llm_usable(tiny_llm, monkeypat
         tiny_llm.generate("")
     with pytest.raises(ValueError, match="give at least one prompt"):
         tiny_llm.generate([])
-    with pytest.raises(ValueError, match="the chat template cannot render these messages"):
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content must be a string"):  # the server's words
         tiny_llm.chat([{"role": "user"}])
     assert not tiny_llm.engine.has_unfinished
+
+
+def test_vllm_prompt_dicts_parts_tools_and_the_tokenizer(tiny_llm):
+    """vLLM's offline shapes: prompt dicts, OpenAI content parts and tools in chat, get_tokenizer,
+    and the model's sampling defaults where no SamplingParams is given."""
+    ids = tiny_llm.get_tokenizer().encode("Hi there")
+    by_text, by_ids, listed = (
+        tiny_llm.generate({"prompt": "Hi there"}, GREEDY, use_tqdm=False)[0],
+        tiny_llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)[0],
+        tiny_llm.generate([{"prompt": "Hi there"}, {"prompt_token_ids": ids}], GREEDY, use_tqdm=False),
+    )
+    assert by_text.prompt == "Hi there" and by_ids.prompt is None and by_ids.prompt_token_ids == ids
+    assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids == listed[1].outputs[0].token_ids
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi there"}]}]
+    (flat,) = tiny_llm.chat([{"role": "user", "content": "Hi there"}], GREEDY, use_tqdm=False)
+    assert tiny_llm.chat(parts, GREEDY, use_tqdm=False)[0].prompt_token_ids == flat.prompt_token_ids
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    (with_tools,) = tiny_llm.chat(parts, GREEDY, use_tqdm=False, tools=[tool])
+    assert "get_weather" in with_tools.prompt and len(with_tools.prompt_token_ids) > len(flat.prompt_token_ids)
+    assert tiny_llm.get_default_sampling_params() == SamplingParams()  # this model's config sets none
+    with pytest.raises(ValueError, match="1 prompt"):
+        tiny_llm.generate("Hi", [])
+    with pytest.raises(TypeError, match="SamplingParams only"):
+        tiny_llm.generate(["Hi", "there"], [GREEDY, None])
 
 
 def test_chat_continues_the_final_message_as_vllms(tiny_llm):
