@@ -49,6 +49,7 @@ class _Sequence:
     out: SequenceOutput
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
+    min_tokens: int  # stop strings count only in the text of the tokens after these (vLLM's rule)
     emitted: int = 0  # characters of out.text already handed out
     full_text: str = field(default="")
 
@@ -72,6 +73,7 @@ class OutputProcessor:
                     self.tokenizer, request.prompt_token_ids, params.skip_special_tokens
                 ),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
+                min_tokens=params.min_tokens,
             )
 
     def drop(self, engine_request_id: str) -> None:
@@ -111,7 +113,8 @@ class OutputProcessor:
             if last:
                 new_text += seq.detokenizer.flush()
             seq.full_text += new_text
-            hit = seq.stops.find(seq.full_text, len(new_text)) if new_text and seq.stops.stop else None
+            counted = len(out.token_ids) + count > seq.min_tokens
+            hit = seq.stops.find(seq.full_text, len(new_text)) if new_text and seq.stops.stop and counted else None
             if hit is not None:
                 tokens = tokens[:count]
                 break

@@ -44,6 +44,11 @@ def test_stop_string_is_cut_and_reported(default_llm, chat_prompt):
         default_llm, chat_prompt, temperature=0.0, max_tokens=64, stop=["Paris"], include_stop_str_in_output=True
     ).outputs[0]
     assert kept.text == full[: full.index("Paris") + len("Paris")]
+    # vLLM's rule: a stop string counts only in the text after the first min_tokens tokens
+    late = generate_one(
+        default_llm, chat_prompt, temperature=0.0, max_tokens=40, min_tokens=20, stop=["Paris"]
+    ).outputs[0]
+    assert late.text.startswith(full[: full.index("Paris") + len("Paris")]) and len(late.token_ids) >= 20
 
 
 def test_stop_token_ids(default_llm, chat_prompt):
