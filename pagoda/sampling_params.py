@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,15 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+        for name, empty in _EMPTY_WHEN_NONE.items():  # vLLM takes None for these as "none"
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, empty)
+        for name in (*_INTS, *_NUMBERS):  # numpy's scalars (a sweep's np.linspace) as Python's
+            value = getattr(self, name)
+            if not isinstance(value, (int, float, type(None))) and isinstance(value, numbers.Real):
+                object.__setattr__(self, name, int(value) if isinstance(value, numbers.Integral) else float(value))
+        if isinstance(self.logit_bias, dict):  # JSON's string keys, as vLLM takes them
+            object.__setattr__(self, "logit_bias", {_id_of(k): v for k, v in self.logit_bias.items()})
         self._check_types()
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -195,6 +205,14 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the sampler's int64 tensors a
 _INTS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs")
 _OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+_EMPTY_WHEN_NONE = {"stop": (), "stop_token_ids": (), "bad_words": (), "logit_bias": {}}
+
+
+def _id_of(key: object) -> object:
+    """A logit_bias key as a token id where it is one written as a string ("504"), else as it is."""
+    return int(key) if isinstance(key, str) and key.isdigit() and key.isascii() else key
 
 
 def _is_int(value: object) -> bool:

@@ -106,6 +106,22 @@ def test_the_package_exports_what_the_docs_import():
     assert pagoda.StructuredOutputsParams is StructuredOutputsParams and "StructuredOutputsParams" in pagoda.__all__
 
 
+def test_sampling_params_take_what_vllm_takes():
+    """None for the list fields, numpy's scalars, and logit_bias keys written as strings."""
+    import numpy as np
+
+    params = SamplingParams(
+        stop=None,
+        stop_token_ids=None,
+        bad_words=None,
+        logit_bias={"504": 1},
+        temperature=np.float32(0.5),
+        max_tokens=np.int64(5),
+    )
+    assert (params.stop, params.stop_token_ids, params.bad_words, params.logit_bias) == ((), (), (), {504: 1.0})
+    assert type(params.temperature) is float and type(params.max_tokens) is int and params.max_tokens == 5
+
+
 @pytest.mark.parametrize(
     "params, param",
     [
