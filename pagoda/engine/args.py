@@ -52,6 +52,9 @@ def on_cpu_by_default(value: int | None, cpu_default: int, device: torch.device)
     return value or None
 
 
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM takes these too
+
+
 @dataclass(frozen=True)
 class EngineArgs:
     model: str | None = option(
@@ -165,6 +168,11 @@ class EngineArgs:
         '"quantization": "gguf"}: a draft model of the same vocabulary, its weights optionally quantized',
         default_text="off",
     )
+
+    def __post_init__(self) -> None:
+        # vLLM's other spellings of a dtype ("half", "float", a torch.dtype), as the names above
+        named = str(self.dtype).removeprefix("torch.")
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(named, named))
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, *, positional_model: bool) -> None:

@@ -78,9 +78,29 @@ def _unwrapped(prompt: Prompt) -> str | list[int]:
     raise TypeError(f'a prompt dict holds "prompt" (a string) or "prompt_token_ids", got {prompt!r:.80}')
 
 
+# vLLM's LLM arguments that scripts pass as boilerplate and that change nothing here, with the
+# values that mean nothing else in Pagoda (any other is refused, naming the argument)
+VLLM_NO_OPS = {
+    "trust_remote_code": (False, True),  # Pagoda runs no code from model folders either way
+    "tensor_parallel_size": (1,),  # one device (as `pagoda serve --tensor-parallel-size`)
+    "disable_log_stats": (False, True),  # the offline engine logs no stats
+    "enable_chunked_prefill": (None, True),  # prompts are always chunked
+    "tokenizer_mode": ("auto",),
+    "revision": (None,),  # no hub: a model is a local folder or file
+    "swap_space": None,  # any: Pagoda preempts by recomputing, it swaps nothing to CPU memory
+}
+
+
 class LLM:
     def __init__(self, model: str | None = None, **engine_args) -> None:
-        """`engine_args`: the other fields of EngineArgs; one it lacks is a TypeError that names it."""
+        """`engine_args`: the other fields of EngineArgs; one it lacks is a TypeError that names it,
+        but for vLLM's boilerplate arguments that change nothing here (VLLM_NO_OPS)."""
+        for name in set(engine_args) & set(VLLM_NO_OPS):
+            value, accepted = engine_args.pop(name), VLLM_NO_OPS[name]
+            if accepted is not None and value not in accepted:
+                raise ValueError(
+                    f"{name}={value!r} is not supported by Pagoda (it takes {' or '.join(map(repr, accepted))})"
+                )
         show_load_progress()
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from pagoda import LLM, SamplingParams
 from pagoda.entrypoints import generate
@@ -81,6 +82,17 @@ def test_generate_missing_prompts_file_is_one_line(tmp_path, capsys):
     assert generate.main(["--prompts-file", str(missing)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(missing) in err and "Traceback" not in err
+
+
+def test_vllms_boilerplate_arguments_are_taken(tiny_llm):
+    """What vLLM scripts pass and that changes nothing here loads; a value that would mean
+    something Pagoda cannot do is refused, naming the argument; vLLM's dtype spellings."""
+    model = tiny_llm.engine.config.model.path
+    boilerplate = dict(trust_remote_code=True, tensor_parallel_size=1, disable_log_stats=True, swap_space=4)
+    llm = LLM(model, dtype="float", kv_cache_memory=0.01, max_model_len=64, **boilerplate)
+    assert llm.engine.config.model.dtype == torch.float32
+    with pytest.raises(ValueError, match="tensor_parallel_size=2"):
+        LLM(model, tensor_parallel_size=2)
 
 
 @pytest.mark.parametrize("configure", ["1", "0"])
