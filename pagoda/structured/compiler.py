@@ -30,6 +30,7 @@ from typing import Any
 
 from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured import worker
+from pagoda.structured.schema import MISSING, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_VALUES, resolved
 
 logger = logging.getLogger(__name__)
 
@@ -216,9 +217,6 @@ UNSUPPORTED_KEYWORDS = frozenset(
         "dependencies",
     }
 )
-SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keywords whose values are name -> schema
-SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # keywords whose values are lists of schemas
-SCHEMA_VALUES = ("items", "additionalProperties")  # keywords whose value is a schema
 
 
 def check_supported(schema: Any, where: str = "", root: Any = None) -> None:
@@ -250,13 +248,4 @@ def check_supported(schema: Any, where: str = "", root: Any = None) -> None:
 
 def _resolves(root: Any, ref: str) -> bool:
     """Whether a local $ref ("#", "#/$defs/a", a JSON pointer with ~0 ~1 escapes) names a part of `root`."""
-    node = root
-    for token in ref[1:].split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return False
-    return True
+    return resolved(root, ref) is not MISSING

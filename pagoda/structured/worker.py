@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pagoda.structured.schema import discriminated_as_any_of
+
 # How JSON is written under a schema or json_object: compact, one space after ':' and ','. (Free
 # whitespace lets small models pad a document with blank lines until max_tokens.)
 SEPARATORS = (", ", ": ")
@@ -32,7 +34,8 @@ LIBRARY_WARNING = re.compile(r"Warning: (.*)")
 def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:
     """A CompiledGrammar for one constraint; raises the library's error when it cannot."""
     if kind == "json":
-        return compiler.compile_json_schema(json.dumps(value), any_whitespace=False, separators=SEPARATORS)
+        schema = json.dumps(discriminated_as_any_of(value))
+        return compiler.compile_json_schema(schema, any_whitespace=False, separators=SEPARATORS)
     if kind == "json_object":  # any object: not strict, so that it may hold any properties
         return compiler.compile_json_schema(
             '{"type": "object"}', any_whitespace=False, separators=SEPARATORS, strict_mode=False

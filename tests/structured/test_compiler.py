@@ -11,6 +11,7 @@ import pytest
 from pagoda.model_files import load_tokenizer
 from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured.compiler import GrammarCompiler, GrammarError, check_json_schema, check_supported
+from pagoda.structured.schema import discriminated_as_any_of
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
 
@@ -118,5 +119,46 @@ def test_what_xgrammar_would_enforce_less_of_is_refused(tokenizer, tmp_path, sch
             {"type": "string", "maxLength": 5},
         ):
             assert grammars.compile(StructuredOutputsParams(json=whole)) is not None
+    finally:
+        grammars.close()
+
+
+PETS = {  # what pydantic writes for `pet: Cat | Dog = Field(discriminator="pet_type")`
+    "$defs": {
+        "Cat": {
+            "type": "object",
+            "properties": {"pet_type": {"const": "cat", "type": "string"}, "meows": {"type": "integer"}},
+            "required": ["pet_type", "meows"],
+        },
+        "Dog": {
+            "type": "object",
+            "properties": {"pet_type": {"enum": ["dog"], "type": "string"}, "barks": {"type": "number"}},
+            "required": ["pet_type", "barks"],
+        },
+    },
+    "type": "object",
+    "properties": {
+        "pet": {
+            "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+            "discriminator": {"propertyName": "pet_type", "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}},
+        }
+    },
+    "required": ["pet"],
+}
+
+
+def test_a_discriminated_union_compiles_as_the_anyof_it_equals(tokenizer, tmp_path) -> None:
+    """Branches that pin one required property to distinct constants cannot both match: oneOf is
+    anyOf there, which the library enforces whole (its oneOf it only approximates, with a warning)."""
+    rewritten = discriminated_as_any_of(PETS)
+    assert "anyOf" in rewritten["properties"]["pet"] and "oneOf" not in rewritten["properties"]["pet"]
+    assert "oneOf" in PETS["properties"]["pet"]  # the caller's schema is left as it was
+    shared = {"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]}] * 2}
+    assert "oneOf" in discriminated_as_any_of(shared)  # the same constant twice: not disjoint
+    unrequired = {"oneOf": [{"type": "object", "properties": {"k": {"const": i}}} for i in (1, 2)]}
+    assert "oneOf" in discriminated_as_any_of(unrequired)  # {} matches both
+    grammars = compiler(tokenizer, tmp_path)
+    try:
+        assert grammars.compile(StructuredOutputsParams(json=PETS)) is not None
     finally:
         grammars.close()
