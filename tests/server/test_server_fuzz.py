@@ -41,6 +41,9 @@ VALID_SAMPLING = {
     "min_tokens": {"type": "integer", "minimum": 0, "maximum": 1},
     "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
     "stop_token_ids": {"type": "array", "items": SMALL_ID, "maxItems": 3},
+    "allowed_token_ids": {"type": "array", "items": SMALL_ID, "minItems": 1, "maxItems": 3},
+    "bad_words": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,8}$"}, "maxItems": 2},
+    "truncate_prompt_tokens": {"type": "integer", "minimum": 1, "maximum": 100},
     "logit_bias": {
         "type": "object",
         "patternProperties": {"^[0-9]{1,3}$": {"type": "number", "minimum": -100, "maximum": 100}},
