@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pagoda.core.outputs import RequestMetrics
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.request import TokenLogprob
 
@@ -46,6 +47,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]  # by index
     finished: bool
     num_cached_tokens: int  # prompt tokens taken from the prefix cache
+    # the first sequence's sizes and times (arrival, first scheduled, first token: time.monotonic())
+    metrics: RequestMetrics | None = None
 
 
 def position_logprobs(lp: TokenLogprob, decode: DecodeToken) -> PositionLogprobs:
@@ -90,4 +93,5 @@ def request_output(
         outputs=[completion_output(seq, asked_logprobs, decode) for seq in sequences],
         finished=True,
         num_cached_tokens=sequences[0].metrics.num_cached_tokens,
+        metrics=sequences[0].metrics,
     )

@@ -37,6 +37,9 @@ def test_outputs_have_vllms_fields_and_no_engine_internals(tiny_llm):
     assert by_text.prompt == text and by_text.prompt_token_ids == tiny_llm.tokenizer.encode(text)
     assert by_ids.prompt is None and by_ids.prompt_token_ids == ids
     assert by_text.prompt_logprobs is None
+    times = by_text.metrics  # vLLM's RequestOutput.metrics: when it arrived, ran, gave its first token
+    assert times.num_prompt_tokens == len(by_text.prompt_token_ids)
+    assert times.arrival_time <= times.first_scheduled_time <= times.first_token_time
     assert [o.index for o in by_ids.outputs] == [0, 1]
     out = by_ids.outputs[1]
     assert isinstance(out, CompletionOutput) and len(out.token_ids) == 3 and out.finish_reason == "length"
