@@ -161,10 +161,16 @@ def test_logprobs_beyond_max_logprobs_are_a_400_naming_the_field(body, param):
 
 
 def test_generation_config_chooses_the_sampling_defaults(tmp_path, capsys):
-    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "top_k": 7, "max_length": 9}))
+    config = {"temperature": 0.3, "top_k": 7, "max_length": 9, "repetition_penalty": 1.1, "max_new_tokens": 5}
+    (tmp_path / "generation_config.json").write_text(json.dumps({**config, "min_p": None}))
     assert serve.read_generation_config("auto") is None  # the model's own, as the loader reads them
     assert serve.read_generation_config("vllm") == {}
-    assert serve.read_generation_config(str(tmp_path)) == {"temperature": 0.3, "top_k": 7}
+    assert serve.read_generation_config(str(tmp_path)) == {  # vLLM's keys; max_new_tokens is max_tokens
+        "temperature": 0.3,
+        "top_k": 7,
+        "repetition_penalty": 1.1,
+        "max_tokens": 5,
+    }
     assert serve.parse_args([]).generation_config == "auto"
     params = sampling_params(
         CompletionRequest(prompt="x"),
@@ -174,7 +180,11 @@ def test_generation_config_chooses_the_sampling_defaults(tmp_path, capsys):
         prompt_logprobs=None,
         renames={},
     )
-    assert (params.temperature, params.top_k, params.top_p) == (0.3, 7, 1.0)
+    assert (params.temperature, params.top_k, params.top_p, params.repetition_penalty) == (0.3, 7, 1.0, 1.1)
+    asked = CompletionRequest(prompt="x", repetition_penalty=1.0, min_p=0.2)  # a request's own values win
+    limits = ModelLimits(2048, 1000, serve.read_generation_config(str(tmp_path)) or {})
+    own = sampling_params(asked, limits, max_tokens=4, logprobs=None, prompt_logprobs=None, renames={})
+    assert (own.repetition_penalty, own.min_p, own.max_tokens) == (1.0, 0.2, 4)
     assert serve.main(["--generation-config", str(tmp_path / "absent")]) == 1
     assert "--generation-config" in capsys.readouterr().err
 

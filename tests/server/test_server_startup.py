@@ -72,9 +72,19 @@ def test_a_busy_port_fails_at_once_with_one_line_and_exit_1(tiny_model):
     ]
 
 
-def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model):
+def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model, tmp_path):
     port = free_port()
-    process = start(port, tiny_model, "--access-log", "--kv-cache-memory", "0.01", "--root-path", "/pagoda")
+    (tmp_path / "generation_config.json").write_text('{"max_new_tokens": 3}')
+    flags = (
+        "--access-log",
+        "--kv-cache-memory",
+        "0.01",
+        "--root-path",
+        "/pagoda",
+        "--generation-config",
+        str(tmp_path),
+    )
+    process = start(port, tiny_model, *flags)
     try:
         answers = poll(f"http://127.0.0.1:{port}/v1/models", 200)
         assert answers[0].status_code == 503  # the port answered before the model had loaded
@@ -82,6 +92,11 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model):
             assert_loading_503(response)
         assert answers[-1].json()["data"][0]["id"] == "llama"
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        # the model as given is its name too (vLLM's id), and generation_config's max_new_tokens
+        # is the default max_tokens of a chat request (as vLLM takes it)
+        ask = {"model": tiny_model, "messages": [{"role": "user", "content": "Hi"}], "ignore_eos": True}
+        chat = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=ask, timeout=60).json()
+        assert chat["usage"]["completion_tokens"] == 3, chat
     finally:
         process.send_signal(signal.SIGTERM)
         _, log = process.communicate(timeout=EXIT_TIMEOUT_S)

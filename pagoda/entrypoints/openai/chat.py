@@ -204,6 +204,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, state.limits.max_model_len)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    model_default = state.limits.generation_defaults.get("max_tokens")  # generation_config's max_new_tokens
+    room = state.limits.max_model_len - len(prompt_ids)
+    if max_tokens is None and model_default is not None and room > 0:  # as vLLM: within the context left
+        max_tokens = min(model_default, room)
     params = sampling_params(
         body,
         state.limits,

@@ -17,7 +17,7 @@ LOGIT_BIAS_LIMIT = 100.0
 class ModelLimits:
     max_model_len: int
     vocab_size: int
-    generation_defaults: dict  # temperature / top_p / top_k from generation_config.json (vLLM does the same)
+    generation_defaults: dict  # sampling values from generation_config.json (generation_config.SAMPLING_KEYS, as vLLM)
     max_logprobs: int = MAX_LOGPROBS  # --max-logprobs
 
 
@@ -44,10 +44,10 @@ def sampling_params(
             temperature=_pick(request.temperature, defaults.get("temperature"), 1.0),
             top_p=_pick(request.top_p, defaults.get("top_p"), 1.0),
             top_k=_pick(request.top_k, defaults.get("top_k"), 0),
-            min_p=request.min_p,
-            repetition_penalty=request.repetition_penalty,
-            presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty,
+            min_p=_pick(request.min_p, defaults.get("min_p"), 0.0),
+            repetition_penalty=_pick(request.repetition_penalty, defaults.get("repetition_penalty"), 1.0),
+            presence_penalty=_pick(request.presence_penalty, defaults.get("presence_penalty"), 0.0),
+            frequency_penalty=_pick(request.frequency_penalty, defaults.get("frequency_penalty"), 0.0),
             logit_bias=_logit_bias(request.logit_bias, limits.vocab_size),
             seed=request.seed,
             max_tokens=max_tokens,

@@ -109,10 +109,10 @@ class _SamplingFields(_Body):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = Field(None, le=INT64_MAX)  # the sampler makes an int64 tensor of it
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
