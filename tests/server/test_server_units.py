@@ -17,23 +17,23 @@ from pagoda.request import TokenLogprob
 
 
 @pytest.mark.parametrize(
-    "prompt, max_tokens, fits",
+    "prompt, max_tokens, refused",
     [
-        (2040, 8, True),
-        (2041, 8, False),
-        (1, 2047, True),
-        (1, 2048, False),
-        (2047, None, True),
-        (2048, None, False),
+        (2040, 8, None),
+        (2041, 8, "prompt"),
+        (1, 2047, None),
+        (1, 2048, "max_tokens"),  # alone it fills the context: it is named
+        (2047, None, None),
+        (2048, None, "prompt"),
     ],
 )
-def test_prompt_plus_max_tokens_must_fit_the_context(prompt, max_tokens, fits):
-    if fits:
+def test_prompt_plus_max_tokens_must_fit_the_context(prompt, max_tokens, refused):
+    if refused is None:
         check_context(prompt, max_tokens, 2048, "prompt")
         return
     with pytest.raises(APIError) as raised:
         check_context(prompt, max_tokens, 2048, "prompt")
-    assert raised.value.status == 400 and raised.value.param == "prompt"
+    assert raised.value.status == 400 and raised.value.param == refused
     assert "maximum context length is 2048 tokens" in raised.value.message
 
 
