@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import numbers
 from collections.abc import Iterable
@@ -185,6 +186,10 @@ class SamplingParams:
         for ok, param, message in checks:
             if not ok:
                 raise SamplingParamsError(param, f"{param} {message}, got {getattr(self, param)!r}")
+
+    def clone(self) -> SamplingParams:
+        """A copy (vLLM's method; these are frozen: `dataclasses.replace(params, field=...)` changes one)."""
+        return copy.deepcopy(self)
 
     @property
     def greedy(self) -> bool:

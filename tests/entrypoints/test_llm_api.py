@@ -135,6 +135,8 @@ def test_sampling_params_take_what_vllm_takes():
     )
     assert (params.stop, params.stop_token_ids, params.bad_words, params.logit_bias) == ((), (), (), {504: 1.0})
     assert type(params.temperature) is float and type(params.max_tokens) is int and params.max_tokens == 5
+    copied = params.clone()
+    assert copied == params and copied.logit_bias is not params.logit_bias
 
 
 @pytest.mark.parametrize(
