@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -187,6 +188,9 @@ def test_generation_config_chooses_the_sampling_defaults(tmp_path, capsys):
     assert (own.repetition_penalty, own.min_p, own.max_tokens) == (1.0, 0.2, 4)
     assert serve.main(["--generation-config", str(tmp_path / "absent")]) == 1
     assert "--generation-config" in capsys.readouterr().err
+    started = time.monotonic()  # a --reports that is no folder fails before the port and the load
+    assert serve.main(["--reports", str(tmp_path / "absent")]) == 1
+    assert "--reports" in capsys.readouterr().err and time.monotonic() - started < 2
 
 
 def test_enable_log_requests_logs_ids_and_params_on_arrival(caplog):

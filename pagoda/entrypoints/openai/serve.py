@@ -293,6 +293,7 @@ def main(argv: list[str]) -> int:
         return _serve_replicas(args, argv)
     started = time.monotonic()
     try:
+        args.reports = read_reports_dir(args.reports)  # a flag's folder, checked before the port and the load
         sock = bind_socket(args.host, args.port)  # first: a busy port fails before the long load
     except ConfigError as exc:
         print(f"pagoda serve: {exc}", file=sys.stderr)
@@ -343,7 +344,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 def read_reports_dir(path: Path | None) -> Path | None:
     """--reports DIR, resolved; a ConfigError unless it is a folder."""
-    from pagoda.config import ConfigError
+    from pagoda.errors import ConfigError
 
     if path is None:
         return None
