@@ -289,3 +289,27 @@ def test_the_model_argument_as_given_names_the_model_too():
         with pytest.raises(APIError) as error:
             refused.check_model(model)
         assert error.value.status == 404 and error.value.param == "model"
+
+
+def test_several_api_keys_and_vllms_environment_variable(monkeypatch, capsys):
+    """vLLM's --api-key takes several keys, any of which authorizes; without the flag, a key set in
+    VLLM_API_KEY (a deployment moved from vLLM) still closes the server."""
+    from pagoda.entrypoints.openai.api import _require_key
+
+    monkeypatch.delenv("PAGODA_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert serve.server_config(serve.parse_args(["m", "--api-key", "a", "b"])).api_keys == ("a", "b")
+    assert serve.server_config(serve.parse_args(["m", "--api-key", "a", "--api-key", "b"])).api_keys == ("a", "b")
+    assert serve.server_config(serve.parse_args(["m"])).api_keys == ()
+    monkeypatch.setenv("VLLM_API_KEY", "v")
+    assert serve.server_config(serve.parse_args(["m"])).api_keys == ("v",)
+    monkeypatch.setenv("PAGODA_API_KEY", "p")
+    assert serve.server_config(serve.parse_args(["m"])).api_keys == ("p",)
+    check = _require_key(("a", "b"))
+    for accepted in ("Bearer a", "Bearer b", "bearer b "):
+        asyncio.run(check(accepted))
+    for refused in ("Bearer c", "Basic a", None):
+        with pytest.raises(APIError) as error:
+            asyncio.run(check(refused))
+        assert error.value.status == 401
+    assert "one --api-key" in parse_error(["m", "--data-parallel-size", "2", "--api-key", "a", "b"], capsys)

@@ -98,7 +98,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         allow_credentials=cors.credentials,
     )
     install_handlers(app)
-    authorized = [Depends(_require_key(config.api_key))]
+    authorized = [Depends(_require_key(config.api_keys))]
     app.include_router(_v1_routes(state), dependencies=authorized)
     app.include_router(_admin_routes(state), dependencies=authorized)
     app.include_router(_open_routes(state))
@@ -113,12 +113,15 @@ async def _log_stats(engine: AsyncEngine, config: ServerConfig) -> None:
     await log_stats(lambda: engine.stats, "GPU" if device == "cuda" else device.upper(), config.log_stats_interval_s)
 
 
-def _require_key(api_key: str | None):
+def _require_key(api_keys: tuple[str, ...]):
     async def check(authorization: str | None = Header(None)) -> None:
-        if api_key is None:
+        if not api_keys:
             return
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        sent = token.strip().encode()
+        # every key compared, in constant time each: which one matched leaks nothing either
+        matches = [hmac.compare_digest(sent, key.encode()) for key in api_keys]
+        if scheme.lower() != "bearer" or not any(matches):
             raise APIError(
                 401, "Missing or incorrect API key: send `Authorization: Bearer KEY`.", code="invalid_api_key"
             )

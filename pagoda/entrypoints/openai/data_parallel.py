@@ -163,9 +163,11 @@ def _start_gateway(args: argparse.Namespace, scale: ScaleArgs, worker_urls: list
         str(math.ceil(args.shutdown_timeout)),
         *(scale.gateway_args or "").split(),
     ]
-    api_key = args.api_key or os.environ.get("PAGODA_API_KEY")
-    if api_key:
-        command += ["--api-key", api_key]
+    from pagoda.entrypoints.openai.serve import api_keys  # serve imports this module
+
+    keys = api_keys(args)  # one at most: parse_args refuses several with --data-parallel-size
+    if keys:
+        command += ["--api-key", keys[0]]
     host = f"[{args.host}]" if ":" in args.host else args.host
     gateway = Child("the gateway", _spawn(command), f"http://{host}:{args.port}")
     logger.info("the gateway: pid %d, its metrics at http://127.0.0.1:%d/metrics", gateway.process.pid, metrics_port)

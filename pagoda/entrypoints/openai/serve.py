@@ -66,8 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--api-key",
+        nargs="+",
+        action="extend",
         default=None,
-        help="require `Authorization: Bearer KEY` (default: env PAGODA_API_KEY, else none)",
+        help="require `Authorization: Bearer KEY`, any of the keys given (default: env PAGODA_API_KEY, "
+        "else vLLM's VLLM_API_KEY, else none)",
     )
     p.add_argument(
         "--allowed-origins",
@@ -239,6 +242,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--shutdown-timeout must be at least 0, got {args.shutdown_timeout:g}")
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
+    if args.data_parallel_size > 1 and args.api_key and len(args.api_key) > 1:
+        parser.error("--data-parallel-size takes one --api-key (its gateway checks a single key)")
     if args.enable_log_requests and args.disable_log_requests:
         parser.error("--enable-log-requests and --disable-log-requests contradict each other")
     if not 0 <= args.max_logprobs <= MAX_LOGPROBS:
@@ -322,7 +327,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from pagoda.entrypoints.openai.tool_calls import ToolSettings
 
     return ServerConfig(
-        api_key=args.api_key or os.environ.get("PAGODA_API_KEY") or None,
+        api_keys=api_keys(args),
         chat_template=read_chat_template(args.chat_template),
         request_log=args.request_log,
         log_prompts=args.log_prompts,
@@ -340,6 +345,15 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         ),
         model_aliases=(args.model,) if args.model and not args.served_model_name else (),
     )
+
+
+def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """The keys a request may bear: --api-key's, else PAGODA_API_KEY, else vLLM's VLLM_API_KEY (a
+    deployment moved from vLLM keeps its key where it set it)."""
+    if args.api_key:
+        return tuple(args.api_key)
+    key = os.environ.get("PAGODA_API_KEY") or os.environ.get("VLLM_API_KEY")
+    return (key,) if key else ()
 
 
 def read_reports_dir(path: Path | None) -> Path | None:

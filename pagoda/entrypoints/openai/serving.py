@@ -46,7 +46,7 @@ class CrossOrigin:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # any of them authorizes a request; none: no key needed
     chat_template: str | None = None  # template text; None: the model's own
     request_log: Path | None = None
     log_prompts: bool = False
