@@ -37,10 +37,18 @@ CPU_PREFILL_ALONE_THRESHOLD = 64
 DETERMINISTIC_BY_DEFAULT = True
 
 
-def option(default: object, help: str, *, choices: list[str] | None = None, default_text: str | None = None):
+def option(
+    default: object,
+    help: str,
+    *,
+    choices: list[str] | None = None,
+    default_text: str | None = None,
+    several: bool = False,
+):
     """A field of EngineArgs with what its flag's --help shows: `help`, then `(default: ...)`,
-    where `default_text` says what a None default means (the value itself is shown otherwise)."""
-    metadata = {"help": help, "choices": choices, "default_text": default_text}
+    where `default_text` says what a None default means (the value itself is shown otherwise);
+    `several`: the flag takes one value or more (the field then holds the first)."""
+    metadata = {"help": help, "choices": choices, "default_text": default_text, "several": several}
     return field(default=default, metadata=metadata)
 
 
@@ -61,7 +69,10 @@ class EngineArgs:
         None, "a Hugging Face directory or a .gguf file", default_text="the embedded SmolLM2-135M-Instruct"
     )
     served_model_name: str | None = option(
-        None, "the model id clients send and /v1/models lists", default_text="from the path"
+        None,
+        "the model id clients send and /v1/models lists; the server takes further names given after it too",
+        default_text="from the path",
+        several=True,
     )
     tokenizer: str | None = option(
         None,
@@ -71,7 +82,7 @@ class EngineArgs:
     dtype: str = option(
         "auto",
         "auto: float32 on CPU; on GPU the model's own half type, else bfloat16",
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=["auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES],
     )
     max_model_len: int | None = option(
         None, "longest prompt + output; a longer prompt is rejected", default_text="the model's"
@@ -173,6 +184,8 @@ class EngineArgs:
         # vLLM's other spellings of a dtype ("half", "float", a torch.dtype), as the names above
         named = str(self.dtype).removeprefix("torch.")
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(named, named))
+        if isinstance(self.served_model_name, (list, tuple)):  # --served-model-name a b: the first is the id
+            object.__setattr__(self, "served_model_name", self.served_model_name[0])
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, *, positional_model: bool) -> None:
@@ -372,12 +385,14 @@ def add_option_flags(group, cls: type, positional: tuple[str, ...] = ()) -> None
             action = "store_true" if f.default is False else argparse.BooleanOptionalAction
             group.add_argument(cli_flag(f.name), action=action, default=f.default, help=help_text)
         else:
+            several = {"nargs": "+"} if f.metadata.get("several") else {}
             group.add_argument(
                 cli_flag(f.name),
                 type=value_type(annotations[f.name]),
                 default=f.default,
                 choices=f.metadata["choices"],
                 help=help_text,
+                **several,
             )
 
 

@@ -15,6 +15,7 @@ import pytest
 from pagoda.analyze.cli import build_parser as analyze_parser
 from pagoda.bench.settings import UsageError
 from pagoda.bench.settings import build_parser as bench_parser
+from pagoda.engine.args import EngineArgs
 from pagoda.entrypoints import generate
 from pagoda.entrypoints.openai import serve
 from pagoda.entrypoints.openai.errors import APIError
@@ -282,6 +283,13 @@ def test_the_model_argument_as_given_names_the_model_too():
     given = state(["/models/smollm2"])
     given.check_model("/models/smollm2")
     given.check_model("smollm2")
+    several = state(["/models/smollm2", "--served-model-name", "smollm2", "small", "--dtype", "half"])
+    several.check_model("small")  # vLLM serves every name given; the first is the id
+    args = serve.parse_args(["/models/smollm2", "--served-model-name", "smollm2", "small", "--dtype", "half"])
+    assert (EngineArgs.from_cli_args(args).served_model_name, EngineArgs.from_cli_args(args).dtype) == (
+        "smollm2",
+        "float16",
+    )
     for refused, model in (
         (given, "/models/other"),
         (state(["/models/smollm2", "--served-model-name", "x"]), "/models/smollm2"),

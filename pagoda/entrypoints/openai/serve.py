@@ -343,8 +343,16 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             tuple(args.allowed_headers),
             args.allow_credentials,
         ),
-        model_aliases=(args.model,) if args.model and not args.served_model_name else (),
+        model_aliases=model_aliases(args),
     )
+
+
+def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:
+    """Names a request's `model` may give besides the listed id: the further --served-model-name
+    names (vLLM serves each), or without that flag the model argument as given (vLLM's id for it)."""
+    if args.served_model_name:
+        return tuple(args.served_model_name[1:])
+    return (args.model,) if args.model else ()
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
