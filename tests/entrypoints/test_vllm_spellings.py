@@ -47,6 +47,12 @@ def test_log_flags_become_the_server_config(capsys):
     assert not serve.parse_args([]).enable_log_requests
     assert serve.parse_args(["--enable-log-requests"]).enable_log_requests
     assert not serve.parse_args(["--disable-log-requests"]).enable_log_requests
+    requests = logging.getLogger("pagoda.requests")
+    try:  # vLLM's flag quiets every per-request line: refusals and finishes too
+        serve.configure_logging(serve.parse_args(["--disable-log-requests"]))
+        assert not requests.isEnabledFor(logging.INFO)
+    finally:
+        requests.setLevel(logging.NOTSET)
     assert "contradict" in parse_error(["--enable-log-requests", "--disable-log-requests"], capsys)
     assert serve.parse_args(["--disable-log-stats"]).disable_log_stats
     assert ServerConfig().log_stats and not ServerConfig().log_requests

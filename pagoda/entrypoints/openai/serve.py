@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--disable-log-requests",
         action="store_true",
-        help="vLLM's older spelling of the default: no log line as a request arrives (default: %(default)s)",
+        help="no log line per request: none as it arrives (the default), and none as it is refused or "
+        "finishes (default: %(default)s)",
     )
     p.add_argument(
         "--disable-log-stats",
@@ -291,7 +292,7 @@ def main(argv: list[str]) -> int:
     from pagoda.entrypoints.openai.startup import bind_socket
     from pagoda.errors import ConfigError
 
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    configure_logging(args)
     if args.trust_remote_code:
         logger.warning("--trust-remote-code has no effect: Pagoda runs no code from model folders")
     if args.data_parallel_size > 1:
@@ -345,6 +346,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         ),
         model_aliases=model_aliases(args),
     )
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    if args.disable_log_requests:  # no line per request at all: arrivals, refusals, finishes
+        logging.getLogger("pagoda.requests").setLevel(logging.WARNING)
 
 
 def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:
