@@ -23,9 +23,13 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, foreign: dict[str, str] | None = None, **kwargs: Any) -> None:
+        """`foreign`: flags of a peer's command (vLLM's) that this one does not take, each with why
+        and what to do instead, said where one is given (rather than a "did you mean" that may
+        name a flag of another meaning)."""
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
+        self.foreign = foreign or {}
 
     def error(self, message: str) -> None:  # type: ignore[override]
         super().error(with_suggestions(message, self))
@@ -37,9 +41,12 @@ def with_suggestions(message: str, parser: argparse.ArgumentParser) -> str:
     if not message.startswith(UNRECOGNIZED):
         return message
     known = [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+    foreign = getattr(parser, "foreign", {})
     hints = []
     for arg in message.removeprefix(UNRECOGNIZED).split():
         flag = arg.split("=", 1)[0]
-        if re.fullmatch(r"--[\w-]+", flag) and (close := difflib.get_close_matches(flag, known, n=1, cutoff=0.6)):
+        if flag in foreign:
+            hints.append(f"{flag} is a vLLM flag {parser.prog} does not take: {foreign[flag]}")
+        elif re.fullmatch(r"--[\w-]+", flag) and (close := difflib.get_close_matches(flag, known, n=1, cutoff=0.6)):
             hints.append(f"{flag}: did you mean {close[0]}?")
     return "; ".join([message, *hints])

@@ -327,3 +327,13 @@ def test_several_api_keys_and_vllms_environment_variable(monkeypatch, capsys):
             asyncio.run(check(refused))
         assert error.value.status == 401
     assert "one --api-key" in parse_error(["m", "--data-parallel-size", "2", "--api-key", "a", "b"], capsys)
+
+
+def test_vllm_flags_it_does_not_take_say_why(capsys):
+    """Rather than a "did you mean" naming a flag of another meaning (--disable-uvicorn-access-log
+    is no --access-log): the reason and what to do instead; no-op flags of vLLM's lines pass."""
+    assert "put a TLS-terminating proxy" in parse_error(["m", "--ssl-keyfile", "k.pem"], capsys)
+    assert "did you mean" not in parse_error(["m", "--response-role", "bot"], capsys)
+    assert "always prefilled in chunks" in parse_error(["m", "--no-enable-chunked-prefill"], capsys)
+    assert "did you mean --max-model-len" in parse_error(["m", "--max-model-length", "9"], capsys)  # a typo
+    serve.parse_args(["m", "--enable-chunked-prefill", "--disable-uvicorn-access-log"])

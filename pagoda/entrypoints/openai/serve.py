@@ -44,13 +44,51 @@ if TYPE_CHECKING:
     from pagoda.entrypoints.openai.serving import ServerConfig
 
 
+_TLS = "Pagoda serves plain HTTP: put a TLS-terminating proxy (nginx, Caddy) in front"
+_NO_HUB = "Pagoda downloads nothing: the model is a local folder or .gguf file"
+_ONE_DEVICE = "a replica runs on one device; scale out with --data-parallel-size"
+_NO_LORA = "no LoRA adapters: merge the adapter into the weights"
+# vLLM serve flags Pagoda does not take, with why and what to do instead (parsing.Parser says so)
+VLLM_FLAGS_NOT_TAKEN = {
+    "--ssl-keyfile": _TLS,
+    "--ssl-certfile": _TLS,
+    "--ssl-ca-certs": _TLS,
+    "--ssl-cert-reqs": _TLS,
+    "--middleware": "no custom ASGI middleware: put a proxy in front",
+    "--lora-modules": _NO_LORA,
+    "--enable-lora": _NO_LORA,
+    "--max-loras": _NO_LORA,
+    "--pipeline-parallel-size": _ONE_DEVICE,
+    "--distributed-executor-backend": _ONE_DEVICE,
+    "--cpu-offload-gb": "weights stay on the device that runs the model",
+    "--hf-overrides": "no config overrides: edit the model folder's config.json",
+    "--revision": _NO_HUB,
+    "--code-revision": _NO_HUB,
+    "--download-dir": _NO_HUB,
+    "--tokenizer-mode": "the model's own (fast) tokenizer only",
+    "--compilation-config": "no torch.compile settings (CUDA graphs: on unless --enforce-eager)",
+    "--structured-outputs-config": "structured outputs always use xgrammar",
+    "--guided-decoding-backend": "structured outputs always use xgrammar",
+    "--limit-mm-per-prompt": "text only: no multimodal inputs",
+    "--response-role": "replies always have the role assistant",
+    "--return-tokens-as-token-ids": "send return_tokens_as_token_ids in the request instead",
+    "--enable-request-id-headers": "responses carry no X-Request-Id header; the id is in the body",
+    "--disable-fastapi-docs": "the API docs (/docs, /openapi.json) are always served",
+    "--config": "no YAML file of flags: give the flags themselves",
+    "--override-generation-config": "give --generation-config a folder whose generation_config.json holds the values",
+    "--swap-space": "a preempted request recomputes its KV cache; nothing swaps to CPU memory",
+    "--no-enable-chunked-prefill": "prompts are always prefilled in chunks (their size: --max-num-batched-tokens)",
+    "--max-log-len": "prompts reach the log only with --log-prompts, whole",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pagoda.engine.args import EngineArgs, add_option_flags  # imports no torch
     from pagoda.entrypoints.openai.data_parallel import ScaleArgs
     from pagoda.tools.parsers import PARSERS as TOOL_PARSERS  # pure Python
     from pagoda.tools.reasoning import REASONING_PARSERS
 
-    p = Parser(prog="pagoda serve", description="Serve a model over the OpenAI API.")
+    p = Parser(prog="pagoda serve", description="Serve a model over the OpenAI API.", foreign=VLLM_FLAGS_NOT_TAKEN)
     p.add_argument(
         "--model",
         dest="model_flag",
@@ -142,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no log line per request: none as it arrives (the default), and none as it is refused or "
         "finishes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--enable-chunked-prefill",
+        action="store_true",
+        help="accepted for vLLM's command lines: prompts are always prefilled in chunks (default: always)",
+    )
+    p.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="accepted for vLLM's command lines: no access log is the default (see --access-log)",
     )
     p.add_argument(
         "--disable-log-stats",
