@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig, ThreadConfig, parse_cores
@@ -44,11 +45,13 @@ def option(
     choices: list[str] | None = None,
     default_text: str | None = None,
     several: bool = False,
+    parse: Callable[[str], object] | None = None,
 ):
     """A field of EngineArgs with what its flag's --help shows: `help`, then `(default: ...)`,
     where `default_text` says what a None default means (the value itself is shown otherwise);
-    `several`: the flag takes one value or more (the field then holds the first)."""
-    metadata = {"help": help, "choices": choices, "default_text": default_text, "several": several}
+    `several`: the flag takes one value or more (the field then holds the first); `parse`: how
+    the flag's text becomes the value (default: by the field's type)."""
+    metadata = {"help": help, "choices": choices, "default_text": default_text, "several": several, "parse": parse}
     return field(default=default, metadata=metadata)
 
 
@@ -61,6 +64,20 @@ def on_cpu_by_default(value: int | None, cpu_default: int, device: torch.device)
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM takes these too
+_UNITS = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}
+
+
+def token_count(text: str) -> int:
+    """A count as vLLM's flags take one: 2048, or with a unit, 4k (4,000) or 4K (4,096), 1.5k."""
+    unit = _UNITS.get(text[-1:], 1)
+    number = text[:-1] if unit != 1 else text
+    try:
+        value = float(number) * unit if unit != 1 else int(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count of tokens: {text!r} (e.g. 2048, 4k, 4K)") from None
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"not a whole count of tokens: {text!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -85,7 +102,10 @@ class EngineArgs:
         choices=["auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES],
     )
     max_model_len: int | None = option(
-        None, "longest prompt + output; a longer prompt is rejected", default_text="the model's"
+        None,
+        "longest prompt + output; a longer prompt is rejected (vLLM's units too: 4k is 4,000, 4K 4,096)",
+        default_text="the model's",
+        parse=token_count,
     )
     max_num_seqs: int = option(256, "requests running at once")
     max_num_batched_tokens: int = option(1024, "tokens per step: decodes plus prefill chunks")
@@ -388,7 +408,7 @@ def add_option_flags(group, cls: type, positional: tuple[str, ...] = ()) -> None
             several = {"nargs": "+"} if f.metadata.get("several") else {}
             group.add_argument(
                 cli_flag(f.name),
-                type=value_type(annotations[f.name]),
+                type=f.metadata.get("parse") or value_type(annotations[f.name]),
                 default=f.default,
                 choices=f.metadata["choices"],
                 help=help_text,

@@ -337,3 +337,9 @@ def test_vllm_flags_it_does_not_take_say_why(capsys):
     assert "always prefilled in chunks" in parse_error(["m", "--no-enable-chunked-prefill"], capsys)
     assert "did you mean --max-model-len" in parse_error(["m", "--max-model-length", "9"], capsys)  # a typo
     serve.parse_args(["m", "--enable-chunked-prefill", "--disable-uvicorn-access-log"])
+
+
+def test_max_model_len_takes_vllms_units(capsys):
+    lengths = {text: serve.parse_args(["m", "--max-model-len", text]).max_model_len for text in ("2048", "4k", "4K")}
+    assert lengths == {"2048": 2048, "4k": 4000, "4K": 4096}
+    assert "not a count of tokens" in parse_error(["m", "--max-model-len", "lots"], capsys)

@@ -184,12 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enable-chunked-prefill",
         action="store_true",
-        help="accepted for vLLM's command lines: prompts are always prefilled in chunks (default: always)",
+        help="accepted for vLLM's command lines: prompts are always prefilled in chunks (default: %(default)s)",
     )
     p.add_argument(
         "--disable-uvicorn-access-log",
         action="store_true",
-        help="accepted for vLLM's command lines: no access log is the default (see --access-log)",
+        help="accepted for vLLM's command lines: no access log is the default, see --access-log (default: %(default)s)",
     )
     p.add_argument(
         "--disable-log-stats",
