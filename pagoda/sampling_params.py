@@ -108,11 +108,13 @@ class SamplingParams:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, empty)
         for name in (*_INTS, *_NUMBERS):  # numpy's scalars (a sweep's np.linspace) as Python's
-            value = getattr(self, name)
-            if not isinstance(value, (int, float, type(None))) and isinstance(value, numbers.Real):
-                object.__setattr__(self, name, int(value) if isinstance(value, numbers.Integral) else float(value))
+            object.__setattr__(self, name, _plain(getattr(self, name)))
         if isinstance(self.logit_bias, dict):  # JSON's string keys, as vLLM takes them
-            object.__setattr__(self, "logit_bias", {_id_of(k): v for k, v in self.logit_bias.items()})
+            object.__setattr__(self, "logit_bias", {_plain(_id_of(k)): _plain(v) for k, v in self.logit_bias.items()})
+        for name in ("stop_token_ids", "allowed_token_ids"):  # numpy's ints (an np.array) as Python's
+            ids = getattr(self, name)
+            if ids is not None and not isinstance(ids, (str, bytes)) and hasattr(ids, "__iter__"):
+                object.__setattr__(self, name, [_plain(t) for t in ids])
         self._check_types()
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -213,6 +215,13 @@ _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_pen
 
 
 _EMPTY_WHEN_NONE = {"stop": (), "stop_token_ids": (), "bad_words": (), "logit_bias": {}}
+
+
+def _plain(value: object) -> object:
+    """A number of another library's type (numpy's) as Python's int or float; anything else as it is."""
+    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _id_of(key: object) -> object:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import typing
 from collections.abc import Callable
@@ -75,7 +76,7 @@ def token_count(text: str) -> int:
         value = float(number) * unit if unit != 1 else int(number)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a count of tokens: {text!r} (e.g. 2048, 4k, 4K)") from None
-    if value != int(value):
+    if not math.isfinite(value) or value != int(value):
         raise argparse.ArgumentTypeError(f"not a whole count of tokens: {text!r}")
     return int(value)
 

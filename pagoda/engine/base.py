@@ -15,7 +15,7 @@ from pagoda.engine.output_processor import OutputProcessor, make_requests
 from pagoda.model_executor.device import check_device
 from pagoda.model_files import cache_root, load_tokenizer
 from pagoda.request import Request
-from pagoda.sampling_params import SamplingParams, StructuredOutputsParams, check_token_ids
+from pagoda.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, check_token_ids
 
 if TYPE_CHECKING:
     from pagoda.structured.compiler import GrammarCompiler
@@ -74,6 +74,11 @@ class EngineBase:
         check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
         check_token_ids(params.logit_bias, m.vocab_size, "logit_bias")
         check_token_ids(params.allowed_token_ids or (), m.vocab_size, "allowed_token_ids")
+        stoppers = set(params.stop_token_ids) | (set() if params.ignore_eos else set(m.eos_token_ids))
+        if params.allowed_token_ids and params.min_tokens and set(params.allowed_token_ids) <= stoppers:
+            raise SamplingParamsError(  # min_tokens would ban every token the request allows
+                "allowed_token_ids", "allowed_token_ids holds only stop tokens, which min_tokens bans at first"
+            )
         new_grammar = None
         if grammar is not None:
             from pagoda.structured.grammar import RequestGrammar
@@ -92,6 +97,8 @@ class EngineBase:
         text), and with a leading space (as within it) where that is another token of the same count."""
         alone = self._token_ids(word.lstrip())
         spaced = self._token_ids(" " + word.lstrip())
+        if not alone:  # a tokenizer that writes nothing for it: nothing to ban
+            return []
         if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
             return [alone, spaced]
         return [alone]

@@ -157,8 +157,8 @@ class LLM:
         return self.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """vLLM's: the sampling values the model's generation_config.json sets (temperature, top_p,
-        top_k), over SamplingParams' own defaults; what `generate` and `chat` use when given none."""
+        """vLLM's: the sampling values the model's generation_config.json sets (generation_config.
+        SAMPLING_KEYS), over SamplingParams' own defaults; what `generate` and `chat` use when given none."""
         return SamplingParams(**self.engine.config.model.generation_defaults)
 
     def _run(self, request_ids: list[str], progress: Progress) -> dict[str, dict[int, SequenceOutput]]:

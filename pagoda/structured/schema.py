@@ -58,7 +58,12 @@ def _discriminated(branches: list[Any], root: Any) -> bool:
     for branch in branches:
         if isinstance(branch, dict) and isinstance(branch.get("$ref"), str) and branch["$ref"].startswith("#"):
             branch = resolved(root, branch["$ref"])
-        if not isinstance(branch, dict) or not isinstance(branch.get("properties"), dict):
+        # an object, or a value of another type would match every branch's properties and required
+        if (
+            not isinstance(branch, dict)
+            or branch.get("type") != "object"
+            or not isinstance(branch.get("properties"), dict)
+        ):
             return False
         required = branch.get("required") if isinstance(branch.get("required"), list) else []
         constants = {}

@@ -94,6 +94,9 @@ def test_allowed_token_ids_and_bad_words(default_llm, chat_prompt):
     assert banned.token_ids[: at + len(spaced) - 1] == full.token_ids[: at + len(spaced) - 1]
     with pytest.raises(ValueError, match="allowed_token_ids"):
         generate_one(default_llm, chat_prompt, allowed_token_ids=[default_llm.engine.config.model.vocab_size])
+    eos = sorted(default_llm.engine.config.model.eos_token_ids)
+    with pytest.raises(ValueError, match="only stop tokens, which min_tokens bans"):
+        generate_one(default_llm, chat_prompt, allowed_token_ids=eos, min_tokens=3)
 
 
 def test_max_model_len_ends_a_request(default_llm):

@@ -135,6 +135,10 @@ def test_sampling_params_take_what_vllm_takes():
     )
     assert (params.stop, params.stop_token_ids, params.bad_words, params.logit_bias) == ((), (), (), {504: 1.0})
     assert type(params.temperature) is float and type(params.max_tokens) is int and params.max_tokens == 5
+    listed = SamplingParams(
+        allowed_token_ids=np.array([1, 2]), stop_token_ids=[np.int64(3)], logit_bias={np.int64(4): 1}
+    )
+    assert (listed.allowed_token_ids, listed.stop_token_ids, listed.logit_bias) == ((1, 2), (3,), {4: 1.0})
     copied = params.clone()
     assert copied == params and copied.logit_bias is not params.logit_bias
 

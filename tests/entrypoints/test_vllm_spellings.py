@@ -327,6 +327,15 @@ def test_several_api_keys_and_vllms_environment_variable(monkeypatch, capsys):
             asyncio.run(check(refused))
         assert error.value.status == 401
     assert "one --api-key" in parse_error(["m", "--data-parallel-size", "2", "--api-key", "a", "b"], capsys)
+    assert "must not be empty" in parse_error(["m", "--api-key", "a", ""], capsys)  # "$K2" unset: not open
+
+
+def test_a_flag_of_several_values_does_not_swallow_the_model(tmp_path, capsys):
+    """`--api-key k MODEL` read MODEL as a second key (and served the default model): refused."""
+    for flag in ("--api-key", "--served-model-name"):
+        assert "give it before" in parse_error([flag, "x", str(tmp_path)], capsys)
+        assert "give it before" in parse_error([flag, "x", "model.gguf"], capsys)
+    assert serve.parse_args([str(tmp_path), "--api-key", "a", "b"]).api_key == ["a", "b"]
 
 
 def test_vllm_flags_it_does_not_take_say_why(capsys):
@@ -343,3 +352,4 @@ def test_max_model_len_takes_vllms_units(capsys):
     lengths = {text: serve.parse_args(["m", "--max-model-len", text]).max_model_len for text in ("2048", "4k", "4K")}
     assert lengths == {"2048": 2048, "4k": 4000, "4K": 4096}
     assert "not a count of tokens" in parse_error(["m", "--max-model-len", "lots"], capsys)
+    assert "not a whole count" in parse_error(["m", "--max-model-len", "infk"], capsys)  # not a traceback

@@ -244,6 +244,8 @@ def test_logprobs_name_tokens_by_id_where_asked(http):
     plain = http.post("/v1/completions", json={"prompt": PROMPTS[1], **GREEDY, "logprobs": 1, **ids}).json()
     choice = plain["choices"][0]
     assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    texts = http.post("/v1/completions", json={"prompt": PROMPTS[1], **GREEDY, "logprobs": 1}).json()
+    assert choice["logprobs"]["text_offset"] == texts["choices"][0]["logprobs"]["text_offset"]  # the text's
     assert all(set(top) >= {f"token_id:{t}"} for top, t in zip(choice["logprobs"]["top_logprobs"], choice["token_ids"]))
     messages = [{"role": "user", "content": PROMPTS[1]}]
     chat = http.post("/v1/chat/completions", json={"messages": messages, **GREEDY, "logprobs": True, **ids}).json()

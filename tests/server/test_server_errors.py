@@ -178,6 +178,9 @@ def test_a_body_not_sent_as_json_is_415_saying_so(http):
     for headers in ({"Content-Type": "application/x-www-form-urlencoded"}, {}):
         response = http.post("/v1/completions", content=b'{"prompt": "Hi", "max_tokens": 2}', headers=headers)
         assert "Content-Type: application/json" in error_of(response, 415)["message"]
+    vendor = {"Content-Type": "application/vnd.api+json"}  # JSON too, as FastAPI reads it: its own 400
+    bad = http.post("/v1/completions", content=b'{"prompt": "Hi", "max_tokens": "x"}', headers=vendor)
+    assert error_of(bad, 400)["param"] == "max_tokens"
 
 
 def test_malformed_json_is_400(http):

@@ -157,6 +157,8 @@ def test_a_discriminated_union_compiles_as_the_anyof_it_equals(tokenizer, tmp_pa
     assert "oneOf" in discriminated_as_any_of(shared)  # the same constant twice: not disjoint
     unrequired = {"oneOf": [{"type": "object", "properties": {"k": {"const": i}}} for i in (1, 2)]}
     assert "oneOf" in discriminated_as_any_of(unrequired)  # {} matches both
+    untyped = {"oneOf": [{"properties": {"k": {"const": i}}, "required": ["k"]} for i in (1, 2)]}
+    assert "oneOf" in discriminated_as_any_of(untyped)  # a string matches both
     grammars = compiler(tokenizer, tmp_path)
     try:
         assert grammars.compile(StructuredOutputsParams(json=PETS)) is not None

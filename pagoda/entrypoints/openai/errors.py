@@ -103,7 +103,9 @@ async def _api_error(request: Request, exc: APIError) -> Response:
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
     content_type = request.headers.get("content-type", "")
     about_body = any(tuple(error.get("loc", ()))[:1] == ("body",) for error in exc.errors())
-    if about_body and content_type.split(";")[0].strip().lower() != "application/json":  # as vLLM answers it
+    media = content_type.split(";")[0].strip().lower()
+    is_json = media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    if about_body and not is_json:  # as vLLM answers it (FastAPI parses application/*+json too)
         shown = f"`{content_type[:100]}`" if content_type else "none"
         message = f"The body must be JSON, sent with Content-Type: application/json (this request's: {shown})"
         return rejected(request, APIError(415, message))

@@ -16,10 +16,17 @@ class TokenTexts:
     def __init__(self, tokenizer, cache_size: int = 65536) -> None:
         self.text = lru_cache(maxsize=cache_size)(lambda token_id: tokenizer.decode([token_id]))
 
+    def width(self, token_id: int) -> int:
+        """Characters the token takes in the text (what text_offset counts)."""
+        return len(self.text(token_id))
+
 
 class TokenIdTexts:
     """Tokens shown as `token_id:N` (vLLM's return_tokens_as_token_ids: tokens whose text alone is
-    not valid UTF-8 stay tellable apart)."""
+    not valid UTF-8 stay tellable apart); text offsets still count their text."""
+
+    def __init__(self, texts: TokenTexts) -> None:
+        self.width = texts.width
 
     @staticmethod
     def text(token_id: int) -> str:
@@ -59,7 +66,7 @@ def completion_logprobs(texts: TokenNames, logprobs: Sequence[TokenLogprob | Non
         result["token_logprobs"].append(lp.logprob)
         result["top_logprobs"].append(top)
         result["text_offset"].append(text_offset)
-        text_offset += len(token)
+        text_offset += texts.width(lp.token_id)
     return result
 
 
@@ -67,7 +74,7 @@ def echo_logprobs(texts: TokenNames, prompt_ids: Sequence[int], prompt_logprobs:
     """The prompt's tokens in the legacy format: the first has no logprob (nothing precedes it)."""
     first = texts.text(prompt_ids[0])
     head = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
-    rest = completion_logprobs(texts, prompt_logprobs[1:], len(first))
+    rest = completion_logprobs(texts, prompt_logprobs[1:], texts.width(prompt_ids[0]))
     return {key: head[key] + rest[key] for key in head}
 
 

@@ -291,6 +291,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--shutdown-timeout must be at least 0, got {args.shutdown_timeout:g}")
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
+    for flag, values in (("--api-key", args.api_key), ("--served-model-name", args.served_model_name)):
+        if args.model is None and values and len(values) > 1 and _names_a_model(values[-1]):
+            parser.error(f"{values[-1]!r} looks like the MODEL: give it before {flag}, which takes several values")
+    if args.api_key and not all(key.strip() for key in args.api_key):
+        parser.error("--api-key: a key must not be empty (an empty one would let anyone in)")
     if args.data_parallel_size > 1 and args.api_key and len(args.api_key) > 1:
         parser.error("--data-parallel-size takes one --api-key (its gateway checks a single key)")
     if args.enable_log_requests and args.disable_log_requests:
@@ -396,6 +401,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+def _names_a_model(value: str) -> bool:
+    """Whether a flag's last value is a model (a folder or .gguf file): MODEL swallowed by a
+    flag that takes several values."""
+    return value.endswith(".gguf") or Path(value).is_dir()
+
+
 def configure_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     if args.disable_log_requests:  # no line per request at all: arrivals, refusals, finishes
@@ -416,7 +427,7 @@ def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     if args.api_key:
         return tuple(args.api_key)
     key = os.environ.get("PAGODA_API_KEY") or os.environ.get("VLLM_API_KEY")
-    return (key,) if key else ()
+    return (key,) if key and key.strip() else ()
 
 
 def read_reports_dir(path: Path | None) -> Path | None:

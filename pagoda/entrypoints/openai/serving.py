@@ -79,7 +79,7 @@ class ServerState:
 
     def logprob_tokens(self, body: CompletionRequest | ChatCompletionRequest) -> TokenNames:
         """How the request's logprobs show tokens: as their text, or as ids where it asks."""
-        return TokenIdTexts() if body.return_tokens_as_token_ids else self.token_texts
+        return TokenIdTexts(self.token_texts) if body.return_tokens_as_token_ids else self.token_texts
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name and model not in self.config.model_aliases:
