@@ -286,6 +286,8 @@ def test_the_model_argument_as_given_names_the_model_too():
         fields = dict.fromkeys(("engine", "limits", "sinks", "token_texts"))
         return ServerState(config=serve.server_config(serve.parse_args(argv)), model_name="smollm2", **fields)
 
+    assert state(["/models/smollm2", "--served-model-name", "smollm2", "small"]).config.served_names == ("small",)
+
     given = state(["/models/smollm2"])
     given.check_model("/models/smollm2")
     given.check_model("smollm2")

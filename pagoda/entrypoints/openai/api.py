@@ -145,7 +145,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
             # batch-invariant kernels: equal requests get bitwise-equal logprobs (docs/determinism.md)
             "deterministic": state.engine.config.deterministic,
         }
-        return {"object": "list", "data": [card]}
+        names = (state.model_name, *state.config.served_names)  # every --served-model-name, as vLLM lists them
+        return {"object": "list", "data": [{**card, "id": name} for name in names]}
 
     @router.post("/completions")
     async def create_completion(body: CompletionRequest, http: Request) -> Response:

@@ -397,7 +397,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             tuple(args.allowed_headers),
             args.allow_credentials,
         ),
-        model_aliases=model_aliases(args),
+        served_names=tuple(args.served_model_name[1:]) if args.served_model_name else (),
+        model_argument=None if args.served_model_name else args.model,
     )
 
 
@@ -411,14 +412,6 @@ def configure_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     if args.disable_log_requests:  # no line per request at all: arrivals, refusals, finishes
         logging.getLogger("pagoda.requests").setLevel(logging.WARNING)
-
-
-def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:
-    """Names a request's `model` may give besides the listed id: the further --served-model-name
-    names (vLLM serves each), or without that flag the model argument as given (vLLM's id for it)."""
-    if args.served_model_name:
-        return tuple(args.served_model_name[1:])
-    return (args.model,) if args.model else ()
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:

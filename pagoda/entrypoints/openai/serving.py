@@ -59,9 +59,11 @@ class ServerConfig:
     reset_wait_s: float = 10.0  # how long POST /reset_prefix_cache waits for running requests to finish
     reports: Path | None = None  # --reports: bench result folders the console renders
     cors: CrossOrigin = field(default_factory=CrossOrigin)
-    # other names a request's `model` may give: without --served-model-name, the model argument as
-    # given (vLLM's id for it, which its clients send)
-    model_aliases: tuple[str, ...] = ()
+    # other names a request's `model` may give: --served-model-name's further names (served and
+    # listed, as vLLM's), and without that flag the model argument as given (vLLM's id for it, which
+    # its clients send; taken, not listed)
+    served_names: tuple[str, ...] = ()
+    model_argument: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ class ServerState:
         return TokenIdTexts(self.token_texts) if body.return_tokens_as_token_ids else self.token_texts
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name and model not in self.config.model_aliases:
+        taken = (self.model_name, *self.config.served_names, self.config.model_argument)
+        if model is not None and model not in taken:
             raise APIError(
                 404,
                 f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
