@@ -72,6 +72,9 @@ class _Texts:
     def text(self, token_id: int) -> str:
         return {1: "Hel", 2: "lo", 3: " there", 4: "!"}[token_id]
 
+    def width(self, token_id: int) -> int:
+        return len(self.text(token_id))
+
 
 def test_legacy_logprobs_list_the_sampled_token_among_the_top():
     lps = [TokenLogprob(3, -0.5, 1, {3: -0.5}), TokenLogprob(4, -2.0, 2, {3: -1.0})]
