@@ -207,6 +207,11 @@ class SamplingParams:
         a logit bias, allowed tokens, or banned words."""
         return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
 
+    def stopping_token_ids(self, eos_token_ids: Iterable[int]) -> frozenset[int]:
+        """The tokens that end this request (and that min_tokens bans until it is reached): its
+        stop_token_ids, and the model's EOS tokens unless ignore_eos."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(eos_token_ids))
+
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the sampler's int64 tensors and torch generators hold
 _INTS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs")

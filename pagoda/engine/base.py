@@ -74,7 +74,7 @@ class EngineBase:
         check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
         check_token_ids(params.logit_bias, m.vocab_size, "logit_bias")
         check_token_ids(params.allowed_token_ids or (), m.vocab_size, "allowed_token_ids")
-        stoppers = set(params.stop_token_ids) | (set() if params.ignore_eos else set(m.eos_token_ids))
+        stoppers = params.stopping_token_ids(m.eos_token_ids)
         if params.allowed_token_ids and params.min_tokens and set(params.allowed_token_ids) <= stoppers:
             raise SamplingParamsError(  # min_tokens would ban every token the request allows
                 "allowed_token_ids", "allowed_token_ids holds only stop tokens, which min_tokens bans at first"

@@ -231,10 +231,8 @@ def _apply_edits(logits: torch.Tensor, requests: Sequence[Request]) -> None:
             ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
             logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
         if _min_tokens_active(r) and r.grammar is None:  # a grammar decides when its end token may come
-            banned = set(r.sampling_params.stop_token_ids)
-            if not r.sampling_params.ignore_eos:
-                banned |= r.eos_token_ids
-            logits[i, torch.tensor(sorted(banned), dtype=torch.long, device=logits.device)] = float("-inf")
+            stoppers = sorted(r.sampling_params.stopping_token_ids(r.eos_token_ids))
+            logits[i, torch.tensor(stoppers, dtype=torch.long, device=logits.device)] = float("-inf")
 
 
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
