@@ -11,14 +11,14 @@ from pagoda.core.outputs import RequestMetrics
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.request import TokenLogprob
 
-DecodeToken = Callable[[int], str]
+DecodeToken = Callable[[int], str | None]
 
 
 @dataclass(frozen=True)
 class Logprob:
     logprob: float
     rank: int  # 1 is the most likely token
-    decoded_token: str
+    decoded_token: str | None  # None where the request asked detokenize=False
 
 
 # Per position: token id -> Logprob, the sampled (or prompt) token and the top alternatives.

@@ -94,6 +94,11 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives besides the sampled token
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # vLLM's: False leaves the output's text empty and its logprobs' decoded tokens None (token ids only)
+    detokenize: bool = True
+    # vLLM's: spaces between added special tokens; the fast tokenizers Pagoda uses decode them as
+    # they are (vLLM ignores it with them too), so either value gives the same text
+    spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's: the only tokens that may be sampled (None: any)
     allowed_token_ids: tuple[int, ...] | None = None
@@ -139,6 +144,9 @@ class SamplingParams:
                 raise SamplingParamsError(name, f"{name} must be a number, got {value!r}")
         if self.seed is not None and not INT64_MIN <= self.seed <= INT64_MAX:
             raise SamplingParamsError("seed", f"seed must fit in 64 bits, got {self.seed}")
+        for name in ("detokenize", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingParamsError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
             raise SamplingParamsError("stop", f"stop must be a string or a list of strings, got {self.stop!r}")
         ids = self.stop_token_ids
@@ -169,6 +177,7 @@ class SamplingParams:
             (self.n >= 1, "n", "must be at least 1"),
             (0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]"),  # OpenAI's and vLLM's range
             (all(self.stop), "stop", "must not contain an empty string"),
+            (self.detokenize or not self.stop, "stop", "needs detokenize=True (stop strings are found in the text)"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
             (self.top_k >= 0, "top_k", "must be 0 or -1 (both: disabled) or a positive integer"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),

@@ -50,6 +50,7 @@ class _Sequence:
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
     min_tokens: int  # stop strings count only in the text of the tokens after these (vLLM's rule)
+    detokenize: bool  # False: token ids only, the text stays empty (vLLM's detokenize=False)
     emitted: int = 0  # characters of out.text already handed out
     full_text: str = field(default="")
 
@@ -74,6 +75,7 @@ class OutputProcessor:
                 ),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
                 min_tokens=params.min_tokens,
+                detokenize=params.detokenize,
             )
 
     def drop(self, engine_request_id: str) -> None:
@@ -109,6 +111,8 @@ class OutputProcessor:
         stop_token = core.finish_reason == "stop" and not seq.stops.include_in_output
         for count, token in enumerate(steps, 1):
             last = core.finished and count == len(steps)
+            if not seq.detokenize:
+                continue
             new_text = seq.detokenizer.add(token) if token is not None and not (last and stop_token) else ""
             if last:
                 new_text += seq.detokenizer.flush()

@@ -67,6 +67,11 @@ def show_load_progress() -> None:
     pagoda_logger.setLevel(logging.INFO)
 
 
+def _no_text(token_id: int) -> None:
+    """A logprob's decoded token under detokenize=False: none, as vLLM gives."""
+    return None
+
+
 def _unwrapped(prompt: Prompt) -> str | list[int]:
     """A prompt's text or token ids, out of vLLM's prompt dicts where it comes in one."""
     if not isinstance(prompt, dict):
@@ -147,7 +152,7 @@ class LLM:
                 ids_,
                 [done[rid][k] for k in sorted(done[rid])],
                 (sp.logprobs is not None, sp.prompt_logprobs is not None),
-                self._decode_token,
+                self._decode_token if sp.detokenize else _no_text,
             )
             for rid, prompt, ids_, sp in zip(ids, prompt_list, prompt_ids, params_list)
         ]

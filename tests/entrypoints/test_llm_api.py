@@ -64,6 +64,21 @@ def test_logprobs_sum_to_the_cumulative_logprob(tiny_llm):
     assert out.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in chosen))
 
 
+def test_detokenize_false_gives_the_same_tokens_without_text(tiny_llm):
+    asked = dict(temperature=0.0, max_tokens=5, logprobs=1, prompt_logprobs=1, stop_token_ids=[0])
+    with_text, ids_only = (
+        tiny_llm.generate([[5, 6, 7, 8]], SamplingParams(**asked, detokenize=d))[0] for d in (True, False)
+    )
+    assert ids_only.outputs[0].token_ids == with_text.outputs[0].token_ids
+    assert with_text.outputs[0].text and ids_only.outputs[0].text == ""  # vLLM's: no text at all
+    for position in ids_only.outputs[0].logprobs + ids_only.prompt_logprobs[1:]:
+        assert position and all(lp.decoded_token is None for lp in position.values())
+    same = [{t: lp.logprob for t, lp in position.items()} for position in ids_only.outputs[0].logprobs]
+    assert same == [{t: lp.logprob for t, lp in position.items()} for position in with_text.outputs[0].logprobs]
+    spaced = tiny_llm.generate([[5, 6, 7, 8]], SamplingParams(**asked, spaces_between_special_tokens=False))[0]
+    assert spaced.outputs[0].text == with_text.outputs[0].text  # fast tokenizers: no change, as in vLLM
+
+
 def test_chat_outputs_carry_the_rendered_prompt(tiny_llm):
     (result,) = tiny_llm.chat([{"role": "user", "content": "Hi there"}], GREEDY)
     assert "Hi there" in result.prompt and tiny_llm.tokenizer.encode(result.prompt) == result.prompt_token_ids
@@ -159,6 +174,9 @@ def test_sampling_params_take_what_vllm_takes():
         (dict(allowed_token_ids=[1.5]), "allowed_token_ids"),
         (dict(bad_words=[" "]), "bad_words"),
         (dict(bad_words="word"), "bad_words"),
+        (dict(detokenize="no"), "detokenize"),
+        (dict(spaces_between_special_tokens=None), "spaces_between_special_tokens"),
+        (dict(stop=["."], detokenize=False), "stop"),  # stop strings are found in the text (vLLM refuses too)
     ],
 )
 def test_sampling_params_of_the_wrong_type_are_refused_naming_them(params, param):
