@@ -355,3 +355,39 @@ def test_max_model_len_takes_vllms_units(capsys):
     assert lengths == {"2048": 2048, "4k": 4000, "4K": 4096}
     assert "not a count of tokens" in parse_error(["m", "--max-model-len", "lots"], capsys)
     assert "not a whole count" in parse_error(["m", "--max-model-len", "infk"], capsys)  # not a traceback
+
+
+def test_return_tokens_as_token_ids_flag_is_the_default_a_request_may_override():
+    assert not serve.server_config(serve.parse_args(["m"])).return_tokens_as_token_ids
+    config = serve.server_config(serve.parse_args(["m", "--return-tokens-as-token-ids"]))
+    texts = SimpleNamespace(width=len)  # a stand-in for the tokenizer's TokenTexts
+    for server_default, asked, as_ids in [
+        (True, None, True),
+        (True, False, False),
+        (False, None, False),
+        (False, True, True),
+    ]:
+        state = ServerState(None, ServerConfig(return_tokens_as_token_ids=server_default), "m", LIMITS, None, texts)  # type: ignore[arg-type]
+        body = CompletionRequest(prompt="x", return_tokens_as_token_ids=asked)
+        names = state.logprob_tokens(body)
+        assert names.text(7) == "token_id:7" if as_ids else names is texts
+    assert config.return_tokens_as_token_ids
+
+
+def test_request_id_headers_echo_the_callers_id_or_make_one():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from pagoda.entrypoints.openai.api import RequestIdHeader
+
+    assert serve.server_config(serve.parse_args(["m", "--enable-request-id-headers"])).request_id_headers
+    assert not serve.server_config(serve.parse_args(["m"])).request_id_headers
+    app = FastAPI()
+    app.get("/ping")(lambda: {"ok": True})
+    app.add_middleware(RequestIdHeader)
+    with TestClient(app) as http:
+        assert http.get("/ping", headers={"X-Request-Id": "trace-42"}).headers["x-request-id"] == "trace-42"
+        made = [http.get("/ping").headers["x-request-id"] for _ in range(2)]
+        missing = http.get("/nowhere")  # errors carry it too
+    assert len(made[0]) == 32 and made[0] != made[1] and int(made[0], 16) >= 0
+    assert missing.status_code == 404 and len(missing.headers["x-request-id"]) == 32

@@ -13,12 +13,14 @@ import asyncio
 import hmac
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers, MutableHeaders
 
 from pagoda import __version__
 from pagoda.engine.async_engine import AsyncEngine
@@ -97,6 +99,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         allow_headers=list(cors.headers),
         allow_credentials=cors.credentials,
     )
+    if config.request_id_headers:  # outside CORS: a preflight's answer carries it too
+        app.add_middleware(RequestIdHeader)
     install_handlers(app)
     authorized = [Depends(_require_key(config.api_keys))]
     app.include_router(_v1_routes(state), dependencies=authorized)
@@ -111,6 +115,26 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
 async def _log_stats(engine: AsyncEngine, config: ServerConfig) -> None:
     device = engine.config.device.type
     await log_stats(lambda: engine.stats, "GPU" if device == "cuda" else device.upper(), config.log_stats_interval_s)
+
+
+class RequestIdHeader:
+    """ASGI middleware: every HTTP response carries `X-Request-Id`, the request's own header where it
+    sent one, else a new random hex id (vLLM's --enable-request-id-headers)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request_id = Headers(scope=scope).get("x-request-id") or uuid.uuid4().hex
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).append("X-Request-Id", request_id)
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def _require_key(api_keys: tuple[str, ...]):

@@ -121,7 +121,8 @@ class _SamplingFields(_Body):
     bad_words: list[str] | None = None  # vLLM's
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # vLLM's: keep the prompt's last N tokens (-1: the context)
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids beside the text
-    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens as "token_id:N"
+    # vLLM's: logprobs name tokens as "token_id:N"; None: the server's --return-tokens-as-token-ids
+    return_tokens_as_token_ids: bool | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False

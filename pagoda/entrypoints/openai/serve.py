@@ -71,8 +71,6 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--guided-decoding-backend": "structured outputs always use xgrammar",
     "--limit-mm-per-prompt": "text only: no multimodal inputs",
     "--response-role": "replies always have the role assistant",
-    "--return-tokens-as-token-ids": "send return_tokens_as_token_ids in the request instead",
-    "--enable-request-id-headers": "responses carry no X-Request-Id header; the id is in the body",
     "--disable-fastapi-docs": "the API docs (/docs, /openapi.json) are always served",
     "--config": "no YAML file of flags: give the flags themselves",
     "--override-generation-config": "give --generation-config a folder whose generation_config.json holds the values",
@@ -200,6 +198,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--access-log",
         action="store_true",
         help="one log line per HTTP request: client, method, path, status (default: %(default)s)",
+    )
+    p.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help='logprobs name their tokens "token_id:N" unless a request sets return_tokens_as_token_ids '
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="every response carries an X-Request-Id header: the request's own, else a new random id "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--max-logprobs",
@@ -399,6 +409,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         ),
         served_names=tuple(args.served_model_name[1:]) if args.served_model_name else (),
         model_argument=None if args.served_model_name else args.model,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        request_id_headers=args.enable_request_id_headers,
     )
 
 

@@ -64,6 +64,8 @@ class ServerConfig:
     # its clients send; taken, not listed)
     served_names: tuple[str, ...] = ()
     model_argument: str | None = None
+    return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N" where a request does not say
+    request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,10 @@ class ServerState:
 
     def logprob_tokens(self, body: CompletionRequest | ChatCompletionRequest) -> TokenNames:
         """How the request's logprobs show tokens: as their text, or as ids where it asks."""
-        return TokenIdTexts(self.token_texts) if body.return_tokens_as_token_ids else self.token_texts
+        as_ids = body.return_tokens_as_token_ids
+        if as_ids is None:
+            as_ids = self.config.return_tokens_as_token_ids
+        return TokenIdTexts(self.token_texts) if as_ids else self.token_texts
 
     def check_model(self, model: str | None) -> None:
         taken = (self.model_name, *self.config.served_names, self.config.model_argument)
