@@ -344,7 +344,7 @@ def test_vllm_flags_it_does_not_take_say_why(capsys):
     """Rather than a "did you mean" naming a flag of another meaning (--disable-uvicorn-access-log
     is no --access-log): the reason and what to do instead; no-op flags of vLLM's lines pass."""
     assert "put a TLS-terminating proxy" in parse_error(["m", "--ssl-keyfile", "k.pem"], capsys)
-    assert "did you mean" not in parse_error(["m", "--response-role", "bot"], capsys)
+    assert "did you mean" not in parse_error(["m", "--config", "c.yaml"], capsys)
     assert "always prefilled in chunks" in parse_error(["m", "--no-enable-chunked-prefill"], capsys)
     assert "did you mean --max-model-len" in parse_error(["m", "--max-model-length", "9"], capsys)  # a typo
     serve.parse_args(["m", "--enable-chunked-prefill", "--disable-uvicorn-access-log"])
@@ -391,3 +391,14 @@ def test_request_id_headers_echo_the_callers_id_or_make_one():
         missing = http.get("/nowhere")  # errors carry it too
     assert len(made[0]) == 32 and made[0] != made[1] and int(made[0], 16) >= 0
     assert missing.status_code == 404 and len(missing.headers["x-request-id"]) == 32
+
+
+def test_response_role_names_the_reply_after_a_generation_prompt():
+    from pagoda.entrypoints.openai.chat import _reply_role
+
+    assert serve.server_config(serve.parse_args(["m"])).response_role == "assistant"
+    state = SimpleNamespace(config=serve.server_config(serve.parse_args(["m", "--response-role", "bot"])))
+    messages = [{"role": "user", "content": "hi"}]
+    assert _reply_role(state, ChatCompletionRequest(messages=messages), messages) == "bot"
+    continued = ChatCompletionRequest(messages=messages, add_generation_prompt=False)
+    assert _reply_role(state, continued, messages) == "user"

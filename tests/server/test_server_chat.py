@@ -187,6 +187,17 @@ def test_chat_template_kwargs(http):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
 
 
+def test_a_reply_without_a_generation_prompt_takes_the_last_messages_role(http):
+    """vLLM's rule: after a generation prompt the reply is the assistant's (--response-role), else
+    it continues the last message, in that message's role; whole and streamed alike."""
+    for add_prompt, role in ((True, "assistant"), (False, "user")):
+        body = {"messages": MESSAGES, **GREEDY, "add_generation_prompt": add_prompt}
+        whole = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+            first = sse_events(response.iter_lines())[0]["choices"][0]["delta"]
+        assert whole["role"] == first["role"] == role
+
+
 def test_continue_final_message_continues_the_assistant_turn(http):
     """vLLM's continue_final_message (with add_generation_prompt false): the last message stays
     open and the answer is its continuation: greedy, the same tokens as a completion of the

@@ -175,12 +175,17 @@ def render(
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
 
 
-def _echoed(body: ChatCompletionRequest, messages: list[dict]) -> str:
-    """vLLM's chat echo: the last message's content, where that message has the reply's role (the
-    assistant's, or without a generation prompt the last message's own), else nothing."""
+def _reply_role(state: ServerState, body: ChatCompletionRequest, messages: list[dict]) -> str:
+    """vLLM's rule: --response-role (assistant) after a generation prompt, else the role of the
+    last message, which the reply continues."""
+    return state.config.response_role if body.add_generation_prompt else messages[-1]["role"]
+
+
+def _echoed(body: ChatCompletionRequest, messages: list[dict], role: str) -> str:
+    """vLLM's chat echo: the last message's content, where that message has the reply's role, else
+    nothing."""
     if not body.echo:
         return ""
-    role = "assistant" if body.add_generation_prompt else messages[-1]["role"]
     return messages[-1]["content"] if messages[-1]["role"] == role else ""
 
 
@@ -199,7 +204,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         state.config.tools,
         template,
     )
-    echoed = _echoed(body, messages)
+    role = _reply_role(state, body, messages)
+    echoed = _echoed(body, messages, role)
     prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
     prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, state.limits.max_model_len)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -228,9 +234,9 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}
     if body.stream:
-        return event_stream(_chunks(state, body, plan, generation, head, prompt_ids, echoed), generation)
+        return event_stream(_chunks(state, body, plan, generation, head, prompt_ids, (role, echoed)), generation)
     outputs = (await state.collect(http, generation))[0]
-    return JSONResponse(_response(state, body, plan, head, prompt_ids, outputs, echoed))
+    return JSONResponse(_response(state, body, plan, head, prompt_ids, outputs, (role, echoed)))
 
 
 def _response(
@@ -240,11 +246,14 @@ def _response(
     head: dict,
     prompt_ids: list[int],
     outputs: list[SequenceOutput],
-    echoed: str,
+    reply: tuple[str, str],
 ) -> dict:
+    """`reply`: the reply's role and the echoed text it starts with."""
+    role, echoed = reply
     choices = []
     for out in outputs:
         message, called = plan.message(out.text)
+        message["role"] = role
         if echoed:
             message["content"] = echoed + (message["content"] or "")
         choices.append(
@@ -275,12 +284,13 @@ async def _chunks(
     generation: Generation,
     head: dict,
     prompt_token_ids: list[int],
-    echoed: str,
+    reply: tuple[str, str],
 ) -> AsyncIterator[str]:
     """OpenAI's chunk sequence per choice: the role with empty content, then content, reasoning
     and tool-call deltas (a call's first delta carries its id and name, the next ones fragments of
     its arguments), a chunk with only finish_reason; then the usage chunk (choices []) when asked,
     then [DONE]."""
+    role, echoed = reply
     usage_of = chunk_usage(body)
     base = {**head, "object": "chat.completion.chunk"}
     prompt_tokens = len(prompt_token_ids)
@@ -294,7 +304,7 @@ async def _chunks(
     prompt_ids = {"prompt_token_ids": prompt_token_ids} if body.return_token_ids else None
     for index in range(body.n):
         yield chunk(
-            {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+            {"index": index, "delta": {"role": role, "content": ""}, "logprobs": None, "finish_reason": None},
             extra=prompt_ids,
         )
     if echoed:  # then the echoed message, before anything generated

@@ -70,7 +70,6 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--structured-outputs-config": "structured outputs always use xgrammar",
     "--guided-decoding-backend": "structured outputs always use xgrammar",
     "--limit-mm-per-prompt": "text only: no multimodal inputs",
-    "--response-role": "replies always have the role assistant",
     "--disable-fastapi-docs": "the API docs (/docs, /openapi.json) are always served",
     "--config": "no YAML file of flags: give the flags themselves",
     "--override-generation-config": "give --generation-config a folder whose generation_config.json holds the values",
@@ -198,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--access-log",
         action="store_true",
         help="one log line per HTTP request: client, method, path, status (default: %(default)s)",
+    )
+    p.add_argument(
+        "--response-role",
+        default="assistant",
+        help="the role of a chat reply after the generation prompt (without one, a reply continues the last "
+        "message and takes its role) (default: %(default)s)",
     )
     p.add_argument(
         "--return-tokens-as-token-ids",
@@ -411,6 +416,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         model_argument=None if args.served_model_name else args.model,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         request_id_headers=args.enable_request_id_headers,
+        response_role=args.response_role,
     )
 
 

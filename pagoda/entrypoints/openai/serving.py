@@ -65,6 +65,7 @@ class ServerConfig:
     served_names: tuple[str, ...] = ()
     model_argument: str | None = None
     return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N" where a request does not say
+    response_role: str = "assistant"  # a reply's role after a generation prompt (vLLM's --response-role)
     request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
 
 
