@@ -348,6 +348,7 @@ def test_vllm_flags_it_does_not_take_say_why(capsys):
     assert "always prefilled in chunks" in parse_error(["m", "--no-enable-chunked-prefill"], capsys)
     assert "did you mean --max-model-len" in parse_error(["m", "--max-model-length", "9"], capsys)  # a typo
     serve.parse_args(["m", "--enable-chunked-prefill", "--disable-uvicorn-access-log"])
+    assert "--max-log-len must be at least 0" in parse_error(["m", "--max-log-len", "-1"], capsys)
 
 
 def test_max_model_len_takes_vllms_units(capsys):

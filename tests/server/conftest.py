@@ -120,6 +120,8 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
             "--max-queue",
             "1",
             "--log-prompts",
+            *("--max-log-len", "30"),
+            "--disable-fastapi-docs",
             "--shutdown-timeout",
             str(SMALL_GRACE_S),
         ),

@@ -75,6 +75,17 @@ def test_log_prompts_puts_prompt_text_in_the_log_line(small_server):
     wait_for(lambda: request_id in small_server.log(), 10)
     [line] = [line for line in small_server.log().splitlines() if request_id in line]
     assert "prompt='ocelot-quince-5521'" in line
+    long = "capybara-" * 10  # --max-log-len 30: the line shows the prompt's first 30 characters
+    request_id = httpx.post(f"{small_server.base_url}/v1/completions", json={"prompt": long, "max_tokens": 1}).json()
+    wait_for(lambda: request_id["id"] in small_server.log(), 10)
+    [line] = [line for line in small_server.log().splitlines() if request_id["id"] in line]
+    assert line.endswith(f"prompt={long[:30]!r}")
+
+
+def test_disable_fastapi_docs_serves_no_api_docs(small_server, server):
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(f"{small_server.base_url}{path}", timeout=10).status_code == 404
+        assert httpx.get(f"{server.base_url}{path}", timeout=10).status_code == 200  # served by default
 
 
 def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server):

@@ -63,7 +63,9 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
             dict(model.generation_defaults if config.generation_defaults is None else config.generation_defaults),
             config.max_logprobs,
         ),
-        sinks=RecordSinks(metrics, request_log, config.log_prompts, engine.tokenizer, RecentRequests()),
+        sinks=RecordSinks(
+            metrics, request_log, config.log_prompts, engine.tokenizer, RecentRequests(), config.max_log_len
+        ),
         token_texts=TokenTexts(engine.tokenizer),
     )
 
@@ -89,7 +91,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
             if state.sinks.request_log is not None:
                 await asyncio.to_thread(state.sinks.request_log.close)
 
-    app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan)
+    docs = {} if config.api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan, **docs)
     cors = config.cors
     # outermost: a preflight is answered before the key check, and errors carry the CORS headers too
     app.add_middleware(

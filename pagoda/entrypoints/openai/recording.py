@@ -26,6 +26,7 @@ class RecordSinks:
     log_prompts: bool
     tokenizer: object
     recent: RecentRequests  # the console's table and percentiles
+    max_log_len: int | None = None  # prompt characters the log line and the console show (None: all)
 
 
 class RequestRecorder:
@@ -69,7 +70,9 @@ class RequestRecorder:
         outs = [latest[k] for k in sorted(latest)]
         reasons = sorted({out.finish_reason or "abort" for out in outs}) or ["abort"]
         summary = _Summary.of(outs, now)
-        text = self.sinks.tokenizer.decode(self.prompts[prompt]) if self.sinks.log_prompts else None
+        text = None
+        if self.sinks.log_prompts:
+            text = self.sinks.tokenizer.decode(self.prompts[prompt])[: self.sinks.max_log_len]
         self._log_line(prompt, summary, ",".join(reasons), text)
         self.sinks.recent.add(self._row(prompt, summary, ",".join(reasons), text), now)
         if self.sinks.request_log is not None:

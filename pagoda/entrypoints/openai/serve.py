@@ -70,12 +70,10 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--structured-outputs-config": "structured outputs always use xgrammar",
     "--guided-decoding-backend": "structured outputs always use xgrammar",
     "--limit-mm-per-prompt": "text only: no multimodal inputs",
-    "--disable-fastapi-docs": "the API docs (/docs, /openapi.json) are always served",
     "--config": "no YAML file of flags: give the flags themselves",
     "--override-generation-config": "give --generation-config a folder whose generation_config.json holds the values",
     "--swap-space": "a preempted request recomputes its KV cache; nothing swaps to CPU memory",
     "--no-enable-chunked-prefill": "prompts are always prefilled in chunks (their size: --max-num-batched-tokens)",
-    "--max-log-len": "prompts reach the log only with --log-prompts, whole",
 }
 
 
@@ -153,6 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-prompts", action="store_true", help="put prompt text in the per-request log line (default: %(default)s)"
+    )
+    p.add_argument(
+        "--max-log-len",
+        type=int,
+        default=None,
+        help="cut --log-prompts' prompt text to its first N characters (default: whole)",
+    )
+    p.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="serve no API docs: /docs, /redoc and /openapi.json answer 404 (default: %(default)s)",
     )
     p.add_argument(
         "--log-level",
@@ -304,6 +313,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--port must be in [0, 65535], got {args.port}")
     if args.shutdown_timeout < 0:
         parser.error(f"--shutdown-timeout must be at least 0, got {args.shutdown_timeout:g}")
+    if args.max_log_len is not None and args.max_log_len < 0:
+        parser.error(f"--max-log-len must be at least 0, got {args.max_log_len}")
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
     for flag, values in (("--api-key", args.api_key), ("--served-model-name", args.served_model_name)):
@@ -400,6 +411,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         chat_template=read_chat_template(args.chat_template),
         request_log=args.request_log,
         log_prompts=args.log_prompts,
+        max_log_len=args.max_log_len,
+        api_docs=not args.disable_fastapi_docs,
         log_requests=args.enable_log_requests,
         log_stats=not args.disable_log_stats,
         max_logprobs=args.max_logprobs,

@@ -50,6 +50,8 @@ class ServerConfig:
     chat_template: str | None = None  # template text; None: the model's own
     request_log: Path | None = None
     log_prompts: bool = False
+    max_log_len: int | None = None  # --log-prompts' text cut to this many characters (None: whole)
+    api_docs: bool = True  # /docs, /redoc and /openapi.json (vLLM's --disable-fastapi-docs turns them off)
     log_requests: bool = False  # a log line per arrival: id, endpoint, sampling parameters; never prompt text
     max_logprobs: int = MAX_LOGPROBS  # cap on logprobs / top_logprobs / prompt_logprobs per request
     generation_defaults: dict | None = None  # sampling defaults; None: the model's generation_config.json
