@@ -200,6 +200,29 @@ def test_generation_config_chooses_the_sampling_defaults(tmp_path, capsys):
     assert "--reports" in capsys.readouterr().err and time.monotonic() - started < 2
 
 
+def test_override_generation_config_goes_over_the_generation_config(tmp_path, capsys):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "top_k": 7}))
+    model = {"temperature": 0.6, "top_p": 0.9}
+    overrides = '{"temperature": 0.5, "max_new_tokens": 12, "do_sample": true}'  # vLLM's keys only
+    for flags, expected in [
+        ([], model),
+        (["--override-generation-config", overrides], {"temperature": 0.5, "top_p": 0.9, "max_tokens": 12}),
+        (
+            ["--generation-config", "vllm", "--override-generation-config", overrides],
+            {"temperature": 0.5, "max_tokens": 12},
+        ),
+        (
+            ["--generation-config", str(tmp_path), "--override-generation-config", '{"top_k": 3}'],
+            {"temperature": 0.3, "top_k": 3},
+        ),
+    ]:
+        assert serve.server_config(serve.parse_args(["m", *flags])).sampling_defaults(model) == expected
+    assert "a JSON object" in parse_error(["m", "--override-generation-config", "[1]"], capsys)
+    assert "temperature must be in [0, 2]" in parse_error(
+        ["m", "--override-generation-config", '{"temperature": 9}'], capsys
+    )
+
+
 def test_enable_log_requests_logs_ids_and_params_on_arrival(caplog):
     """The line is written before the request reaches the engine; this state has none, so the
     launch fails right after it."""

@@ -60,7 +60,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         limits=ModelLimits(
             model.max_model_len,
             model.vocab_size,
-            dict(model.generation_defaults if config.generation_defaults is None else config.generation_defaults),
+            config.sampling_defaults(model.generation_defaults),
             config.max_logprobs,
         ),
         sinks=RecordSinks(

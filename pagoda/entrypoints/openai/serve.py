@@ -71,7 +71,6 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--guided-decoding-backend": "structured outputs always use xgrammar",
     "--limit-mm-per-prompt": "text only: no multimodal inputs",
     "--config": "no YAML file of flags: give the flags themselves",
-    "--override-generation-config": "give --generation-config a folder whose generation_config.json holds the values",
     "--swap-space": "a preempted request recomputes its KV cache; nothing swaps to CPU memory",
     "--no-enable-chunked-prefill": "prompts are always prefilled in chunks (their size: --max-num-batched-tokens)",
 }
@@ -239,6 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
         "vllm, OpenAI's defaults; or a folder holding a generation_config.json (default: %(default)s)",
     )
     p.add_argument(
+        "--override-generation-config",
+        type=_generation_overrides,
+        default={},
+        metavar="JSON",
+        help="sampling defaults over --generation-config's, a JSON object of generation_config.json keys such as "
+        "'{\"temperature\": 0.5}' (vLLM's flag) (default: none)",
+    )
+    p.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=1,
@@ -331,6 +338,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _generation_overrides(text: str) -> dict[str, Any]:
+    """argparse's type for --override-generation-config: a JSON object of generation_config.json
+    keys, as sampling defaults (vLLM's; keys that are not sampling keys are ignored, as vLLM ignores
+    them), each checked as SamplingParams checks it."""
+    from pagoda.generation_config import sampling_defaults
+    from pagoda.sampling_params import SamplingParams, SamplingParamsError
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object such as '{{\"temperature\": 0.5}}', got {text!r}")
+    defaults = sampling_defaults(value)
+    try:
+        SamplingParams(**defaults)
+    except SamplingParamsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return defaults
+
+
+_generation_overrides.__name__ = "--override-generation-config"  # argparse names the type in its message
+
+
 def _json_strings(flag: str) -> Callable[[str], list[str]]:
     """argparse's type for vLLM's JSON-list flags (--allowed-origins '["https://a.example"]')."""
 
@@ -417,6 +448,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         log_stats=not args.disable_log_stats,
         max_logprobs=args.max_logprobs,
         generation_defaults=read_generation_config(args.generation_config),
+        generation_overrides=args.override_generation_config,
         tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
         reports=read_reports_dir(args.reports),
         cors=CrossOrigin(

@@ -55,6 +55,7 @@ class ServerConfig:
     log_requests: bool = False  # a log line per arrival: id, endpoint, sampling parameters; never prompt text
     max_logprobs: int = MAX_LOGPROBS  # cap on logprobs / top_logprobs / prompt_logprobs per request
     generation_defaults: dict | None = None  # sampling defaults; None: the model's generation_config.json
+    generation_overrides: dict = field(default_factory=dict)  # over those (--override-generation-config)
     tools: ToolSettings = field(default_factory=ToolSettings)
     log_stats: bool = True  # the periodic engine line (stats_log.py)
     log_stats_interval_s: float = DEFAULT_INTERVAL_S
@@ -69,6 +70,12 @@ class ServerConfig:
     return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N" where a request does not say
     response_role: str = "assistant"  # a reply's role after a generation prompt (vLLM's --response-role)
     request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
+
+    def sampling_defaults(self, model_defaults: dict) -> dict:
+        """What a request's unset sampling values take: the model's generation_config.json values
+        (or --generation-config's), then --override-generation-config's over them (vLLM's order)."""
+        chosen = model_defaults if self.generation_defaults is None else self.generation_defaults
+        return {**chosen, **self.generation_overrides}
 
 
 @dataclass(frozen=True)
