@@ -96,8 +96,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # vLLM's: False leaves the output's text empty and its logprobs' decoded tokens None (token ids only)
     detokenize: bool = True
-    # vLLM's: spaces between added special tokens; the fast tokenizers Pagoda uses decode them as
-    # they are (vLLM ignores it with them too), so either value gives the same text
+    # vLLM's: with skip_special_tokens=False, whether adjacent added special tokens are written with a
+    # space between them. Taken and ignored: the text is the tokenizer's decode either way (the same
+    # as vLLM's for byte-level tokenizers, the default model's among them)
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's: the only tokens that may be sampled (None: any)

@@ -423,6 +423,7 @@ def test_response_role_names_the_reply_after_a_generation_prompt():
     assert serve.server_config(serve.parse_args(["m"])).response_role == "assistant"
     state = SimpleNamespace(config=serve.server_config(serve.parse_args(["m", "--response-role", "bot"])))
     messages = [{"role": "user", "content": "hi"}]
-    assert _reply_role(state, ChatCompletionRequest(messages=messages), messages) == "bot"
-    continued = ChatCompletionRequest(messages=messages, add_generation_prompt=False)
-    assert _reply_role(state, continued, messages) == "user"
+    assert _reply_role(state, ChatCompletionRequest(messages=messages)) == "bot"
+    assert _reply_role(state, ChatCompletionRequest(messages=messages, add_generation_prompt=False)) == "user"
+    developer = ChatCompletionRequest(messages=[{"role": "developer", "content": "x"}], add_generation_prompt=False)
+    assert _reply_role(state, developer) == "developer"  # as sent, as vLLM (the template sees system)

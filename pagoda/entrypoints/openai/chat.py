@@ -175,10 +175,11 @@ def render(
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
 
 
-def _reply_role(state: ServerState, body: ChatCompletionRequest, messages: list[dict]) -> str:
+def _reply_role(state: ServerState, body: ChatCompletionRequest) -> str:
     """vLLM's rule: --response-role (assistant) after a generation prompt, else the role of the
-    last message, which the reply continues."""
-    return state.config.response_role if body.add_generation_prompt else messages[-1]["role"]
+    last message as sent (a developer message's too, which the template sees as system), which
+    the reply continues."""
+    return state.config.response_role if body.add_generation_prompt else body.messages[-1]["role"]
 
 
 def _echoed(body: ChatCompletionRequest, messages: list[dict], role: str) -> str:
@@ -186,7 +187,7 @@ def _echoed(body: ChatCompletionRequest, messages: list[dict], role: str) -> str
     nothing."""
     if not body.echo:
         return ""
-    return messages[-1]["content"] if messages[-1]["role"] == role else ""
+    return messages[-1]["content"] if body.messages[-1]["role"] == role else ""  # the role as sent
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
@@ -204,7 +205,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         state.config.tools,
         template,
     )
-    role = _reply_role(state, body, messages)
+    role = _reply_role(state, body)
     echoed = _echoed(body, messages, role)
     prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
     prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, state.limits.max_model_len)
