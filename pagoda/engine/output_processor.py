@@ -106,13 +106,13 @@ class OutputProcessor:
         # token by token: a step may bring several (speculative decoding), and a stop string that
         # the first of them completes ends the output there, as it would one token at a time
         steps = list(tokens) or [None]  # a finished output with no new token still flushes
+        if not seq.detokenize:
+            steps = []  # token ids only: no text to build, and no stop string can be in it
         # the token that stopped the output (an end-of-sequence or stop_token_ids token, or the one
         # that ended a grammar) leaves its text out, unless the stop is asked into the output: vLLM's rule
         stop_token = core.finish_reason == "stop" and not seq.stops.include_in_output
         for count, token in enumerate(steps, 1):
             last = core.finished and count == len(steps)
-            if not seq.detokenize:
-                continue
             new_text = seq.detokenizer.add(token) if token is not None and not (last and stop_token) else ""
             if last:
                 new_text += seq.detokenizer.flush()
