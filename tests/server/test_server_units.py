@@ -1,10 +1,11 @@
 """The server's pure pieces, without a server: context-length arithmetic, error params, field
-refusals, logprob shapes, the request log writer."""
+refusals, logprob shapes, the request log writer, the listening socket."""
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 
 import pytest
 
@@ -13,6 +14,7 @@ from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprob
 from pagoda.entrypoints.openai.params import check_context
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
+from pagoda.entrypoints.openai.startup import bind_socket
 from pagoda.request import TokenLogprob
 
 
@@ -120,3 +122,13 @@ def test_metrics_have_each_finish_reason_from_the_start_and_no_created_series():
     for reason in ("stop", "length", "abort"):  # at 0 before any request ends so, as vLLM's
         assert metric(text, "pagoda:request_success_total", finished_reason=reason) == 0
     assert "_created" not in text
+
+
+def test_accepted_connections_send_small_writes_at_once():
+    """TCP_NODELAY on every connection the server accepts: without it a response's body waited
+    for the client's delayed acknowledgement of its headers (40 ms on a kept-alive connection)."""
+    with bind_socket("127.0.0.1", 0) as listener:
+        with socket.create_connection(listener.getsockname()):
+            accepted, _ = listener.accept()
+            with accepted:
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

@@ -38,7 +38,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port; ConfigError saying why when it cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        sock = socket.create_server((host, port), family=family, backlog=2048)
     except OSError as exc:
         hint = " (is another server running on it?)" if exc.errno == errno.EADDRINUSE else ""
         if exc.errno is not None and exc.errno < 0:  # getaddrinfo's code: the host does not resolve
@@ -46,6 +46,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
         else:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+    # Connections accepted from it inherit TCP_NODELAY (Linux). asyncio sets it only on sockets made
+    # with proto IPPROTO_TCP, which these are not, and uvicorn not at all; without it the body of a
+    # response waits for the client to acknowledge its headers, which a kept-alive client delays by
+    # 40 ms (a non-streaming request sent right after another took 65 ms where 25 were the engine's).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class StartingApp:
