@@ -8,7 +8,8 @@ shuffled as a pool leaves them):
 
 - hit: one request's 46 new rows after 1,024 cached tokens (a shared-prefix hit);
 - hit x8: eight such requests in one call;
-- 4,000-token prompt: its chunked prefill, 512-token chunks over the growing cache (one call each).
+- 4,000-token prompt: its chunked prefill, 512-token chunks over the growing cache (one call each);
+- 256-token prompt: one prompt of the serving benchmark's shape, in one call.
 
 `--decode` also times decode attention (`pagoda_paged_decode_attention`), 30 layers' caches (as many
 as the model has, each its own, so that they do not fit the L3) per timed call, float32 and
@@ -77,6 +78,7 @@ def kernel_cases(libs, rounds: int, seconds: float, tokens: int) -> list[dict]:
         "hit: 46 rows after 1,024 cached": calls(1024, 46, 1, 46),
         "hit x8: 8 requests of 46 after 1,024": calls(1024, 46, 8, 46),
         f"{tokens:,}-token prompt in 512-token chunks": calls(0, tokens, 1, 512),
+        "256-token prompt": calls(0, 256, 1, 256),
     }
     results = []
     for name, (batch, flops) in cases.items():

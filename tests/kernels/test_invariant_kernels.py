@@ -104,6 +104,26 @@ def test_prefill_rows_equal_decodes(libs, isa, block_size, kv_heads, group, head
     assert torch.allclose(expected, sdpa, atol=2e-6)
 
 
+@pytest.mark.parametrize("kv_heads,group,head_dim", [(3, 3, 64), (2, 1, 128)])
+def test_prefill_rows_equal_decodes_on_a_bfloat16_cache(libs, kv_heads, group, head_dim):
+    """On a bf16 cache too (widened as read), long chunks (whose keys are transposed on AVX-512)
+    and short ones alike equal their decodes bitwise."""
+    lib, total = libs["native"], 400
+    torch.manual_seed(7)
+    kv, table = paged_cache(total, 16, kv_heads, head_dim)
+    kv = kv.bfloat16()
+    query, scale = torch.randn(total, kv_heads * group, head_dim), head_dim**-0.5
+    expected = decode_rows(lib, query, kv, table, 0, scale)
+    start = 0
+    for size in (300, 37, 63):
+        out = torch.empty(size, kv_heads * group, head_dim)
+        query_start = torch.tensor([0, size], dtype=torch.int32)
+        seq_len = torch.tensor([start + size], dtype=torch.int32)
+        cpu.prefill_attention(lib, out, query[start : start + size], kv, table, query_start, seq_len, scale)
+        assert torch.equal(out, expected[start : start + size]), size
+        start += size
+
+
 def test_prefill_several_requests_in_one_call(libs, threads):
     """Requests of one call do not touch each other's rows; the thread count changes nothing."""
     lib = libs["native"]

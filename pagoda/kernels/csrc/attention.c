@@ -459,6 +459,7 @@ typedef struct {
     float *scores;        /* [QB][heads][SPAN] */
     float *o, *ml;        /* per row and span: o [heads][d], m [heads] then l [heads] (merge_spans' layout) */
     float *kwide, *vwide; /* bf16: a span's key and value rows widened, [SPAN][token_stride] each */
+    const float *kt;      /* the request's keys transposed (AVX-512, head_dim 64 or 128), or NULL */
 } RowBlock;
 
 /* Whether the prefill's scoring shares key loads between a kv head's query heads: its keys are in
@@ -488,6 +489,137 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
         }
     }
 }
+
+/* Prefill scoring on keys transposed a tile at a time (AVX-512, head_dim 64 or 128): each score is
+ * still the decode's dot_n, bitwise (lane j's chain of fused multiply-adds over values j, j + 16, ..
+ * from zero, then the 16 chains added in _mm512_reduce_add_ps's pairs: j + 8 to j, then j + 4, then
+ * 2, then 1), but with a tile's tokens as the lanes, so that the pairs are vertical adds: 16 scores
+ * cost 64 FMAs and 15 adds and no shuffles (dotv's 30 shuffles run on one of the two FMA ports), and
+ * six query rows share each key load. The keys are transposed once a call, before the items start
+ * (a request's tiles of TT tokens: tile i's [kv head][value e][token t] at kt + i * TT *
+ * token_stride, tokens past its length zero), for the requests with at least TILED_ROWS rows in
+ * it: there the transposes cost little beside the rows' scores. Against the scoring above
+ * (benchmarks/prefill_attention.py, 2-core Intel AMX machine, the same bits): a 4,000-token prompt
+ * in 512-token chunks 0.90-0.91x the time, a 256-token prompt 0.94x; a 46-row hit after 1,024
+ * cached tokens, which keeps dotv, took 1.04-1.06x transposed (its 46 rows share the transposes of
+ * 1,070 tokens). In a probe of the scoring alone (one thread, keys in L1), 66% of the FMA peak
+ * against dotv's 51%. */
+enum {
+    TT = 32,          /* tokens of a transposed key tile: two vectors */
+    TILED_ROWS = 128, /* a request's rows in the call from which its keys are transposed */
+};
+
+#ifdef __AVX512F__
+/* dst[i * TT + t] = src[t][off + i] for i, t < 16 (bf16 widened); a NULL row gives zeros */
+static inline void transpose16(const void *const *src, long off, float *dst, int bf16) {
+    vec r[16], t[16], u[16];
+    for (int i = 0; i < 16; i++) r[i] = src[i] ? load_row(src[i], off, bf16) : vset(0.f);
+    for (int i = 0; i < 16; i += 2) { /* lane L: rows i, i + 1 interleaved, values 4L, 4L + 1 (lo) or + 2, + 3 (hi) */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* u[i + c], lane L: value 4L + c of rows i .. i + 3 */
+        u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    for (int c = 0; c < 4; c++) { /* the 128-bit lanes of u[c], u[4 + c], u[8 + c], u[12 + c] transposed */
+        const vec x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        const vec y0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        vstore(dst + (c + 0) * TT, _mm512_shuffle_f32x4(x0, y0, 0x88));
+        vstore(dst + (c + 4) * TT, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+        vstore(dst + (c + 8) * TT, _mm512_shuffle_f32x4(x1, y1, 0x88));
+        vstore(dst + (c + 12) * TT, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+    }
+}
+
+/* tile i of a request's transposed keys (tokens i TT .. of `table`, len tokens in all) into kt */
+static void transpose_tile(const PagedKv *kv, const int32_t *table, long i, long len, float *kt) {
+    const void *src[TT];
+    for (long t = 0; t < TT; t++) src[t] = i * TT + t < len ? token_at(kv->k_cache, kv, table, i * TT + t) : NULL;
+    for (long c = 0; c < kv->token_stride; c += 16)
+        for (long h = 0; h < TT; h += 16) transpose16(src + h, c, kt + c * TT + h, kv->bf16);
+}
+
+enum { SCORE_ROWS = 6 }; /* query rows scored at once: 12 accumulators, two vectors of tokens each */
+
+/* The scaled scores of nq <= SCORE_ROWS query rows (qs[i], one kv head's, d values) for the
+ * tile's TT tokens (kt: that kv head's [d][TT]) into out[i][0..TT). The chains p_j of lane j are
+ * computed in the order j = 0, 8, 4, 12, 2, .. (k's 4 bits reversed) so that each pair the tree adds
+ * is complete when its second half is: after chain k, the partial sums of the levels where k has a
+ * one bit are added in, and the result kept at the first level where it has a zero (a binary
+ * counter). Each key vector is loaded once for all the rows and each query value broadcast once
+ * for both token vectors. */
+static inline __attribute__((always_inline)) void score_rows(const float *const *qs, long nq, const float *kt, long d,
+                                                             float scale, float *const *out) {
+    vec partial[4][SCORE_ROWS][2];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) {
+        const int j = (k & 1) << 3 | (k & 2) << 1 | (k & 4) >> 1 | (k & 8) >> 3;
+        vec p[SCORE_ROWS][2];
+        for (long i = 0; i < nq; i++) p[i][0] = p[i][1] = vset(0.f);
+        for (long e = j; e < d; e += 16) {
+            vec k0 = vload(kt + e * TT), k1 = vload(kt + e * TT + 16);
+            __asm__("" : "+v"(k0), "+v"(k1)); /* loaded once into registers, not once per row */
+            for (long i = 0; i < nq; i++) {
+                const vec b = vset(qs[i][e]);
+                p[i][0] = vfmadd(b, k0, p[i][0]);
+                p[i][1] = vfmadd(b, k1, p[i][1]);
+            }
+        }
+        int level = 0;
+        for (; (k >> level) & 1; level++)
+            for (long i = 0; i < nq; i++)
+                for (int c = 0; c < 2; c++) p[i][c] = vadd(partial[level][i][c], p[i][c]);
+        for (long i = 0; i < nq; i++)
+            for (int c = 0; c < 2; c++) {
+                if (k < 15) partial[level][i][c] = p[i][c];
+                else vstore(out[i] + c * 16, vmul(vset(scale), p[i][c]));
+            }
+    }
+}
+
+static inline __attribute__((always_inline)) void score_rows_d(const float *const *qs, long nq, const float *kt, long d,
+                                                               float scale, float *const *out) {
+    switch (nq) {
+    case 6: score_rows(qs, 6, kt, d, scale, out); break;
+    case 5: score_rows(qs, 5, kt, d, scale, out); break;
+    case 4: score_rows(qs, 4, kt, d, scale, out); break;
+    case 3: score_rows(qs, 3, kt, d, scale, out); break;
+    case 2: score_rows(qs, 2, kt, d, scale, out); break;
+    default: score_rows(qs, 1, kt, d, scale, out); break;
+    }
+}
+
+/* prefill_scores on the span's transposed keys (kt: the span's first tile): every row's scores
+ * TT tokens at a time (those past a row's n[r] computed and never read), SCORE_ROWS query rows of
+ * a kv head at a time */
+static void prefill_scores_tiled(const PagedKv *kv, const float *kt, const float *q, long q_stride, const long *n,
+                                 long first, long rows, float *scores) {
+    const long d = kv->head_dim, heads = kv->num_heads, group = kv->group, last = n[rows - 1];
+    for (long a = 0; a < last; a += TT) {
+        long r = first; /* rows r.. see the tile (n grows with r) */
+        while (n[r] <= a) r++;
+        const long count = (rows - r) * group;
+        for (long g = 0; g * group < heads; g++) {
+            const float *ktg = kt + (a / TT) * TT * kv->token_stride + g * d * TT;
+            for (long i = 0; i < count; i += SCORE_ROWS) {
+                const long nq = count - i < SCORE_ROWS ? count - i : SCORE_ROWS;
+                const float *qs[SCORE_ROWS];
+                float *out[SCORE_ROWS];
+                for (long x = 0; x < nq; x++) {
+                    const long row = r + (i + x) / group, h = g * group + (i + x) % group;
+                    qs[x] = q + row * q_stride + h * d;
+                    out[x] = scores + (row * heads + h) * SPAN + a;
+                }
+                if (d == 64) score_rows_d(qs, nq, ktg, 64, kv->scale, out);
+                else score_rows_d(qs, nq, ktg, 128, kv->scale, out);
+            }
+        }
+    }
+}
+#endif
 
 /* o[r] += sum_t p_r[t] v_t over the span's tokens [0, n[r]) for rows r = first.. (o zeroed before):
  * a VTILE-token tile of values at a time; in it four rows at a time over the tokens they all see,
@@ -526,9 +658,16 @@ static void prefill_span(const PagedKv *kv, const int32_t *table, const float *q
     long n[QB]; /* row r's tokens in the span */
     for (long r = first; r < rows; r++) n[r] = (len[r] < t0 + SPAN ? len[r] : t0 + SPAN) - t0;
     const float *krow[SPAN], *vrow[SPAN]; /* the span's tokens, from 0, looked up (bf16: widened) once */
-    span_rows(kv, kv->k_cache, table, t0, n[rows - 1], rb->kwide, krow);
     span_rows(kv, kv->v_cache, table, t0, n[rows - 1], rb->vwide, vrow);
-    prefill_scores(kv, krow, q, q_stride, n, first, rows, rb->scores);
+#ifdef __AVX512F__
+    if (rb->kt)
+        prefill_scores_tiled(kv, rb->kt + t0 * kv->token_stride, q, q_stride, n, first, rows, rb->scores);
+    else
+#endif
+    {
+        span_rows(kv, kv->k_cache, table, t0, n[rows - 1], rb->kwide, krow);
+        prefill_scores(kv, krow, q, q_stride, n, first, rows, rb->scores);
+    }
     for (long r = first; r < rows; r++) {
         float *ml = rb->ml + (r * rb->spans + s) * 2 * heads, *sc = rb->scores + r * heads * SPAN;
         for (long h = 0; h < heads; h++) {
@@ -588,9 +727,30 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const v
         for (long row = query_start[i]; row < query_start[i + 1]; row += item_rows)
             item_req[it] = i, item_row[it++] = row;
     const long max_spans = (longest + SPAN - 1) / SPAN;
+    /* the transposed keys (prefill_scores_tiled): request i's tiles are kt's tiles tile_first[i] ..
+     * tile_first[i + 1] - 1, none where its keys are not transposed */
+    long *tile_first = malloc((num_reqs + 1) * sizeof(long));
+    tile_first[0] = 0;
+    const int tiled = VLEN == 16 && (head_dim == 64 || head_dim == 128);
+    for (long i = 0; i < num_reqs; i++) {
+        const int transposed = tiled && query_start[i + 1] - query_start[i] >= TILED_ROWS;
+        tile_first[i + 1] = tile_first[i] + (transposed ? (seq_lens[i] + TT - 1) / TT : 0);
+    }
+    const long tile_floats = TT * token_stride;
+    float *kt = tile_first[num_reqs] ? malloc(tile_first[num_reqs] * tile_floats * sizeof(float)) : NULL;
 #pragma omp parallel num_threads(num_threads)
     {
         RowBlock rb;
+#ifdef __AVX512F__
+        if (kt) { /* every tile before any item reads one: the loop's barrier */
+            long i = 0;
+#pragma omp for schedule(monotonic : dynamic, 4)
+            for (long tile = 0; tile < tile_first[num_reqs]; tile++) {
+                while (tile_first[i + 1] <= tile) i++; /* monotonic: each thread's tiles come in increasing order */
+                transpose_tile(&kv, block_tables + i * max_blocks, tile - tile_first[i], seq_lens[i], kt + tile * tile_floats);
+            }
+        }
+#endif
         rb.scores = malloc((QB * num_heads * SPAN + QB * max_spans * num_heads * (head_dim + 2)) * sizeof(float));
         rb.o = rb.scores + QB * num_heads * SPAN;
         rb.kwide = kv_bf16 ? malloc(2 * SPAN * token_stride * sizeof(float)) : NULL;
@@ -602,11 +762,14 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const v
             rb.rows = end - row < item_rows ? end - row : item_rows;
             rb.spans = (first_pos + rb.rows + SPAN - 1) / SPAN;
             rb.ml = rb.o + QB * rb.spans * num_heads * head_dim;
+            rb.kt = tile_first[i + 1] > tile_first[i] ? kt + tile_first[i] * tile_floats : NULL;
             prefill_rows(&kv, block_tables + i * max_blocks, out + row * num_heads * head_dim, q + row * q_stride,
                          q_stride, first_pos, &rb);
         }
         free(rb.scores);
         free(rb.kwide);
     }
+    free(kt);
+    free(tile_first);
     free(item_req);
 }
