@@ -498,7 +498,7 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
  * six query rows share each key load. The keys are transposed once a call, before the items start
  * (a request's tiles of TT tokens: tile i's [kv head][value e][token t] at kt + i * TT *
  * token_stride, tokens past its length zero), for the requests with at least TILED_ROWS rows in
- * it: there the transposes cost little beside the rows' scores. Against the scoring above
+ * it (while they fit TILED_BYTES): there the transposes cost little beside the rows' scores. Against the scoring above
  * (benchmarks/prefill_attention.py, 2-core Intel AMX machine, the same bits): a 4,000-token prompt
  * in 512-token chunks 0.90-0.91x the time, a 256-token prompt 0.94x; a 46-row hit after 1,024
  * cached tokens, which keeps dotv, took 1.04-1.06x transposed (its 46 rows share the transposes of
@@ -508,6 +508,9 @@ enum {
     TT = 32,          /* tokens of a transposed key tile: two vectors */
     TILED_ROWS = 128, /* a request's rows in the call from which its keys are transposed */
 };
+/* the most bytes of transposed keys a call holds: requests past it keep dotv (a 4,000-token prompt
+ * of the default model takes 3 MB, one of 8,000 tokens with 8 kv heads of 128 values 33 MB) */
+#define TILED_BYTES (64l << 20)
 
 #ifdef __AVX512F__
 /* dst[i * TT + t] = src[t][off + i] for i, t < 16 (bf16 widened); a NULL row gives zeros */
@@ -732,11 +735,13 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const v
     long *tile_first = malloc((num_reqs + 1) * sizeof(long));
     tile_first[0] = 0;
     const int tiled = VLEN == 16 && (head_dim == 64 || head_dim == 128);
-    for (long i = 0; i < num_reqs; i++) {
-        const int transposed = tiled && query_start[i + 1] - query_start[i] >= TILED_ROWS;
-        tile_first[i + 1] = tile_first[i] + (transposed ? (seq_lens[i] + TT - 1) / TT : 0);
-    }
     const long tile_floats = TT * token_stride;
+    for (long i = 0; i < num_reqs; i++) {
+        const long tiles = (seq_lens[i] + TT - 1) / TT;
+        const int transposed = tiled && query_start[i + 1] - query_start[i] >= TILED_ROWS &&
+                               (tile_first[i] + tiles) * tile_floats * (long)sizeof(float) <= TILED_BYTES;
+        tile_first[i + 1] = tile_first[i] + (transposed ? tiles : 0);
+    }
     float *kt = tile_first[num_reqs] ? malloc(tile_first[num_reqs] * tile_floats * sizeof(float)) : NULL;
 #pragma omp parallel num_threads(num_threads)
     {
