@@ -767,7 +767,7 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const v
             rb.rows = end - row < item_rows ? end - row : item_rows;
             rb.spans = (first_pos + rb.rows + SPAN - 1) / SPAN;
             rb.ml = rb.o + QB * rb.spans * num_heads * head_dim;
-            rb.kt = tile_first[i + 1] > tile_first[i] ? kt + tile_first[i] * tile_floats : NULL;
+            rb.kt = kt && tile_first[i + 1] > tile_first[i] ? kt + tile_first[i] * tile_floats : NULL; /* none: dotv */
             prefill_rows(&kv, block_tables + i * max_blocks, out + row * num_heads * head_dim, q + row * q_stride,
                          q_stride, first_pos, &rb);
         }
