@@ -73,6 +73,19 @@ def decode_rows(lib, query, kv, table, first_pos, scale):
     return out
 
 
+def assert_chunks_equal(lib, query, kv, table, chunks, expected, scale):
+    """Prefilling the query rows in `chunks`, each over the cache of the chunks before it, gives
+    `expected` (each row's decode) bitwise."""
+    start = 0
+    for size in chunks:
+        out = torch.empty(size, *query.shape[1:])
+        query_start = torch.tensor([0, size], dtype=torch.int32)
+        seq_len = torch.tensor([start + size], dtype=torch.int32)
+        cpu.prefill_attention(lib, out, query[start : start + size], kv, table, query_start, seq_len, scale)
+        assert torch.equal(out, expected[start : start + size]), chunks
+        start += size
+
+
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 @pytest.mark.parametrize(
     "block_size,kv_heads,group,head_dim",
@@ -88,14 +101,7 @@ def test_prefill_rows_equal_decodes(libs, isa, block_size, kv_heads, group, head
     query, scale = torch.randn(total, kv_heads * group, head_dim), head_dim**-0.5
     expected = decode_rows(lib, query, kv, table, 0, scale)
     for chunks in ([total], [1, 255, 1, 343], [300, 300], [17, 256, 327], [530, 46, 24]):
-        start = 0
-        for size in chunks:
-            out = torch.empty(size, kv_heads * group, head_dim)
-            query_start = torch.tensor([0, size], dtype=torch.int32)
-            seq_len = torch.tensor([start + size], dtype=torch.int32)
-            cpu.prefill_attention(lib, out, query[start : start + size], kv, table, query_start, seq_len, scale)
-            assert torch.equal(out, expected[start : start + size]), chunks
-            start += size
+        assert_chunks_equal(lib, query, kv, table, chunks, expected, scale)
     k = kv[0][table[0].long()].flatten(0, 1)[:total].transpose(0, 1)
     v = kv[1][table[0].long()].flatten(0, 1)[:total].transpose(0, 1)
     sdpa = F.scaled_dot_product_attention(
@@ -114,14 +120,7 @@ def test_prefill_rows_equal_decodes_on_a_bfloat16_cache(libs, kv_heads, group, h
     kv = kv.bfloat16()
     query, scale = torch.randn(total, kv_heads * group, head_dim), head_dim**-0.5
     expected = decode_rows(lib, query, kv, table, 0, scale)
-    start = 0
-    for size in (300, 37, 63):
-        out = torch.empty(size, kv_heads * group, head_dim)
-        query_start = torch.tensor([0, size], dtype=torch.int32)
-        seq_len = torch.tensor([start + size], dtype=torch.int32)
-        cpu.prefill_attention(lib, out, query[start : start + size], kv, table, query_start, seq_len, scale)
-        assert torch.equal(out, expected[start : start + size]), size
-        start += size
+    assert_chunks_equal(lib, query, kv, table, [300, 37, 63], expected, scale)
 
 
 def test_prefill_several_requests_in_one_call(libs, threads):
