@@ -498,12 +498,12 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
  * six query rows share each key load. The keys are transposed once a call, before the items start
  * (a request's tiles of TT tokens: tile i's [kv head][value e][token t] at kt + i * TT *
  * token_stride, tokens past its length zero), for the requests with at least TILED_ROWS rows in
- * it (while they fit TILED_BYTES): there the transposes cost little beside the rows' scores. Against the scoring above
- * (benchmarks/prefill_attention.py, 2-core Intel AMX machine, the same bits): a 4,000-token prompt
- * in 512-token chunks 0.90-0.91x the time, a 256-token prompt 0.94x; a 46-row hit after 1,024
- * cached tokens, which keeps dotv, took 1.04-1.06x transposed (its 46 rows share the transposes of
- * 1,070 tokens). In a probe of the scoring alone (one thread, keys in L1), 66% of the FMA peak
- * against dotv's 51%. */
+ * it (while they fit TILED_BYTES): there the transposes cost little beside the rows' scores.
+ * Against the scoring above (benchmarks/prefill_attention.py, 2-core Intel AMX machine, the same
+ * bits): a 4,000-token prompt in 512-token chunks 0.91-0.97x the time, a 256-token prompt
+ * 0.94-0.99x; a 46-row hit after 1,024 cached tokens, which keeps dotv, took 1.04-1.06x transposed
+ * (its 46 rows share the transposes of 1,070 tokens). In a probe of the scoring alone (one thread,
+ * keys in L1), 66% of the FMA peak against dotv's 51%. */
 enum {
     TT = 32,          /* tokens of a transposed key tile: two vectors */
     TILED_ROWS = 128, /* a request's rows in the call from which its keys are transposed */
@@ -528,8 +528,10 @@ static inline void transpose16(const void *const *src, long off, float *dst, int
         u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
     }
     for (int c = 0; c < 4; c++) { /* the 128-bit lanes of u[c], u[4 + c], u[8 + c], u[12 + c] transposed */
-        const vec x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
-        const vec y0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        const vec x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+        const vec x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        const vec y0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+        const vec y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
         vstore(dst + (c + 0) * TT, _mm512_shuffle_f32x4(x0, y0, 0x88));
         vstore(dst + (c + 4) * TT, _mm512_shuffle_f32x4(x0, y0, 0xDD));
         vstore(dst + (c + 8) * TT, _mm512_shuffle_f32x4(x1, y1, 0x88));
@@ -752,7 +754,8 @@ void pagoda_prefill_attention(float *out, const float *q, long q_stride, const v
 #pragma omp for schedule(monotonic : dynamic, 4)
             for (long tile = 0; tile < tile_first[num_reqs]; tile++) {
                 while (tile_first[i + 1] <= tile) i++; /* monotonic: each thread's tiles come in increasing order */
-                transpose_tile(&kv, block_tables + i * max_blocks, tile - tile_first[i], seq_lens[i], kt + tile * tile_floats);
+                transpose_tile(&kv, block_tables + i * max_blocks, tile - tile_first[i], seq_lens[i],
+                               kt + tile * tile_floats);
             }
         }
 #endif
