@@ -500,8 +500,8 @@ static void prefill_scores(const PagedKv *kv, const float *const *krow, const fl
  * token_stride, tokens past its length zero), for the requests with at least TILED_ROWS rows in
  * it (while they fit TILED_BYTES): there the transposes cost little beside the rows' scores.
  * Against the scoring above (benchmarks/prefill_attention.py, 2-core Intel AMX machine, the same
- * bits): a 4,000-token prompt in 512-token chunks 0.91-0.97x the time, a 256-token prompt
- * 0.94-0.99x; a 46-row hit after 1,024 cached tokens, which keeps dotv, took 1.04-1.06x transposed
+ * bits): a 4,000-token prompt in 512-token chunks 0.90-0.94x the time, a 256-token prompt
+ * 0.94-0.96x; a 46-row hit after 1,024 cached tokens, which keeps dotv, took 1.04-1.06x transposed
  * (its 46 rows share the transposes of 1,070 tokens). In a probe of the scoring alone (one thread,
  * keys in L1), 66% of the FMA peak against dotv's 51%. */
 enum {
