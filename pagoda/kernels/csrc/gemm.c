@@ -33,6 +33,11 @@
  * (benchmarks/results/gemm_l1/gemm_invariant_ab_recheck.txt); eight or 16 ahead alike; fetching
  * x's rows likewise was slower. */
 #define L1_AHEAD 16
+/* Where a work item has at most FEW_TILES tiles (up to 64 rows), the next item's panels are
+ * prefetched as STREAMS streams side by side (its quarters, a line of each in turn) rather than
+ * front to back: the weights stream from memory faster while the tiles compute. */
+#define FEW_TILES 8
+#define STREAMS 4
 
 /* out[p][kk][j] = w[p * PANEL + j][kk] for column p * PANEL + j < n, else 0; w row-major [n, k] */
 void pagoda_pack_panels(float *out, const float *w, long n, long k, int num_threads) {
@@ -53,20 +58,27 @@ void pagoda_pack_panels(float *out, const float *w, long n, long k, int num_thre
 typedef struct {
     const char *from, *to;
     long per_k;
+    long slot, last, per_way; /* streams: this tile's slots [slot, last), each stream per_way lines */
 } Prefetch;
 
 /* y[r, c] for rows r < mr of x and the columns of np panels from `panels`; `cols` of them are
  * written (the last panel of the matrix may be partial). Inlined with constant mr and np. */
 static inline __attribute__((always_inline)) void tile(float *y, long ldy, const float *x, long ldx, const float *panels,
                                                        const float *bias, long k, long cols, long mr, long np,
-                                                       const Prefetch *pf) {
+                                                       const Prefetch *pf, int streams) {
     vec acc[MR][NP * PV];
     for (long r = 0; r < mr; r++)
         for (long c = 0; c < np * PV; c++) acc[r][c] = vset(0.f);
     const char *line = pf->from;
+    long slot = pf->slot;
     for (long kk = 0; kk < k; kk++) {
-        if (line < pf->to)
+        if (!streams && line < pf->to)
             for (long i = 0; i < pf->per_k; i++, line += 64) _mm_prefetch(line, _MM_HINT_T1);
+        if (streams)
+            for (long i = 0; i < pf->per_k && slot < pf->last; i++, slot++) {
+                const char *at = pf->from + ((slot % STREAMS) * pf->per_way + slot / STREAMS) * 64;
+                if (at < pf->to) _mm_prefetch(at, _MM_HINT_T1);
+            }
         vec w[NP * PV];
         for (long p = 0; p < np; p++) {
             _mm_prefetch((const char *)(panels + (p * k + kk + L1_AHEAD) * PANEL), _MM_HINT_T0);
@@ -86,7 +98,8 @@ static inline __attribute__((always_inline)) void tile(float *y, long ldy, const
 
 #define TILE_NP(mr, np)                                                                                                \
     case np:                                                                                                           \
-        tile(y, ldy, x, ldx, panels, bias, k, cols, mr, np, pf);                                                       \
+        if (pf->per_way) tile(y, ldy, x, ldx, panels, bias, k, cols, mr, np, pf, 1);                                   \
+        else tile(y, ldy, x, ldx, panels, bias, k, cols, mr, np, pf, 0);                                               \
         return
 #if NP == 3
 #define TILE_WIDE(mr) TILE_NP(mr, 2); TILE_NP(mr, 3);
@@ -120,9 +133,16 @@ static void tile_any(float *y, long ldy, const float *x, long ldx, const float *
 
 /* tile t's share (of `tiles`) of the cache lines of `bytes` bytes at p, per_k of them a k step */
 static Prefetch tile_share(const char *p, long bytes, long t, long tiles, long k) {
-    const long lines = bytes / 64, share = (lines + tiles - 1) / tiles;
+    const long lines = bytes / 64;
+    if (tiles <= FEW_TILES) { /* the slots of all STREAMS streams in turn, shared out */
+        const long per_way = (lines + STREAMS - 1) / STREAMS, slots = per_way * STREAMS;
+        const long share = (slots + tiles - 1) / tiles, first = t * share < slots ? t * share : slots;
+        const long last = first + share < slots ? first + share : slots;
+        return (Prefetch){p, p + bytes, (share + k - 1) / k, first, last, per_way};
+    }
+    const long share = (lines + tiles - 1) / tiles;
     const long first = t * share < lines ? t * share : lines, last = first + share < lines ? first + share : lines;
-    return (Prefetch){p + first * 64, p + last * 64, (share + k - 1) / k};
+    return (Prefetch){p + first * 64, p + last * 64, (share + k - 1) / k, 0, 0, 0};
 }
 
 /* Work items shared out as one contiguous range per thread, which its owner takes front to back,
@@ -189,7 +209,7 @@ void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const f
                     const long mr = r + MR <= r1 ? MR : r1 - r;
                     const Prefetch share = prefetch
                                                ? tile_share(next, next_np * k * PANEL * (long)sizeof(float), t, tiles, k)
-                                               : (Prefetch){NULL, NULL, 0};
+                                               : (Prefetch){NULL, NULL, 0, 0, 0, 0};
                     tile_any(y + r * ldy + col0, ldy, x + r * ldx, ldx, packed + p0 * k * PANEL,
                              bias ? bias + col0 : NULL, k, cols, mr, np, &share);
                 }
