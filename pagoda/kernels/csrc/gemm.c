@@ -72,13 +72,13 @@ static inline __attribute__((always_inline)) void tile(float *y, long ldy, const
     const char *line = pf->from;
     long slot = pf->slot;
     for (long kk = 0; kk < k; kk++) {
-        if (!streams && line < pf->to)
-            for (long i = 0; i < pf->per_k; i++, line += 64) _mm_prefetch(line, _MM_HINT_T1);
-        if (streams)
+        if (streams) /* slot s: line s / STREAMS of stream s % STREAMS */
             for (long i = 0; i < pf->per_k && slot < pf->last; i++, slot++) {
                 const char *at = pf->from + ((slot % STREAMS) * pf->per_way + slot / STREAMS) * 64;
                 if (at < pf->to) _mm_prefetch(at, _MM_HINT_T1);
             }
+        else if (line < pf->to)
+            for (long i = 0; i < pf->per_k; i++, line += 64) _mm_prefetch(line, _MM_HINT_T1);
         vec w[NP * PV];
         for (long p = 0; p < np; p++) {
             _mm_prefetch((const char *)(panels + (p * k + kk + L1_AHEAD) * PANEL), _MM_HINT_T0);
@@ -131,7 +131,9 @@ static void tile_any(float *y, long ldy, const float *x, long ldx, const float *
     }
 }
 
-/* tile t's share (of `tiles`) of the cache lines of `bytes` bytes at p, per_k of them a k step */
+/* tile t's share (of `tiles`) of the cache lines of `bytes` bytes at p, per_k of them a k step:
+ * a contiguous run of them, or where the item has at most FEW_TILES tiles, a run of the slots of
+ * STREAMS streams read in turn (tile() is specialized for each: streams, when per_way is set) */
 static Prefetch tile_share(const char *p, long bytes, long t, long tiles, long k) {
     const long lines = bytes / 64;
     if (tiles <= FEW_TILES) { /* the slots of all STREAMS streams in turn, shared out */
