@@ -13,7 +13,8 @@ shuffled as a pool leaves them):
 
 `--decode` also times decode attention (`pagoda_paged_decode_attention`), 30 layers' caches (as many
 as the model has, each its own, so that they do not fit the L3) per timed call, float32 and
-bfloat16 caches: 32 requests of 300 tokens, 8 of 1,100, one of 4,000.
+bfloat16 caches: 32 requests of 300 tokens, 8 of 1,100 (their own, or sharing a 1,024-token
+prefix's blocks), one of 4,000.
 
 `--step` also times the whole hit step offline, each tree in its own process, alternated: an fp32
 `LLM` (--model) caches a 1,024-token prefix, then `generate(prefix + 46 new tokens, max_tokens=1)`.
@@ -90,16 +91,21 @@ def kernel_cases(libs, rounds: int, seconds: float, tokens: int) -> list[dict]:
 LAYERS = 30  # the default model's
 
 
-def decode_case(batch: int, tokens: int, dtype: torch.dtype):
+def decode_case(batch: int, tokens: int, dtype: torch.dtype, shared: int = 0):
     """A decode step's attention over every layer: each layer's own cache (batch requests of
-    `tokens` tokens, the last one new), the same queries."""
-    blocks = -(-tokens // BLOCK)
-    tables = torch.randperm(batch * blocks, dtype=torch.int32).view(batch, blocks).contiguous()
+    `tokens` tokens, the last one new, their first `shared` tokens in the same blocks: a shared
+    prefix, a whole number of blocks), the same queries."""
+    blocks, shared_blocks = -(-tokens // BLOCK), shared // BLOCK
+    own = batch * (blocks - shared_blocks)
+    pool = torch.randperm(shared_blocks + own, dtype=torch.int32)
+    tables = torch.cat(
+        [pool[:shared_blocks].expand(batch, shared_blocks), pool[shared_blocks:].view(batch, -1)], dim=1
+    ).contiguous()
     seq_lens = torch.full((batch,), tokens, dtype=torch.int32)
     slots = (tables[:, (tokens - 1) // BLOCK].long() * BLOCK + (tokens - 1) % BLOCK).contiguous()
     query = torch.randn(batch, HEADS, HEAD_DIM)
     key, value = torch.randn(batch, KV_HEADS, HEAD_DIM), torch.randn(batch, KV_HEADS, HEAD_DIM)
-    caches = [torch.randn(2, batch * blocks, BLOCK, KV_HEADS, HEAD_DIM).to(dtype) for _ in range(LAYERS)]
+    caches = [torch.randn(2, shared_blocks + own, BLOCK, KV_HEADS, HEAD_DIM).to(dtype) for _ in range(LAYERS)]
     return query, key, value, caches, slots, tables, seq_lens
 
 
@@ -116,11 +122,13 @@ def run_decode(lib, case) -> torch.Tensor:
 def decode_cases(libs, rounds: int, seconds: float) -> list[dict]:
     torch.manual_seed(0)
     results = []
-    for batch, tokens in ((32, 300), (8, 1100), (1, 4000)):
+    for batch, tokens, shared in ((32, 300, 0), (8, 1100, 0), (8, 1100, 1024), (1, 4000, 0)):
         for dtype in (torch.float32, torch.bfloat16):
-            case = decode_case(batch, tokens, dtype)
+            case = decode_case(batch, tokens, dtype, shared)
             timed = compare(libs, lambda lib, case=case: run_decode(lib, case), rounds, seconds)
-            results.append({"case": f"decode {batch} x {tokens:,}, {LAYERS} layers, {str(dtype)[6:]} cache", **timed})
+            sharing = f" sharing {shared:,}" if shared else ""
+            name = f"decode {batch} x {tokens:,}{sharing}, {LAYERS} layers, {str(dtype)[6:]} cache"
+            results.append({"case": name, **timed})
     return results
 
 
@@ -181,14 +189,14 @@ def main() -> None:
             rows += decode_cases(libs, args.rounds, args.seconds)
         if args.step:
             rows.append(step_case([base, ROOT], args.model, args.rounds, args.step_repeats, threads))
-    print(f"{'case':<48}{args.baseline + ' ms':>10}{'this ms':>10}{'ratio':>7}{'GFLOP/s':>17}{'max diff':>10}")
+    print(f"{'case':<62}{args.baseline + ' ms':>10}{'this ms':>10}{'ratio':>7}{'GFLOP/s':>17}{'max diff':>10}")
     for r in rows:
         rates = " " * 17
         if "gflops" in r:
             rates = f"{r['gflops'] / r['base_ms'] * 1e3:>8.1f}{r['gflops'] / r['this_ms'] * 1e3:>9.1f}"
         differ = f"{r['differ']:>10.1e}" if "differ" in r else ""
         times = f"{r['base_ms']:>10.2f}{r['this_ms']:>10.2f}{r['this_ms'] / r['base_ms']:>7.2f}"
-        print(f"{r['case']:<48}{times}{rates}{differ}")
+        print(f"{r['case']:<62}{times}{rates}{differ}")
 
 
 if __name__ == "__main__":

@@ -140,3 +140,30 @@ def test_prefill_several_requests_in_one_call(libs, threads):
         out = torch.empty(352, 9, 64)
         cpu.prefill_attention(lib, out, rows, kv, tables, query_start, seq_lens, scale)
         assert torch.equal(out, torch.cat([expected[:100], expected[450:], expected[5:7]]))
+
+
+def test_decodes_sharing_a_prefix_equal_each_alone(libs, threads):
+    """Decodes whose tables share a prefix's blocks (as the radix cache leaves them), in one call of
+    several spans each, give each request the bits it gets alone, on one thread or two, close to
+    softmax attention."""
+    lib = libs["native"]
+    torch.manual_seed(3)
+    lens, shared, own = [700, 900, 650, 1300], 40, 42  # blocks of 16: 640 shared tokens
+    kv = torch.randn(2, shared + own * len(lens), 16, 3, 64)
+    pool = torch.randperm(kv.shape[1]).to(torch.int32)
+    tables = torch.cat([pool[:shared].expand(len(lens), -1), pool[shared:].view(len(lens), own)], 1).contiguous()
+    query, scale, no_store = torch.randn(len(lens), 9, 64), 0.125, torch.full((len(lens),), -1)
+    alone = torch.empty(len(lens), 9, 64)
+    for i, n in enumerate(lens):
+        q, seq_len = query[i : i + 1], torch.tensor([n], dtype=torch.int32)
+        cpu.paged_decode_attention(lib, alone[i : i + 1], q, q, q, kv, no_store[:1], tables[i : i + 1], seq_len, scale)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    for n in (1, 2):
+        threads(n)
+        together = torch.empty_like(alone)
+        cpu.paged_decode_attention(lib, together, query, query, query, kv, no_store, tables, seq_lens, scale)
+        assert torch.equal(together, alone), n
+    for i, n in enumerate(lens):
+        k, v = (kv[j][tables[i].long()].flatten(0, 1)[:n] for j in (0, 1))
+        ref = torch.stack([torch.softmax(scale * k[:, h // 3] @ query[i, h], 0) @ v[:, h // 3] for h in range(9)])
+        assert torch.allclose(alone[i], ref, atol=1e-5), i

@@ -53,26 +53,34 @@ static inline __attribute__((always_inline)) void axpy_kv(float *y, float a, con
 
 static inline void axpy_n(float *y, float a, const float *x, long n) { axpy_kv(y, a, x, n, 0); }
 
-/* Reads one byte of every cache line of n rows of `bytes` bytes each and does nothing else: a loop
- * of independent loads keeps many more lines in flight than the scoring and value loops, whose FMA
- * chains fill the core's out-of-order window while their loads wait on memory (software
+/* Reads every cache line of n rows of `bytes` bytes each into the cache and does nothing else: a
+ * loop of independent reads keeps many more lines in flight than the scoring and value loops, whose
+ * FMA chains fill the core's out-of-order window while their loads wait on memory (software
  * prefetching a fixed distance ahead in those loops measured no faster than none). Run over a
  * decode span's keys before scoring them and its values before weighing them, so that those loops
- * read L2: a 30-layer decode step's attention took 0.66-0.80x the time (32 x 300, 8 x 1,100 and
- * 1 x 4,000 tokens, bf16 and float32 caches, 2 threads, AMX machine; results/decode_touch/).
- * The rows are read as TOUCH_WAYS interleaved streams (with 4, quarters of the span: rows t,
- * t + n/4, .. line by line), not in order: a span's rows lie in blocks of a few KB scattered over
- * the pool, and one stream at a time restarts the hardware prefetcher at every block. Four streams
- * read shuffled 12 KB blocks at 26 GB/s where one read at 14.5 (2 threads, Zen 4) and made decode
- * attention 0.69-0.88x the time (results/zen4_avx512/decode_touch_ways.txt); eight measured the
- * same as four, as did touching a span's values together with its keys. */
-enum { TOUCH_WAYS = 4 };
+ * read the cache: a 30-layer decode step's attention took 0.66-0.80x the time of none (32 x 300,
+ * 8 x 1,100 and 1 x 4,000 tokens, bf16 and float32 caches, 2 threads, AMX machine;
+ * results/decode_touch/). The rows are read as TOUCH_WAYS interleaved streams (rows t, t + n/8, ..
+ * line by line), not in order: a span's rows lie in blocks of a few KB scattered over the pool, and
+ * one stream at a time restarts the hardware prefetcher at every block (four streams read shuffled
+ * 12 KB blocks at 26 GB/s where one read at 14.5, 2 threads, Zen 4; eight measured as four there
+ * and on the AMX machine).
+ * A read is a load of one byte on AMD (Zen 3 and 4 took 1.2-1.5x the time with prefetch
+ * instructions) and a prefetch instruction where the kernels are built for AMX (Intel's server
+ * cores: 0.86-0.92x the time of loads, results/intel_amx/decode_prefetch/): there a load retiring
+ * in order held the loop up, a prefetch need not wait for its line. */
+enum { TOUCH_WAYS = 8 };
 
 static inline void touch_rows(const void *const *rows, long n, long bytes) {
     const long per_stream = (n + TOUCH_WAYS - 1) / TOUCH_WAYS; /* rows; stream w starts at row w * per_stream */
     for (long t = 0; t < per_stream; t++)
         for (long i = 0; i < bytes; i += 64)
-            for (long r = t; r < n; r += per_stream) (void)((const volatile char *)rows[r])[i];
+            for (long r = t; r < n; r += per_stream)
+#ifdef __AMX_TILE__
+                _mm_prefetch((const char *)rows[r] + i, _MM_HINT_T0);
+#else
+                (void)((const volatile char *)rows[r])[i];
+#endif
 }
 
 static inline void prefetch_row(const float *p, long n) {
@@ -419,13 +427,23 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
         part.ml = part.o + units * num_heads * head_dim;
         part.done = calloc(batch, sizeof(int));
     }
+    /* Spans in span-major order (every request's first span, then every second one, ..), so that
+     * requests sharing a prefix (the same blocks at the same span) read them one after another,
+     * the later ones from cache: 8 requests of 1,100 tokens sharing 1,024 took 0.94x the time of
+     * request-major order (results/intel_amx/decode_prefetch/). Each span's arithmetic is its own:
+     * the order changes no result. */
+    long *order = malloc(units * sizeof(long)), *owner = malloc(units * sizeof(long)), u = 0;
+    for (long b = 0; b < batch; b++)
+        for (long i = first[b]; i < first[b + 1]; i++) owner[i] = b;
+    for (long s = 0; u < units; s++)
+        for (long b = 0; b < batch; b++)
+            if (first[b] + s < first[b + 1]) order[u++] = first[b] + s;
 #pragma omp parallel num_threads(num_threads)
     {
         float *scratch = malloc((num_heads * span + num_heads * head_dim + 2 * num_heads) * sizeof(float));
-        long b = 0;
-#pragma omp for schedule(monotonic : dynamic, 1) nowait
-        for (long i = 0; i < units; i++) {
-            while (first[b + 1] <= i) b++; /* monotonic: each thread is handed spans in increasing order */
+#pragma omp for schedule(dynamic, 1) nowait
+        for (long j = 0; j < units; j++) {
+            const long i = order[j], b = owner[i];
             const long t0 = start[i], t1 = t0 + span < seq_lens[b] ? t0 + span : seq_lens[b];
             attend_unit(&kv, out, q, q_stride, &new_tokens, b, i, i - first[b], first[b + 1] - first[b], t0, t1,
                         seq_lens[b], &part, scratch, span);
@@ -434,6 +452,8 @@ void pagoda_paged_decode_attention(float *out, const float *q, long q_stride, co
     }
     free(part.o);
     free(part.done);
+    free(order);
+    free(owner);
     free(start);
     free(first);
 }
