@@ -85,7 +85,7 @@ class SchedulerConfig:
     # prefill chunk does not stall every decode in the step; None: only max_num_batched_tokens
     max_prefill_with_decodes: int | None = None
     # while any running request decodes, a prompt with at most this many tokens left to compute
-    # gets a step of its own, one prompt a step and at most two in a row, before the decodes;
+    # gets a step of its own, one prompt a step, at most two in a row, then one beside the decodes;
     # None: prompts share the decodes' steps (docs/engine.md: How a step works)
     prefill_alone_threshold: int | None = None
 

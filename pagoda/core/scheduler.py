@@ -12,8 +12,9 @@ own, one prompt a step. On a CPU a step costs about its rows' compute, so the de
 attention would add to that prompt's time to first token as much as it then delays them: alone,
 its first token costs its own rows only, and prompts that arrive together finish one after another
 instead of all at the end of one longer step. At most PROMPTS_ALONE_IN_A_ROW such steps follow each
-other: a burst of short prompts beyond that shares the decodes' steps again, so no decode waits
-longer than that many short steps.
+other; the step built as usual after them admits at most one new prompt beside the decodes, so a
+burst of short prompts goes on one a step (two alone, one beside the decodes, ..) and no decode
+waits longer than two short steps and its own.
 
 The scheduler owns every request's state (status, computed tokens, blocks, outputs); the KV cache
 manager hands it blocks and the model runner reads the step it is given.
@@ -40,8 +41,9 @@ from pagoda.request import Request, RequestStatus, TokenLogprob
 
 LPM_WINDOW = 128  # waiting requests the longest-prefix-match policy looks at
 LPM_MAX_SKIPS = 16  # a request passed over this often is admitted next (no starvation)
-# consecutive steps of a prompt alone before one built as usual: two requests that ended in the same
-# step send their next prompts together, and these then run one after the other
+# consecutive steps of a prompt alone before one built as usual (which then admits one prompt at
+# most): requests that ended in the same step send their next prompts together, and these then
+# run one after the other
 PROMPTS_ALONE_IN_A_ROW = 2
 
 
@@ -125,7 +127,8 @@ class Scheduler:
 
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        alone = self._schedule_prompt_alone() if self._prompts_alone < PROMPTS_ALONE_IN_A_ROW else None
+        capped = self._prompts_alone >= PROMPTS_ALONE_IN_A_ROW
+        alone = None if capped else self._schedule_prompt_alone()
         if alone is not None:
             self._prompts_alone += 1
             finished, self._finished_ids = frozenset(self._finished_ids), []
@@ -169,7 +172,9 @@ class Scheduler:
                     prefill_budget -= num_new
                 index += 1
         if not preempted:
-            self._admit_waiting(scheduled, min(budget, prefill_budget))
+            # after prompts alone, one more beside the decodes: a burst's rest would otherwise all
+            # wait for one long step (6 hits beside 2 decodes: TTFT p50 0.68x, benchmarks/prompt_burst.py)
+            self._admit_waiting(scheduled, min(budget, prefill_budget), 1 if capped else len(self.waiting))
         if not scheduled:
             return SchedulerOutput((), 0)
         finished, self._finished_ids = frozenset(self._finished_ids), []
@@ -278,8 +283,12 @@ class Scheduler:
         return appended, kept
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int, most: int) -> None:
+        """Admits waiting requests, at most `most` of them, while the budget, max_num_seqs and the
+        pool allow."""
+        for _ in range(most):
+            if not (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs):
+                break
             request, passed_over = self._next_waiting()
             if request is None:
                 break

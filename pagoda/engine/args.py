@@ -132,8 +132,9 @@ class EngineArgs:
     prefill_alone_threshold: int | None = option(
         None,
         "while any request decodes, a prompt with at most this many tokens left to compute (a short prompt, "
-        "or what a prefix-cache hit leaves) gets a step of its own, one prompt a step and at most two in a row, "
-        "before the decodes: its first token then costs only its own rows; 0: prompts always share the decodes' steps",
+        "or what a prefix-cache hit leaves) gets a step of its own before the decodes, one prompt a step, at most two "
+        "in a row, then one beside the decodes: its first token then costs only its own rows; 0: prompts always share "
+        "the decodes' steps",
         default_text=f"{CPU_PREFILL_ALONE_THRESHOLD} on CPU, 0 on a GPU",
     )
     block_size: int = option(16, "tokens per KV block")

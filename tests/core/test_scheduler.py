@@ -111,18 +111,22 @@ def test_a_short_prompt_gets_a_step_of_its_own_while_requests_decode() -> None:
     engine.check_all_released()
 
 
-def test_at_most_two_prompts_alone_in_a_row() -> None:
+def test_at_most_two_prompts_alone_in_a_row_then_one_beside_the_decodes() -> None:
     """A burst of short prompts: two run alone, then a step built as usual gives the decodes their
-    tokens and admits the rest beside them."""
+    tokens and admits one more prompt beside them (not the whole rest: their first tokens then
+    come one step apart instead of all at the end of one long step), and so on."""
     s = make_scheduler(64, BS, max_num_batched_tokens=40, prefill_alone_threshold=6)
     engine = FakeEngine(s, sample=constant(7))
     add(s, "a", tokens(5), max_tokens=8)
     assert ids(engine.step()) == [("a", 5)]
-    for i in range(4):
+    for i in range(5):
         add(s, f"p{i}", tokens(3, start=100 * (i + 1)), max_tokens=3)
     assert ids(engine.step()) == [("p0", 3)]
     assert ids(engine.step()) == [("p1", 3)]
-    assert ids(engine.step()) == [("a", 1), ("p0", 1), ("p1", 1), ("p2", 3), ("p3", 3)]
+    assert ids(engine.step()) == [("a", 1), ("p0", 1), ("p1", 1), ("p2", 3)]
+    assert ids(engine.step()) == [("p3", 3)]
+    assert ids(engine.step()) == [("p4", 3)]
+    assert ids(engine.step()) == [("a", 1), ("p0", 1), ("p1", 1), ("p2", 1), ("p3", 1), ("p4", 1)]
     engine.run_until_done()
     engine.check_all_released()
 
