@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pagoda.bench.errors import BenchError
-from pagoda.bench.launcher import LaunchSpec, launched, missing_executable, parse_command
+from pagoda.bench.launcher import SERVER_NICENESS, LaunchSpec, launched, missing_executable, parse_command
 from pagoda.bench.memory import MemorySampler, tree_rss_bytes
 from pagoda.bench.procfs import processes
 
@@ -36,6 +36,19 @@ def test_stop_is_quick_for_a_well_behaved_group(tmp_path: Path) -> None:
     with launched(LaunchSpec(("sleep", "60"), tmp_path / "log")) as process:
         pass
     assert process.returncode is not None and not group_alive(process.pid)
+
+
+def test_the_server_and_its_children_run_behind_the_client(tmp_path: Path) -> None:
+    """The launched group runs at a higher nice value than the benchmark, children included, so
+    that a server keeping every core busy does not delay the client's reads."""
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    spec = LaunchSpec(("bash", "-c", "sleep 60 & echo started; wait"), tmp_path / "log")
+    with launched(spec) as process:
+        while "started" not in spec.log_path.read_text():
+            time.sleep(0.05)
+        members = [p.pid for p in processes() if p.pgrp == process.pid]
+        assert len(members) == 2
+        assert all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + SERVER_NICENESS) for pid in members)
 
 
 def test_the_environment_reaches_the_server(tmp_path: Path) -> None:
