@@ -26,11 +26,11 @@ from pagoda.bench.errors import BenchError
 from pagoda.bench.procfs import PROC, processes
 
 POLL_S = 0.25
-# How far the launched server's nice value is above the client's. On a machine the server shares with the
-# client, a server that keeps every core busy otherwise delays the client's reads and sends: on 2
-# cores its closed loop then bunched requests that had ended together, which a server runs
-# together, and a shared-prefix run's TTFT p50 came out at 409-521 ms where the same server
-# measured 109-118 ms with the client ahead of it (docs/bench.md).
+# How far the launched server's nice value is above the client's. On a machine the two share, a
+# server that keeps every core busy otherwise delays the client's reads and sends: on 2 cores the
+# client's closed loop then sent requests that had ended close together at once, the server ran
+# them together, and a shared-prefix run's TTFT p50 read 409-521 ms where the same server measured
+# 109-118 ms with the client ahead of it (docs/bench.md).
 SERVER_NICENESS = 10
 LOG_TAIL_LINES = 15
 KILL_GRACE_S = 5.0  # how long stop() waits for SIGKILLed members to disappear

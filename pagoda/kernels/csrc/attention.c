@@ -65,10 +65,10 @@ static inline void axpy_n(float *y, float a, const float *x, long n) { axpy_kv(y
  * one stream at a time restarts the hardware prefetcher at every block (four streams read shuffled
  * 12 KB blocks at 26 GB/s where one read at 14.5, 2 threads, Zen 4; eight measured as four there
  * and on the AMX machine).
- * A read is a load of one byte on AMD (Zen 3 and 4 took 1.2-1.5x the time with prefetch
- * instructions) and a prefetch instruction where the kernels are built for AMX (Intel's server
- * cores: 0.86-0.92x the time of loads, results/intel_amx/decode_prefetch/): there a load retiring
- * in order held the loop up, a prefetch need not wait for its line. */
+ * A read is a load of one byte (on AMD Zen 3 and 4 prefetch instructions took 1.2-1.5x the time),
+ * but a prefetch instruction where the kernels are built for AMX, Intel's server cores, where it
+ * was measured: 0.86-0.92x the time of loads (results/intel_amx/decode_prefetch/); there a load,
+ * retiring in order, held the loop up, and a prefetch need not wait for its line. */
 enum { TOUCH_WAYS = 8 };
 
 static inline void touch_rows(const void *const *rows, long n, long bytes) {
