@@ -30,10 +30,10 @@ MODEL = "/root/.cache/pagoda-peers/models/smollm2-135m-instruct"
 
 def one_round(llm: LLM, prefix: list[int], hits: int, decodes: int, seed: int) -> dict:
     engine, rng = llm.engine, random.Random(seed)
-    vocab = llm.engine.config.model.vocab_size
+    vocab = engine.config.model.vocab_size
+    decoding_params = SamplingParams(max_tokens=200, ignore_eos=True)  # still decoding when the burst ends
     decoding = [
-        engine.add_request([rng.randrange(100, vocab) for _ in range(64)], SamplingParams(max_tokens=200))
-        for _ in range(decodes)
+        engine.add_request([rng.randrange(100, vocab) for _ in range(64)], decoding_params) for _ in range(decodes)
     ]
     engine.step()  # the decodes' prompts
     engine.step()  # their first decode
@@ -44,8 +44,9 @@ def one_round(llm: LLM, prefix: list[int], hits: int, decodes: int, seed: int) -
     last_token = {request_id: added for request_id in decoding}
     gaps = []
     while waiting:
-        for update in engine.step():
-            now = time.perf_counter()
+        updates = engine.step()
+        now = time.perf_counter()
+        for update in updates:
             if update.request_id in waiting and update.finished:
                 waiting.discard(update.request_id)
                 first.append((now - added) * 1e3)

@@ -173,7 +173,7 @@ class Scheduler:
                 index += 1
         if not preempted:
             # after prompts alone, one more beside the decodes: a burst's rest would otherwise all
-            # wait for one long step (6 hits beside 2 decodes: TTFT p50 0.68x, benchmarks/prompt_burst.py)
+            # wait for one long step (6 hits beside 2 decodes: TTFT p50 0.64x, benchmarks/prompt_burst.py)
             self._admit_waiting(scheduled, min(budget, prefill_budget), 1 if capped else len(self.waiting))
         if not scheduled:
             return SchedulerOutput((), 0)
