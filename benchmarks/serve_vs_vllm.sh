@@ -19,7 +19,8 @@
 #        as llamacpp.sh; LLAMACPP_PYTHON: another llama-cpp-python build's python, e.g. one built without AMX
 #        where llama.cpp's AMX path faults); each runs with the machine to itself; ratios are the first over the last),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
-#        PAGODA_ARGS (more flags for the pagoda engine), PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4)
+#        PAGODA_ARGS (more flags for the pagoda engine), PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4),
+#        SERVER_NICENESS (10: each server's nice value above the client's; 0: the same)
 #
 # Needs ../shared/peers (vllm-cpu.sh installs vLLM on first use). Each server runs in its own
 # process group and is stopped (SIGTERM, then SIGKILL) when its half ends, however it ends.
@@ -35,6 +36,10 @@ CONCURRENCY=${CONCURRENCY:-1 8 32}
 PORT=${PORT:-18300}
 LONG=${LONG:-0}
 ROUNDS=${ROUNDS:-1}
+# The servers run this much nicer than the client (as pagoda bench/bakeoff launch them, pagoda/bench/
+# launcher.py): on a machine they share, a server's compute threads otherwise keep the client from
+# sending on time, and a closed loop bunches (docs/bench.md). 0: the client's priority.
+SERVER_NICENESS=${SERVER_NICENESS:-10}
 export KV_GIB=${KV_GIB:-4} MAX_MODEL_LEN=${MAX_MODEL_LEN:-$([ "$LONG" = 1 ] && echo 8192 || echo 2048)}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 NAME=smollm2
@@ -96,7 +101,7 @@ start_engine() {  # starts ENGINE on $PORT and waits for its first answer; $SERV
   mkdir -p "$dir"
   started=$(now)
   # shellcheck disable=SC2046 # the command is split into words on purpose
-  setsid $(server_command "$engine") >"$dir/server.log" 2>&1 &
+  setsid nice -n "$SERVER_NICENESS" $(server_command "$engine") >"$dir/server.log" 2>&1 &
   SERVER=$!
   echo "[$engine] starting (log: $dir/server.log)" >&2
   until first_answer; do
