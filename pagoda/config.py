@@ -29,6 +29,8 @@ def parse_cores(text: str) -> tuple[int, ...]:
         first, dash, last = part.strip().partition("-")
         if not first.isdigit() or (dash and not last.isdigit()):
             raise ValueError(f"{text!r} is not a list of CPU ids like 0-3,6")
+        if int(last or first) < int(first):
+            raise ValueError(f"{text!r}: the range {part.strip()} runs backwards")
         cores += range(int(first), int(last or first) + 1)
     if len(set(cores)) != len(cores):
         raise ValueError(f"{text!r} names a CPU twice")

@@ -61,7 +61,7 @@ class ComputeThreads:
             "compute threads: %d%s%s",
             self.num_threads,
             " (auto: fewer while other processes keep CPUs busy)" if self.watch else "",
-            f", pinned to CPUs {list(config.bind_cores)}" if config.bind_cores else "",
+            f", pinned to CPUs {list(config.bind_cores[: self.num_threads])}" if config.bind_cores else "",
         )
 
     def _bind(self, cores: tuple[int, ...]) -> None:

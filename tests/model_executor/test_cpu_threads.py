@@ -31,7 +31,7 @@ def restore_torch_threads():
 def test_parse_cores():
     assert parse_cores("0-3,6") == (0, 1, 2, 3, 6)
     assert parse_cores("1") == (1,)
-    for bad in ("a", "1-", "0,0", "3-x", ""):
+    for bad in ("a", "1-", "0,0", "3-x", "", "1-0"):
         with pytest.raises(ValueError):
             parse_cores(bad)
 
@@ -42,6 +42,8 @@ def test_thread_count_precedence(monkeypatch):
     assert EngineArgs().thread_config() == ThreadConfig(None, None)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert EngineArgs().thread_config().num_threads == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "3,1")  # OpenMP's nested levels: the first is a step's
+    assert EngineArgs().thread_config().num_threads == 3
     monkeypatch.setenv("PAGODA_NUM_THREADS", "2")
     assert EngineArgs().thread_config().num_threads == 2
     assert EngineArgs(threads=1).thread_config().num_threads == 1
@@ -50,14 +52,19 @@ def test_thread_count_precedence(monkeypatch):
 @pytest.mark.parametrize(
     "args,env,message",
     [
-        ({"threads": 0}, {}, "at least 1"),
+        ({"threads": 0}, {}, "--threads must be at least 1"),
+        ({}, {"PAGODA_NUM_THREADS": "0"}, r"\$PAGODA_NUM_THREADS must be at least 1"),
         ({}, {"PAGODA_NUM_THREADS": "many"}, "PAGODA_NUM_THREADS"),
         ({"bind_cores": "0-"}, {}, "--bind-cores"),
+        ({"bind_cores": "1-0"}, {}, "--bind-cores: '1-0': the range 1-0 runs backwards"),
         ({"bind_cores": "100000"}, {}, "may only run on CPUs"),
-        ({"bind_cores": "0", "threads": 2}, {}, "cannot be pinned to 1 CPUs"),
+        ({"bind_cores": "0", "threads": 2}, {}, "--threads 2: .* cannot be pinned to the 1 CPUs of --bind-cores 0"),
+        ({"bind_cores": "0"}, {"OMP_NUM_THREADS": "2"}, r"\$OMP_NUM_THREADS 2: .* --bind-cores 0"),
     ],
 )
 def test_bad_thread_settings_are_config_errors(monkeypatch, args, env, message):
+    monkeypatch.delenv("PAGODA_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     with pytest.raises(ConfigError, match=message):
@@ -176,3 +183,16 @@ def test_binding_pins_the_compute_threads():
     worker.start()
     worker.join()
     assert seen == [{cpu}]
+
+
+@pytest.mark.skipif(cpu_kernels.load() is None, reason="the C kernels cannot be built on this machine")
+def test_binding_log_names_only_the_cpus_pinned(caplog):
+    """One thread over a list of two CPUs is pinned to the first: the log says so, not both."""
+    cpus = tuple(sorted(os.sched_getaffinity(0)))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    worker = threading.Thread(target=lambda: ComputeThreads(ThreadConfig(num_threads=1, bind_cores=cpus)))
+    with caplog.at_level(logging.INFO, "pagoda.model_executor.cpu_threads"):
+        worker.start()
+        worker.join()
+    assert f"pinned to CPUs [{cpus[0]}]" in caplog.text

@@ -72,6 +72,13 @@ def test_a_busy_port_fails_at_once_with_one_line_and_exit_1(tiny_model):
     ]
 
 
+def test_bad_thread_settings_fail_before_the_port_with_one_line_and_exit_1(tiny_model):
+    process = start(free_port(), tiny_model, "--threads", "0")
+    _, stderr = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 1
+    assert stderr.strip().splitlines() == ["pagoda serve: --threads must be at least 1 thread, got 0"]
+
+
 def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model, tmp_path):
     port = free_port()
     (tmp_path / "generation_config.json").write_text('{"max_new_tokens": 3}')

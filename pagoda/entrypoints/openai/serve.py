@@ -399,6 +399,7 @@ def read_generation_config(value: str) -> dict[str, Any] | None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)  # before any heavy import: --help stays instant
+    from pagoda.engine.args import EngineArgs
     from pagoda.entrypoints.openai.startup import bind_socket
     from pagoda.errors import ConfigError
 
@@ -410,6 +411,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     try:
         args.reports = read_reports_dir(args.reports)  # a flag's folder, checked before the port and the load
+        EngineArgs.from_cli_args(args).thread_config()  # likewise the thread flags and variables
         sock = bind_socket(args.host, args.port)  # first: a busy port fails before the long load
     except ConfigError as exc:
         print(f"pagoda serve: {exc}", file=sys.stderr)
