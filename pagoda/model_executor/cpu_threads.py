@@ -55,19 +55,22 @@ class ComputeThreads:
         self.watch = LoadWatch(self.cpus) if config.adaptive else None
         self.num_threads = self.max_threads
         torch.set_num_threads(self.num_threads)
-        if config.bind_cores:
-            self._bind(config.bind_cores)
+        pinned = list(config.bind_cores[: self.num_threads]) if config.bind_cores else []  # thread i to pinned[i]
+        if pinned and not self._bind(pinned):
+            pinned = []
         logger.info(
             "compute threads: %d%s%s",
             self.num_threads,
             " (auto: fewer while other processes keep CPUs busy)" if self.watch else "",
-            f", pinned to CPUs {list(config.bind_cores[: self.num_threads])}" if config.bind_cores else "",
+            f", pinned to CPUs {pinned}" if pinned else "",
         )
 
-    def _bind(self, cores: tuple[int, ...]) -> None:
+    def _bind(self, cpus: list[int]) -> bool:
         lib = cpu_kernels.load()
-        if lib is None or not cpu_kernels.bind_threads(lib, list(cores[: self.num_threads])):
-            logger.warning("could not pin the compute threads to CPUs %s; they run unpinned", list(cores))
+        if lib is None or not cpu_kernels.bind_threads(lib, cpus):
+            logger.warning("could not pin the compute threads to CPUs %s; they run unpinned", cpus)
+            return False
+        return True
 
     def adjust(self) -> None:
         if self.watch is None:
