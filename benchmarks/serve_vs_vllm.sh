@@ -20,7 +20,7 @@
 #        where llama.cpp's AMX path faults); each runs with the machine to itself; ratios are the first over the last),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
 #        PAGODA_ARGS (more flags for the pagoda engine), PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4),
-#        SERVER_NICENESS (10: each server's nice value above the client's; 0: the same)
+#        SERVER_NICENESS (the bench launcher's, 10: each server's nice value above the client's; 0: the same)
 #
 # Needs ../shared/peers (vllm-cpu.sh installs vLLM on first use). Each server runs in its own
 # process group and is stopped (SIGTERM, then SIGKILL) when its half ends, however it ends.
@@ -36,10 +36,10 @@ CONCURRENCY=${CONCURRENCY:-1 8 32}
 PORT=${PORT:-18300}
 LONG=${LONG:-0}
 ROUNDS=${ROUNDS:-1}
-# The servers run this much nicer than the client (as pagoda bench/bakeoff launch them, pagoda/bench/
-# launcher.py): on a machine they share, a server's compute threads otherwise keep the client from
-# sending on time, and a closed loop bunches (docs/bench.md). 0: the client's priority.
-SERVER_NICENESS=${SERVER_NICENESS:-10}
+# The servers run this much nicer than the client, by the value pagoda bench/bakeoff launch them with
+# (pagoda/bench/launcher.py): on a machine they share, a server's compute threads otherwise keep the
+# client from sending on time, and a closed loop bunches (docs/bench.md). 0: the client's priority.
+SERVER_NICENESS=${SERVER_NICENESS:-$(python -c 'from pagoda.bench.launcher import SERVER_NICENESS; print(SERVER_NICENESS)')}
 export KV_GIB=${KV_GIB:-4} MAX_MODEL_LEN=${MAX_MODEL_LEN:-$([ "$LONG" = 1 ] && echo 8192 || echo 2048)}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 NAME=smollm2
