@@ -72,8 +72,10 @@ def launched(spec: LaunchSpec) -> Iterator[subprocess.Popen[bytes]]:
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with spec.log_path.open("ab") as log:
         try:
+            # `nice` raises the value before the server runs: set from here after the start, a
+            # child the server forked at once (a shell's first command) kept the client's value
             process = subprocess.Popen(
-                spec.command,
+                ("nice", "-n", str(SERVER_NICENESS), *spec.command),
                 env={**os.environ, **spec.env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -82,13 +84,6 @@ def launched(spec: LaunchSpec) -> Iterator[subprocess.Popen[bytes]]:
             )
         except OSError as exc:
             raise BenchError(f"cannot launch {shlex.join(spec.command)}: {exc}") from None
-        # the server's first thread, before it has started others (they, and its child processes,
-        # inherit the value)
-        try:
-            niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + SERVER_NICENESS)
-            os.setpriority(os.PRIO_PROCESS, process.pid, niceness)
-        except ProcessLookupError:  # it exited at once: waiting for it to answer says so
-            pass
         try:
             with _terminate_as_interrupt():
                 yield process
