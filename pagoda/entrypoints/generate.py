@@ -13,7 +13,7 @@ from pagoda.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="pagoda generate", description="Generate completions offline.")
+    p = Parser(prog="pagoda generate", description="Generate completions offline.", config_file=True)
     p.add_argument("prompts", nargs="*", help="prompt texts (or use --prompts-file)")
     p.add_argument("--prompts-file", default=None, help="a file with one prompt per line (default: none)")
     p.add_argument(

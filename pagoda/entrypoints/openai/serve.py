@@ -70,7 +70,6 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--structured-outputs-config": "structured outputs always use xgrammar",
     "--guided-decoding-backend": "structured outputs always use xgrammar",
     "--limit-mm-per-prompt": "text only: no multimodal inputs",
-    "--config": "no YAML file of flags: give the flags themselves",
     "--swap-space": "a preempted request recomputes its KV cache; nothing swaps to CPU memory",
     "--no-enable-chunked-prefill": "prompts are always prefilled in chunks (their size: --max-num-batched-tokens)",
 }
@@ -82,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     from pagoda.tools.parsers import PARSERS as TOOL_PARSERS  # pure Python
     from pagoda.tools.reasoning import REASONING_PARSERS
 
-    p = Parser(prog="pagoda serve", description="Serve a model over the OpenAI API.", foreign=VLLM_FLAGS_NOT_TAKEN)
+    p = Parser(
+        prog="pagoda serve",
+        description="Serve a model over the OpenAI API.",
+        foreign=VLLM_FLAGS_NOT_TAKEN,
+        config_file=True,
+    )
     p.add_argument(
         "--model",
         dest="model_flag",

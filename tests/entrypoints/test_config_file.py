@@ -1,0 +1,89 @@
+"""`--config FILE`: a YAML file of flags, as vLLM's `vllm serve --config c.yaml` reads one; the
+command line's flags win over the file's, the file's over the defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pagoda.engine.args import EngineArgs
+from pagoda.entrypoints import generate
+from pagoda.entrypoints.openai import serve
+
+
+def config(tmp_path, text: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def refused(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        serve.parse_args(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_the_files_flags_apply_and_the_command_line_wins(tmp_path):
+    path = config(
+        tmp_path,
+        """
+port: 9123
+host: 0.0.0.0
+max_num_seqs: 7            # the Python field's spelling does too
+max-model-len: 4k
+enforce-eager: true
+enable-prefix-caching: false
+served-model-name: [first, second]
+api-key: [from-file]
+allowed-origins: ["https://app.example"]
+speculative-config: {method: ngram, num_speculative_tokens: 3}
+""",
+    )
+    # MODEL first, then a file whose last flags take several values: MODEL stays the model
+    args = serve.parse_args(["m", "--config", path, "--port", "9000", "--api-key", "from-cli"])
+    assert (args.model, args.port, args.host) == ("m", 9000, "0.0.0.0")
+    assert args.served_model_name == ["first", "second"]
+    assert args.api_key == ["from-file", "from-cli"]  # keys add up, as vLLM's extend flags do
+    assert args.allowed_origins == ["https://app.example"]
+    engine = EngineArgs.from_cli_args(args)
+    assert (engine.max_num_seqs, engine.max_model_len, engine.enforce_eager) == (7, 4000, True)
+    assert engine.enable_prefix_caching is False
+    assert json.loads(engine.speculative_config) == {"method": "ngram", "num_speculative_tokens": 3}
+    # flags the file does not name keep their defaults; the command line's on/off flags win too
+    assert serve.parse_args(["m", "--config", path, "--enable-prefix-caching"]).enable_prefix_caching is True
+    assert serve.parse_args(["m", "--config", path]).max_num_batched_tokens == EngineArgs().max_num_batched_tokens
+
+
+def test_the_model_may_come_from_the_file(tmp_path):
+    path = config(tmp_path, "model: /models/smollm2\nport: 8001\n")
+    assert serve.parse_args(["--config", path]).model == "/models/smollm2"
+    assert serve.parse_args([f"--config={path}"]).port == 8001
+    args = generate.build_parser().parse_args(["--config", config(tmp_path, "model: x.gguf\nmax-tokens: 3\n"), "hi"])
+    assert (args.model, args.max_tokens, args.prompts) == ("x.gguf", 3, ["hi"])
+    assert serve.parse_args(["m", "--config", config(tmp_path, "")]).port == 8000  # an empty file: no flags
+
+
+def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys):
+    def error(text: str) -> str:
+        path = config(tmp_path, text)
+        message = refused(["m", "--config", path], capsys)
+        assert f"--config {path}: " in message
+        return message
+
+    assert "unknown key 'max-num-seq' (--max-num-seq: did you mean --max-num-seqs?)" in error("max-num-seq: 3")
+    assert "recomputes its KV cache" in error("swap-space: 4")  # a vLLM flag Pagoda does not take
+    assert "argument --max-num-seqs: invalid int value: 'lots'" in error("max-num-seqs: lots")
+    assert "'enforce-eager' is on or off: true or false, not 3" in error("enforce-eager: 3")
+    assert "'port' has no value" in error("port:")
+    assert "a file cannot name another file" in error("config: other.yaml")
+    assert "a YAML mapping of flag names to values" in error("- port\n- 8000\n")
+    assert "not YAML" in error("port: [8000\n")
+    assert "cannot read it: No such file or directory" in refused(["m", "--config", str(tmp_path / "no")], capsys)
+
+
+def test_serve_reads_the_file_before_the_port_and_the_load(tmp_path, capsys):
+    path = config(tmp_path, f"reports: {tmp_path / 'absent'}\n")
+    assert serve.main(["m", "--config", path]) == 1
+    assert "--reports" in capsys.readouterr().err
