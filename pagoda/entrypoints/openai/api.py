@@ -24,7 +24,7 @@ from starlette.datastructures import Headers, MutableHeaders
 
 from pagoda import __version__
 from pagoda.engine.async_engine import AsyncEngine
-from pagoda.entrypoints.openai import chat, completions
+from pagoda.entrypoints.openai import chat, completions, responses
 from pagoda.entrypoints.openai.console.feed import EngineFeed, RecentRequests
 from pagoda.entrypoints.openai.console.routes import data_routes, page_routes
 from pagoda.entrypoints.openai.errors import APIError, bad_request, install_handlers
@@ -36,6 +36,7 @@ from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ResponsesRequest,
     TokenizeRequest,
 )
 from pagoda.entrypoints.openai.recording import RecordSinks
@@ -182,6 +183,10 @@ def _v1_routes(state: ServerState) -> APIRouter:
     @router.post("/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> Response:
         return await chat.create_chat_completion(state, body, http)
+
+    @router.post("/responses")
+    async def create_response(body: ResponsesRequest, http: Request) -> Response:
+        return await responses.create_response(state, body, http)
 
     return router
 

@@ -23,7 +23,7 @@ from pagoda.entrypoints.openai.serving import DONE, ServerState, chunk_usage, ev
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from pagoda.model_files import apply_chat_template, template_supports_tools
-from pagoda.sampling_params import ReasoningSpan
+from pagoda.sampling_params import ReasoningSpan, SamplingParams
 from pagoda.tools.prompt import with_tools_in_system_prompt
 
 ENDPOINT = "/v1/chat/completions"
@@ -190,7 +190,20 @@ def _echoed(body: ChatCompletionRequest, messages: list[dict], role: str) -> str
     return messages[-1]["content"] if body.messages[-1]["role"] == role else ""  # the role as sent
 
 
-async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
+@dataclasses.dataclass(frozen=True)
+class PreparedChat:
+    """A chat request checked and rendered, ready for the engine."""
+
+    plan: ToolPlan
+    prompt_ids: list[int]
+    params: SamplingParams
+    role: str  # the reply's
+    echoed: str  # the text the reply starts with (vLLM's echo)
+
+
+async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedChat:
+    """Every check of a chat request (400s name the field), its prompt rendered and its sampling
+    parameters, its output constraint compiled."""
     state.check_request(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -231,13 +244,19 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         params = dataclasses.replace(params, structured_outputs=constraint)
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param)
     await state.check_constraint(body, params)
+    return PreparedChat(plan, prompt_ids, params, role, echoed)
+
+
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
+    chat = await prepare(state, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    generation = await state.launch(http, ENDPOINT, request_id, [prompt_ids], params)
+    generation = await state.launch(http, ENDPOINT, request_id, [chat.prompt_ids], chat.params)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}
+    reply = (chat.role, chat.echoed)
     if body.stream:
-        return event_stream(_chunks(state, body, plan, generation, head, prompt_ids, (role, echoed)), generation)
+        return event_stream(_chunks(state, body, chat.plan, generation, head, chat.prompt_ids, reply), generation)
     outputs = (await state.collect(http, generation))[0]
-    return JSONResponse(_response(state, body, plan, head, prompt_ids, outputs, (role, echoed)))
+    return JSONResponse(_response(state, body, chat.plan, head, chat.prompt_ids, outputs, reply))
 
 
 def _response(

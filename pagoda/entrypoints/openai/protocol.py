@@ -3,7 +3,7 @@
 Unknown fields are ignored (as vLLM does), so clients that send newer fields still work. Fields
 Pagoda cannot honour are declared here only so that `unsupported_fields` can name them in a 400:
 silently ignoring `functions` would hand back an answer the client did not ask for.
-Responses are plain dicts built by chat.py and completions.py.
+Responses are plain dicts built by chat.py, completions.py and responses.py.
 """
 
 from __future__ import annotations
@@ -171,6 +171,41 @@ class ChatCompletionRequest(_SamplingFields):
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
+
+
+class ResponsesRequest(_Body):
+    """OpenAI's Responses API (POST /v1/responses), the fields of it Pagoda serves; responses.py
+    checks `input`, `tools`, `tool_choice` and `text` item by item, so that a 400 names the part."""
+
+    model: str | None = None
+    input: str | list[Any]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = Field(None, le=INT64_MAX)  # vLLM's
+    min_p: float | None = None  # vLLM's
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] | None = None
+    stream: bool = False
+    store: bool = True  # nothing is stored (see responses.py), whatever it says
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: str | None = None
+    reasoning: dict[str, Any] | None = None
+    max_tool_calls: int | None = None  # bounds built-in tools' calls; function calls come back to the client
+    # refused where set (responses.py)
+    include: list[str] | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    background: bool = False
+    prompt: Any = None
 
 
 class TokenizeRequest(_Body):

@@ -1,0 +1,440 @@
+"""POST /v1/responses: OpenAI's Responses API over the chat path. A request's input items become
+chat messages (its function_call items an assistant turn's tool calls, its function_call_output
+items tool messages), its function tools and text.format the chat's tools and response_format;
+chat.prepare checks and renders them as for /v1/chat/completions, and the chat message the model
+writes comes back as output items: reasoning, message, function_call.
+
+Nothing is stored (as vLLM without its response store): previous_response_id, conversation and
+background are refused, and a client sends the whole conversation each turn."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from pagoda.entrypoints.openai import chat
+from pagoda.entrypoints.openai.errors import APIError, bad_request
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesRequest
+from pagoda.entrypoints.openai.serving import ServerState, event_stream, usage
+from pagoda.entrypoints.openai.streams import Generation
+from pagoda.entrypoints.openai.tool_calls import ToolPlan
+
+ENDPOINT = "/v1/responses"
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+TEXT_PARTS = ("input_text", "output_text", "text")
+# what Pagoda cannot do, refused where the request sets it (None and False are unset)
+NOT_SERVED = {
+    "previous_response_id": "this server stores no responses: send the whole conversation as input",
+    "conversation": "this server stores no conversations: send the whole conversation as input",
+    "background": "responses run in the foreground only",
+    "prompt": "no stored prompt templates: send the instructions and input",
+    "include": "no extra output data (logprobs, encrypted reasoning, tool results) is included",
+}
+# a chat field's name in the chat path's 400s, and its name in a Responses request
+RENAMES = (
+    (re.compile(r"^tools\[(\d+)\]\.function\b"), r"tools[\1]"),
+    (re.compile(r"^response_format\b"), "text.format"),
+    (re.compile(r"^max_completion_tokens\b"), "max_output_tokens"),
+    (re.compile(r"^messages\b.*"), "input"),
+)
+
+
+async def create_response(state: ServerState, body: ResponsesRequest, http: Request) -> Response:
+    try:
+        prepared = await chat.prepare(state, chat_request(body))
+    except APIError as exc:
+        raise _renamed(exc) from None
+    response_id = f"resp_{uuid.uuid4().hex}"
+    generation = await state.launch(http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params)
+    head = _head(state, body, prepared, response_id)
+    if body.stream:
+        return event_stream(_events(prepared.plan, generation, head), generation)
+    out = (await state.collect(http, generation))[0][0]
+    message, called = prepared.plan.message(out.text)
+    incomplete = out.finish_reason == "length" and not called
+    items = _reasoning_items(message) + _message_items(message, incomplete) + _call_items(message)
+    return JSONResponse(_finished(head, items, incomplete, usage([[out]])))
+
+
+def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
+    """The chat request that asks for what `body` asks for; 400s name the Responses field."""
+    for field, reason in NOT_SERVED.items():
+        if getattr(body, field) not in (None, False, []):
+            raise bad_request(f"`{field}` is not supported: {reason}", field)
+    if body.truncation not in (None, "disabled", "auto"):
+        raise bad_request(f"truncation must be 'auto' or 'disabled', got {body.truncation!r}", "truncation")
+    instructions = [] if body.instructions is None else [{"role": "system", "content": body.instructions}]
+    fields = {
+        "model": body.model,
+        "messages": instructions + input_messages(body.input),
+        "max_completion_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "logit_bias": body.logit_bias,
+        "seed": body.seed,
+        "user": body.user,
+        "tools": chat_tools(body.tools),
+        "tool_choice": chat_tool_choice(body.tool_choice),
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "response_format": response_format(body.text),
+    }
+    return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
+
+
+def input_messages(input_: str | list[Any]) -> list[dict]:
+    """Input items as chat messages: a string is one user message; function_call items join the
+    assistant turn before them (or start one), function_call_output items answer an earlier call;
+    reasoning items are dropped (chat templates show no earlier turn's reasoning)."""
+    if isinstance(input_, str):
+        return [{"role": "user", "content": input_}]
+    messages: list[dict] = []
+    call_ids: set[str] = set()
+    for i, item in enumerate(input_):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"{param} must be an object: a message, function_call or function_call_output", param)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in INPUT_ROLES:
+                raise bad_request(
+                    f"{param}.role must be one of {', '.join(INPUT_ROLES)}, got {role!r}", f"{param}.role"
+                )
+            messages.append({"role": role, "content": _text(item.get("content"), f"{param}.content")})
+        elif kind == "function_call":
+            call = _call(item, param)
+            call_ids.add(call["id"])
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id = _string(item, "call_id", param)
+            if call_id not in call_ids:
+                raise bad_request(
+                    f"{param}.call_id {call_id!r:.100} answers no function_call item before it", f"{param}.call_id"
+                )
+            output = _text(item.get("output"), f"{param}.output")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        elif kind != "reasoning":
+            raise bad_request(
+                f"{param}.type {kind!r} is not supported: this server takes message, function_call, "
+                "function_call_output and reasoning items",
+                f"{param}.type",
+            )
+    if not messages:
+        raise bad_request("input holds no message", "input")
+    return messages
+
+
+def _text(content: object, param: str) -> str:
+    """A message's content or a call's output: a string, or text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{param} must be a string or a list of text parts", param)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS:
+            raise bad_request(
+                f"{param}[{j}].type {kind!r} is not supported: this server takes text parts only", f"{param}[{j}].type"
+            )
+        texts.append(_string(part, "text", f"{param}[{j}]", empty=True))
+    return "\n".join(texts)
+
+
+def _string(item: dict, key: str, param: str, empty: bool = False) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not (value or empty):
+        raise bad_request(f"{param}.{key} must be a {'' if empty else 'non-empty '}string", f"{param}.{key}")
+    return value
+
+
+def _call(item: dict, param: str) -> dict:
+    """A function_call item as a chat tool call (its arguments as sent: chat.parse_messages reads them)."""
+    arguments = item.get("arguments", "")
+    if not isinstance(arguments, str):
+        raise bad_request(f"{param}.arguments must be a string of JSON", f"{param}.arguments")
+    name = _string(item, "name", param)
+    return {
+        "id": _string(item, "call_id", param),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def chat_tools(tools: list[Any] | None) -> list[dict] | None:
+    """Function tools in the chat's shape ({"type": "function", "function": {...}}); the chat path
+    checks their names and schemas."""
+    if not tools:
+        return None
+    chat_tools = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise bad_request(
+                f"tools[{i}].type {kind!r} is not supported: this server takes function tools only and runs no "
+                "built-in tools",
+                f"tools[{i}].type",
+            )
+        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
+        chat_tools.append({"type": "function", "function": function})
+    return chat_tools
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    if choice is None or isinstance(choice, str):
+        return choice  # "auto", "none", "required" (others refused by the chat path)
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise bad_request(
+        "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}", "tool_choice"
+    )
+
+
+def response_format(text: dict[str, Any] | None) -> dict | None:
+    """text.format as the chat's response_format: json_schema's fields move into its json_schema."""
+    format_ = (text or {}).get("format")
+    if format_ is None:
+        return None
+    kind = format_.get("type") if isinstance(format_, dict) else None
+    if kind in ("text", "json_object"):
+        return {"type": kind}
+    if kind == "json_schema":
+        fields = {key: format_[key] for key in ("name", "schema", "strict", "description") if key in format_}
+        return {"type": "json_schema", "json_schema": fields}
+    raise bad_request(
+        f"text.format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "text.format.type"
+    )
+
+
+def _renamed(exc: APIError) -> APIError:
+    """The chat path's 400 with its field named as the Responses request names it."""
+    for pattern, name in RENAMES:
+        if exc.param is not None and pattern.match(exc.param):
+            param = pattern.sub(name, exc.param)
+            message = exc.message.replace(exc.param, param, 1) if exc.message.startswith(exc.param) else exc.message
+            return APIError(exc.status, message, param, exc.code, exc.headers)
+    return exc
+
+
+def _head(state: ServerState, body: ResponsesRequest, prepared: chat.PreparedChat, response_id: str) -> dict:
+    """The response object's fields that do not depend on the output."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": body.max_tool_calls,
+        "metadata": body.metadata or {},
+        "model": state.model_name,
+        "output": [],
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "previous_response_id": None,
+        "reasoning": body.reasoning,
+        "store": False,
+        "temperature": prepared.params.temperature,
+        "text": body.text or {"format": {"type": "text"}},
+        "tool_choice": body.tool_choice or ("auto" if body.tools else "none"),
+        "tools": body.tools or [],
+        "top_p": prepared.params.top_p,
+        "truncation": body.truncation or "disabled",
+        "usage": None,
+        "user": body.user,
+    }
+
+
+def _finished(head: dict, items: list[dict], incomplete: bool, counts: dict) -> dict:
+    return {
+        **head,
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "output": items,
+        "usage": {
+            "input_tokens": counts["prompt_tokens"],
+            "input_tokens_details": counts["prompt_tokens_details"],
+            "output_tokens": counts["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts["total_tokens"],
+        },
+    }
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _reasoning_item(text: str) -> dict:
+    return {
+        "type": "reasoning",
+        "id": _item_id("rs"),
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": "completed",
+    }
+
+
+def _message_item(text: str, incomplete: bool) -> dict:
+    return {
+        "type": "message",
+        "id": _item_id("msg"),
+        "status": "incomplete" if incomplete else "completed",
+        "role": "assistant",
+        "content": [_text_part(text)],
+    }
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _call_item(call_id: str, name: str, arguments: str) -> dict:
+    return {
+        "type": "function_call",
+        "id": _item_id("fc"),
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": "completed",
+    }
+
+
+def _reasoning_items(message: dict) -> list[dict]:
+    return [_reasoning_item(message["reasoning"])] if message.get("reasoning") else []
+
+
+def _message_items(message: dict, incomplete: bool) -> list[dict]:
+    """The answer's text as a message item; none where the model only called tools."""
+    return [] if message["content"] is None else [_message_item(message["content"], incomplete)]
+
+
+def _call_items(message: dict) -> list[dict]:
+    calls = message.get("tool_calls", [])
+    return [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+class _Items:
+    """A stream's output items, built from the chat deltas of MessageStreamer: each item is added,
+    grows by its deltas and is done before the next one is added (OpenAI's event order)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []  # done, in output order
+        self._open: dict | None = None
+        self._sequence = itertools.count()
+
+    def event(self, kind: str, **fields: Any) -> str:
+        payload = {"type": kind, "sequence_number": next(self._sequence), **fields}
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+    def feed(self, delta: dict) -> list[str]:
+        if delta.get("reasoning"):
+            return self._grow("reasoning", delta["reasoning"])
+        if delta.get("content"):
+            return self._grow("message", delta["content"])
+        events = []
+        for call in delta.get("tool_calls", ()):
+            function = call["function"]
+            if "id" in call:  # a call's first delta: a new item
+                events += self.close() + self._add(_call_item(call["id"], function["name"], ""))
+            if function["arguments"]:  # the call's item is the open one: calls stream one after another
+                item = self._open
+                item["arguments"] += function["arguments"]
+                where = {"item_id": item["id"], "output_index": len(self.items)}
+                events.append(
+                    self.event("response.function_call_arguments.delta", **where, delta=function["arguments"])
+                )
+        return events
+
+    def close(self, incomplete: bool = False) -> list[str]:
+        """The open item done; with `incomplete`, a message item as cut short."""
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        where = {"item_id": item["id"], "output_index": len(self.items)}
+        events = []
+        if item["type"] == "function_call":
+            events.append(
+                self.event(
+                    "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
+                )
+            )
+        else:
+            part = item["content"][0]
+            kind = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
+            extra = {"logprobs": []} if item["type"] == "message" else {}
+            events.append(self.event(kind, **where, content_index=0, text=part["text"], **extra))
+            events.append(self.event("response.content_part.done", **where, content_index=0, part=part))
+        item["status"] = "incomplete" if incomplete and item["type"] == "message" else "completed"
+        self.items.append(item)
+        return events + [self.event("response.output_item.done", output_index=where["output_index"], item=item)]
+
+    def start(self) -> list[str]:
+        """Where the model wrote nothing: an empty message, as the response without streaming has."""
+        return [] if self.items or self._open is not None else self._add(_message_item("", False))
+
+    def _add(self, item: dict) -> list[str]:
+        item["status"] = "in_progress"
+        self._open = item
+        if item["type"] == "function_call":
+            return [self.event("response.output_item.added", output_index=len(self.items), item=item)]
+        added = self.event("response.output_item.added", output_index=len(self.items), item={**item, "content": []})
+        where = {"item_id": item["id"], "output_index": len(self.items), "content_index": 0}
+        return [added, self.event("response.content_part.added", **where, part={**item["content"][0], "text": ""})]
+
+    def _grow(self, kind: str, text: str) -> list[str]:
+        """Text of a reasoning or message item: the open one, or a new one after closing another."""
+        events = []
+        if self._open is None or self._open["type"] != kind:
+            events += self.close()
+            new = _reasoning_item("") if kind == "reasoning" else _message_item("", False)
+            events += self._add(new)
+        item = self._open
+        where = {"item_id": item["id"], "output_index": len(self.items)}
+        item["content"][0]["text"] += text
+        if kind == "message":
+            return events + [
+                self.event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[])
+            ]
+        return events + [self.event("response.reasoning_text.delta", **where, content_index=0, delta=text)]
+
+
+async def _events(plan: ToolPlan, generation: Generation, head: dict) -> AsyncIterator[str]:
+    """OpenAI's stream of response events: created, in_progress, each output item's events, then
+    completed with the whole response."""
+    items, streamer = _Items(), plan.streamer()
+    yield items.event("response.created", response=head)
+    yield items.event("response.in_progress", response=head)
+    final = None
+    async for _, update in generation.updates():
+        deltas = streamer.feed(update.text_delta) if update.text_delta else []
+        if update.finished:
+            deltas += streamer.finish()
+            final = update
+        for delta in deltas:
+            for event in items.feed(delta):
+                yield event
+    incomplete = final is not None and final.finish_reason == "length" and not streamer.called
+    for event in items.start() + items.close(incomplete):
+        yield event
+    response = _finished(head, items.items, incomplete, usage([[final]] if final is not None else []))
+    # response.completed however it ended (its status says incomplete), as vLLM sends it: the
+    # openai client's stream helper takes its final response from that event only
+    yield items.event("response.completed", response=response)

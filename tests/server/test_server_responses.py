@@ -1,0 +1,187 @@
+"""The Responses API (POST /v1/responses) through a real server and the official clients: the same
+answers as the chat completion it translates to, streamed events that rebuild the whole response,
+structured output, function calls and an agent loop's second turn, LangChain's Responses mode, and
+bad input as 400s that name the Responses field."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from tests.server.helpers import API_KEY, MODEL
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+}
+ASK = "What is the weather in Paris?"
+COLOR = {
+    "type": "object",
+    "properties": {"color": {"type": "string", "maxLength": 12}, "warm": {"type": "boolean"}},
+    "required": ["color", "warm"],
+    "additionalProperties": False,
+}
+
+
+def chat_text(client, messages, max_tokens: int) -> tuple[str, str, object]:
+    choice = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0)
+    return choice.choices[0].message.content, choice.choices[0].finish_reason, choice.usage
+
+
+def test_a_text_response_is_the_chat_completions_answer(client):
+    """Greedy, instructions as the system message: the same text and token counts as chat."""
+    response = client.responses.create(
+        model=MODEL, instructions="Answer briefly.", input="Name three fruits.", max_output_tokens=24, temperature=0
+    )
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name three fruits."}]
+    text, finish, usage = chat_text(client, messages, 24)
+    assert response.id.startswith("resp_") and response.object == "response" and response.model == MODEL
+    assert response.output_text == text and [item.type for item in response.output] == ["message"]
+    assert response.status == ("incomplete" if finish == "length" else "completed")
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (usage.prompt_tokens, usage.completion_tokens)
+    cut = client.responses.create(model=MODEL, input="Tell me a long story.", max_output_tokens=3, temperature=0)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.output[0].status == "incomplete" and cut.usage.output_tokens == 3
+
+
+def test_input_items_are_the_conversation(client):
+    """Messages as items with text parts, an assistant turn in output_text parts: chat's answer."""
+    items = [
+        {"type": "message", "role": "developer", "content": "Answer briefly."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Name a fruit."}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Apple."}]},
+        {"role": "user", "content": "Another one?"},
+    ]
+    response = client.responses.create(model=MODEL, input=items, max_output_tokens=16, temperature=0)
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Name a fruit."},
+        {"role": "assistant", "content": "Apple."},
+        {"role": "user", "content": "Another one?"},
+    ]
+    assert response.output_text == chat_text(client, messages, 16)[0]
+
+
+def test_a_stream_rebuilds_the_whole_response(client):
+    whole = client.responses.create(model=MODEL, input="Name three fruits.", max_output_tokens=20, temperature=0)
+    with client.responses.stream(model=MODEL, input="Name three fruits.", max_output_tokens=20, temperature=0) as s:
+        events = list(s)
+        final = s.get_final_response()
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert deltas == final.output_text == whole.output_text
+    assert final.status == whole.status and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_text_format_json_schema_holds(client):
+    response = client.responses.create(
+        model=MODEL,
+        input="Describe the color of the sun as JSON.",
+        text={"format": {"type": "json_schema", "name": "color", "schema": COLOR, "strict": True}},
+        max_output_tokens=60,
+        temperature=0.8,
+        extra_body={"seed": 1},  # vLLM's field
+    )
+    assert response.status == "completed"
+    jsonschema.validate(json.loads(response.output_text), COLOR)
+
+
+def test_a_forced_call_then_its_result(client):
+    """A named function forced: a function_call item whose arguments fit its schema, streamed the
+    same; its result sent back as a function_call_output item answers in the second turn."""
+    choice = {"type": "function", "name": "get_weather"}
+    first = client.responses.create(
+        model=MODEL, input=ASK, tools=[WEATHER], tool_choice=choice, max_output_tokens=60, temperature=0
+    )
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id and first.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    with client.responses.stream(
+        model=MODEL, input=ASK, tools=[WEATHER], tool_choice=choice, max_output_tokens=60, temperature=0
+    ) as s:
+        streamed = s.get_final_response()
+    assert [(i.type, i.name, i.arguments) for i in streamed.output] == [(call.type, call.name, call.arguments)]
+    history = [
+        {"role": "user", "content": ASK},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"},
+    ]
+    second = client.responses.create(
+        model=MODEL, input=history, tools=[WEATHER], tool_choice="none", max_output_tokens=30, temperature=0
+    )
+    messages = [
+        {"role": "user", "content": ASK},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny, 21 C"},
+    ]
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        tools=[{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}],
+        tool_choice="none",
+        max_tokens=30,
+        temperature=0,
+    )
+    assert second.output_text == chat.choices[0].message.content
+
+
+def test_langchain_in_responses_mode(server):
+    langchain_openai = pytest.importorskip("langchain_openai")
+
+    llm = langchain_openai.ChatOpenAI(
+        model=MODEL,
+        base_url=f"{server.base_url}/v1",
+        api_key=API_KEY,
+        temperature=0,
+        max_tokens=60,
+        max_retries=0,
+        use_responses_api=True,
+    )
+    message = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke(ASK)
+    assert [call["name"] for call in message.tool_calls] == ["get_weather"]
+    assert llm.invoke("Say hi.").text
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "hi", "background": True}, "background"),
+        ({"input": [{"type": "input_image", "image_url": "http://x"}]}, "input[0].type"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
+        ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input[0].call_id"),
+        ({"input": [{"type": "function_call", "call_id": "c1", "arguments": "{}"}]}, "input[0].name"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "hi", "tools": [{"type": "function", "name": "bad name!"}]}, "tools[0].name"),
+        ({"input": "hi", "tool_choice": {"type": "mcp"}}, "tool_choice"),
+        ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": 3}}}, "text.format"),
+        ({"input": "hi", "max_output_tokens": 10**6}, "max_output_tokens"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(http, body, param):
+    answer = http.post("/v1/responses", json={"model": MODEL, **body})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+    assert http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2}).status_code == 200
