@@ -196,8 +196,8 @@ def chat_tools(tools: list[Any] | None) -> list[dict] | None:
 
 
 def chat_tool_choice(choice: Any) -> Any:
-    if choice is None or isinstance(choice, str):
-        return choice  # "auto", "none", "required" (others refused by the chat path)
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise bad_request(
