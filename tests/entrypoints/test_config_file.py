@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from pagoda.engine.args import EngineArgs
 from pagoda.entrypoints import generate
 from pagoda.entrypoints.openai import serve
+from tests.entrypoints.test_vllm_spellings import parse_error
 
 
 def config(tmp_path, text: str) -> str:
     path = tmp_path / "config.yaml"
     path.write_text(text)
     return str(path)
-
-
-def refused(argv: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        serve.parse_args(argv)
-    assert exit_.value.code == 2
-    return capsys.readouterr().err
 
 
 def test_the_files_flags_apply_and_the_command_line_wins(tmp_path):
@@ -68,7 +60,7 @@ def test_the_model_may_come_from_the_file(tmp_path):
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys):
     def error(text: str) -> str:
         path = config(tmp_path, text)
-        message = refused(["m", "--config", path], capsys)
+        message = parse_error(["m", "--config", path], capsys)
         assert f"--config {path}: " in message
         return message
 
@@ -80,7 +72,7 @@ def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys):
     assert "a file cannot name another file" in error("config: other.yaml")
     assert "a YAML mapping of flag names to values" in error("- port\n- 8000\n")
     assert "not YAML" in error("port: [8000\n")
-    assert "cannot read it: No such file or directory" in refused(["m", "--config", str(tmp_path / "no")], capsys)
+    assert "cannot read it: No such file or directory" in parse_error(["m", "--config", str(tmp_path / "no")], capsys)
 
 
 def test_serve_reads_the_file_before_the_port_and_the_load(tmp_path, capsys):
