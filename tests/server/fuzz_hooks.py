@@ -11,8 +11,12 @@ import schemathesis
 
 MAX_NEW_TOKENS = 4
 CONTEXT = 2048  # the `server` fixture's --max-model-len
-GENERATING = ("/v1/completions", "/v1/chat/completions")
-LIMITS = ("max_tokens", "max_completion_tokens")
+# each generating route's limit on new tokens, always bounded, and its other spelling, where given
+GENERATING = {
+    "/v1/completions": ("max_tokens", None),
+    "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+    "/v1/responses": ("max_output_tokens", None),
+}
 
 
 def bounded(value: Any) -> Any:
@@ -27,6 +31,7 @@ def bounded(value: Any) -> Any:
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     if case.operation.path not in GENERATING or not isinstance(case.body, dict):
         return
-    for key in LIMITS:
-        if key in case.body or key == "max_tokens":
-            case.body[key] = bounded(case.body.get(key))
+    limit, other = GENERATING[case.operation.path]
+    case.body[limit] = bounded(case.body.get(limit))
+    if other in case.body:
+        case.body[other] = bounded(case.body[other])

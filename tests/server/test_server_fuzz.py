@@ -22,8 +22,14 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 10  # per route in the fuzzing phase; the coverage phase adds its own cases
 TIME_BUDGET_S = 30  # 325 requests over every route in a 2-core Zen 3 run (at least 200 asserted)
-BODIES_WITH_MODEL = ("CompletionRequest", "ChatCompletionRequest", "TokenizeRequest", "DetokenizeRequest")
-GENERATION_BODIES = ("CompletionRequest", "ChatCompletionRequest")
+BODIES_WITH_MODEL = (
+    "CompletionRequest",
+    "ChatCompletionRequest",
+    "ResponsesRequest",
+    "TokenizeRequest",
+    "DetokenizeRequest",
+)
+GENERATION_BODIES = ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest")
 SMALL_ID = {"type": "integer", "minimum": 0, "maximum": 1000}  # inside any vocabulary
 # Valid bodies keep to the ranges SamplingParams accepts, so that they reach the engine; the fuzzer
 # still generates values outside them as invalid bodies.
@@ -89,6 +95,12 @@ ABSENT = (
     "guided_choice",
     "guided_grammar",
     "response_format",
+    "text",
+    "previous_response_id",
+    "conversation",
+    "background",
+    "prompt",
+    "include",
 )
 
 
@@ -105,6 +117,7 @@ def for_the_served_model(schema: dict) -> dict:
     bodies["CompletionRequest"]["properties"]["prompt"] = VALID_PROMPT
     bodies["CompletionRequest"]["properties"]["logprobs"] = {"type": "integer", "minimum": 0, "maximum": 5}
     bodies["ChatCompletionRequest"]["properties"]["messages"] = VALID_MESSAGES
+    bodies["ResponsesRequest"]["properties"]["input"] = {"anyOf": [VALID_PROMPT["anyOf"][0], VALID_MESSAGES]}
     return schema
 
 

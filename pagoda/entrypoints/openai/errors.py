@@ -129,8 +129,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
 # OpenAI routes Pagoda does not serve, and what to use instead: their 404 says so (a bare "Not Found"
 # leaves a client, or an SDK that picked the route itself, guessing)
 UNSERVED = {
-    "/v1/responses": "The Responses API is not served by this server; use /v1/chat/completions "
-    "(OpenAI Agents SDK: OpenAIChatCompletionsModel, or set_default_openai_api('chat_completions'))",
     "/v1/embeddings": "Embeddings are not served by this server (it generates text: /v1/chat/completions, "
     "/v1/completions)",
 }
