@@ -41,12 +41,13 @@ class Parser(argparse.ArgumentParser):
         if config_file:
             self.add_argument(
                 "--config",
+                action=_Once,
                 metavar="FILE",
                 default=None,
                 help="a YAML file of flags, as vLLM's --config: each key a flag's name without its dashes "
                 "(`max-num-seqs: 64`; underscores also do), true or false for an on/off flag, a list for "
-                "several values, a mapping for a JSON flag; the command line's flags win over the file's "
-                "(default: none)",
+                "several values, a mapping for a JSON flag; the command line's flags win over the file's, "
+                "its MODEL over the file's model (default: none)",
             )
 
     def parse_known_args(  # type: ignore[override]
@@ -54,20 +55,33 @@ class Parser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         """With --config, the file's flags parsed first, then the command line's over them: what the
         command line sets wins, the file's values stand for the rest, the defaults for what neither
-        names (argparse only fills in defaults a namespace lacks)."""
+        names (argparse only fills in defaults a namespace lacks). A flag of several values given on
+        the command line replaces the file's (rather than adding to them: a key replaced there must
+        stop working), and a key naming a positional argument fills it where the command line
+        leaves it out (vLLM's rule for the model)."""
         parsed, extras = super().parse_known_args(args, namespace)
         path = getattr(parsed, "config", None) if self.config_file and namespace is None else None
         if path is None:
             return parsed, extras
         self._reading = path
         try:
-            from_file, _ = super().parse_known_args(self.config_flags(path))
+            words, positionals = self.config_flags(path)
+            from_file, _ = super().parse_known_args(words)
         finally:
             self._reading = None
-        return super().parse_known_args(args, from_file)
+        merged, extras = super().parse_known_args(args, from_file)
+        for action in self._actions:
+            if isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):
+                if getattr(parsed, action.dest) != action.default:
+                    setattr(merged, action.dest, getattr(parsed, action.dest))
+        for dest, value in positionals.items():
+            if getattr(merged, dest) in (None, []):
+                setattr(merged, dest, value)
+        return merged, extras
 
-    def config_flags(self, path: str) -> list[str]:
-        """The YAML file's flags as command-line words, each key checked against this command's flags."""
+    def config_flags(self, path: str) -> tuple[list[str], dict[str, str]]:
+        """The YAML file's flags as command-line words, each key checked against this command's
+        flags; and the values of the keys that name a positional argument, by its name."""
         import yaml
 
         try:
@@ -77,18 +91,23 @@ class Parser(argparse.ArgumentParser):
         except yaml.YAMLError as exc:
             self.error(f"not YAML: {exc}")
         if config is None:  # an empty file
-            return []
+            return [], {}
         if not isinstance(config, dict):
             self.error(f"a YAML mapping of flag names to values, such as 'port: 8000', not a {type(config).__name__}")
-        words = []
+        positional = {action.dest for action in self._actions if not action.option_strings}
+        words, positionals = [], {}
         for key, value in config.items():
-            flag = "--" + str(key).lstrip("-").replace("_", "-")
+            name = str(key).lstrip("-").replace("-", "_")
+            if name in positional and isinstance(value, str):
+                positionals[name] = value
+                continue
+            flag = "--" + name.replace("_", "-")
             action = self._option_string_actions.get(flag)
             if flag == "--config" or action is None:
                 hint = "a file cannot name another file" if flag == "--config" else flag_hint(flag, self)
                 self.error(f"unknown key {key!r}" + (f" ({hint})" if hint else ""))
             words += self._flag_words(flag, action, key, value)
-        return words
+        return words, positionals
 
     def _flag_words(self, flag: str, action: argparse.Action, key: object, value: object) -> list[str]:
         if value is None:
@@ -99,13 +118,22 @@ class Parser(argparse.ArgumentParser):
             off = "--no-" + flag.removeprefix("--")
             return [flag] if value else [off] if off in self._option_string_actions else []
         if isinstance(value, list) and action.nargs in ("+", "*"):
-            return [flag, *map(_word, value)]
+            return [flag, *map(_word, value)] if value else []  # an empty list: none given (vLLM's rule)
         return [f"{flag}={_word(value)}"]  # one word: a value that starts with "-" stays a value
 
     def error(self, message: str) -> None:  # type: ignore[override]
         if self._reading is not None:
             message = f"--config {self._reading}: {message}"
         super().error(with_suggestions(message, self))
+
+
+class _Once(argparse.Action):
+    """A flag given at most once (a second --config would silently drop the first)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None):
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"give {option} once")
+        setattr(namespace, self.dest, values)
 
 
 def _word(value: object) -> str:

@@ -37,7 +37,8 @@ speculative-config: {method: ngram, num_speculative_tokens: 3}
     args = serve.parse_args(["m", "--config", path, "--port", "9000", "--api-key", "from-cli"])
     assert (args.model, args.port, args.host) == ("m", 9000, "0.0.0.0")
     assert args.served_model_name == ["first", "second"]
-    assert args.api_key == ["from-file", "from-cli"]  # keys add up, as vLLM's extend flags do
+    assert args.api_key == ["from-cli"]  # replaced, not added to: a key replaced must stop working
+    assert serve.parse_args(["m", "--config", path]).api_key == ["from-file"]
     assert args.allowed_origins == ["https://app.example"]
     engine = EngineArgs.from_cli_args(args)
     assert (engine.max_num_seqs, engine.max_model_len, engine.enforce_eager) == (7, 4000, True)
@@ -55,6 +56,9 @@ def test_the_model_may_come_from_the_file(tmp_path):
     args = generate.build_parser().parse_args(["--config", config(tmp_path, "model: x.gguf\nmax-tokens: 3\n"), "hi"])
     assert (args.model, args.max_tokens, args.prompts) == ("x.gguf", 3, ["hi"])
     assert serve.parse_args(["m", "--config", config(tmp_path, "")]).port == 8000  # an empty file: no flags
+    # the command line's MODEL wins over the file's model (vLLM's rule); an empty list gives none
+    assert serve.parse_args(["cli-model", "--config", path]).model == "cli-model"
+    assert serve.parse_args(["m", "--config", config(tmp_path, "api-key: []\n")]).api_key is None
 
 
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys):
@@ -73,6 +77,8 @@ def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys):
     assert "a YAML mapping of flag names to values" in error("- port\n- 8000\n")
     assert "not YAML" in error("port: [8000\n")
     assert "cannot read it: No such file or directory" in parse_error(["m", "--config", str(tmp_path / "no")], capsys)
+    twice = ["m", "--config", config(tmp_path, "port: 1\n"), "--config", config(tmp_path, "port: 2\n")]
+    assert "give --config once" in parse_error(twice, capsys)
 
 
 def test_serve_reads_the_file_before_the_port_and_the_load(tmp_path, capsys):
