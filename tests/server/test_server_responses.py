@@ -143,6 +143,69 @@ def test_a_forced_call_then_its_result(client):
     assert second.output_text == chat.choices[0].message.content
 
 
+def test_logprobs_when_included(client):
+    """include message.output_text.logprobs: one entry per output token, top_logprobs of each, the
+    same streamed (on the text deltas) as whole."""
+    asked = {
+        "model": MODEL,
+        "input": "Name a fruit.",
+        "max_output_tokens": 6,
+        "temperature": 0,
+        "include": ["message.output_text.logprobs"],
+        "top_logprobs": 2,
+    }
+    whole = client.responses.create(**asked)
+    entries = whole.output[0].content[0].logprobs
+    assert len(entries) == whole.usage.output_tokens == 6
+    assert "".join(entry.token for entry in entries) == whole.output_text
+    assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in entries)
+    with client.responses.stream(**asked) as s:
+        events = list(s)
+    streamed = [lp for event in events if event.type == "response.output_text.delta" for lp in event.logprobs]
+    assert [(lp.token, lp.logprob) for lp in streamed] == [(lp.token, lp.logprob) for lp in entries]
+    assert client.responses.create(model=MODEL, input="hi", max_output_tokens=2).output[0].content[0].logprobs == []
+
+
+def test_vllms_fields_and_rules(client, small_server):
+    """As vLLM's Responses API: its sampling extensions, truncation "auto" keeping the context's
+    last tokens, an incomplete assistant message last continued, "auto" without tools, and tools
+    without a tool_choice on a server without --enable-auto-tool-choice answered as text."""
+    stopped = client.responses.create(
+        model=MODEL, input="Count from 1 to 9.", max_output_tokens=30, temperature=0, extra_body={"stop": ["3"]}
+    )
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count from 1 to 9."}],
+        max_tokens=30,
+        temperature=0,
+        stop=["3"],
+    )
+    assert stopped.output_text == chat.choices[0].message.content and "3" not in stopped.output_text
+    long = client.responses.create(
+        model=MODEL, input="word " * 3000, truncation="auto", max_output_tokens=2, temperature=0
+    )
+    assert long.usage.input_tokens == 2046 and long.usage.output_tokens == 2
+    partial = [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "status": "incomplete", "content": [{"type": "output_text", "text": "The capital"}]},
+    ]
+    continued = client.responses.create(model=MODEL, input=partial, max_output_tokens=8, temperature=0)
+    prefilled = client.chat.completions.create(
+        model=MODEL,
+        messages=[partial[0], {"role": "assistant", "content": "The capital"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True},
+    )
+    assert continued.output_text == prefilled.choices[0].message.content
+    assert client.responses.create(model=MODEL, input="hi", tool_choice="auto", max_output_tokens=2).output_text
+    import openai
+
+    plain = openai.OpenAI(base_url=f"{small_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    answered = plain.responses.create(model=MODEL, input=ASK, tools=[WEATHER], max_output_tokens=8, temperature=0)
+    assert [item.type for item in answered.output] == ["message"]
+
+
 def test_langchain_in_responses_mode(server):
     langchain_openai = pytest.importorskip("langchain_openai")
 
@@ -180,6 +243,9 @@ def test_langchain_in_responses_mode(server):
         ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": 3}}}, "text.format"),
         ({"input": "hi", "max_output_tokens": 10**6}, "max_output_tokens"),
+        ({"input": "hi", "include": ["reasoning.encrypted_content"]}, "include"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
+        ({"input": "hi", "text": {"format": "json"}}, "text.format.type"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(http, body, param):

@@ -14,7 +14,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import Request
@@ -22,12 +22,14 @@ from fastapi.responses import JSONResponse, Response
 
 from pagoda.entrypoints.openai import chat
 from pagoda.entrypoints.openai.errors import APIError, bad_request
+from pagoda.entrypoints.openai.logprobs import chat_logprobs
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesRequest
 from pagoda.entrypoints.openai.serving import ServerState, event_stream, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan
 
 ENDPOINT = "/v1/responses"
+LOGPROBS = "message.output_text.logprobs"  # the one `include` entry served
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
 # what Pagoda cannot do, refused where the request sets it (None and False are unset)
@@ -36,12 +38,23 @@ NOT_SERVED = {
     "conversation": "this server stores no conversations: send the whole conversation as input",
     "background": "responses run in the foreground only",
     "prompt": "no stored prompt templates: send the instructions and input",
-    "include": "no extra output data (logprobs, encrypted reasoning, tool results) is included",
 }
+# vLLM's extra sampling and template fields, passed on to the chat request as they are
+VLLM_FIELDS = (
+    "stop",
+    "stop_token_ids",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "chat_template_kwargs",
+    "structured_outputs",
+)
 # a chat field's name in the chat path's 400s, and its name in a Responses request
 RENAMES = (
     (re.compile(r"^tools\[(\d+)\]\.function\b"), r"tools[\1]"),
-    (re.compile(r"^response_format\b"), "text.format"),
+    (re.compile(r"^response_format(\.json_schema)?\b"), "text.format"),
     (re.compile(r"^max_completion_tokens\b"), "max_output_tokens"),
     (re.compile(r"^messages\b.*"), "input"),
 )
@@ -49,32 +62,49 @@ RENAMES = (
 
 async def create_response(state: ServerState, body: ResponsesRequest, http: Request) -> Response:
     try:
-        prepared = await chat.prepare(state, chat_request(body))
+        request = chat_request(body, state.config.tools.enable_auto_tool_choice, state.limits.max_model_len)
+        prepared = await chat.prepare(state, request)
     except APIError as exc:
         raise _renamed(exc) from None
+    logprobs = _logprobs(state, request)
     response_id = f"resp_{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params)
     head = _head(state, body, prepared, response_id)
     if body.stream:
-        return event_stream(_events(prepared.plan, generation, head), generation)
+        return event_stream(_events(prepared.plan, generation, head, logprobs), generation)
     out = (await state.collect(http, generation))[0][0]
     message, called = prepared.plan.message(out.text)
     incomplete = out.finish_reason == "length" and not called
-    items = _reasoning_items(message) + _message_items(message, incomplete) + _call_items(message)
+    reasoning, calls = _reasoning_items(message), _call_items(message)
+    text = message["content"]
+    shown = text or not (reasoning or calls)  # a message where there is text, or nothing else (as streamed)
+    answer = [_message_item(text or "", incomplete, logprobs(out.logprobs))] if shown else []
+    items = reasoning + answer + calls
     return JSONResponse(_finished(head, items, incomplete, usage([[out]])))
 
 
-def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request that asks for what `body` asks for; 400s name the Responses field."""
+def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -> ChatCompletionRequest:
+    """The chat request that asks for what `body` asks for; 400s name the Responses field.
+    `auto_tools`: the server reads calls out of free text (--enable-auto-tool-choice); without it,
+    tools with no tool_choice are shown to the model and its answer taken as text (vLLM's rule).
+    truncation "auto" keeps the input's last tokens that leave room for max_output_tokens."""
     for field, reason in NOT_SERVED.items():
         if getattr(body, field) not in (None, False, []):
             raise bad_request(f"`{field}` is not supported: {reason}", field)
     if body.truncation not in (None, "disabled", "auto"):
         raise bad_request(f"truncation must be 'auto' or 'disabled', got {body.truncation!r}", "truncation")
+    if any(entry != LOGPROBS for entry in body.include or []):
+        other = next(entry for entry in body.include or [] if entry != LOGPROBS)
+        raise bad_request(f"include {other!r} is not supported: only {LOGPROBS!r} is", "include")
+    with_logprobs = LOGPROBS in (body.include or [])
     instructions = [] if body.instructions is None else [{"role": "system", "content": body.instructions}]
+    messages = instructions + input_messages(body.input)
+    # an assistant message last and marked incomplete is continued, not answered (vLLM's rule)
+    last = body.input[-1] if isinstance(body.input, list) and body.input else None
+    continued = isinstance(last, dict) and last.get("role") == "assistant" and last.get("status") == "incomplete"
     fields = {
         "model": body.model,
-        "messages": instructions + input_messages(body.input),
+        "messages": messages,
         "max_completion_tokens": body.max_output_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -86,11 +116,24 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         "seed": body.seed,
         "user": body.user,
         "tools": chat_tools(body.tools),
-        "tool_choice": chat_tool_choice(body.tool_choice),
+        "tool_choice": chat_tool_choice(body.tool_choice, bool(body.tools), auto_tools),
         "parallel_tool_calls": body.parallel_tool_calls,
         "response_format": response_format(body.text),
+        "truncate_prompt_tokens": _kept(body, max_model_len) if body.truncation == "auto" else None,
+        "logprobs": with_logprobs or None,
+        "top_logprobs": body.top_logprobs if with_logprobs else None,
+        "add_generation_prompt": False if continued else None,
+        "continue_final_message": continued or None,
+        **{name: getattr(body, name) for name in VLLM_FIELDS},
     }
     return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
+
+
+def _kept(body: ResponsesRequest, max_model_len: int) -> int:
+    """How many of the prompt's last tokens truncation "auto" keeps (-1: as many as the context holds)."""
+    if body.max_output_tokens is None or not 0 < body.max_output_tokens < max_model_len:
+        return -1
+    return max_model_len - body.max_output_tokens
 
 
 def input_messages(input_: str | list[Any]) -> list[dict]:
@@ -195,8 +238,12 @@ def chat_tools(tools: list[Any] | None) -> list[dict] | None:
     return chat_tools
 
 
-def chat_tool_choice(choice: Any) -> Any:
-    if choice is None or choice in ("auto", "none", "required"):
+def chat_tool_choice(choice: Any, has_tools: bool, auto_tools: bool) -> Any:
+    if not has_tools and choice in (None, "auto", "none"):
+        return None  # OpenAI's default "auto" with no tools: nothing to choose
+    if choice is None:
+        return None if auto_tools else "none"
+    if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
@@ -216,8 +263,9 @@ def response_format(text: dict[str, Any] | None) -> dict | None:
     if kind == "json_schema":
         fields = {key: format_[key] for key in ("name", "schema", "strict", "description") if key in format_}
         return {"type": "json_schema", "json_schema": fields}
+    shown = kind if isinstance(format_, dict) else format_
     raise bad_request(
-        f"text.format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "text.format.type"
+        f"text.format.type must be 'text', 'json_object' or 'json_schema', got {shown!r}", "text.format.type"
     )
 
 
@@ -229,6 +277,15 @@ def _renamed(exc: APIError) -> APIError:
             message = exc.message.replace(exc.param, param, 1) if exc.message.startswith(exc.param) else exc.message
             return APIError(exc.status, message, param, exc.code, exc.headers)
     return exc
+
+
+def _logprobs(state: ServerState, request: ChatCompletionRequest) -> Callable[[Sequence[Any] | None], list[dict]]:
+    """Tokens' engine logprobs as output_text's logprobs (chat's entries: token, logprob, bytes,
+    top_logprobs); none unless `include` asks for them."""
+    if not request.logprobs:
+        return lambda logprobs: []
+    names = state.logprob_tokens(request)
+    return lambda logprobs: chat_logprobs(names, logprobs or [], request.top_logprobs or 0)["content"]
 
 
 def _head(state: ServerState, body: ResponsesRequest, prepared: chat.PreparedChat, response_id: str) -> dict:
@@ -292,18 +349,15 @@ def _reasoning_item(text: str) -> dict:
     }
 
 
-def _message_item(text: str, incomplete: bool) -> dict:
+def _message_item(text: str, incomplete: bool, logprobs: list[dict] | None = None) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {
         "type": "message",
         "id": _item_id("msg"),
         "status": "incomplete" if incomplete else "completed",
         "role": "assistant",
-        "content": [_text_part(text)],
+        "content": [part],
     }
-
-
-def _text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 def _call_item(call_id: str, name: str, arguments: str) -> dict:
@@ -321,11 +375,6 @@ def _reasoning_items(message: dict) -> list[dict]:
     return [_reasoning_item(message["reasoning"])] if message.get("reasoning") else []
 
 
-def _message_items(message: dict, incomplete: bool) -> list[dict]:
-    """The answer's text as a message item; none where the model only called tools."""
-    return [] if message["content"] is None else [_message_item(message["content"], incomplete)]
-
-
 def _call_items(message: dict) -> list[dict]:
     calls = message.get("tool_calls", [])
     return [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
@@ -337,6 +386,7 @@ class _Items:
 
     def __init__(self) -> None:
         self.items: list[dict] = []  # done, in output order
+        self.logprobs: list[dict] = []  # of tokens whose text no message delta has carried yet
         self._open: dict | None = None
         self._sequence = itertools.count()
 
@@ -379,7 +429,7 @@ class _Items:
         else:
             part = item["content"][0]
             kind = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
-            extra = {"logprobs": []} if item["type"] == "message" else {}
+            extra = {"logprobs": part["logprobs"]} if item["type"] == "message" else {}
             events.append(self.event(kind, **where, content_index=0, text=part["text"], **extra))
             events.append(self.event("response.content_part.done", **where, content_index=0, part=part))
         item["status"] = "incomplete" if incomplete and item["type"] == "message" else "completed"
@@ -410,13 +460,17 @@ class _Items:
         where = {"item_id": item["id"], "output_index": len(self.items)}
         item["content"][0]["text"] += text
         if kind == "message":
+            logprobs, self.logprobs = self.logprobs, []
+            item["content"][0]["logprobs"] += logprobs
             return events + [
-                self.event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[])
+                self.event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=logprobs)
             ]
         return events + [self.event("response.reasoning_text.delta", **where, content_index=0, delta=text)]
 
 
-async def _events(plan: ToolPlan, generation: Generation, head: dict) -> AsyncIterator[str]:
+async def _events(
+    plan: ToolPlan, generation: Generation, head: dict, logprobs: Callable[[Sequence[Any] | None], list[dict]]
+) -> AsyncIterator[str]:
     """OpenAI's stream of response events: created, in_progress, each output item's events, then
     completed with the whole response."""
     items, streamer = _Items(), plan.streamer()
@@ -424,6 +478,7 @@ async def _events(plan: ToolPlan, generation: Generation, head: dict) -> AsyncIt
     yield items.event("response.in_progress", response=head)
     final = None
     async for _, update in generation.updates():
+        items.logprobs += logprobs(update.logprobs_delta)
         deltas = streamer.feed(update.text_delta) if update.text_delta else []
         if update.finished:
             deltas += streamer.finish()
