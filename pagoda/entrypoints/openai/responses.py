@@ -93,9 +93,9 @@ def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -
             raise bad_request(f"`{field}` is not supported: {reason}", field)
     if body.truncation not in (None, "disabled", "auto"):
         raise bad_request(f"truncation must be 'auto' or 'disabled', got {body.truncation!r}", "truncation")
-    if any(entry != LOGPROBS for entry in body.include or []):
-        other = next(entry for entry in body.include or [] if entry != LOGPROBS)
-        raise bad_request(f"include {other!r} is not supported: only {LOGPROBS!r} is", "include")
+    others = [entry for entry in body.include or [] if entry != LOGPROBS]
+    if others:
+        raise bad_request(f"include {others[0]!r} is not supported: only {LOGPROBS!r} is", "include")
     with_logprobs = LOGPROBS in (body.include or [])
     instructions = [] if body.instructions is None else [{"role": "system", "content": body.instructions}]
     messages = instructions + input_messages(body.input)
