@@ -66,7 +66,9 @@ class Parser(argparse.ArgumentParser):
         self._reading = path
         try:
             words, positionals = self.config_flags(path)
-            from_file, _ = super().parse_known_args(words)
+            from_file, stray = super().parse_known_args(words)
+            if stray:
+                self.error(f"values argparse read as flags: {' '.join(stray)}")
         finally:
             self._reading = None
         merged, extras = super().parse_known_args(args, from_file)
@@ -75,8 +77,11 @@ class Parser(argparse.ArgumentParser):
                 if getattr(parsed, action.dest) != action.default:
                     setattr(merged, action.dest, getattr(parsed, action.dest))
         for dest, value in positionals.items():
-            if getattr(merged, dest) in (None, []):
+            spelled = self._option_string_actions.get("--" + dest.replace("_", "-"))  # serve's --model
+            given = spelled is not None and getattr(parsed, spelled.dest) != spelled.default
+            if getattr(merged, dest) in (None, []) and not given:
                 setattr(merged, dest, value)
+                merged.filled_from_config = (*getattr(merged, "filled_from_config", ()), dest)
         return merged, extras
 
     def config_flags(self, path: str) -> tuple[list[str], dict[str, str]]:
@@ -94,12 +99,12 @@ class Parser(argparse.ArgumentParser):
             return [], {}
         if not isinstance(config, dict):
             self.error(f"a YAML mapping of flag names to values, such as 'port: 8000', not a {type(config).__name__}")
-        positional = {action.dest for action in self._actions if not action.option_strings}
+        positional = {action.dest: action for action in self._actions if not action.option_strings}
         words, positionals = [], {}
         for key, value in config.items():
             name = str(key).lstrip("-").replace("-", "_")
-            if name in positional and isinstance(value, str):
-                positionals[name] = value
+            if name in positional:
+                positionals[name] = self._positional_value(positional[name], key, value)
                 continue
             flag = "--" + name.replace("_", "-")
             action = self._option_string_actions.get(flag)
@@ -108,6 +113,16 @@ class Parser(argparse.ArgumentParser):
                 self.error(f"unknown key {key!r}" + (f" ({hint})" if hint else ""))
             words += self._flag_words(flag, action, key, value)
         return words, positionals
+
+    def _positional_value(self, action: argparse.Action, key: object, value: object) -> str | list[str]:
+        """A file's value for a positional argument: a string, or for one of several values (generate's
+        prompts) a string or a list of them."""
+        several = action.nargs in ("*", "+")
+        if isinstance(value, str):
+            return [value] if several else value
+        if several and isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return value
+        self.error(f"{key!r} must be {'a string or a list of strings' if several else 'a string'}, not {value!r}")
 
     def _flag_words(self, flag: str, action: argparse.Action, key: object, value: object) -> list[str]:
         if value is None:
@@ -118,7 +133,11 @@ class Parser(argparse.ArgumentParser):
             off = "--no-" + flag.removeprefix("--")
             return [flag] if value else [off] if off in self._option_string_actions else []
         if isinstance(value, list) and action.nargs in ("+", "*"):
-            return [flag, *map(_word, value)] if value else []  # an empty list: none given (vLLM's rule)
+            if isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):  # each value its own word
+                return [f"{flag}={_word(item)}" for item in value]  # an empty list: none given (vLLM's rule)
+            if any(_word(item).startswith("-") for item in value):
+                self.error(f"{key!r}: a value of a list may not start with '-'")
+            return [flag, *map(_word, value)] if value else []
         return [f"{flag}={_word(value)}"]  # one word: a value that starts with "-" stays a value
 
     def error(self, message: str) -> None:  # type: ignore[override]

@@ -11,8 +11,8 @@ from pagoda.entrypoints.openai import serve
 from tests.entrypoints.test_vllm_spellings import parse_error
 
 
-def config(tmp_path, text: str) -> str:
-    path = tmp_path / "config.yaml"
+def config(tmp_path, text: str, name: str = "config.yaml") -> str:
+    path = tmp_path / name
     path.write_text(text)
     return str(path)
 
@@ -59,6 +59,16 @@ def test_the_model_may_come_from_the_file(tmp_path):
     # the command line's MODEL wins over the file's model (vLLM's rule); an empty list gives none
     assert serve.parse_args(["cli-model", "--config", path]).model == "cli-model"
     assert serve.parse_args(["m", "--config", config(tmp_path, "api-key: []\n")]).api_key is None
+    # --model on the command line wins too; a list value may start with "-"
+    with_key = config(tmp_path, "model: file-model\napi-key: ['-secret']\n", "k.yaml")
+    assert serve.parse_args(["--config", with_key, "--model", "cli-model"]).model == "cli-model"
+    assert serve.parse_args(["--config", with_key]).api_key == ["-secret"]
+    # generate's prompts from the file: a string is one prompt, a list several; the command line's win
+    prompts = config(tmp_path, "prompts: hello\n", "p.yaml")
+    assert generate.build_parser().parse_args(["--config", prompts]).prompts == ["hello"]
+    several = config(tmp_path, "prompts: [a, b]\n", "q.yaml")
+    assert generate.build_parser().parse_args(["--config", several]).prompts == ["a", "b"]
+    assert generate.build_parser().parse_args(["--config", several, "cli"]).prompts == ["cli"]
 
 
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys):
@@ -77,8 +87,15 @@ def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, capsys):
     assert "a YAML mapping of flag names to values" in error("- port\n- 8000\n")
     assert "not YAML" in error("port: [8000\n")
     assert "cannot read it: No such file or directory" in parse_error(["m", "--config", str(tmp_path / "no")], capsys)
-    twice = ["m", "--config", config(tmp_path, "port: 1\n"), "--config", config(tmp_path, "port: 2\n")]
+    twice = ["m", "--config", config(tmp_path, "port: 1\n"), "--config", config(tmp_path, "port: 2\n", "b.yaml")]
     assert "give --config once" in parse_error(twice, capsys)
+
+
+def test_a_files_model_leaves_the_swallowed_model_guard_on(tmp_path, capsys):
+    """`--api-key k MODEL` reads MODEL as a key; a file's model must not hide that."""
+    (tmp_path / "b").mkdir()
+    path = config(tmp_path, "model: /models/a\n")
+    assert "looks like the MODEL" in parse_error(["--config", path, "--api-key", "k", str(tmp_path / "b")], capsys)
 
 
 def test_serve_reads_the_file_before_the_port_and_the_load(tmp_path, capsys):

@@ -329,7 +329,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
     for flag, values in (("--api-key", args.api_key), ("--served-model-name", args.served_model_name)):
-        if args.model is None and values and len(values) > 1 and _names_a_model(values[-1]):
+        model_given = args.model is not None and "model" not in getattr(args, "filled_from_config", ())
+        if not model_given and values and len(values) > 1 and _names_a_model(values[-1]):
             parser.error(f"{values[-1]!r} looks like the MODEL: give it before {flag}, which takes several values")
     if args.api_key and not all(key.strip() for key in args.api_key):
         parser.error("--api-key: a key must not be empty (an empty one would let anyone in)")
