@@ -206,6 +206,45 @@ def test_vllms_fields_and_rules(client, small_server):
     assert [item.type for item in answered.output] == ["message"]
 
 
+def test_logprobs_of_an_answer_that_stops_on_its_own(client):
+    """The end-of-sequence token has no text: its logprob still comes, streamed as whole."""
+    asked = {
+        "model": MODEL,
+        "input": "Say just the word yes.",
+        "max_output_tokens": 40,
+        "temperature": 0,
+        "include": ["message.output_text.logprobs"],
+    }
+    whole = client.responses.create(**asked)
+    assert whole.status == "completed"
+    with client.responses.stream(**asked) as s:
+        streamed = s.get_final_response()
+    entries = [(lp.token, lp.logprob) for lp in whole.output[0].content[0].logprobs]
+    assert len(entries) == whole.usage.output_tokens
+    assert [(lp.token, lp.logprob) for lp in streamed.output[0].content[0].logprobs] == entries
+
+
+def test_items_keep_the_order_the_model_wrote_them_in():
+    """Text, a call, more text: three items in that order, as a stream adds them; a call cut short
+    is marked incomplete (an agent must not run it)."""
+    from pagoda.entrypoints.openai.responses import _Items
+
+    items = _Items()
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a"'}}
+    for delta in ({"content": "Sure."}, {"tool_calls": [call]}, {"content": "Done."}):
+        items.feed(delta)
+    items.finish(incomplete=False)
+    assert [(i["type"], i["status"]) for i in items.items] == [
+        ("message", "completed"),
+        ("function_call", "completed"),
+        ("message", "completed"),
+    ]
+    cut = _Items()
+    cut.feed({"tool_calls": [call]})
+    cut.finish(incomplete=True)
+    assert [(i["type"], i["arguments"], i["status"]) for i in cut.items] == [("function_call", '{"a"', "incomplete")]
+
+
 def test_langchain_in_responses_mode(server):
     langchain_openai = pytest.importorskip("langchain_openai")
 

@@ -73,14 +73,14 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     if body.stream:
         return event_stream(_events(prepared.plan, generation, head, logprobs), generation)
     out = (await state.collect(http, generation))[0][0]
-    message, called = prepared.plan.message(out.text)
-    incomplete = out.finish_reason == "length" and not called
-    reasoning, calls = _reasoning_items(message), _call_items(message)
-    text = message["content"]
-    shown = text or not (reasoning or calls)  # a message where there is text, or nothing else (as streamed)
-    answer = [_message_item(text or "", incomplete, logprobs(out.logprobs))] if shown else []
-    items = reasoning + answer + calls
-    return JSONResponse(_finished(head, items, incomplete, usage([[out]])))
+    # the items as a stream of the whole text builds them: one owner of their order and shapes
+    items, streamer = _Items(), prepared.plan.streamer()
+    items.logprobs = logprobs(out.logprobs)
+    for delta in streamer.feed(out.text) + streamer.finish():
+        items.feed(delta)
+    incomplete = out.finish_reason == "length" and not streamer.called
+    items.finish(incomplete)
+    return JSONResponse(_finished(head, items.items, incomplete, usage([[out]])))
 
 
 def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -> ChatCompletionRequest:
@@ -371,15 +371,6 @@ def _call_item(call_id: str, name: str, arguments: str) -> dict:
     }
 
 
-def _reasoning_items(message: dict) -> list[dict]:
-    return [_reasoning_item(message["reasoning"])] if message.get("reasoning") else []
-
-
-def _call_items(message: dict) -> list[dict]:
-    calls = message.get("tool_calls", [])
-    return [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
-
-
 class _Items:
     """A stream's output items, built from the chat deltas of MessageStreamer: each item is added,
     grows by its deltas and is done before the next one is added (OpenAI's event order)."""
@@ -414,7 +405,8 @@ class _Items:
         return events
 
     def close(self, incomplete: bool = False) -> list[str]:
-        """The open item done; with `incomplete`, a message item as cut short."""
+        """The open item done (as cut short where `incomplete`). A message keeps the logprobs still
+        pending, of tokens whose text came with no delta of its own (the end-of-sequence token)."""
         item, self._open = self._open, None
         if item is None:
             return []
@@ -428,17 +420,22 @@ class _Items:
             )
         else:
             part = item["content"][0]
+            if item["type"] == "message":
+                part["logprobs"] += self.logprobs
+                self.logprobs = []
             kind = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
             extra = {"logprobs": part["logprobs"]} if item["type"] == "message" else {}
             events.append(self.event(kind, **where, content_index=0, text=part["text"], **extra))
             events.append(self.event("response.content_part.done", **where, content_index=0, part=part))
-        item["status"] = "incomplete" if incomplete and item["type"] == "message" else "completed"
+        item["status"] = "incomplete" if incomplete else "completed"  # a call cut short too: not to be run
         self.items.append(item)
         return events + [self.event("response.output_item.done", output_index=where["output_index"], item=item)]
 
-    def start(self) -> list[str]:
-        """Where the model wrote nothing: an empty message, as the response without streaming has."""
-        return [] if self.items or self._open is not None else self._add(_message_item("", False))
+    def finish(self, incomplete: bool) -> list[str]:
+        """The last item done (as cut short where `incomplete`); where the model wrote nothing, an
+        empty message first."""
+        empty = [] if self.items or self._open is not None else self._add(_message_item("", False))
+        return empty + self.close(incomplete)
 
     def _add(self, item: dict) -> list[str]:
         item["status"] = "in_progress"
@@ -487,7 +484,7 @@ async def _events(
             for event in items.feed(delta):
                 yield event
     incomplete = final is not None and final.finish_reason == "length" and not streamer.called
-    for event in items.start() + items.close(incomplete):
+    for event in items.finish(incomplete):
         yield event
     response = _finished(head, items.items, incomplete, usage([[final]] if final is not None else []))
     # response.completed however it ended (its status says incomplete), as vLLM sends it: the
