@@ -173,7 +173,11 @@ def _entries(obj: dict, line: int) -> list[LogEntry]:
 
 
 def _text_prompt(body: dict) -> str:
-    prompt = body.get("prompt")
+    """A completion's prompt text, or a Responses request's input (a string, or items whose text
+    contents count as a chat's messages')."""
+    if isinstance(body.get("input"), list):
+        return request_text(tuple(item for item in body["input"] if isinstance(item, dict)))
+    prompt = body.get("prompt", body.get("input"))
     return prompt if isinstance(prompt, str) else ""
 
 

@@ -52,6 +52,13 @@ def test_pagoda_log_line():
     assert (entry.line, entry.timestamp, entry.output_tokens, entry.logged_cached_tokens) == (7, 1700000000.5, 2, 2)
 
 
+def test_a_responses_log_line_routes_on_its_inputs_text():
+    """/v1/responses bodies hold `input`: a string, or items whose text a gateway matches on."""
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}, {"type": "function_call"}]
+    assert only({"body": {"input": items}, "prompt_token_ids": [5]}).text == "hi"
+    assert only({"body": {"input": "hello"}, "prompt_token_ids": [5]}).text == "hello"
+
+
 def test_output_count_without_ids_and_ids_without_count():
     assert only({"prompt_token_ids": [1], "output_tokens": 5}).output_tokens == 5
     assert only({"prompt_token_ids": [1], "output_token_ids": [2, 3]}).output_tokens == 2

@@ -198,12 +198,13 @@ def test_vllms_fields_and_rules(client, small_server):
         extra_body={"add_generation_prompt": False, "continue_final_message": True},
     )
     assert continued.output_text == prefilled.choices[0].message.content
-    assert client.responses.create(model=MODEL, input="hi", tool_choice="auto", max_output_tokens=2).output_text
+    no_tools = client.responses.create(model=MODEL, input="hi", tool_choice="auto", max_output_tokens=2)
+    assert no_tools.output_text and no_tools.tool_choice == "none"  # served with none, and says so
     import openai
 
     plain = openai.OpenAI(base_url=f"{small_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
     answered = plain.responses.create(model=MODEL, input=ASK, tools=[WEATHER], max_output_tokens=8, temperature=0)
-    assert [item.type for item in answered.output] == ["message"]
+    assert [item.type for item in answered.output] == ["message"] and answered.tool_choice == "none"
 
 
 def test_logprobs_of_an_answer_that_stops_on_its_own(client):

@@ -69,7 +69,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     logprobs = _logprobs(state, request)
     response_id = f"resp_{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params)
-    head = _head(state, body, prepared, response_id)
+    head = _head(state, body, request, prepared, response_id)
     if body.stream:
         return event_stream(_events(prepared.plan, generation, head, logprobs), generation)
     out = (await state.collect(http, generation))[0][0]
@@ -224,7 +224,7 @@ def chat_tools(tools: list[Any] | None) -> list[dict] | None:
     checks their names and schemas."""
     if not tools:
         return None
-    chat_tools = []
+    functions = []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
@@ -234,8 +234,8 @@ def chat_tools(tools: list[Any] | None) -> list[dict] | None:
                 f"tools[{i}].type",
             )
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
-        chat_tools.append({"type": "function", "function": function})
-    return chat_tools
+        functions.append({"type": "function", "function": function})
+    return functions
 
 
 def chat_tool_choice(choice: Any, has_tools: bool, auto_tools: bool) -> Any:
@@ -288,7 +288,13 @@ def _logprobs(state: ServerState, request: ChatCompletionRequest) -> Callable[[S
     return lambda logprobs: chat_logprobs(names, logprobs or [], request.top_logprobs or 0)["content"]
 
 
-def _head(state: ServerState, body: ResponsesRequest, prepared: chat.PreparedChat, response_id: str) -> dict:
+def _head(
+    state: ServerState,
+    body: ResponsesRequest,
+    request: ChatCompletionRequest,
+    prepared: chat.PreparedChat,
+    response_id: str,
+) -> dict:
     """The response object's fields that do not depend on the output."""
     return {
         "id": response_id,
@@ -310,13 +316,21 @@ def _head(state: ServerState, body: ResponsesRequest, prepared: chat.PreparedCha
         "store": False,
         "temperature": prepared.params.temperature,
         "text": body.text or {"format": {"type": "text"}},
-        "tool_choice": body.tool_choice or ("auto" if body.tools else "none"),
+        "tool_choice": _served_choice(body, request),
         "tools": body.tools or [],
         "top_p": prepared.params.top_p,
         "truncation": body.truncation or "disabled",
         "usage": None,
         "user": body.user,
     }
+
+
+def _served_choice(body: ResponsesRequest, request: ChatCompletionRequest) -> Any:
+    """The tool_choice the request was served with, in the Responses shape: as sent where it named
+    one with tools; else "none" without tools or where the server read no calls, "auto" otherwise."""
+    if not body.tools or request.tool_choice == "none":
+        return "none"
+    return body.tool_choice if body.tool_choice is not None else "auto"
 
 
 def _finished(head: dict, items: list[dict], incomplete: bool, counts: dict) -> dict:
