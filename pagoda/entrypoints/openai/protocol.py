@@ -173,7 +173,22 @@ class ChatCompletionRequest(_SamplingFields):
     web_search_options: Any = None
 
 
-class ResponsesRequest(_Body):
+class VllmResponsesFields(_Body):
+    """vLLM's extensions of the Responses API, each passed on to the chat request as it is (None:
+    the chat path's default)."""
+
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+
+
+class ResponsesRequest(VllmResponsesFields):
     """OpenAI's Responses API (POST /v1/responses), the fields of it Pagoda serves; responses.py
     checks `input`, `tools`, `tool_choice` and `text` item by item, so that a 400 names the part."""
 
@@ -201,16 +216,6 @@ class ResponsesRequest(_Body):
     reasoning: dict[str, Any] | None = None
     max_tool_calls: int | None = None  # bounds built-in tools' calls; function calls come back to the client
     top_logprobs: int | None = None  # with include ["message.output_text.logprobs"]
-    # vLLM's extensions (None: the chat path's default)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    include_stop_str_in_output: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    structured_outputs: StructuredOutputsBody | None = None
     # refused where set (responses.py)
     include: list[str] | None = None
     previous_response_id: str | None = None

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from pagoda.entrypoints.openai import chat
 from pagoda.entrypoints.openai.errors import APIError, bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesRequest
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesRequest, VllmResponsesFields
 from pagoda.entrypoints.openai.serving import ServerState, event_stream, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan
@@ -39,18 +39,6 @@ NOT_SERVED = {
     "background": "responses run in the foreground only",
     "prompt": "no stored prompt templates: send the instructions and input",
 }
-# vLLM's extra sampling and template fields, passed on to the chat request as they are
-VLLM_FIELDS = (
-    "stop",
-    "stop_token_ids",
-    "repetition_penalty",
-    "min_tokens",
-    "ignore_eos",
-    "skip_special_tokens",
-    "include_stop_str_in_output",
-    "chat_template_kwargs",
-    "structured_outputs",
-)
 # a chat field's name in the chat path's 400s, and its name in a Responses request
 RENAMES = (
     (re.compile(r"^tools\[(\d+)\]\.function\b"), r"tools[\1]"),
@@ -124,7 +112,7 @@ def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -
         "top_logprobs": body.top_logprobs if with_logprobs else None,
         "add_generation_prompt": False if continued else None,
         "continue_final_message": continued or None,
-        **{name: getattr(body, name) for name in VLLM_FIELDS},
+        **{name: getattr(body, name) for name in VllmResponsesFields.model_fields},
     }
     return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
 
@@ -386,8 +374,10 @@ def _call_item(call_id: str, name: str, arguments: str) -> dict:
 
 
 class _Items:
-    """A stream's output items, built from the chat deltas of MessageStreamer: each item is added,
-    grows by its deltas and is done before the next one is added (OpenAI's event order)."""
+    """A response's output items, built from the chat deltas of MessageStreamer, with the stream's
+    events: each item is added, grows by its deltas and is done before the next one is added
+    (OpenAI's event order). A whole response is built the same way and its events dropped, so that
+    it has the items a stream would have."""
 
     def __init__(self) -> None:
         self.items: list[dict] = []  # done, in output order
