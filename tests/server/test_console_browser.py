@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -109,13 +110,9 @@ def test_dashboard_counters_move_under_load(page_of, server, client, shots):
     page = console.open("dashboard")
     page.wait_for_function(f"document.querySelector('#engine-info').innerText.includes({MODEL!r})")
     page.wait_for_function("document.querySelector('#value-requests').innerText !== '–'")  # a first sample
-    ids: list[str] = []
-    load = threading.Thread(target=_chat_load, args=(client, 6, 48, ids))
-    load.start()
-    try:  # while the requests run, the live counters leave zero
+    ids: list[str] = []  # the first wave's
+    with _load_waves(client, ids):  # while the requests run, the live counters leave zero
         page.wait_for_function(f"{_value('throughput')} > 0 && {_value('requests')} > 0", timeout=30_000)
-    finally:
-        load.join()
     # every request appears in the table, and the next second's sample counts them
     for request_id in ids:
         page.wait_for_selector(f"#requests td[title^='{request_id} ']", timeout=10_000)
@@ -124,11 +121,9 @@ def test_dashboard_counters_move_under_load(page_of, server, client, shots):
     assert row[-1].strip() == "length" and int(row[4]) == 48  # output tokens, finish reason
     # the screenshot under load: more waves when writing the README's (the plots fill in)
     for _ in range(WAVES_FOR_DOCS if os.environ.get("PAGODA_CONSOLE_SCREENSHOTS") else 1):
-        load = threading.Thread(target=_chat_load, args=(client, 6, 48, []))
-        load.start()
-        page.wait_for_function(f"{_value('requests')} > 0", timeout=30_000)
-        page.wait_for_timeout(1500)
-        load.join()
+        with _load_waves(client, []):
+            page.wait_for_function(f"{_value('requests')} > 0", timeout=30_000)
+            page.wait_for_timeout(1500)
     page.screenshot(path=str(shots / "console-dashboard.png"), full_page=True)
     phone = page_of(viewport=PHONE, scheme="dark")
     phone.open("dashboard").wait_for_function(f"{_value('finished')} > 0")
@@ -139,6 +134,28 @@ def test_dashboard_counters_move_under_load(page_of, server, client, shots):
 def _value(tile: str) -> str:
     """JavaScript: a dashboard tile's headline as a number (its first one for "6 / 0")."""
     return f"parseFloat(document.querySelector('#value-{tile}').innerText.replace(/,/g, ''))"
+
+
+@contextmanager
+def _load_waves(client, first_ids: list[str]) -> Iterator[None]:
+    """Waves of six concurrent 48-token chats until the block ends (the first wave's ids go into
+    `first_ids`). One wave can begin and end between two of the dashboard's one-second samples, so
+    a wait for the page to see requests running keeps the load going until it does."""
+    stop = threading.Event()
+
+    def waves() -> None:
+        ids = first_ids
+        while not stop.is_set():
+            _chat_load(client, 6, 48, ids)
+            ids = []
+
+    thread = threading.Thread(target=waves)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _chat_load(client, requests: int, tokens: int, ids: list[str]) -> None:
