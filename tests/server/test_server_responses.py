@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import openai
 import pytest
 
 from tests.server.helpers import API_KEY, MODEL
@@ -200,8 +201,6 @@ def test_vllms_fields_and_rules(client, small_server):
     assert continued.output_text == prefilled.choices[0].message.content
     no_tools = client.responses.create(model=MODEL, input="hi", tool_choice="auto", max_output_tokens=2)
     assert no_tools.output_text and no_tools.tool_choice == "none"  # served with none, and says so
-    import openai
-
     plain = openai.OpenAI(base_url=f"{small_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
     answered = plain.responses.create(model=MODEL, input=ASK, tools=[WEATHER], max_output_tokens=8, temperature=0)
     assert [item.type for item in answered.output] == ["message"] and answered.tool_choice == "none"
@@ -294,3 +293,15 @@ def test_bad_input_is_a_400_naming_the_field(http, body, param):
     error = answer.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error", error
     assert http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2}).status_code == 200
+
+
+def test_a_stored_responses_routes_say_none_is_stored(client, http):
+    """Nothing is stored: retrieving, deleting, cancelling or listing a response's input is a 404
+    naming the id (the openai client raises NotFoundError), as vLLM without its store answers."""
+    made = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.responses.retrieve(made.id)
+    assert raised.value.body["param"] == "response_id" and made.id in raised.value.body["message"]
+    for method, path in [("DELETE", ""), ("POST", "/cancel"), ("GET", "/input_items")]:
+        answer = http.request(method, f"/v1/responses/{made.id}{path}")
+        assert answer.status_code == 404 and answer.json()["error"]["param"] == "response_id", answer.text

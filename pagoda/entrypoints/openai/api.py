@@ -188,6 +188,14 @@ def _v1_routes(state: ServerState) -> APIRouter:
     async def create_response(body: ResponsesRequest, http: Request) -> Response:
         return await responses.create_response(state, body, http)
 
+    # a stored response's routes: nothing is stored, so every id is unknown (vLLM's 404 without its store)
+    @router.get("/responses/{response_id}")
+    @router.delete("/responses/{response_id}")
+    @router.post("/responses/{response_id}/cancel")
+    @router.get("/responses/{response_id}/input_items")
+    async def stored_response(response_id: str) -> Response:
+        raise responses.not_stored(response_id)
+
     return router
 
 

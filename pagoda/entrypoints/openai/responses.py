@@ -71,6 +71,15 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     return JSONResponse(_finished(head, items.items, incomplete, usage([[out]])))
 
 
+def not_stored(response_id: str) -> APIError:
+    return APIError(
+        404,
+        f"Response with id '{response_id}' not found: this server stores no responses",
+        "response_id",
+        "response_not_found",
+    )
+
+
 def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -> ChatCompletionRequest:
     """The chat request that asks for what `body` asks for; 400s name the Responses field.
     `auto_tools`: the server reads calls out of free text (--enable-auto-tool-choice); without it,
