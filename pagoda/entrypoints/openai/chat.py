@@ -41,12 +41,13 @@ def parse_messages(messages: list[dict]) -> list[dict]:
         if role == "assistant" and message.get("tool_calls") is not None:
             calls = _tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
             call_ids.update(call["id"] for call in calls)
-            content = "" if message.get("content") is None else _content(message["content"], i)
+            content = message.get("content")
+            content = "" if content is None else text_content(content, f"messages[{i}].content")
             parsed.append({"role": role, "content": content, "tool_calls": calls})
         elif role == "tool":
             parsed.append(_tool_result(message, i, call_ids))
         else:
-            content = _content(message.get("content"), i)
+            content = text_content(message.get("content"), f"messages[{i}].content")
             parsed.append({"role": "system" if role == "developer" else role, "content": content})
     return parsed
 
@@ -58,21 +59,21 @@ def _role(message: dict, i: int) -> str:
     return role
 
 
-def _content(content: object, i: int) -> str:
+def text_content(content: object, param: str, part_types: tuple[str, ...] = ("text",)) -> str:
+    """A message's content: a string, or text parts (of `part_types`) joined by newlines."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad_request(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+        raise bad_request(f"{param} must be a string or a list of text parts", param)
     texts = []
     for j, part in enumerate(content):
-        param = f"messages[{i}].content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text":
+        if kind not in part_types:
             raise bad_request(
-                f"{param}.type {kind!r} is not supported: this server takes text parts only", f"{param}.type"
+                f"{param}[{j}].type {kind!r} is not supported: this server takes text parts only", f"{param}[{j}].type"
             )
         if not isinstance(part.get("text"), str):
-            raise bad_request(f"{param}.text must be a string", f"{param}.text")
+            raise bad_request(f"{param}[{j}].text must be a string", f"{param}[{j}].text")
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -120,7 +121,8 @@ def _tool_result(message: dict, i: int, call_ids: set[str]) -> dict:
         raise bad_request(f"{param} is required: the id of the tool call this message answers", param)
     if call_id not in call_ids:
         raise bad_request(f"{param} {call_id!r:.100} matches no tool call of an earlier assistant message", param)
-    result = {"role": "tool", "content": _content(message.get("content"), i), "tool_call_id": call_id}
+    content = text_content(message.get("content"), f"messages[{i}].content")
+    result = {"role": "tool", "content": content, "tool_call_id": call_id}
     name = message.get("name")
     if name is not None and not isinstance(name, str):
         raise bad_request(f"messages[{i}].name must be a string", f"messages[{i}].name")

@@ -152,7 +152,8 @@ def input_messages(input_: str | list[Any]) -> list[dict]:
                 raise bad_request(
                     f"{param}.role must be one of {', '.join(INPUT_ROLES)}, got {role!r}", f"{param}.role"
                 )
-            messages.append({"role": role, "content": _text(item.get("content"), f"{param}.content")})
+            content = chat.text_content(item.get("content"), f"{param}.content", TEXT_PARTS)
+            messages.append({"role": role, "content": content})
         elif kind == "function_call":
             call = _call(item, param)
             call_ids.add(call["id"])
@@ -166,7 +167,7 @@ def input_messages(input_: str | list[Any]) -> list[dict]:
                 raise bad_request(
                     f"{param}.call_id {call_id!r:.100} answers no function_call item before it", f"{param}.call_id"
                 )
-            output = _text(item.get("output"), f"{param}.output")
+            output = chat.text_content(item.get("output"), f"{param}.output", TEXT_PARTS)
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind != "reasoning":
             raise bad_request(
@@ -177,23 +178,6 @@ def input_messages(input_: str | list[Any]) -> list[dict]:
     if not messages:
         raise bad_request("input holds no message", "input")
     return messages
-
-
-def _text(content: object, param: str) -> str:
-    """A message's content or a call's output: a string, or text parts joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"{param} must be a string or a list of text parts", param)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS:
-            raise bad_request(
-                f"{param}[{j}].type {kind!r} is not supported: this server takes text parts only", f"{param}[{j}].type"
-            )
-        texts.append(_string(part, "text", f"{param}[{j}]", empty=True))
-    return "\n".join(texts)
 
 
 def _string(item: dict, key: str, param: str, empty: bool = False) -> str:
