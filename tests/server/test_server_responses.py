@@ -305,3 +305,33 @@ def test_a_stored_responses_routes_say_none_is_stored(client, http):
     for method, path in [("DELETE", ""), ("POST", "/cancel"), ("GET", "/input_items")]:
         answer = http.request(method, f"/v1/responses/{made.id}{path}")
         assert answer.status_code == 404 and answer.json()["error"]["param"] == "response_id", answer.text
+
+
+def test_a_stream_that_fails_ends_with_openais_failure_events():
+    """A generation that fails after the stream began (the server shutting down): the open message
+    done as cut short, OpenAI's error event, then response.failed with the text so far, last."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pagoda.entrypoints.openai.errors import APIError
+    from pagoda.entrypoints.openai.responses import _events
+    from pagoda.entrypoints.openai.tool_calls import ToolPlan
+
+    class Failing:
+        async def updates(self):
+            yield 0, SimpleNamespace(text_delta="Hel", logprobs_delta=None, finished=False)
+            raise APIError(503, "The server is shutting down")
+
+    async def events() -> list[str]:
+        return [event async for event in _events(ToolPlan(), Failing(), {"id": "resp_1"}, lambda _: [])]
+
+    parsed = [json.loads(event.split("data: ", 1)[1]) for event in asyncio.run(events())]
+    kinds = [event["type"] for event in parsed]
+    assert kinds[-4:] == ["response.content_part.done", "response.output_item.done", "error", "response.failed"]
+    assert [event["sequence_number"] for event in parsed] == list(range(len(parsed)))
+    error, failed = parsed[-2], parsed[-1]["response"]
+    assert error["code"] == "server_error" and error["message"] == "The server is shutting down"
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert [(item["type"], item["status"], item["content"][0]["text"]) for item in failed["output"]] == [
+        ("message", "incomplete", "Hel")
+    ]

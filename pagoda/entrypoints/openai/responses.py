@@ -466,20 +466,31 @@ async def _events(
     plan: ToolPlan, generation: Generation, head: dict, logprobs: Callable[[Sequence[Any] | None], list[dict]]
 ) -> AsyncIterator[str]:
     """OpenAI's stream of response events: created, in_progress, each output item's events, then
-    completed with the whole response."""
+    completed with the whole response (or, where the generation fails, error and failed)."""
     items, streamer = _Items(), plan.streamer()
     yield items.event("response.created", response=head)
     yield items.event("response.in_progress", response=head)
     final = None
-    async for _, update in generation.updates():
-        items.logprobs += logprobs(update.logprobs_delta)
-        deltas = streamer.feed(update.text_delta) if update.text_delta else []
-        if update.finished:
-            deltas += streamer.finish()
-            final = update
-        for delta in deltas:
-            for event in items.feed(delta):
-                yield event
+    try:
+        async for _, update in generation.updates():
+            items.logprobs += logprobs(update.logprobs_delta)
+            deltas = streamer.feed(update.text_delta) if update.text_delta else []
+            if update.finished:
+                deltas += streamer.finish()
+                final = update
+            for delta in deltas:
+                for event in items.feed(delta):
+                    yield event
+    except APIError as exc:  # after the stream began (the server shutting down, the engine failed)
+        # OpenAI's failure events, not chat's error chunk: the open item done as cut short, an error
+        # event, then response.failed with the items so far as the last event
+        for event in items.close(incomplete=True):
+            yield event
+        code = exc.code or exc.type
+        yield items.event("error", code=code, message=exc.message, param=exc.param)
+        failed = {**head, "status": "failed", "error": {"code": code, "message": exc.message}, "output": items.items}
+        yield items.event("response.failed", response=failed)
+        return
     incomplete = final is not None and final.finish_reason == "length" and not streamer.called
     for event in items.finish(incomplete):
         yield event
