@@ -160,6 +160,7 @@ def test_logprobs_when_included(client):
     assert len(entries) == whole.usage.output_tokens == 6
     assert "".join(entry.token for entry in entries) == whole.output_text
     assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in entries)
+    assert whole.top_logprobs == 2  # echoed as asked
     with client.responses.stream(**asked) as s:
         events = list(s)
     streamed = [lp for event in events if event.type == "response.output_text.delta" for lp in event.logprobs]

@@ -299,6 +299,7 @@ def _head(
         "text": body.text or {"format": {"type": "text"}},
         "tool_choice": _served_choice(body, request),
         "tools": body.tools or [],
+        "top_logprobs": body.top_logprobs,
         "top_p": prepared.params.top_p,
         "truncation": body.truncation or "disabled",
         "usage": None,
