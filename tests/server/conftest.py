@@ -3,7 +3,8 @@
 - `server`: the default model with a small KV budget, an API key, a request log, tool_choice
   "auto" enabled and a --reports folder for the console; most tests.
 - `small_server`: two sequences at a time and a waiting queue of one (so 503 is reachable), prompt
-  text in its log lines, a short shutdown grace (SMALL_GRACE_S); the SIGTERM test ends it, so it runs last.
+  text in its log lines, a short shutdown grace (SMALL_GRACE_S), a --tool-call-parser its template
+  cannot use; the SIGTERM test ends it, so it runs last.
 Both are launched together on first use (their model loads overlap) and killed at the end.
 """
 
@@ -122,6 +123,7 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
             "--log-prompts",
             *("--max-log-len", "30"),
             "--disable-fastapi-docs",
+            *("--tool-call-parser", "hermes"),  # unused: the default model's template shows no tools
             "--shutdown-timeout",
             str(SMALL_GRACE_S),
         ),

@@ -82,6 +82,13 @@ def test_log_prompts_puts_prompt_text_in_the_log_line(small_server):
     assert line.endswith(f"prompt={long[:30]!r}")
 
 
+def test_a_tool_parser_the_template_cannot_use_is_named_at_startup(small_server, server):
+    """The default model's template shows no tools (they go in the system prompt in the generic
+    format): a --tool-call-parser would go unused, and the log says so; without one, nothing."""
+    assert "--tool-call-parser hermes is not used: the chat template shows no tools" in small_server.log()
+    assert "--tool-call-parser" not in server.log()
+
+
 def test_disable_fastapi_docs_serves_no_api_docs(small_server, server):
     for path in ("/docs", "/redoc", "/openapi.json"):
         assert httpx.get(f"{small_server.base_url}{path}", timeout=10).status_code == 404

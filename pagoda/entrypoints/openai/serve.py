@@ -527,6 +527,7 @@ def load_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngine]:
         "on" if engine.config.deterministic else "off",
         time.monotonic() - loaded,
     )
+    _warn_unused_tool_parser(config, engine.tokenizer.chat_template)
     app = build_app(engine, config)
     # What startup built (the model's modules, the tokenizer, the app: ~340,000 objects) lives as
     # long as the process. Frozen, the cyclic GC no longer walks it: a full collection while
@@ -535,6 +536,22 @@ def load_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngine]:
     gc.collect()
     gc.freeze()
     return app, engine
+
+
+def _warn_unused_tool_parser(config: ServerConfig, model_template: str | None) -> None:
+    """A named --tool-call-parser reads calls in the format the chat template shows tools in; a
+    template that shows none has them put in the system prompt in the generic format, whose parser
+    reads the calls instead (tool_calls.plan_tools), so the named one goes unused: say so."""
+    from pagoda.model_files import template_supports_tools
+
+    template = config.chat_template or model_template
+    parser = config.tools.tool_call_parser
+    if parser is not None and not (template and template_supports_tools(template)):
+        logger.warning(
+            "--tool-call-parser %s is not used: the chat template shows no tools, so requests' tools go in "
+            "the system prompt in Pagoda's generic JSON format and the generic parser reads the calls",
+            parser,
+        )
 
 
 async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) -> int:
