@@ -190,23 +190,37 @@ def test_malformed_json_is_400(http):
     assert "body is empty" in error_of(empty, 400)["message"]
 
 
-def test_too_long_prompt_is_400_with_the_numbers(http):
-    prompt = [42] * 2040
-    error = error_of(http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 100}), 400)
-    assert error["param"] == "prompt"
-    assert (
-        "maximum context length is 2048 tokens. However, you requested 2140 tokens "
-        "(2040 in the prompt, 100 in the completion)"
-    ) in error["message"]
-    whole = [{"role": "user", "content": "word " * 2100}]  # no max_tokens: the prompt alone is too long
+def test_a_prompt_with_no_room_left_is_400_with_the_numbers(http):
+    whole = [{"role": "user", "content": "word " * 2100}]  # the prompt alone fills the context
     error = error_of(http.post("/v1/chat/completions", json={"messages": whole}), 400)
     assert error["param"] == "messages" and "maximum context length is 2048 tokens" in error["message"]
+    error = error_of(http.post("/v1/completions", json={"prompt": [42] * 2048, "max_tokens": 1}), 400)
+    assert error["param"] == "prompt" and "you requested 2048 tokens in the prompt" in error["message"]
     for path, body, param in (
         ("/v1/completions", {**COMPLETION, "max_tokens": 100_000}, "max_tokens"),
-        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 2048}, "max_completion_tokens"),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 2049}, "max_completion_tokens"),
     ):
-        error = error_of(http.post(path, json=body), 400)  # the limit alone leaves no room: it is named
-        assert error["param"] == param and "maximum context length is 2048 tokens" in error["message"]
+        error = error_of(http.post(path, json=body), 400)  # the limit alone is past the context: it is named
+        assert error["param"] == param and "maximum context length of 2048 tokens" in error["message"]
+
+
+def test_a_prompt_plus_max_tokens_past_the_context_ends_at_the_context(http):
+    """vLLM's rule: max_tokens shortened to the room left, the answer cut there ("length"); the
+    default max_tokens of a completion likewise; truncate_prompt_tokens -1 keeps one token of room."""
+    answer = http.post("/v1/completions", json={"prompt": [42] * 2040, "max_tokens": 100, "ignore_eos": True})
+    assert answer.status_code == 200, answer.text
+    usage, choice = answer.json()["usage"], answer.json()["choices"][0]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], choice["finish_reason"]) == (2040, 8, "length")
+    default = http.post("/v1/completions", json={"prompt": [42] * 2040, "ignore_eos": True}).json()["usage"]
+    assert default["completion_tokens"] == 8  # 16 by default, 8 left
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "word " * 2000}], "max_tokens": 100, "ignore_eos": True},
+    ).json()
+    assert chat["usage"]["total_tokens"] == 2048 and chat["choices"][0]["finish_reason"] == "length"
+    cut = http.post("/v1/completions", json={"prompt": [42] * 3000, "truncate_prompt_tokens": -1, "max_tokens": 4})
+    usage = cut.json()["usage"]
+    assert cut.status_code == 200 and (usage["prompt_tokens"], usage["completion_tokens"]) == (2047, 1), cut.text
 
 
 def test_the_engine_still_serves_after_bad_input(http, server):

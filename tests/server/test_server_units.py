@@ -22,21 +22,23 @@ from pagoda.request import TokenLogprob
     "prompt, max_tokens, refused",
     [
         (2040, 8, None),
-        (2041, 8, "prompt"),
-        (1, 2047, None),
-        (1, 2048, "max_tokens"),  # alone it fills the context: it is named
+        (2041, 8, None),  # past the context: served, the answer ending where the context does
+        (2047, 100, None),
+        (1, 2048, None),
+        (1, 2049, "max_tokens"),  # alone more than the context: it is named
         (2047, None, None),
-        (2048, None, "prompt"),
+        (2048, None, "prompt"),  # no room for one token
+        (2048, 8, "prompt"),
     ],
 )
-def test_prompt_plus_max_tokens_must_fit_the_context(prompt, max_tokens, refused):
+def test_the_prompt_must_leave_room_and_max_tokens_fit_the_context(prompt, max_tokens, refused):
     if refused is None:
         check_context(prompt, max_tokens, 2048, "prompt")
         return
     with pytest.raises(APIError) as raised:
         check_context(prompt, max_tokens, 2048, "prompt")
     assert raised.value.status == 400 and raised.value.param == refused
-    assert "maximum context length is 2048 tokens" in raised.value.message
+    assert "maximum context length" in raised.value.message and "2048 tokens" in raised.value.message
 
 
 def test_empty_prompt_is_refused():

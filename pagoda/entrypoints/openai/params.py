@@ -171,43 +171,35 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens (-1: as many as the context
-    holds; None: all of them)."""
+    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens (None: all of them; -1: as
+    many as leave room for one token of output, as vLLM keeps)."""
     if keep is None:
         return ids
     if keep == 0:
         raise bad_request("truncate_prompt_tokens must be -1 or at least 1, got 0", "truncate_prompt_tokens")
-    keep = max_model_len if keep == -1 else keep
+    keep = max_model_len - 1 if keep == -1 else keep
     return ids[-keep:] if len(ids) > keep else ids
 
 
 def check_context(
     num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str, max_param: str = "max_tokens"
 ) -> None:
-    """The prompt plus max_tokens must fit the context; without max_tokens the prompt must leave
-    room for at least one token. Checked here so the engine never refuses what was accepted.
+    """vLLM's rules for the context: the prompt has a token and leaves room for one more, and
+    max_tokens is no more than the whole context. A prompt plus max_tokens past the context is
+    served, the answer ending where the context does (finish_reason "length"), as vLLM shortens
+    max_tokens to the room left. Checked here so the engine never refuses what was accepted.
     `param`: the prompt's field; `max_param`: max_tokens' (named where it alone is too large)."""
     if num_prompt_tokens == 0:
         raise bad_request("The prompt is empty: at least one token is needed to generate from.", param)
-    if max_tokens is not None and max_tokens >= max_model_len:
+    if max_tokens is not None and max_tokens > max_model_len:
         raise bad_request(
-            f"{max_param}={max_tokens} leaves no room for a prompt: this model's maximum context length is "
-            f"{max_model_len} tokens.",
+            f"{max_param}={max_tokens} is more than this model's maximum context length of {max_model_len} tokens.",
             max_param,
         )
-    if max_tokens is None:
-        if num_prompt_tokens >= max_model_len:
-            raise bad_request(
-                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                f"{num_prompt_tokens} tokens in the {param}, which leaves no room for a completion. "
-                f"Please reduce the length of the {param}.",
-                param,
-            )
-        return
-    if num_prompt_tokens + max_tokens > max_model_len:
+    if num_prompt_tokens >= max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {param}, {max_tokens} in the "
-            f"completion). Please reduce the length of the {param} or completion.",
+            f"{num_prompt_tokens} tokens in the {param}, which leaves no room for a completion. "
+            f"Please reduce the length of the {param}.",
             param,
         )
