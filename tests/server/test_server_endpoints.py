@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from pagoda import __version__
+from pagoda.entrypoints.openai.metrics import token_buckets
 from tests.server.helpers import MODEL, PROMPTS, metric, wait_idle
 
 pytestmark = pytest.mark.slow
@@ -103,13 +104,27 @@ def test_repeated_prompt_hits_the_prefix_cache_and_metrics_count_it(client, http
     assert grew("pagoda:prefix_cache_queries_total") == 2 * prompt_tokens
     assert grew("pagoda:prefix_cache_hits_total") == cached
     assert grew("pagoda:request_success_total", finished_reason="length") == 2
+    assert grew("pagoda:prompt_tokens_cached_total") == cached
     for histogram in (
         "time_to_first_token_seconds",
         "e2e_request_latency_seconds",
         "request_queue_time_seconds",
         "time_per_output_token_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_inference_time_seconds",
+        "request_prompt_tokens",
+        "request_generation_tokens",
+        "inter_token_latency_seconds",  # one interval each: two tokens
     ):
-        assert grew(f"pagoda:{histogram}_count") == 2
+        assert grew(f"pagoda:{histogram}_count") == 2, histogram
+    assert grew("pagoda:request_prompt_tokens_sum") == 2 * prompt_tokens
+    assert grew("pagoda:request_generation_tokens_sum") == 4
+    buckets = token_buckets(2048)  # vLLM's 1-2-5 token buckets up to the context
+    assert buckets[:4] == (1, 2, 5, 10) and buckets[-1] == 2000
+    fits, below = min(b for b in buckets if b >= prompt_tokens), max(b for b in buckets if b < prompt_tokens)
+    assert grew("pagoda:request_prompt_tokens_bucket", le=f"{fits:.1f}") == 2
+    assert grew("pagoda:request_prompt_tokens_bucket", le=f"{below:.1f}") == 0
     assert metric(after, "pagoda:prefix_cache_blocks") >= cached // 16
     assert metric(after, "pagoda:num_preemptions_total") >= 0
 

@@ -120,7 +120,7 @@ def test_metrics_have_each_finish_reason_from_the_start_and_no_created_series():
     from pagoda.entrypoints.openai.metrics import ServerMetrics
     from tests.server.helpers import metric
 
-    text = ServerMetrics(SchedulerStats, "m").render().decode()
+    text = ServerMetrics(SchedulerStats, "m", 2048).render().decode()
     for reason in ("stop", "length", "abort"):  # at 0 before any request ends so, as vLLM's
         assert metric(text, "pagoda:request_success_total", finished_reason=reason) == 0
     assert "_created" not in text

@@ -52,7 +52,7 @@ RESET_POLL_S = 0.05
 
 def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
     model = engine.config.model
-    metrics = ServerMetrics(lambda: engine.stats, model.name)
+    metrics = ServerMetrics(lambda: engine.stats, model.name, model.max_model_len)
     request_log = RequestLogWriter(config.request_log) if config.request_log is not None else None
     return ServerState(
         engine=engine,

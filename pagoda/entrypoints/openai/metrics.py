@@ -87,6 +87,19 @@ LATENCY_BUCKETS = (
     7680.0,
 )
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def token_buckets(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's buckets for token counts: 1, 2, 5, 10, 20, 50, .. up to the context length."""
+    buckets, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return tuple(buckets)
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
 FINISH_REASONS = ("stop", "length", "abort")  # the engine's (a tool call finishes as "stop" there)
 
 
@@ -143,7 +156,7 @@ class _EngineStatsCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], SchedulerStats], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], SchedulerStats], model_name: str, max_model_len: int) -> None:
         # no `*_created` series beside each counter and histogram (vLLM turns them off too); the switch
         # is prometheus_client's, for the process, which serves one model's metrics
         disable_created_metrics()
@@ -155,23 +168,35 @@ class ServerMetrics:
         def counter(name: str, help_: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(f"pagoda:{name}", help_, labels + list(extra), registry=self.registry)
 
-        def histogram(name: str, help_: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(f"pagoda:{name}", help_, labels, buckets=buckets, registry=self.registry)
+        def histogram(name: str, help_: str, buckets: tuple[float, ...]):
+            return Histogram(f"pagoda:{name}", help_, labels, buckets=buckets, registry=self.registry).labels(
+                model_name
+            )
 
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.").labels(model_name)
+        self.prompt_tokens_cached = counter(
+            "prompt_tokens_cached", "Prompt tokens of admitted requests taken from the prefix cache."
+        ).labels(model_name)
         self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
         self._success = counter("request_success", "Finished sequences by finish reason.", ("finished_reason",))
         for reason in FINISH_REASONS:  # each series exists from the start, at 0, as vLLM's
             self._success.labels(model_name, reason)
-        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS).labels(model_name)
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS)
         self.tpot = histogram(
             "time_per_output_token_seconds", "Mean time per output token after the first, per sequence.", TPOT_BUCKETS
-        ).labels(model_name)
-        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS).labels(
-            model_name
         )
-        self.queue = histogram("request_queue_time_seconds", "Arrival to first scheduled.", LATENCY_BUCKETS).labels(
-            model_name
+        self.itl = histogram(
+            "inter_token_latency_seconds", "Time between a sequence's successive token outputs.", TPOT_BUCKETS
+        )
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS)
+        self.queue = histogram("request_queue_time_seconds", "Arrival to first scheduled.", LATENCY_BUCKETS)
+        self.prefill = histogram("request_prefill_time_seconds", "First scheduled to first token.", LATENCY_BUCKETS)
+        self.decode = histogram("request_decode_time_seconds", "First token to last token.", LATENCY_BUCKETS)
+        self.inference = histogram("request_inference_time_seconds", "First scheduled to last token.", LATENCY_BUCKETS)
+        tokens = token_buckets(max_model_len)
+        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", tokens)
+        self.request_generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens per sequence.", tokens
         )
 
     def count_finished(self, finish_reason: str) -> None:
@@ -180,6 +205,7 @@ class ServerMetrics:
     def finished(self, out: SequenceOutput, finish_reason: str, now: float) -> None:
         """Record one sequence at its end; `now` is time.monotonic() (the engine's clock)."""
         self.count_finished(finish_reason)
+        self.request_generation_tokens.observe(len(out.token_ids))
         m = out.metrics
         if m.first_scheduled_time is not None:
             self.queue.observe(m.first_scheduled_time - m.arrival_time)
@@ -187,6 +213,10 @@ class ServerMetrics:
             return
         self.e2e.observe(now - m.arrival_time)
         self.ttft.observe(m.first_token_time - m.arrival_time)
+        self.decode.observe(now - m.first_token_time)
+        if m.first_scheduled_time is not None:
+            self.prefill.observe(m.first_token_time - m.first_scheduled_time)
+            self.inference.observe(now - m.first_scheduled_time)
         if len(out.token_ids) > 1:
             self.tpot.observe((now - m.first_token_time) / (len(out.token_ids) - 1))
 

@@ -48,15 +48,24 @@ class RequestRecorder:
         self.n = n
         self.body = body  # the request as sent; kept only when the request log is on
         self._admitted: set[int] = set()
+        self._last_tokens: dict[tuple[int, int], float] = {}  # (prompt, sequence): when its last tokens came
 
     def on_update(self, prompt: int, update: SequenceOutput) -> None:
         metrics = self.sinks.metrics
+        now = time.monotonic()
         if prompt not in self._admitted:
             self._admitted.add(prompt)
             metrics.prompt_tokens.inc(update.metrics.num_prompt_tokens)
+            metrics.prompt_tokens_cached.inc(update.metrics.num_cached_tokens)
+            metrics.request_prompt_tokens.observe(update.metrics.num_prompt_tokens)
         metrics.generation_tokens.inc(len(update.token_ids_delta))
+        if update.token_ids_delta:
+            sequence = (prompt, update.index)
+            if sequence in self._last_tokens:
+                metrics.itl.observe(now - self._last_tokens[sequence])
+            self._last_tokens[sequence] = now
         if update.finished:
-            metrics.finished(update, update.finish_reason, time.monotonic())
+            metrics.finished(update, update.finish_reason, now)
 
     def on_prompt_done(self, prompt: int, latest: dict[int, SequenceOutput], aborted: bool) -> None:
         now = time.monotonic()
