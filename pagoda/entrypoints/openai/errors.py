@@ -105,10 +105,10 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
     about_body = any(tuple(error.get("loc", ()))[:1] == ("body",) for error in exc.errors())
     media = content_type.split(";")[0].strip().lower()
     is_json = media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
-    if about_body and not is_json:  # as vLLM answers it (FastAPI parses application/*+json too)
+    if about_body and not is_json:  # a 400, as vLLM answers it (FastAPI parses application/*+json too)
         shown = f"`{content_type[:100]}`" if content_type else "none"
         message = f"The body must be JSON, sent with Content-Type: application/json (this request's: {shown})"
-        return rejected(request, APIError(415, message))
+        return rejected(request, bad_request(message))
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     param = param_of(tuple(first.get("loc", ())))
     if tuple(first.get("loc", ())) == ("body",) and first.get("type") == "missing":
