@@ -222,6 +222,8 @@ def test_a_prompt_plus_max_tokens_past_the_context_ends_at_the_context(http):
     cut = http.post("/v1/completions", json={"prompt": [42] * 3000, "truncate_prompt_tokens": -1, "max_tokens": 4})
     usage = cut.json()["usage"]
     assert cut.status_code == 200 and (usage["prompt_tokens"], usage["completion_tokens"]) == (2047, 1), cut.text
+    unmet = http.post("/v1/completions", json={"prompt": [42] * 2040, "max_tokens": 100, "min_tokens": 9})
+    assert error_of(unmet, 400)["param"] == "min_tokens"  # 8 tokens of room: min_tokens cannot hold
 
 
 def test_the_engine_still_serves_after_bad_input(http, server):

@@ -286,6 +286,7 @@ def test_langchain_in_responses_mode(server):
         ({"input": "hi", "include": ["reasoning.encrypted_content"]}, "include"),
         ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
         ({"input": "hi", "text": {"format": "json"}}, "text.format.type"),
+        ({"input": "hi", "top_logprobs": -3}, "top_logprobs"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(http, body, param):
@@ -309,22 +310,26 @@ def test_a_stored_responses_routes_say_none_is_stored(client, http):
 
 
 def test_a_stream_that_fails_ends_with_openais_failure_events():
-    """A generation that fails after the stream began (the server shutting down): the open message
-    done as cut short, OpenAI's error event, then response.failed with the text so far, last."""
+    """A generation that fails after the stream began (the server shutting down): the text held
+    back (a possible <think> tag) and the open message done as cut short, OpenAI's error event
+    (its fields nested too: the openai client raises on it), then response.failed, last."""
     import asyncio
     from types import SimpleNamespace
 
     from pagoda.entrypoints.openai.errors import APIError
     from pagoda.entrypoints.openai.responses import _events
     from pagoda.entrypoints.openai.tool_calls import ToolPlan
+    from pagoda.tools.reasoning import ReasoningParser
 
     class Failing:
         async def updates(self):
             yield 0, SimpleNamespace(text_delta="Hel", logprobs_delta=None, finished=False)
+            yield 0, SimpleNamespace(text_delta="lo <thi", logprobs_delta=None, finished=False)
             raise APIError(503, "The server is shutting down")
 
     async def events() -> list[str]:
-        return [event async for event in _events(ToolPlan(), Failing(), {"id": "resp_1"}, lambda _: [])]
+        stream = _events(ToolPlan(reasoning=ReasoningParser()), Failing(), {"id": "resp_1"}, lambda _: [])
+        return [event async for event in stream]
 
     parsed = [json.loads(event.split("data: ", 1)[1]) for event in asyncio.run(events())]
     kinds = [event["type"] for event in parsed]
@@ -332,7 +337,8 @@ def test_a_stream_that_fails_ends_with_openais_failure_events():
     assert [event["sequence_number"] for event in parsed] == list(range(len(parsed)))
     error, failed = parsed[-2], parsed[-1]["response"]
     assert error["code"] == "server_error" and error["message"] == "The server is shutting down"
+    assert error["error"]["message"] == error["message"] and error["error"]["type"] == "server_error"
     assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
     assert [(item["type"], item["status"], item["content"][0]["text"]) for item in failed["output"]] == [
-        ("message", "incomplete", "Hel")
+        ("message", "incomplete", "Hello <thi")
     ]

@@ -244,7 +244,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)
         constraint = dataclasses.replace(params.structured_outputs, after_reasoning=thinking)
         params = dataclasses.replace(params, structured_outputs=constraint)
-    check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param)
+    check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param, body.min_tokens or 0)
     await state.check_constraint(body, params)
     return PreparedChat(plan, prompt_ids, params, role, echoed)
 

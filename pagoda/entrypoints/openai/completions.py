@@ -63,7 +63,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
         renames={},
     )
     for p in prompts:
-        check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt")
+        check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt", min_tokens=body.min_tokens)
     await state.check_constraint(body, params)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params)

@@ -194,7 +194,7 @@ class ServerMetrics:
         self.decode = histogram("request_decode_time_seconds", "First token to last token.", LATENCY_BUCKETS)
         self.inference = histogram("request_inference_time_seconds", "First scheduled to last token.", LATENCY_BUCKETS)
         tokens = token_buckets(max_model_len)
-        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", tokens)
+        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per sequence.", tokens)
         self.request_generation_tokens = histogram(
             "request_generation_tokens", "Generated tokens per sequence.", tokens
         )
@@ -205,8 +205,9 @@ class ServerMetrics:
     def finished(self, out: SequenceOutput, finish_reason: str, now: float) -> None:
         """Record one sequence at its end; `now` is time.monotonic() (the engine's clock)."""
         self.count_finished(finish_reason)
-        self.request_generation_tokens.observe(len(out.token_ids))
         m = out.metrics
+        self.request_prompt_tokens.observe(m.num_prompt_tokens)
+        self.request_generation_tokens.observe(len(out.token_ids))
         if m.first_scheduled_time is not None:
             self.queue.observe(m.first_scheduled_time - m.arrival_time)
         if m.first_token_time is None:

@@ -182,13 +182,18 @@ def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]
 
 
 def check_context(
-    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str, max_param: str = "max_tokens"
+    num_prompt_tokens: int,
+    max_tokens: int | None,
+    max_model_len: int,
+    param: str,
+    max_param: str = "max_tokens",
+    min_tokens: int = 0,
 ) -> None:
-    """vLLM's rules for the context: the prompt has a token and leaves room for one more, and
-    max_tokens is no more than the whole context. A prompt plus max_tokens past the context is
-    served, the answer ending where the context does (finish_reason "length"), as vLLM shortens
-    max_tokens to the room left. Checked here so the engine never refuses what was accepted.
-    `param`: the prompt's field; `max_param`: max_tokens' (named where it alone is too large)."""
+    """vLLM's rules for the context: the prompt has a token and leaves room for one more (and for
+    min_tokens), and max_tokens is no more than the whole context. A prompt plus max_tokens past
+    the context is served, the answer ending where the context does (finish_reason "length"), as
+    vLLM shortens max_tokens to the room left. Checked here so the engine never refuses what was
+    accepted. `param`: the prompt's field; `max_param`: max_tokens' (named where it alone is too large)."""
     if num_prompt_tokens == 0:
         raise bad_request("The prompt is empty: at least one token is needed to generate from.", param)
     if max_tokens is not None and max_tokens > max_model_len:
@@ -202,4 +207,11 @@ def check_context(
             f"{num_prompt_tokens} tokens in the {param}, which leaves no room for a completion. "
             f"Please reduce the length of the {param}.",
             param,
+        )
+    room = max_model_len - num_prompt_tokens
+    if min_tokens > room:
+        raise bad_request(
+            f"min_tokens={min_tokens} is more than the {room} tokens this model's maximum context length of "
+            f"{max_model_len} leaves after the {num_prompt_tokens} in the {param}.",
+            "min_tokens",
         )

@@ -119,7 +119,8 @@ class _SamplingFields(_Body):
     stop_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's
     bad_words: list[str] | None = None  # vLLM's
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # vLLM's: keep the prompt's last N tokens (-1: the context)
+    # vLLM's: the prompt's last N tokens (-1: all but one of the context)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids beside the text
     # vLLM's: logprobs name tokens as "token_id:N"; None: the server's --return-tokens-as-token-ids
     return_tokens_as_token_ids: bool | None = None
@@ -215,7 +216,7 @@ class ResponsesRequest(VllmResponsesFields):
     truncation: str | None = None
     reasoning: dict[str, Any] | None = None
     max_tool_calls: int | None = None  # bounds built-in tools' calls; function calls come back to the client
-    top_logprobs: int | None = None  # with include ["message.output_text.logprobs"]
+    top_logprobs: int | None = Field(None, ge=0)  # with include ["message.output_text.logprobs"]
     # refused where set (responses.py)
     include: list[str] | None = None
     previous_response_id: str | None = None

@@ -57,7 +57,6 @@ class RequestRecorder:
             self._admitted.add(prompt)
             metrics.prompt_tokens.inc(update.metrics.num_prompt_tokens)
             metrics.prompt_tokens_cached.inc(update.metrics.num_cached_tokens)
-            metrics.request_prompt_tokens.observe(update.metrics.num_prompt_tokens)
         metrics.generation_tokens.inc(len(update.token_ids_delta))
         if update.token_ids_delta:
             sequence = (prompt, update.index)

@@ -74,7 +74,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
 def not_stored(response_id: str) -> APIError:
     return APIError(
         404,
-        f"Response with id '{response_id}' not found: this server stores no responses",
+        f"Response with id {response_id!r:.100} not found: this server stores no responses",
         "response_id",
         "response_not_found",
     )
@@ -127,7 +127,8 @@ def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -
 
 
 def _kept(body: ResponsesRequest, max_model_len: int) -> int:
-    """How many of the prompt's last tokens truncation "auto" keeps (-1: as many as the context holds)."""
+    """How many of the prompt's last tokens truncation "auto" keeps (-1: all but one of the context,
+    as vLLM keeps without max_output_tokens)."""
     if body.max_output_tokens is None or not 0 < body.max_output_tokens < max_model_len:
         return -1
     return max_model_len - body.max_output_tokens
@@ -483,12 +484,16 @@ async def _events(
                 for event in items.feed(delta):
                     yield event
     except APIError as exc:  # after the stream began (the server shutting down, the engine failed)
-        # OpenAI's failure events, not chat's error chunk: the open item done as cut short, an error
-        # event, then response.failed with the items so far as the last event
+        # OpenAI's failure events, not chat's error chunk: the text held back and the open item done
+        # as cut short, an error event, then response.failed with the items so far as the last event.
+        # The error event nests its fields too, as OpenAI's does: the openai client raises on it.
+        for delta in streamer.finish():
+            for event in items.feed(delta):
+                yield event
         for event in items.close(incomplete=True):
             yield event
         code = exc.code or exc.type
-        yield items.event("error", code=code, message=exc.message, param=exc.param)
+        yield items.event("error", code=code, message=exc.message, param=exc.param, error=exc.body()["error"])
         failed = {**head, "status": "failed", "error": {"code": code, "message": exc.message}, "output": items.items}
         yield items.event("response.failed", response=failed)
         return
