@@ -427,3 +427,29 @@ def test_response_role_names_the_reply_after_a_generation_prompt():
     assert _reply_role(state, ChatCompletionRequest(messages=messages, add_generation_prompt=False)) == "user"
     developer = ChatCompletionRequest(messages=[{"role": "developer", "content": "x"}], add_generation_prompt=False)
     assert _reply_role(state, developer) == "developer"  # as sent, as vLLM (the template sees system)
+
+
+def test_fingerprint_modes_are_vllms(capsys):
+    """full and hash: pagoda-VERSION-HASH8 of what decides the outputs (another deterministic
+    setting, another fingerprint); custom: the value given; none: null."""
+    import re
+
+    from pagoda import __version__
+    from pagoda.entrypoints.openai.api import system_fingerprint
+
+    def engine(deterministic: bool) -> SimpleNamespace:
+        cache, device = SimpleNamespace(kv_cache_dtype="auto"), SimpleNamespace(type="cpu")
+        return SimpleNamespace(
+            model="m", cache=cache, device=device, attention_backend="CPU", deterministic=deterministic,
+            speculative=None, enforce_eager=False,
+        )  # fmt: skip
+
+    config = serve.server_config(serve.parse_args(["m"]))
+    full = system_fingerprint(engine(True), config.fingerprint_mode, config.fingerprint_value)
+    assert re.fullmatch(rf"pagoda-{re.escape(__version__)}-[0-9a-f]{{8}}", full)
+    assert system_fingerprint(engine(True), "hash", None) == full != system_fingerprint(engine(False), "full", None)
+    custom = serve.server_config(serve.parse_args(["m", "--fingerprint-mode", "custom", "--fingerprint-value", "v1"]))
+    assert system_fingerprint(engine(True), custom.fingerprint_mode, custom.fingerprint_value) == "v1"
+    assert system_fingerprint(engine(True), "none", None) is None
+    assert "custom needs it" in parse_error(["m", "--fingerprint-mode", "custom"], capsys)
+    assert "--fingerprint-value goes with" in parse_error(["m", "--fingerprint-value", "v1"], capsys)

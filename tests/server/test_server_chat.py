@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from pagoda import __version__
 from tests.server.helpers import MODEL, sse_events
 
 pytestmark = pytest.mark.slow
@@ -228,3 +229,15 @@ def test_continue_final_message_continues_the_assistant_turn(http):
     unechoed = http.post("/v1/chat/completions", json={"messages": MESSAGES, **GREEDY, "echo": True}).json()
     plain = http.post("/v1/chat/completions", json={"messages": MESSAGES, **GREEDY}).json()
     assert unechoed["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+
+
+def test_answers_carry_the_servers_system_fingerprint(client):
+    """One fingerprint on chat and completion answers, whole and streamed (vLLM's full mode)."""
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    fingerprint = chat.system_fingerprint
+    assert fingerprint.startswith(f"pagoda-{__version__}-") and len(fingerprint.rsplit("-", 1)[1]) == 8
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).system_fingerprint == fingerprint
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, stream=True
+    )
+    assert {chunk.system_fingerprint for chunk in stream} == {fingerprint}

@@ -10,6 +10,7 @@ openly and its data under the same key as /v1.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import time
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers, MutableHeaders
 
 from pagoda import __version__
+from pagoda.config import EngineConfig
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.entrypoints.openai import chat, completions, responses
 from pagoda.entrypoints.openai.console.feed import EngineFeed, RecentRequests
@@ -68,7 +70,28 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
             metrics, request_log, config.log_prompts, engine.tokenizer, RecentRequests(), config.max_log_len
         ),
         token_texts=TokenTexts(engine.tokenizer),
+        system_fingerprint=system_fingerprint(engine.config, config.fingerprint_mode, config.fingerprint_value),
     )
+
+
+def system_fingerprint(config: EngineConfig, mode: str, value: str | None) -> str | None:
+    """vLLM's modes: full and hash give pagoda-VERSION-HASH8, HASH8 of what decides a request's
+    outputs (a replica has no parallelism of its own for full to name); custom the value; none None.
+    With a seed, equal fingerprints mean the same backend (OpenAI's meaning of the field)."""
+    if mode == "none":
+        return None
+    if mode == "custom":
+        return value
+    decides = (
+        config.model,  # path, name, architecture, dtype, shapes, tokenizer, quantization
+        config.cache.kv_cache_dtype,
+        config.device.type,
+        config.attention_backend,
+        config.deterministic,
+        config.speculative,
+        config.enforce_eager,
+    )
+    return f"pagoda-{__version__}-{hashlib.sha256(repr(decides).encode()).hexdigest()[:8]}"
 
 
 def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:

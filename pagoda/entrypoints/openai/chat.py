@@ -253,7 +253,13 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     chat = await prepare(state, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [chat.prompt_ids], chat.params)
-    head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name}
+    head = {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "system_fingerprint": state.system_fingerprint,
+    }
     reply = (chat.role, chat.echoed)
     if body.stream:
         return event_stream(_chunks(state, body, chat.plan, generation, head, chat.prompt_ids, reply), generation)

@@ -67,7 +67,13 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     await state.check_constraint(body, params)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params)
-    head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
+    head = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "system_fingerprint": state.system_fingerprint,
+    }
     if body.stream:
         return event_stream(_chunks(state, body, prompts, generation, head), generation)
     outputs = [[_shown(body, out) for out in outs] for outs in await state.collect(http, generation)]

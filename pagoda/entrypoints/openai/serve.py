@@ -223,6 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--fingerprint-mode",
+        choices=("full", "hash", "custom", "none"),
+        default="full",
+        help="the system_fingerprint of chat and completion answers: full and hash, pagoda-VERSION-HASH8 (a hash "
+        "of what decides the outputs: model, dtype, quantization, KV cache, attention backend, deterministic "
+        "mode, speculation); custom, --fingerprint-value; none, null (vLLM's flag) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--fingerprint-value", help="the system_fingerprint with --fingerprint-mode custom (default: %(default)s)"
+    )
+    p.add_argument(
         "--enable-request-id-headers",
         action="store_true",
         help="every response carries an X-Request-Id header: the request's own, else a new random id "
@@ -328,6 +339,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--max-log-len must be at least 0, got {args.max_log_len}")
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
+    if (args.fingerprint_mode == "custom") != (args.fingerprint_value is not None):
+        parser.error("--fingerprint-value goes with --fingerprint-mode custom, and custom needs it")
     for flag, values in (("--api-key", args.api_key), ("--served-model-name", args.served_model_name)):
         model_given = args.model is not None and "model" not in getattr(args, "filled_from_config", ())
         if not model_given and values and len(values) > 1 and _names_a_model(values[-1]):
@@ -469,6 +482,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         request_id_headers=args.enable_request_id_headers,
         response_role=args.response_role,
+        fingerprint_mode=args.fingerprint_mode,
+        fingerprint_value=args.fingerprint_value,
     )
 
 

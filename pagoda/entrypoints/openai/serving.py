@@ -70,6 +70,8 @@ class ServerConfig:
     return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N" where a request does not say
     response_role: str = "assistant"  # a reply's role after a generation prompt (vLLM's --response-role)
     request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
+    fingerprint_mode: str = "full"  # answers' system_fingerprint (vLLM's modes): full, hash, custom, none
+    fingerprint_value: str | None = None  # custom's
 
     def sampling_defaults(self, model_defaults: dict) -> dict:
         """What a request's unset sampling values take: the model's generation_config.json values
@@ -86,6 +88,7 @@ class ServerState:
     limits: ModelLimits
     sinks: RecordSinks
     token_texts: TokenTexts
+    system_fingerprint: str | None = None  # on every chat and completion answer
 
     @property
     def tokenizer(self):
