@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -253,13 +252,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     chat = await prepare(state, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [chat.prompt_ids], chat.params)
-    head = {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": state.model_name,
-        "system_fingerprint": state.system_fingerprint,
-    }
+    head = state.answer_head(request_id, "chat.completion")
     reply = (chat.role, chat.echoed)
     if body.stream:
         return event_stream(_chunks(state, body, chat.plan, generation, head, chat.prompt_ids, reply), generation)

@@ -5,7 +5,6 @@ leaves that token out."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -67,13 +66,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     await state.check_constraint(body, params)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params)
-    head = {
-        "id": request_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": state.model_name,
-        "system_fingerprint": state.system_fingerprint,
-    }
+    head = state.answer_head(request_id, "text_completion")
     if body.stream:
         return event_stream(_chunks(state, body, prompts, generation, head), generation)
     outputs = [[_shown(body, out) for out in outs] for outs in await state.collect(http, generation)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,16 @@ class ServerState:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def answer_head(self, request_id: str, kind: str) -> dict:
+        """A chat or completion answer's fields before its choices (its chunks' too)."""
+        return {
+            "id": request_id,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "system_fingerprint": self.system_fingerprint,
+        }
 
     def logprob_tokens(self, body: CompletionRequest | ChatCompletionRequest) -> TokenNames:
         """How the request's logprobs show tokens: as their text, or as ids where it asks."""
