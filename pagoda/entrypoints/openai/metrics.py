@@ -87,6 +87,7 @@ LATENCY_BUCKETS = (
     7680.0,
 )
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+FINISH_REASONS = ("stop", "length", "abort")  # the engine's (a tool call finishes as "stop" there)
 
 
 def token_buckets(max_model_len: int) -> tuple[int, ...]:
@@ -98,9 +99,6 @@ def token_buckets(max_model_len: int) -> tuple[int, ...]:
                 return tuple(buckets)
             buckets.append(mantissa * scale)
         scale *= 10
-
-
-FINISH_REASONS = ("stop", "length", "abort")  # the engine's (a tool call finishes as "stop" there)
 
 
 class _EngineStatsCollector(Collector):

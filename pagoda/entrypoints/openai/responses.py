@@ -181,10 +181,10 @@ def input_messages(input_: str | list[Any]) -> list[dict]:
     return messages
 
 
-def _string(item: dict, key: str, param: str, empty: bool = False) -> str:
+def _string(item: dict, key: str, param: str) -> str:
     value = item.get(key)
-    if not isinstance(value, str) or not (value or empty):
-        raise bad_request(f"{param}.{key} must be a {'' if empty else 'non-empty '}string", f"{param}.{key}")
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{param}.{key} must be a non-empty string", f"{param}.{key}")
     return value
 
 
