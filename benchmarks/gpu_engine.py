@@ -80,7 +80,7 @@ def main() -> int:
         if args.part == "correctness":
             Correctness(report, args.dry_run).run()
         else:
-            Timing(report, args.dry_run, args.dtype).run()
+            Timing(report, args.dry_run, args.dtype, args.concurrency, args.torch_layers).run()
     except Exception:  # a crash is a result too: save what there is, then fail the part
         report.results["crash"] = traceback.format_exc()
         print(report.results["crash"])
@@ -100,6 +100,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="timing: bfloat16, or fp8 weights")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, torch backend, no CUDA graphs")
     parser.add_argument("--budget", type=float, default=1e9, help="seconds after which timing cases are skipped")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=(1, 16, 64, 256), help="timing: the waves' sizes")
+    parser.add_argument(
+        "--torch-layers",
+        action="store_true",
+        help="timing: the decoder's norms, activation, rotation and fp8 quantization as torch ops, not\n"
+        "gpu_layers' kernels (their A/B)",
+    )
     parser.add_argument(
         "--out", type=Path, help="JSON results path (default: $OUT/gpu_engine_<correctness|dtype>.json)"
     )
@@ -195,6 +202,31 @@ def run_wave(eng, prompts: list[list[int]], max_tokens: int) -> dict[str, object
     return {"start": start, "end": end, "outputs": [done[i][0] for i in ids], "finished": [done[i][1] for i in ids]}
 
 
+def kernel_table(fn, replays: int) -> list[str]:
+    """The device's kernels over `replays` calls of fn (torch.profiler), the top 12 by total time
+    per call: a line each, or the error where the profiler cannot trace them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                fn()
+            torch.cuda.synchronize()
+        totals: dict[str, list[float]] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                entry = totals.setdefault(event.name[:90], [0.0, 0])
+                entry[0] += event.time_range.elapsed_us() / replays
+                entry[1] += 1
+        rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
+        return [f"{us:9.1f} us/call {n // replays:4d}x  {name}" for name, (us, n) in rows[:12]] + [
+            f"{sum(v[0] for v in totals.values()):9.1f} us/call in all, {len(totals)} kernels"
+        ]
+    except Exception as e:  # a diagnostic: its failure is reported, not fatal
+        return [f"{type(e).__name__}: {e}"]
+
+
 def graphs_off(eng):
     """A context in which the engine runs every step eagerly (its graph runner set aside)."""
     import contextlib
@@ -253,6 +285,7 @@ class Correctness:
         )
         self.report.check("fp32 graphs on == graphs off", functools.partial(self.on_equals_off, fp32, exact=True))
         del fp32
+        self.report.check("fused layer kernels vs torch's ops (bf16, fp16, fp8)", self.fused_layers)
         bf16 = self.engine(dtype="bfloat16")
         self.report.check(
             "bf16 graphs on vs off (near-tie rule)", functools.partial(self.on_equals_off, bf16, exact=False)
@@ -357,6 +390,76 @@ class Correctness:
         result["graphs"] = list(eng.core.runner.cuda_graphs.sizes)
         return result
 
+    def fused_layers(self) -> dict:
+        """gpu_layers' kernels against the torch ops they replace, at Llama-3-8B's widths: the
+        residual sum, the rotation and fp8's codes and scales bitwise; SiLU * up and the norm
+        within two representable values, the elements that differ counted. (Triton's exp and the
+        norm's sum order can move SiLU's or the normalized row's rounding by one value, which its
+        product with up or the weight can make two; measured on an H200: none in bfloat16, up to
+        0.02% of the elements in float16.)"""
+        import torch.nn.functional as F
+
+        from pagoda.model_executor import gpu_layers
+        from pagoda.model_executor.layers import apply_rotary, rms_norm
+        from pagoda.model_executor.quantization import quantize_per_token
+
+        torch = self.torch
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def randn(*shape, dtype, scale=1.0):
+            return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(dtype)
+
+        def ulps(got, want):  # differing elements, and the largest distance in representable values
+            def ordered(t):  # 16-bit floats' bits as integers in the values' order
+                bits = t.view(torch.int16).int()
+                return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+            return int((got != want).sum()), int((ordered(got) - ordered(want)).abs().max())
+
+        counts, ok = {}, True
+        for dtype in (torch.bfloat16, torch.float16):
+            name = str(dtype).removeprefix("torch.")
+            for rows in (1, 7, 300):
+                x, res, w = (
+                    randn(rows, 4096, dtype=dtype),
+                    randn(rows, 4096, dtype=dtype, scale=8),
+                    randn(4096, dtype=dtype),
+                )
+                normed, stream = gpu_layers.add_rms_norm(x, res, w, 1e-5)
+                norm_diff = ulps(normed, rms_norm(res + x, w, 1e-5))
+                gate_up = randn(rows, 2 * 14336, dtype=dtype, scale=3)
+                gate, up = gate_up.chunk(2, dim=-1)
+                silu_diff = ulps(gpu_layers.silu_and_mul(gate_up), F.silu(gate) * up)
+                qkv = randn(rows, 48 * 128, dtype=dtype)
+                heads = qkv[:, : 40 * 128].view(rows, 40, 128)
+                positions = torch.randint(0, 8192, (rows,), generator=gen, device="cuda")
+                cos, sin = randn(8192, 128, dtype=dtype), randn(8192, 128, dtype=dtype)
+                rotated = gpu_layers.rotate(heads, positions, cos, sin)
+                want = apply_rotary(heads, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+                case = {
+                    "sum_equal": bool(torch.equal(stream, res + x)),
+                    "rotation_equal": bool(torch.equal(rotated, want)),
+                    "norm_differing_elements_max_ulps": norm_diff,
+                    "silu_mul_differing_elements_max_ulps": silu_diff,
+                }
+                counts[f"{name} x{rows}"] = case
+                ok &= case["sum_equal"] and case["rotation_equal"] and norm_diff[1] <= 2 and silu_diff[1] <= 2
+        for rows in (1, 300):
+            x = randn(rows, 14336, dtype=torch.bfloat16, scale=4)
+            x[0, :7] = 0
+            codes, scale = gpu_layers.quantize_per_token(x)
+            want_codes, want_scale = quantize_per_token(x)
+            same = bool(
+                torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(scale, want_scale)
+            )
+            counts[f"fp8 quantization x{rows}"] = {"codes_and_scales_equal": same}
+            ok &= same
+        differing = {
+            k: (v.get("norm_differing_elements_max_ulps"), v.get("silu_mul_differing_elements_max_ulps"))
+            for k, v in counts.items()
+        }
+        return {"ok": ok, "detail": f"(norm, silu*up) differing elements and max ulps: {differing}", "cases": counts}
+
     def scaled_mm(self) -> dict:
         from pagoda.model_executor.layers import Linear
         from pagoda.model_executor.quantization import Fp8Linear, fp8_linear_reference
@@ -402,10 +505,10 @@ class Correctness:
 
 
 class Timing:
-    def __init__(self, report: Report, dry_run: bool, dtype: str):
-        self.report, self.dry_run, self.dtype = report, dry_run, dtype
+    def __init__(self, report: Report, dry_run: bool, dtype: str, concurrency=(1, 16, 64, 256), torch_layers=False):
+        self.report, self.dry_run, self.dtype, self.torch_layers = report, dry_run, dtype, torch_layers
         self.shapes = TINY if dry_run else LLAMA3_8B
-        self.concurrency = (1, 4) if dry_run else (1, 16, 64, 256)
+        self.concurrency = (1, 4) if dry_run else tuple(concurrency)
         self.prompt_len, self.max_tokens = (16, 4) if dry_run else (512, 128)
         self.rng = random.Random(1)
 
@@ -416,7 +519,12 @@ class Timing:
             dtype=self.dtype,
             prompt_tokens=self.prompt_len,
             output_tokens=self.max_tokens,
+            layers="torch ops" if self.torch_layers else "gpu_layers kernels",
         )
+        if self.torch_layers:  # the loader then leaves the model's small ops to torch
+            from pagoda.model_executor import gpu_layers
+
+            gpu_layers.supported = lambda dtype, device: False
         model_dir = write_model_dir(Path(tempfile.mkdtemp(prefix="pagoda-shapes-")), self.shapes, with_weights=False)
         settings = dict(
             load_format="dummy",
@@ -452,6 +560,8 @@ class Timing:
                 )
                 if concurrency == 1:
                     self.batch1(row, graphs)
+                    if graphs or eng.core.runner.cuda_graphs is None:
+                        results["batch1_anatomy"] = self.batch1_anatomy(eng)
                 self.report.save()
 
     def wave(self, eng, concurrency: int, graphs: bool, max_tokens: int | None = None) -> dict:
@@ -495,6 +605,76 @@ class Timing:
             f"batch-1 decode, graphs {'on' if graphs else 'off'}: {tokens_per_s:.0f} tok/s = "
             f"{entry['share_of_roofline']:.0%} of the {roofline:.0f} tok/s HBM roofline"
         )
+
+    def batch1_anatomy(self, eng, steps: int = 48) -> dict:
+        """Where a batch-1 decode step's time goes: the whole step on the host clock (eng.step(),
+        which ends when its token is on the host), the captured forward and the logits' matmul
+        with argmax each replayed back to back on the device (CUDA events: device time alone),
+        and the host's functions over the same steps (cProfile, the top 15 by own time). The
+        step's wall time less the device's is time the device waits for the host."""
+        import cProfile
+        import io
+        import pstats
+
+        import torch
+
+        from pagoda.sampling_params import SamplingParams
+
+        prompt = [self.rng.randrange(3, self.shapes["vocab_size"]) for _ in range(self.prompt_len)]
+        eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=2 * steps + 4, ignore_eos=True))
+        eng.step()  # the prefill
+        eng.step()  # the first decode: anything lazy set up
+        walls = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            eng.step()
+            walls.append(time.perf_counter() - start)
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(steps):
+            eng.step()
+        profile.disable()
+        while eng.has_unfinished:
+            eng.step()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(15)
+        walls.sort()
+        result = {
+            "step_wall_ms_p50": 1e3 * walls[len(walls) // 2],
+            "step_wall_ms_min": 1e3 * walls[0],
+            "host_profile_top15": text.getvalue().splitlines()[-22:],
+        }
+        runner = eng.core.runner
+        if runner.cuda_graphs is not None:
+            graph = runner.cuda_graphs._graphs[1]  # the static buffers still hold the last step's inputs
+
+            def device_ms(fn, n: int = 50) -> float:
+                fn()
+                torch.cuda.synchronize()
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(n):
+                    fn()
+                end.record()
+                end.synchronize()
+                return begin.elapsed_time(end) / n
+
+            hidden = graph.output[:1]
+            with torch.inference_mode():
+                forward = device_ms(graph.run)
+                logits = device_ms(lambda: runner.model.compute_logits(hidden).argmax(dim=-1))
+            roofline_ms = 1e3 * self.report.results["engine"]["weight_bytes_read_per_token"] / HBM_BYTES_PER_S
+            result["forward_kernels_top12"] = kernel_table(graph.run, replays=10)
+            result.update(
+                forward_device_ms=forward,
+                logits_argmax_device_ms=logits,
+                roofline_ms=roofline_ms,
+                device_share_of_step=(forward + logits) / result["step_wall_ms_p50"],
+                device_wait_ms=result["step_wall_ms_p50"] - forward - logits,
+            )
+        print("batch-1 anatomy: " + ", ".join(f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, float)))
+        print("\n".join(result["host_profile_top15"] + result.get("forward_kernels_top12", [])))
+        return result
 
     def describe(self, eng, startup_s: float) -> dict:
         import torch

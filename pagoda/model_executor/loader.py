@@ -149,6 +149,11 @@ def load_model(config: ModelConfig, backend, device: torch.device, batch_invaria
     if cpu_layers.supported(config.dtype, device):
         cpu_layers.convert_model(model)
         model.cpu_stack = CpuDecoderStack.build(model)
+    elif device.type == "cuda":
+        from pagoda.model_executor import gpu_layers  # Triton: imported for a GPU model only
+
+        if gpu_layers.supported(config.dtype, device):
+            gpu_layers.convert_model(model)
     return model.eval()
 
 

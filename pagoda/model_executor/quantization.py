@@ -18,7 +18,7 @@ from pagoda.model_executor.layers import Linear, replace_linears
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 MIN_CAPABILITY = (8, 9)
-_MIN_SCALE = 1e-12  # an all-zero row or token still gets a finite scale
+MIN_SCALE = 1e-12  # an all-zero row or token still gets a finite scale
 
 
 def check_fp8_support(device: torch.device, dtype: torch.dtype) -> None:
@@ -46,14 +46,16 @@ def fp8_unsupported_reason(capability: tuple[int, int], dtype: torch.dtype) -> s
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [out, in] -> (float8 [out, in], float32 scale [out]) with weight ~ q * scale[:, None]."""
     w = weight.float()
-    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)
     return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, in] -> (float8 [T, in], float32 scale [T, 1]); no host synchronisation (graph-safe)."""
     x = x.float()
-    scale = (x.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=_MIN_SCALE)
+    # times the reciprocal, as torch divides by a number on a GPU: the same scale on every device,
+    # and gpu_layers' one-kernel form's
+    scale = (x.abs().amax(dim=1, keepdim=True) * (1 / FP8_MAX)).clamp(min=MIN_SCALE)
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
@@ -75,10 +77,11 @@ class Fp8Linear(nn.Module):
         self.weight_scale = nn.Parameter(scale[None, :], requires_grad=False)  # [1, out], as _scaled_mm wants
         self.bias = linear.bias
         self.out_dtype = linear.weight.dtype
+        self.quantize_activations = quantize_per_token  # gpu_layers.convert_model: its one-kernel form
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        xq, x_scale = quantize_per_token(x.reshape(-1, shape[-1]))
+        xq, x_scale = self.quantize_activations(x.reshape(-1, shape[-1]))
         y = torch._scaled_mm(xq, self.weight.t(), scale_a=x_scale, scale_b=self.weight_scale, out_dtype=self.out_dtype)
         if self.bias is not None:
             y = y + self.bias
