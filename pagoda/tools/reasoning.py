@@ -18,6 +18,7 @@ reasoning and content" is a property of the streamer alone (tests/tools checks e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pagoda.tools.parsers import partial_marker_len
@@ -124,6 +125,50 @@ class ReasoningStreamer:
     def _in_content(self, final: bool) -> tuple[str, str]:
         content, self._pos = self._text[self._pos :], len(self._text)
         return "", content
+
+
+@dataclass(frozen=True)
+class ReasoningTokenCounter:
+    """How many of an output's tokens are its reasoning (usage's `reasoning_tokens`). Where the
+    parse finds reasoning and the tags are one token each, as in reasoning models' vocabularies: the
+    tokens after the start tag (or, without one, from the output's start) and before the first end
+    tag, neither tag counted (vLLM's count). Where a tag the count needs takes several tokens: the
+    parsed reasoning re-tokenized."""
+
+    parser: ReasoningParser
+    start_id: int | None  # the start tag's token, None where it takes several
+    end_id: int | None
+    encode: Callable[[str], list[int]]
+
+    @classmethod
+    def of(cls, parser: ReasoningParser, tokenizer) -> ReasoningTokenCounter:
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        def single(tag: str) -> int | None:
+            ids = encode(tag)
+            return ids[0] if len(ids) == 1 else None
+
+        return cls(parser, single(parser.start), single(parser.end), encode)
+
+    def count(self, token_ids: list[int], text: str) -> int:
+        """The reasoning tokens of one output: its token ids and its whole text."""
+        reasoning, _ = self.parser.parse(text)
+        if reasoning is None:
+            return 0
+        end = _position(token_ids, self.end_id, len(token_ids)) if self.parser.end in text else len(token_ids)
+        opened = text.lstrip().startswith(self.parser.start)
+        start = _position(token_ids, self.start_id, end or 0) if opened else -1
+        if end is None or start is None:  # a tag the text has is not one token of the output
+            return len(self.encode(reasoning)) if reasoning else 0
+        return end - start - 1
+
+
+def _position(token_ids: list[int], tag_id: int | None, stop: int) -> int | None:
+    """Where the tag's token first is in token_ids[:stop], None where it is not (or takes several)."""
+    if tag_id is None or tag_id not in token_ids[:stop]:
+        return None
+    return token_ids.index(tag_id, 0, stop)
 
 
 REASONING_PARSERS: dict[str, ReasoningParser] = {

@@ -4,7 +4,7 @@
   "auto" enabled and a --reports folder for the console; most tests.
 - `small_server`: two sequences at a time and a waiting queue of one (so 503 is reachable), prompt
   text in its log lines, a short shutdown grace (SMALL_GRACE_S), a --tool-call-parser its template
-  cannot use; the SIGTERM test ends it, so it runs last.
+  cannot use, --reasoning-parser qwen3; the SIGTERM test ends it, so it runs last.
 Both are launched together on first use (their model loads overlap) and killed at the end.
 """
 
@@ -124,6 +124,7 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
             *("--max-log-len", "30"),
             "--disable-fastapi-docs",
             *("--tool-call-parser", "hermes"),  # unused: the default model's template shows no tools
+            *("--reasoning-parser", "qwen3"),
             "--shutdown-timeout",
             str(SMALL_GRACE_S),
         ),

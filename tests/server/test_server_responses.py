@@ -328,7 +328,7 @@ def test_a_stream_that_fails_ends_with_openais_failure_events():
             raise APIError(503, "The server is shutting down")
 
     async def events() -> list[str]:
-        stream = _events(ToolPlan(reasoning=ReasoningParser()), Failing(), {"id": "resp_1"}, lambda _: [])
+        stream = _events(ToolPlan(reasoning=ReasoningParser()), Failing(), {"id": "resp_1"}, lambda _: [], None)
         return [event async for event in stream]
 
     parsed = [json.loads(event.split("data: ", 1)[1]) for event in asyncio.run(events())]

@@ -1,5 +1,6 @@
 """On the small server (two sequences at a time, a waiting queue of one, prompts in log lines):
-503 when the queue is full, --log-prompts, and SIGTERM (last: it ends the server)."""
+503 when the queue is full, --log-prompts, a reasoning parser's usage, and SIGTERM (last: it ends
+the server)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,24 @@ def test_disable_fastapi_docs_serves_no_api_docs(small_server, server):
     for path in ("/docs", "/redoc", "/openapi.json"):
         assert httpx.get(f"{small_server.base_url}{path}", timeout=10).status_code == 404
         assert httpx.get(f"{server.base_url}{path}", timeout=10).status_code == 200  # served by default
+
+
+def test_usage_names_reasoning_tokens_with_a_reasoning_parser(small_server, server):
+    """--reasoning-parser (qwen3 here): usage has completion_tokens_details.reasoning_tokens, as
+    vLLM's with a parser, in whole and streamed chat answers, and Responses counts them in
+    output_tokens_details; none here (this model's answers open with no <think>: the counts
+    themselves are tests/tools/test_reasoning.py's). Without a parser, no details."""
+    base, body = small_server.base_url, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    whole = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()["usage"]
+    assert whole["completion_tokens"] == 4 and whole["completion_tokens_details"] == {"reasoning_tokens": 0}
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=streamed, timeout=120) as response:
+        last = sse_events(response.iter_lines())[-2]
+    assert last["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    answer = httpx.post(f"{base}/v1/responses", json={"input": "Hi", "max_output_tokens": 4}, timeout=120).json()
+    assert answer["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
+    plain = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, headers=server.headers, timeout=120)
+    assert "completion_tokens_details" not in plain.json()["usage"]
 
 
 def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server):

@@ -134,3 +134,28 @@ def test_accepted_connections_send_small_writes_at_once():
             accepted, _ = listener.accept()
             with accepted:
                 assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_usage_counts_each_sequences_reasoning_tokens():
+    """With a reasoning parser, usage adds completion_tokens_details.reasoning_tokens over the
+    sequences (vLLM's field); without one, no details."""
+    from pagoda.engine.outputs import RequestMetrics, SequenceOutput
+    from pagoda.entrypoints.openai.serving import usage
+    from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
+
+    class Tokens:  # "<think>" and "</think>" one token each, other text a token a character
+        tags = {"<think>": 1, "</think>": 2}
+
+        def encode(self, text, add_special_tokens=False):
+            return [self.tags[text]] if text in self.tags else [ord(c) for c in text]
+
+    metrics = RequestMetrics(num_prompt_tokens=5, num_cached_tokens=0)
+    outputs = [
+        SequenceOutput("r", 0, text="<think>abc</think>d", token_ids=[1, 97, 98, 99, 2, 100], metrics=metrics),
+        SequenceOutput("r", 1, text="xy", token_ids=[120, 121], metrics=metrics),
+        SequenceOutput("r", 2, text="<think>ef", token_ids=[1, 101, 102], metrics=metrics),
+    ]
+    counter = ReasoningTokenCounter.of(REASONING_PARSERS["qwen3"], Tokens())
+    counted = usage([outputs], counter)
+    assert counted["completion_tokens"] == 11 and counted["completion_tokens_details"] == {"reasoning_tokens": 5}
+    assert "completion_tokens_details" not in usage([outputs])

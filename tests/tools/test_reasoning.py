@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagoda.tools import REASONING_PARSERS, ReasoningParser, get_reasoning_parser
+from pagoda.tools.reasoning import ReasoningTokenCounter
 
 from .test_parsers import split
 
@@ -81,3 +82,49 @@ def test_custom_tags_and_names():
     assert get_reasoning_parser("deepseek_r1") is REASONING_PARSERS["deepseek_r1"]
     with pytest.raises(ValueError, match="qwen3, deepseek_r1"):
         get_reasoning_parser("granite")
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    """The default model's tokenizer, in which the tags take several tokens each, and a copy with
+    them added as one token each (as reasoning models' vocabularies have them)."""
+    import copy
+
+    from pagoda.model_files import load_tokenizer
+
+    plain = load_tokenizer(None)
+    tagged = copy.deepcopy(plain)
+    tagged.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    return plain, tagged
+
+
+@pytest.mark.parametrize(("name", "text", "reasoning", "content"), CASES, ids=IDS)
+def test_reasoning_tokens_are_those_between_the_tags(name, text, reasoning, content, tokenizers):
+    """With one-token tags, the tokens strictly between the start tag (or the output's start) and
+    the first end tag: the text between them encoded alone, since a special token splits the text
+    around it. With tags of several tokens, the parsed reasoning re-tokenized."""
+    plain, tagged = tokenizers
+    parser = REASONING_PARSERS[name]
+    counter = ReasoningTokenCounter.of(parser, tagged)
+    assert counter.start_id is not None and counter.end_id is not None
+    between = text.lstrip()[len(parser.start) :] if text.lstrip().startswith(parser.start) else text
+    between = between.split(parser.end, 1)[0]
+    want = 0 if reasoning is None else len(tagged.encode(between, add_special_tokens=False))
+    assert counter.count(tagged.encode(text, add_special_tokens=False), text) == want
+
+    fallback = ReasoningTokenCounter.of(parser, plain)
+    assert fallback.end_id is None  # "</think>" is several tokens of the default vocabulary
+    want = 0 if reasoning is None else len(plain.encode(reasoning, add_special_tokens=False))
+    assert fallback.count(plain.encode(text, add_special_tokens=False), text) == want
+
+
+def test_a_tag_written_in_pieces_falls_back_to_the_reasoning_re_tokenized(tokenizers):
+    """A model of a one-token-tag vocabulary that spells the end tag in pieces: no end token to stop
+    at, so the count does not run on into the content."""
+    _, tagged = tokenizers
+    counter = ReasoningTokenCounter.of(REASONING_PARSERS["qwen3"], tagged)
+    pieces = [tagged.convert_tokens_to_ids("<think>")] + tagged.encode("ab</", add_special_tokens=False)
+    pieces += tagged.encode("think>cd efg", add_special_tokens=False)
+    text = tagged.decode(pieces)
+    assert text == "<think>ab</think>cd efg" and counter.end_id not in pieces
+    assert counter.count(pieces, text) == len(tagged.encode("ab", add_special_tokens=False))

@@ -46,6 +46,7 @@ from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
 from pagoda.entrypoints.openai.stats_log import log_stats
 from pagoda.entrypoints.openai.tool_calls import check_tools
+from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         ),
         token_texts=TokenTexts(engine.tokenizer),
         system_fingerprint=system_fingerprint(engine.config, config.fingerprint_mode, config.fingerprint_value),
+        reasoning_tokens=ReasoningTokenCounter.of(REASONING_PARSERS[config.tools.reasoning_parser], engine.tokenizer)
+        if config.tools.reasoning_parser
+        else None,
     )
 
 

@@ -288,7 +288,7 @@ def _response(
                 "stop_reason": out.stop_reason,
             }
         )
-    response = {**head, "choices": choices, "usage": usage([outputs])}
+    response = {**head, "choices": choices, "usage": usage([outputs], state.reasoning_tokens)}
     if body.return_token_ids:
         for choice, out in zip(choices, outputs):
             choice["token_ids"] = out.token_ids
@@ -363,5 +363,5 @@ async def _chunks(
                 len(update.token_ids),
             )
     if usage_of is not None:
-        yield sse({**base, "choices": [], "usage": usage([[final[k] for k in sorted(final)]])})
+        yield sse({**base, "choices": [], "usage": usage([[final[k] for k in sorted(final)]], state.reasoning_tokens)})
     yield DONE

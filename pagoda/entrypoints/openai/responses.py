@@ -27,6 +27,7 @@ from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesR
 from pagoda.entrypoints.openai.serving import ServerState, event_stream, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan
+from pagoda.tools.reasoning import ReasoningTokenCounter
 
 ENDPOINT = "/v1/responses"
 LOGPROBS = "message.output_text.logprobs"  # the one `include` entry served
@@ -59,7 +60,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     generation = await state.launch(http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params)
     head = _head(state, body, request, prepared, response_id)
     if body.stream:
-        return event_stream(_events(prepared.plan, generation, head, logprobs), generation)
+        return event_stream(_events(prepared.plan, generation, head, logprobs, state.reasoning_tokens), generation)
     out = (await state.collect(http, generation))[0][0]
     # the items as a stream of the whole text builds them: one owner of their order and shapes
     items, streamer = _Items(), prepared.plan.streamer()
@@ -68,7 +69,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
         items.feed(delta)
     incomplete = out.finish_reason == "length" and not streamer.called
     items.finish(incomplete)
-    return JSONResponse(_finished(head, items.items, incomplete, usage([[out]])))
+    return JSONResponse(_finished(head, items.items, incomplete, usage([[out]], state.reasoning_tokens)))
 
 
 def not_stored(response_id: str) -> APIError:
@@ -326,7 +327,9 @@ def _finished(head: dict, items: list[dict], incomplete: bool, counts: dict) -> 
             "input_tokens": counts["prompt_tokens"],
             "input_tokens_details": counts["prompt_tokens_details"],
             "output_tokens": counts["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {
+                "reasoning_tokens": counts.get("completion_tokens_details", {}).get("reasoning_tokens", 0)
+            },
             "total_tokens": counts["total_tokens"],
         },
     }
@@ -465,10 +468,15 @@ class _Items:
 
 
 async def _events(
-    plan: ToolPlan, generation: Generation, head: dict, logprobs: Callable[[Sequence[Any] | None], list[dict]]
+    plan: ToolPlan,
+    generation: Generation,
+    head: dict,
+    logprobs: Callable[[Sequence[Any] | None], list[dict]],
+    reasoning_tokens: ReasoningTokenCounter | None,
 ) -> AsyncIterator[str]:
     """OpenAI's stream of response events: created, in_progress, each output item's events, then
-    completed with the whole response (or, where the generation fails, error and failed)."""
+    completed with the whole response (or, where the generation fails, error and failed).
+    `reasoning_tokens` counts the usage's reasoning tokens (a server with a reasoning parser)."""
     items, streamer = _Items(), plan.streamer()
     yield items.event("response.created", response=head)
     yield items.event("response.in_progress", response=head)
@@ -500,7 +508,7 @@ async def _events(
     incomplete = final is not None and final.finish_reason == "length" and not streamer.called
     for event in items.finish(incomplete):
         yield event
-    response = _finished(head, items.items, incomplete, usage([[final]] if final is not None else []))
+    response = _finished(head, items.items, incomplete, usage([[final]] if final is not None else [], reasoning_tokens))
     # response.completed however it ended (its status says incomplete), as vLLM sends it: the
     # openai client's stream helper takes its final response from that event only
     yield items.event("response.completed", response=response)

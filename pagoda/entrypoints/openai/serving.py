@@ -27,6 +27,7 @@ from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
 from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError
+from pagoda.tools.reasoning import ReasoningTokenCounter
 
 T = TypeVar("T")
 logger = logging.getLogger("pagoda.requests")
@@ -90,6 +91,7 @@ class ServerState:
     sinks: RecordSinks
     token_texts: TokenTexts
     system_fingerprint: str | None = None  # on every chat and completion answer
+    reasoning_tokens: ReasoningTokenCounter | None = None  # with --reasoning-parser: usage counts them
 
     @property
     def tokenizer(self):
@@ -246,14 +248,19 @@ def chunk_usage(body: CompletionRequest | ChatCompletionRequest) -> Callable[[in
     }
 
 
-def usage(outputs: list[list[SequenceOutput]]) -> dict:
-    """OpenAI usage over every prompt (counted once) and every sequence."""
+def usage(outputs: list[list[SequenceOutput]], reasoning: ReasoningTokenCounter | None = None) -> dict:
+    """OpenAI usage over every prompt (counted once) and every sequence; with `reasoning` (a server
+    with a reasoning parser, as vLLM), the completion's reasoning tokens too."""
     prompt = sum(outs[0].metrics.num_prompt_tokens for outs in outputs if outs)
     cached = sum(outs[0].metrics.num_cached_tokens for outs in outputs if outs)
     completion = sum(len(out.token_ids) for outs in outputs for out in outs)
-    return {
+    counts = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if reasoning is not None:
+        thought = sum(reasoning.count(out.token_ids, out.text) for outs in outputs for out in outs)
+        counts["completion_tokens_details"] = {"reasoning_tokens": thought}
+    return counts
