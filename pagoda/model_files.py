@@ -197,8 +197,11 @@ def apply_chat_template(
 
 
 @functools.lru_cache(maxsize=16)
-def template_supports_tools(template: str) -> bool:
-    """Whether the template reads the `tools` variable (not merely has the word in its text)."""
+def template_supports_tools(template: str | None) -> bool:
+    """Whether the template reads the `tools` variable (not merely has the word in its text); no
+    template (None or empty) reads nothing."""
+    if not template:
+        return False
     environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
     try:
         return "tools" in jinja2.meta.find_undeclared_variables(environment.parse(template))

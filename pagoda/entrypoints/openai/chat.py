@@ -161,7 +161,7 @@ def render_ids(
     """Parsed messages rendered: templates that read `tools` get the tools and the tool turns
     as they are; others get both as text in the generic format (pagoda.tools.prompt)."""
     template = chat_template or tokenizer.chat_template
-    if template and template_supports_tools(template):
+    if template_supports_tools(template):
         return apply_chat_template(tokenizer, messages, template, tools=tools, **(template_kwargs or {}))
     messages = with_tools_in_system_prompt(messages, tools)
     return apply_chat_template(tokenizer, messages, template, **(template_kwargs or {}))

@@ -561,7 +561,7 @@ def _warn_unused_tool_parser(config: ServerConfig, model_template: str | None) -
 
     template = config.chat_template or model_template
     parser = config.tools.tool_call_parser
-    if parser is not None and not (template and template_supports_tools(template)):
+    if parser is not None and not template_supports_tools(template):
         logger.warning(
             "--tool-call-parser %s is not used: the chat template shows no tools, so requests' tools go in "
             "the system prompt in Pagoda's generic JSON format and the generic parser reads the calls",

@@ -147,8 +147,7 @@ def plan_tools(
                 "tool_choice",
             )
         # A template that cannot show tools got them in the system prompt, in the generic format.
-        reads_tools = bool(template) and template_supports_tools(template)
-        name = (settings.tool_call_parser or detect_parser(template)) if reads_tools else None
+        name = (settings.tool_call_parser or detect_parser(template)) if template_supports_tools(template) else None
         return ToolPlan(tools=checked, parser=get_parser(name or "generic"), reasoning=reasoning)
     allowed = [checked[i] for i in _forced_indices(checked, choice, forced)]
     schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
