@@ -2,18 +2,16 @@
 of several torch ones: the residual add fused into the norm after it, SiLU(gate) * up, the rotary
 embedding with its table lookup, and fp8's per-token activation quantization.
 
-In torch's ops these were some 20 kernels a layer, and seven a linear for fp8's quantization, each
-a few microseconds however little it computes: fused, a batch-1 decode of a Llama-3-8B-shaped
-model's forward takes 4.47 ms on an H200 instead of 5.61, with fp8 4.69 instead of 7.28
-(docs/gpu.md; benchmarks/gpu_engine.py's batch-1 anatomy).
+In torch's ops these were some 20 kernels a layer, and eight a linear for fp8's quantization, each
+a few microseconds however little it computes (what that costs a decode: docs/gpu.md).
 
 Each kernel rounds where torch's ops round, so that its results are torch's: the residual sum,
 the normalized row and its product with the weight; SiLU's result and its product with up; each of
 rotation's two products and their sum; fp8's scale (the reciprocal's product, as torch divides by
 a number on a GPU) and codes (an IEEE division). Where they may differ: the norm sums its squares
 in another order and SiLU takes Triton's exponential, which can move the normalized row's or
-SiLU's rounding by one representable value (two in its product): measured on an H200, never in
-bfloat16, in up to 0.02% of the elements in float16. float32 keeps torch's ops (the GPU's float32
+SiLU's rounding by one representable value (two in its product): on an H200 at Llama-3-8B's
+widths, never in bfloat16, in up to 0.02% of the elements in float16. float32 keeps torch's ops (the GPU's float32
 checks compare with transformers op for op).
 
 At load, `convert_model` swaps the model's modules for the ones here, sharing their weights and
@@ -34,6 +32,7 @@ from pagoda.model_executor.layers import ResidualRMSNorm, RotaryEmbedding, SiluA
 from pagoda.model_executor.quantization import FP8, FP8_MAX, MIN_SCALE, Fp8Linear
 
 DTYPES = (torch.bfloat16, torch.float16)
+ROTARY_HEADS = 16  # heads a rotary program takes: a few thousand values, however many heads the model has
 
 
 def supported(dtype: torch.dtype, device: torch.device) -> bool:
@@ -42,9 +41,21 @@ def supported(dtype: torch.dtype, device: torch.device) -> bool:
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n, x_stride, res_stride, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    sum_ptr,
+    n,
+    inv_n,
+    x_stride,
+    res_stride,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """One row: s = residual + x (rounded, stored as the new stream), then w * (s * rsqrt(mean(s^2) + eps))."""
+    """One row: s = residual + x (rounded, stored as the new stream), then w * (s * rsqrt(mean(s^2) + eps)),
+    the mean the sum times 1 / n (float32) as torch's GPU mean takes it."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -55,7 +66,7 @@ def _add_rms_norm_kernel(
         s = (r + s).to(dtype)
         tl.store(sum_ptr + row * n + cols, s, mask=mask)
         s = s.to(tl.float32)
-    variance = tl.sum(s * s, axis=0) / n
+    variance = tl.sum(s * s, axis=0) * inv_n
     y = (s * tl.math.rsqrt(variance + eps)).to(dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n + cols, (w * y).to(dtype), mask=mask)
@@ -77,6 +88,7 @@ def add_rms_norm(
             out,
             stream,
             n,
+            1 / n,
             x.stride(0),
             x.stride(0) if residual is None else residual.stride(0),
             eps,
@@ -124,10 +136,10 @@ def _rotary_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Token t's heads: out = x * cos + x.roll(d / 2) * signed_sin at its position, each product and
-    the sum rounded as torch's."""
+    """Token t's heads h of block program_id(1): out = x * cos + x.roll(d / 2) * signed_sin at its
+    position, each product and the sum rounded as torch's."""
     t = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)[:, None]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
     i = tl.arange(0, BLOCK_D)[None, :]
     mask = (h < heads) & (i < d)
     dtype = out_ptr.dtype.element_ty
@@ -148,7 +160,8 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, signed_s
     tokens, heads, d = x.shape
     out = torch.empty((tokens, heads, d), dtype=x.dtype, device=x.device)
     if tokens:
-        _rotary_kernel[(tokens,)](
+        block_h = min(triton.next_power_of_2(heads), ROTARY_HEADS)
+        _rotary_kernel[(tokens, triton.cdiv(heads, block_h))](
             x,
             positions,
             cos,
@@ -158,7 +171,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, signed_s
             d,
             x.stride(0),
             x.stride(1),
-            BLOCK_H=triton.next_power_of_2(heads),
+            BLOCK_H=block_h,
             BLOCK_D=triton.next_power_of_2(d),
             num_warps=4,
         )

@@ -150,11 +150,20 @@ def load_model(config: ModelConfig, backend, device: torch.device, batch_invaria
         cpu_layers.convert_model(model)
         model.cpu_stack = CpuDecoderStack.build(model)
     elif device.type == "cuda":
-        from pagoda.model_executor import gpu_layers  # Triton: imported for a GPU model only
-
-        if gpu_layers.supported(config.dtype, device):
-            gpu_layers.convert_model(model)
+        _fuse_gpu_layers(model, config.dtype, device)
     return model.eval()
+
+
+def _fuse_gpu_layers(model: DecoderModel, dtype: torch.dtype, device: torch.device) -> None:
+    """The small ops as gpu_layers' Triton kernels where they serve the dtype; torch's ops where
+    Triton is not installed (the torch attention backend then serves too)."""
+    try:
+        from pagoda.model_executor import gpu_layers  # Triton: imported for a GPU model only
+    except ImportError as exc:
+        logger.warning("Triton is not importable (%s): the layers' small ops stay torch's", exc)
+        return
+    if gpu_layers.supported(dtype, device):
+        gpu_layers.convert_model(model)
 
 
 def fill_weights(model: DecoderModel, config: ModelConfig, on_loaded=None) -> None:

@@ -46,7 +46,7 @@ def fp8_unsupported_reason(capability: tuple[int, int], dtype: torch.dtype) -> s
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [out, in] -> (float8 [out, in], float32 scale [out]) with weight ~ q * scale[:, None]."""
     w = weight.float()
-    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = (w.abs().amax(dim=1) * (1 / FP8_MAX)).clamp(min=MIN_SCALE)  # as quantize_per_token's
     return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 

@@ -49,7 +49,7 @@ def test_silu_and_mul_equals_torch(rows, width):
     assert torch.equal(gpu_layers.silu_and_mul(gate_up), F.silu(gate) * up)
 
 
-@pytest.mark.parametrize("heads,head_dim", [(6, 16), (5, 24)])
+@pytest.mark.parametrize("heads,head_dim", [(6, 16), (5, 24), (40, 16)])
 def test_rotate_equals_apply_rotary(heads, head_dim):
     """Query and key heads as the decoder hands them over: a strided view of the qkv projection."""
     torch.manual_seed(heads)
@@ -99,3 +99,15 @@ def test_converted_model_generates_the_same(arch, tokenizer, tmp_path):
         assert a.token_ids == b.token_ids
         worst = max(abs(x[t].logprob - y[t].logprob) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids))
         assert worst < 0.03, worst
+
+
+def test_convert_model_gives_fp8_linears_the_one_kernel_quantization():
+    from pagoda.model_executor.layers import Linear
+    from pagoda.model_executor.quantization import Fp8Linear
+
+    linear = Linear(32, 16, False, torch.bfloat16, torch.device("cpu"))
+    linear.weight.data.normal_()
+    model = torch.nn.Sequential(Fp8Linear(linear))
+    assert model[0].quantize_activations is quantize_per_token
+    gpu_layers.convert_model(model)
+    assert model[0].quantize_activations is gpu_layers.quantize_per_token
