@@ -111,3 +111,31 @@ def test_convert_model_gives_fp8_linears_the_one_kernel_quantization():
     assert model[0].quantize_activations is quantize_per_token
     gpu_layers.convert_model(model)
     assert model[0].quantize_activations is gpu_layers.quantize_per_token
+
+
+def test_the_loader_fuses_half_precision_on_a_gpu_only(monkeypatch, caplog):
+    """load_model's choice: gpu_layers where it serves the dtype and device, torch's ops where not,
+    and where Triton cannot be imported (a warning says so)."""
+    from pagoda.model_executor import loader
+    from pagoda.model_executor.layers import ResidualRMSNorm, SiluAndMul
+
+    def model():
+        return torch.nn.Sequential(ResidualRMSNorm(8, 1e-6, HALF, torch.device("cpu")), SiluAndMul())
+
+    cuda = torch.device("cuda")
+    for dtype, device, fused in ((HALF, cuda, True), (torch.float32, cuda, False), (HALF, torch.device("cpu"), False)):
+        m = model()
+        loader._fuse_gpu_layers(m, dtype, device)
+        assert (
+            isinstance(m[0], gpu_layers.GpuResidualRMSNorm) is fused
+            and isinstance(m[1], gpu_layers.GpuSiluAndMul) is fused
+        )
+    import sys
+
+    import pagoda.model_executor
+
+    monkeypatch.setitem(sys.modules, "pagoda.model_executor.gpu_layers", None)  # its import now fails
+    monkeypatch.delattr(pagoda.model_executor, "gpu_layers")
+    m = model()
+    loader._fuse_gpu_layers(m, HALF, cuda)
+    assert isinstance(m[0], ResidualRMSNorm) and "Triton is not importable" in caplog.text
