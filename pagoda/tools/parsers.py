@@ -5,6 +5,8 @@ Formats (named as vLLM's `--tool-call-parser` values where they exist):
 - `llama3_json` (Llama 3.1/3.2): the whole output is `{"name": ..., "parameters": {...}}` (or "arguments"),
   optionally after `<|python_tag|>`; several are separated by `;`.
 - `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`.
+- `pythonic` (Llama 3.2 with its pythonic template, Llama 4, ToolACE): the output opens with a Python list of calls
+  with keyword arguments of literal values, `[get_weather(city="Paris"), get_time(zone='UTC')]`.
 - `generic`: Pagoda's own, for chat templates without tools: the whole output is
   `{"tool_calls": [{"name": ..., "arguments": {...}}]}` (pagoda/tools/prompt.py tells the model).
 
@@ -25,6 +27,7 @@ call until it is complete, and a whole-output format's text while it may still b
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable
@@ -474,6 +477,127 @@ def _generic_streamer(known: Known) -> ToolStreamer:
     return _WholeStreamer(None, None, _known_only(_read_generic, known))
 
 
+class _PythonExtent:
+    """Finds where the Python list that opens at `start` closes, reading the text as it grows: brackets of the three
+    kinds and strings in either quote are followed (a triple-quoted string reads as strings side by side, which
+    close where it does), and the scan resumes where it stopped."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self._pos = start
+        self._depth = 0
+        self._quote: str | None = None  # the open string's quote character
+        self._escaped = False
+
+    def end(self, text: str) -> int | None:
+        """The index just past the closing bracket, or None while it has not come."""
+        for i in range(self._pos, len(text)):
+            char = text[i]
+            if self._quote is not None:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == self._quote:
+                    self._quote = None
+            elif char in "'\"":
+                self._quote = char
+            elif char in "([{":
+                self._depth += 1
+            elif char in ")]}":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        self._pos = len(text)
+        return None
+
+
+def _read_pythonic(text: str) -> list[ToolCall] | None:
+    """The calls of a Python list of `name(keyword=literal, ...)`, each literal (strings, numbers, True, False,
+    None, lists, dicts) re-serialized as JSON; None where the text is anything else (no calls, a positional
+    argument, a value that is a name or an expression, one JSON cannot hold)."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(tree.body, ast.List) or not tree.body.elts:
+        return None
+    calls = []
+    for node in tree.body.elts:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+            return None
+        arguments = {}
+        for keyword in node.keywords:
+            if keyword.arg is None or keyword.arg in arguments:  # **mapping, or a keyword given twice
+                return None
+            try:
+                arguments[keyword.arg] = ast.literal_eval(keyword.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                return None
+        try:
+            calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False)))
+        except (TypeError, ValueError, RecursionError):  # a set, bytes, a complex or an infinite number
+            return None
+    return calls
+
+
+class _PythonicStreamer(ToolStreamer):
+    """The output opens with a Python list of calls (after optional whitespace) or it is content, as the other
+    whole-output formats: the text is held back while it may still be calls; once the list has closed, its calls
+    are sent when text follows it (that text, from the list's end, is content, and the rest passes through) or at
+    the end (whitespace after them dropped); a list that is not calls releases all of the text as content."""
+
+    def __init__(self, read: Callable[[str], list[ToolCall] | None]) -> None:
+        self._read = read
+        self._text = ""
+        self._pos = 0  # the leading whitespace read so far
+        self._list: _PythonExtent | None = None
+        self._end: int | None = None  # just past the list, once it has closed
+        self._content = False  # decided: the output is content
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        self._text += delta
+        if self._content:
+            return delta, []
+        return self._advance(final=False)
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        if self._content:
+            return "", []
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
+        if self._list is None:
+            self._pos = _skip_space(self._text, self._pos)
+            if self._pos == len(self._text):
+                return self._release() if final else ("", [])
+            if self._text[self._pos] != "[":
+                return self._release()
+            self._list = _PythonExtent(self._pos)
+        if self._end is None:
+            self._end = self._list.end(self._text)
+            if self._end is None:
+                return self._release() if final else ("", [])
+        text_after = _skip_space(self._text, self._end) < len(self._text)
+        if not (text_after or final):
+            return "", []
+        calls = self._read(self._text[self._list.start : self._end])
+        if calls is None:
+            return self._release()
+        self._content = True  # the calls, then any text after them as content, passed through from here on
+        deltas = [ToolCallDelta(i, call.name, call.arguments) for i, call in enumerate(calls)]
+        return (self._text[self._end :] if text_after else ""), deltas
+
+    def _release(self) -> tuple[str, list[ToolCallDelta]]:
+        """Everything so far is content (nothing was sent before), and so is the rest."""
+        self._content = True
+        return self._text, []
+
+
+def _pythonic_streamer(known: Known) -> ToolStreamer:
+    return _PythonicStreamer(_known_only(_read_pythonic, known))
+
+
 # ---- calls forced by a grammar ----------------------------------------------------------------------------------
 
 
@@ -543,6 +667,7 @@ PARSERS: dict[str, ToolParser] = {
         ToolParser("hermes", _hermes_streamer),
         ToolParser("llama3_json", _llama3_streamer),
         ToolParser("mistral", _mistral_streamer),
+        ToolParser("pythonic", _pythonic_streamer),
         ToolParser("generic", _generic_streamer),
     )
 }

@@ -55,6 +55,7 @@ SCRIPTED = [
     ("hermes", 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'),
     ("generic", '{"tool_calls": [{"name": "f", "arguments": {"x": 2}}, {"name": "f", "arguments": {"x": 3}}]}'),
     ("generic", "Just text, no call."),
+    ("pythonic", "\n[f(x=4), f(x=5)]\n"),
     ("hermes", "<tool_call>\n{not json}\n</tool_call>"),
     ("hermes", '<tool_call>\n{"name": "f_args", "arguments": {}}\n</tool_call>'),  # no such tool
     ("generic", '{"tool_calls": [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]}'),

@@ -128,7 +128,40 @@ GENERIC = [
     ("[1, 2, 3]", "[1, 2, 3]", []),
 ]
 
-CASES = {"hermes": HERMES, "llama3_json": LLAMA3, "mistral": MISTRAL, "generic": GENERIC}
+PYTHONIC = [
+    ("[get_weather(city='Paris', unit=\"celsius\")]", "", [WEATHER_CALL]),
+    ('[get_weather(city="Paris", unit="celsius"), get_time(zone="Europe/Paris")]', "", [WEATHER_CALL, TIME_CALL]),
+    ("\n [traduire(texte='日本語 😀 \\u00e9', vers=\"français\")]\n", "", [UNICODE_CALL]),
+    ("[ping()]", "", [("ping", "{}")]),
+    (
+        "[f(s='a]b)', n=-3.5, l=[1, (2, 3), {'k': None}], ok=True)]",
+        "",
+        [("f", '{"s": "a]b)", "n": -3.5, "l": [1, [2, 3], {"k": null}], "ok": true}')],
+    ),
+    ("[f(s='''two\nlines ]''', t=\"it\\\"s\")]", "", [("f", '{"s": "two\\nlines ]", "t": "it\\"s"}')]),
+    ("[get_time(zone='UTC')] Let me check.", " Let me check.", [("get_time", '{"zone": "UTC"}')]),
+    ("[get_time(zone='UTC')]\n\n", "", [("get_time", '{"zone": "UTC"}')]),
+    ("The capital of France is Paris.", "The capital of France is Paris.", []),
+    ("", "", []),
+    (" \n", " \n", []),
+    # anything but a list of calls with literal keyword arguments is content, all of it
+    ("[1, 2, 3]", "[1, 2, 3]", []),
+    ("[]", "[]", []),
+    ("[f(1)]", "[f(1)]", []),
+    ("[f(x=y)]", "[f(x=y)]", []),
+    ("[f(x=10**2)]", "[f(x=10**2)]", []),
+    ("[f(x=1, x=2)]", "[f(x=1, x=2)]", []),
+    ("[f(**kw)]", "[f(**kw)]", []),
+    ("[f(x={1, 2})]", "[f(x={1, 2})]", []),
+    ("[f(x=1e999)]", "[f(x=1e999)]", []),
+    ("[math.sqrt(x=2)]", "[math.sqrt(x=2)]", []),
+    ("[f(x=1) tail", "[f(x=1) tail", []),
+    ("[f(x=a)] then text", "[f(x=a)] then text", []),
+    ("Calling [get_time(zone='UTC')]", "Calling [get_time(zone='UTC')]", []),
+    ("[f(s='unclosed)]", "[f(s='unclosed)]", []),
+]
+
+CASES = {"hermes": HERMES, "llama3_json": LLAMA3, "mistral": MISTRAL, "pythonic": PYTHONIC, "generic": GENERIC}
 
 # Pieces that random texts are strung from: markers, parts of markers, JSON fragments, whitespace, unicode.
 PIECES = [
@@ -157,4 +190,10 @@ PIECES = [
     " ",
     "x",
     "é😀",
+    "get_weather(city='Paris')",
+    "f(x=1)",
+    "(",
+    ")",
+    "'",
+    "=",
 ]

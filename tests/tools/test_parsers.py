@@ -100,6 +100,7 @@ def test_long_streamed_call_is_scanned_once():
         ("hermes", f'<tool_call>{{"name": "run", "arguments": {json.dumps(arguments)}}}</tool_call>'),
         ("mistral", f'[TOOL_CALLS][{{"name": "run", "arguments": {json.dumps(arguments)}}}]'),
         ("generic", f'{{"tool_calls": [{{"name": "run", "arguments": {json.dumps(arguments)}}}]}}'),
+        ("pythonic", f"[run(code={json.dumps(arguments['code'])})]"),
     ]:
         assert stream(name, list(text)).tool_calls == [ToolCall("run", json.dumps(arguments))]
 
@@ -123,8 +124,8 @@ def test_content_streams_before_the_end():
 
 def test_get_parser_names_the_choices():
     assert get_parser("hermes") is PARSERS["hermes"]
-    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, generic"):
-        get_parser("pythonic")
+    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, pythonic, generic"):
+        get_parser("granite")
 
 
 def test_the_example_call_the_prompt_shows_is_what_the_generic_parser_reads():
