@@ -4,7 +4,8 @@ Formats (named as vLLM's `--tool-call-parser` values where they exist):
 - `hermes` (Hermes, Qwen2.5, Qwen3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number.
 - `llama3_json` (Llama 3.1/3.2): the whole output is `{"name": ..., "parameters": {...}}` (or "arguments"),
   optionally after `<|python_tag|>`; several are separated by `;`.
-- `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`.
+- `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`; or, as v11+ tokenizers'
+  models (Magistral, Devstral) write a call, `[TOOL_CALLS]name[ARGS]{...}` (`[ARGS]` optional), one marker a call.
 - `pythonic` (Llama 3.2 with its pythonic template, Llama 4, ToolACE): the output opens with a Python list of calls
   with keyword arguments of literal values, `[get_weather(city="Paris"), get_time(zone='UTC')]`.
 - `generic`: Pagoda's own, for chat templates without tools: the whole output is
@@ -89,6 +90,9 @@ class ToolParser:
 
     name: str
     new_streamer: Callable[[Known], ToolStreamer]
+    # its markers may be special tokens (Mistral's [TOOL_CALLS], some Hermes models' <tool_call>): the requests it
+    # reads keep special tokens in their text, as vLLM's parsers of these formats ask
+    keeps_special_tokens: bool = False
 
     def streamer(self, known: Known = _any_name) -> ToolStreamer:
         return self.new_streamer(known)
@@ -250,26 +254,40 @@ class _EndTag:
         return found + len(self._tag)
 
 
-class _JsonArray:
-    """The extent of a call that is the JSON array after `start` (and whitespace); if something other than `[`
-    comes first, the extent is empty, so the marker alone is read (as malformed) and the text after it as text."""
+class _MistralCalls:
+    """The extent of the calls after `[TOOL_CALLS]` (at `start`): the JSON array after whitespace, or a function
+    name, an optional `[ARGS]` and the JSON object of its arguments; if neither comes, the extent is empty, so the
+    marker alone is read (as malformed) and the text after it as text."""
 
     def __init__(self, start: int) -> None:
         self._start = start
-        self._array: _JsonExtent | None = None
+        self._json: _JsonExtent | None = None
 
     def end(self, text: str) -> int | None:
-        if self._array is None:
+        if self._json is None:
             pos = _skip_space(text, self._start)
             if pos == len(text):
                 return None
-            if text[pos] != "[":
-                return self._start
-            self._array = _JsonExtent(pos)
-        return self._array.end(text)
+            if text[pos] == "[":
+                self._json = _JsonExtent(pos)
+            else:
+                name = _MISTRAL_NAME.match(text, pos)
+                if name is None:
+                    return self._start
+                after = name.end()
+                if text.startswith(MISTRAL_ARGS, after):
+                    after += len(MISTRAL_ARGS)
+                elif MISTRAL_ARGS.startswith(text[after:]):  # the name, or `[ARGS]`, may still be coming
+                    return None
+                if after == len(text):
+                    return None
+                if text[after] != "{":
+                    return self._start
+                self._json = _JsonExtent(after)
+        return self._json.end(text)
 
 
-class _Extent(Protocol):  # _EndTag or _JsonArray
+class _Extent(Protocol):  # _EndTag or _MistralCalls
     def end(self, text: str) -> int | None: ...
 
 
@@ -332,6 +350,8 @@ class _TaggedStreamer(ToolStreamer):
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 MISTRAL_MARKER = "[TOOL_CALLS]"
+MISTRAL_ARGS = "[ARGS]"
+_MISTRAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # OpenAI's characters of a function name
 
 
 def _read_hermes(raw: str) -> list[ToolCall] | None:
@@ -340,7 +360,14 @@ def _read_hermes(raw: str) -> list[ToolCall] | None:
 
 
 def _read_mistral(raw: str) -> list[ToolCall] | None:
-    return _tool_calls(_loads(raw[len(MISTRAL_MARKER) :]))
+    body = raw[len(MISTRAL_MARKER) :].lstrip()
+    if body.startswith("["):
+        return _tool_calls(_loads(body))
+    name = _MISTRAL_NAME.match(body)
+    arguments = _loads(body[name.end() :].removeprefix(MISTRAL_ARGS)) if name else None
+    if not isinstance(arguments, dict):
+        return None
+    return [ToolCall(name.group(), json.dumps(arguments, ensure_ascii=False))]
 
 
 def _known_only(read: Callable[[str], list[ToolCall] | None], known: Known) -> Callable[[str], list[ToolCall] | None]:
@@ -358,7 +385,7 @@ def _hermes_streamer(known: Known) -> ToolStreamer:
 
 
 def _mistral_streamer(known: Known) -> ToolStreamer:
-    return _TaggedStreamer(MISTRAL_MARKER, _JsonArray, _known_only(_read_mistral, known))
+    return _TaggedStreamer(MISTRAL_MARKER, _MistralCalls, _known_only(_read_mistral, known))
 
 
 # ---- formats where the whole output is the calls -------------------------------------------------------------------
@@ -664,9 +691,9 @@ FORCED_CALLS = ToolParser("forced", lambda known: _ForcedStreamer())  # not a --
 PARSERS: dict[str, ToolParser] = {
     parser.name: parser
     for parser in (
-        ToolParser("hermes", _hermes_streamer),
+        ToolParser("hermes", _hermes_streamer, keeps_special_tokens=True),
         ToolParser("llama3_json", _llama3_streamer),
-        ToolParser("mistral", _mistral_streamer),
+        ToolParser("mistral", _mistral_streamer, keeps_special_tokens=True),
         ToolParser("pythonic", _pythonic_streamer),
         ToolParser("generic", _generic_streamer),
     )

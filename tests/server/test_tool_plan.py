@@ -39,6 +39,22 @@ def test_required_and_named_are_constrained_to_the_generic_format():
     assert plan("required", parallel=False).constraint.json["properties"]["tool_calls"]["maxItems"] == 1
 
 
+def test_a_parser_whose_markers_may_be_special_tokens_keeps_them_in_the_text():
+    """As vLLM's hermes and mistral parsers ask: their markers are special tokens in some vocabularies
+    (Mistral's [TOOL_CALLS]), which the default skip_special_tokens would drop before the parser reads
+    them. The other formats, and requests the parser reads nothing of, keep the request's choice."""
+    from pagoda.entrypoints.openai.chat import planned
+    from pagoda.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=8)
+    for parser, keeps in (("hermes", True), ("mistral", True), ("llama3_json", False), ("pythonic", False)):
+        settings = ToolSettings(enable_auto_tool_choice=True, tool_call_parser=parser)
+        assert planned(params, plan(settings=settings, template="{{ tools }}")).skip_special_tokens is not keeps
+    assert planned(params, plan(template="plain")).skip_special_tokens  # generic
+    assert planned(params, plan("none", template="{{ tools }}<tool_call>")).skip_special_tokens
+    assert planned(params, plan("required")).skip_special_tokens  # the grammar writes the generic format
+
+
 def test_none_renders_the_tools_and_parses_nothing():
     none = plan("none")
     assert none.tools == [TOOL] and none.parser is None and none.constraint is None

@@ -108,6 +108,26 @@ MISTRAL = [
     (f"[TOOL_CALLS] {WEATHER}", f"[TOOL_CALLS] {WEATHER}", []),
     (f"[TOOL_CALLS] [TOOL_CALLS] [{TIME}]", f"[TOOL_CALLS] [TOOL_CALLS] [{TIME}]", []),  # the array is "[TOOL_CALLS]"
     (f"[TOOL_CALLS] [{{]] x [TOOL_CALLS] [{TIME}]", "[TOOL_CALLS] [{]] x ", [TIME_CALL]),
+    # v11+ tokenizers' spelling: a name, an optional [ARGS], the arguments object; a marker a call
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}', "", [WEATHER_CALL]),
+    ('[TOOL_CALLS]get_weather{"city": "Paris", "unit": "celsius"}', "", [WEATHER_CALL]),
+    (
+        'Checking. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}'
+        '[TOOL_CALLS]get_time[ARGS]{"zone": "Europe/Paris"}',
+        "Checking. ",
+        [WEATHER_CALL, TIME_CALL],
+    ),
+    (
+        '[TOOL_CALLS]traduire[ARGS]{"texte": "日本語 😀 \\u00e9", "vers": "français"}\n\nVoilà.',
+        "\n\nVoilà.",
+        [UNICODE_CALL],
+    ),
+    ('[TOOL_CALLS]f.v2-x[ARGS]{"s": "}{"}', "", [("f.v2-x", '{"s": "}{"}')]),
+    ("[TOOL_CALLS]get_weather[ARGS]not json", "[TOOL_CALLS]get_weather[ARGS]not json", []),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": ', '[TOOL_CALLS]get_weather[ARGS]{"city": ', []),
+    ("[TOOL_CALLS]get_weather[ARGS][1]", "[TOOL_CALLS]get_weather[ARGS][1]", []),
+    ('[TOOL_CALLS]get weather{"city": "Paris"}', '[TOOL_CALLS]get weather{"city": "Paris"}', []),
+    ("[TOOL_CALLS]get_weather[AR", "[TOOL_CALLS]get_weather[AR", []),
 ]
 
 GENERIC = [
@@ -191,6 +211,9 @@ PIECES = [
     "x",
     "é😀",
     "get_weather(city='Paris')",
+    "[ARGS]",
+    "[AR",
+    "get_weather",
     "f(x=1)",
     "(",
     ")",

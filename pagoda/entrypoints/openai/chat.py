@@ -237,15 +237,26 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         prompt_logprobs=body.prompt_logprobs,
         renames={"logprobs": "top_logprobs", "max_tokens": max_param},
     )
-    if plan.constraint is not None:  # a forced call's grammar replaces any other constraint (vLLM's rule)
-        params = dataclasses.replace(params, structured_outputs=plan.constraint)
-    if plan.reasoning is not None and params.structured_outputs is not None:  # the constraint is the answer's
-        thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)
-        constraint = dataclasses.replace(params.structured_outputs, after_reasoning=thinking)
-        params = dataclasses.replace(params, structured_outputs=constraint)
+    params = planned(params, plan)
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param, body.min_tokens or 0)
     await state.check_constraint(body, params)
     return PreparedChat(plan, prompt_ids, params, role, echoed)
+
+
+def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
+    """A request's sampling as its tools and reasoning change it (vLLM's rules): a forced call's grammar
+    replaces any other constraint; with a reasoning parser, the constraint is the answer's, after the thinking;
+    a parser whose markers may be special tokens (Mistral's `[TOOL_CALLS]`, some Hermes models' `<tool_call>`)
+    gets them in the text, skip_special_tokens off."""
+    if plan.constraint is not None:
+        params = dataclasses.replace(params, structured_outputs=plan.constraint)
+    if plan.reasoning is not None and params.structured_outputs is not None:
+        thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)
+        constraint = dataclasses.replace(params.structured_outputs, after_reasoning=thinking)
+        params = dataclasses.replace(params, structured_outputs=constraint)
+    if plan.parser is not None and plan.parser.keeps_special_tokens:
+        params = dataclasses.replace(params, skip_special_tokens=False)
+    return params
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
