@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -256,8 +257,8 @@ class _EndTag:
 
 class _MistralCalls:
     """The extent of the calls after `[TOOL_CALLS]` (at `start`): the JSON array after whitespace, or a function
-    name, an optional `[ARGS]` and the JSON object of its arguments; if neither comes, the extent is empty, so the
-    marker alone is read (as malformed) and the text after it as text."""
+    name, an optional `[ARGS]` and (after whitespace) the JSON object of its arguments; if neither comes, the extent
+    is empty, so the marker alone is read (as malformed) and the text after it as text."""
 
     def __init__(self, start: int) -> None:
         self._start = start
@@ -279,6 +280,7 @@ class _MistralCalls:
                     after += len(MISTRAL_ARGS)
                 elif MISTRAL_ARGS.startswith(text[after:]):  # the name, or `[ARGS]`, may still be coming
                     return None
+                after = _skip_space(text, after)
                 if after == len(text):
                     return None
                 if text[after] != "{":
@@ -504,75 +506,141 @@ def _generic_streamer(known: Known) -> ToolStreamer:
     return _WholeStreamer(None, None, _known_only(_read_generic, known))
 
 
+_CONTROLS = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x00": "\\x00"}  # raw in a string: escaped before parsing
+
+
 class _PythonExtent:
     """Finds where the Python list that opens at `start` closes, reading the text as it grows: brackets of the three
-    kinds and strings in either quote are followed (a triple-quoted string reads as strings side by side, which
-    close where it does), and the scan resumes where it stopped."""
+    kinds, and strings in either quote, single or triple (one or two quotes at the text's end wait for what follows:
+    they may open or close a triple-quoted string); the scan resumes where it stopped. It notes the raw control
+    characters inside strings, which models write (a line break in a one-line string) and Python refuses."""
 
     def __init__(self, start: int) -> None:
         self.start = start
         self._pos = start
         self._depth = 0
-        self._quote: str | None = None  # the open string's quote character
+        self._quote: str | None = None  # what closes the open string: ' " ''' or """
         self._escaped = False
+        self._controls: list[int] = []  # where the raw control characters inside strings are
 
     def end(self, text: str) -> int | None:
         """The index just past the closing bracket, or None while it has not come."""
-        for i in range(self._pos, len(text)):
+        i = self._pos
+        while i < len(text):
             char = text[i]
             if self._quote is not None:
                 if self._escaped:
                     self._escaped = False
                 elif char == "\\":
                     self._escaped = True
-                elif char == self._quote:
+                elif text.startswith(self._quote, i):
+                    i += len(self._quote)
                     self._quote = None
+                    continue
+                elif self._quote.startswith(text[i:]):  # the text ends in what may close a triple quote
+                    break
+                elif char in _CONTROLS:
+                    self._controls.append(i)
             elif char in "'\"":
-                self._quote = char
+                if len(text) - i < 3 and text[i:] == char * (len(text) - i):
+                    break
+                self._quote = char * 3 if text.startswith(char * 3, i) else char
+                i += len(self._quote)
+                continue
             elif char in "([{":
                 self._depth += 1
             elif char in ")]}":
                 self._depth -= 1
                 if self._depth == 0:
                     return i + 1
-        self._pos = len(text)
+            i += 1
+        self._pos = i
         return None
+
+    def source(self, text: str, end: int) -> str:
+        """text[start:end], the list, with the control characters inside its strings escaped."""
+        pieces, pos = [], self.start
+        for i in self._controls:
+            pieces += [text[pos:i], _CONTROLS[text[i]]]
+            pos = i + 1
+        return "".join(pieces) + text[pos:end]
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}  # JSON's literals, which models write in Python too
+
+
+def _json_value(node: ast.expr) -> Any:
+    """The JSON value of a literal argument, as vLLM's pythonic parser reads one: constants, lists (and tuples and
+    sets, as lists), dicts with constant keys, f-strings without placeholders, true/false/null, signed numbers.
+    Raises ValueError for anything else."""
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float))):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_json_value(item) for item in node.elts]
+    if isinstance(node, ast.Dict) and all(isinstance(key, ast.Constant) for key in node.keys):  # None: **mapping
+        return {key.value: _json_value(value) for key, value in zip(node.keys, node.values)}  # type: ignore[union-attr]
+    if isinstance(node, ast.JoinedStr) and all(isinstance(part, ast.Constant) for part in node.values):
+        return "".join(str(part.value) for part in node.values)  # type: ignore[attr-defined]
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        number = _json_value(node.operand)
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            return -number if isinstance(node.op, ast.USub) else number
+    raise ValueError("not a literal")
+
+
+def _dotted_name(node: ast.expr) -> str | None:
+    """`f` or `a.b.f` of a call's target, None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
 def _read_pythonic(text: str) -> list[ToolCall] | None:
-    """The calls of a Python list of `name(keyword=literal, ...)`, each literal (strings, numbers, True, False,
-    None, lists, dicts) re-serialized as JSON; None where the text is anything else (no calls, a positional
-    argument, a value that is a name or an expression, one JSON cannot hold)."""
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+    """The calls of a Python list of `name(keyword=literal, ...)` (a dotted name kept whole), each call's arguments
+    re-serialized as JSON; None where the text is anything else (no calls, a positional argument, a keyword given
+    twice, a value no literal or none JSON can hold)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an invalid escape in a string ('\d') warns; it reads as Python reads it
+        try:
+            tree = ast.parse(text, mode="eval")
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
     if not isinstance(tree.body, ast.List) or not tree.body.elts:
         return None
     calls = []
     for node in tree.body.elts:
-        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+        name = _dotted_name(node.func) if isinstance(node, ast.Call) else None
+        if name is None or node.args:  # type: ignore[attr-defined]
             return None
-        arguments = {}
-        for keyword in node.keywords:
+        arguments: dict[str, Any] = {}
+        for keyword in node.keywords:  # type: ignore[attr-defined]
             if keyword.arg is None or keyword.arg in arguments:  # **mapping, or a keyword given twice
                 return None
             try:
-                arguments[keyword.arg] = ast.literal_eval(keyword.value)
-            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                arguments[keyword.arg] = _json_value(keyword.value)
+            except (ValueError, RecursionError):
                 return None
         try:
-            calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False)))
-        except (TypeError, ValueError, RecursionError):  # a set, bytes, a complex or an infinite number
+            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False, allow_nan=False)))
+        except (TypeError, ValueError, RecursionError):  # a key JSON cannot hold, an infinite number, a huge int
             return None
     return calls
 
 
+# a list of calls opens so: `[`, then a name and its `(` (more text must come before the output is known not to be)
+_PYTHONIC_OPENING = re.compile(r"\[\s*(?:[^\W\d][\w.]*\s*(\()?)?")
+
+
 class _PythonicStreamer(ToolStreamer):
     """The output opens with a Python list of calls (after optional whitespace) or it is content, as the other
-    whole-output formats: the text is held back while it may still be calls; once the list has closed, its calls
-    are sent when text follows it (that text, from the list's end, is content, and the rest passes through) or at
-    the end (whitespace after them dropped); a list that is not calls releases all of the text as content."""
+    whole-output formats: the text is held back while it may still be calls (up to the first name's `(`, then to
+    the list's end); once the list has closed, its calls are sent when text follows it (that text, from the list's
+    end, is content, and the rest passes through) or at the end (whitespace after them dropped); anything else
+    releases all of the text as content."""
 
     def __init__(self, read: Callable[[str], list[ToolCall] | None]) -> None:
         self._read = read
@@ -580,7 +648,7 @@ class _PythonicStreamer(ToolStreamer):
         self._pos = 0  # the leading whitespace read so far
         self._list: _PythonExtent | None = None
         self._end: int | None = None  # just past the list, once it has closed
-        self._content = False  # decided: the output is content
+        self._content = False  # decided: the rest of the output is content
 
     def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
         self._text += delta
@@ -596,10 +664,10 @@ class _PythonicStreamer(ToolStreamer):
     def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
         if self._list is None:
             self._pos = _skip_space(self._text, self._pos)
-            if self._pos == len(self._text):
-                return self._release() if final else ("", [])
-            if self._text[self._pos] != "[":
-                return self._release()
+            opening = _PYTHONIC_OPENING.match(self._text, self._pos)
+            if opening is None or opening.group(1) is None:  # no `[`, or not (yet) a name and its `(`
+                undecided = self._pos == len(self._text) or (opening is not None and opening.end() == len(self._text))
+                return ("", []) if undecided and not final else self._release()
             self._list = _PythonExtent(self._pos)
         if self._end is None:
             self._end = self._list.end(self._text)
@@ -608,7 +676,7 @@ class _PythonicStreamer(ToolStreamer):
         text_after = _skip_space(self._text, self._end) < len(self._text)
         if not (text_after or final):
             return "", []
-        calls = self._read(self._text[self._list.start : self._end])
+        calls = self._read(self._list.source(self._text, self._end))
         if calls is None:
             return self._release()
         self._content = True  # the calls, then any text after them as content, passed through from here on

@@ -129,11 +129,13 @@ class ReasoningStreamer:
 
 @dataclass(frozen=True)
 class ReasoningTokenCounter:
-    """How many of an output's tokens are its reasoning (usage's `reasoning_tokens`). Where the
-    parse finds reasoning and the tags are one token each, as in reasoning models' vocabularies: the
-    tokens after the start tag (or, without one, from the output's start) and before the first end
-    tag, neither tag counted (vLLM's count). Where a tag the count needs takes several tokens: the
-    parsed reasoning re-tokenized."""
+    """How many of an output's tokens are its reasoning (usage's `reasoning_tokens`), as the parse
+    finds the reasoning. Where the tags are one token each, as in reasoning models' vocabularies: the
+    tokens after the start tag (or, with none, from the output's start) and before the first end
+    tag, neither tag counted: vLLM's count where the output opens with the start tag (vLLM counts 0
+    where it does not, as a deepseek_r1 output whose template wrote the tag, and counts every later
+    <think> section too). Where a tag the count needs takes several tokens: the parsed reasoning
+    re-tokenized."""
 
     parser: ReasoningParser
     start_id: int | None  # the start tag's token, None where it takes several
@@ -157,11 +159,14 @@ class ReasoningTokenCounter:
         if reasoning is None:
             return 0
         end = _position(token_ids, self.end_id, len(token_ids)) if self.parser.end in text else len(token_ids)
-        opened = text.lstrip().startswith(self.parser.start)
-        start = _position(token_ids, self.start_id, end or 0) if opened else -1
-        if end is None or start is None:  # a tag the text has is not one token of the output
+        if end is not None and text.lstrip().startswith(self.parser.start):
+            start = _position(token_ids, self.start_id, end)
+            first = None if start is None else start + 1
+        else:
+            first = 0  # no start tag: the reasoning runs from the output's start (implicit_start)
+        if end is None or first is None:  # a tag the text has is not one token of the output
             return len(self.encode(reasoning)) if reasoning else 0
-        return end - start - 1
+        return end - first
 
 
 def _position(token_ids: list[int], tag_id: int | None, stop: int) -> int | None:

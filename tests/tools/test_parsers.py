@@ -120,6 +120,9 @@ def test_content_streams_before_the_end():
     streamer = get_parser("generic").streamer()
     assert streamer.feed('{"answer": ') == ("", [])
     assert streamer.feed("4} ") == ('{"answer": 4} ', [])
+    streamer = get_parser("pythonic").streamer()  # held only while it may open a list of calls
+    assert streamer.feed(" [Don") == ("", [])
+    assert streamer.feed("'t worry]") == (" [Don't worry]", [])
 
 
 def test_get_parser_names_the_choices():

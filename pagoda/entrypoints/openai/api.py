@@ -72,7 +72,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         ),
         token_texts=TokenTexts(engine.tokenizer),
         system_fingerprint=system_fingerprint(engine.config, config.fingerprint_mode, config.fingerprint_value),
-        reasoning_tokens=ReasoningTokenCounter.of(REASONING_PARSERS[config.tools.reasoning_parser], engine.tokenizer)
+        reasoning_counter=ReasoningTokenCounter.of(REASONING_PARSERS[config.tools.reasoning_parser], engine.tokenizer)
         if config.tools.reasoning_parser
         else None,
     )

@@ -299,7 +299,7 @@ def _response(
                 "stop_reason": out.stop_reason,
             }
         )
-    response = {**head, "choices": choices, "usage": usage([outputs], state.reasoning_tokens)}
+    response = {**head, "choices": choices, "usage": usage([outputs], state.reasoning_counter)}
     if body.return_token_ids:
         for choice, out in zip(choices, outputs):
             choice["token_ids"] = out.token_ids
@@ -374,5 +374,5 @@ async def _chunks(
                 len(update.token_ids),
             )
     if usage_of is not None:
-        yield sse({**base, "choices": [], "usage": usage([[final[k] for k in sorted(final)]], state.reasoning_tokens)})
+        yield sse({**base, "choices": [], "usage": usage([[final[k] for k in sorted(final)]], state.reasoning_counter)})
     yield DONE

@@ -60,7 +60,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     generation = await state.launch(http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params)
     head = _head(state, body, request, prepared, response_id)
     if body.stream:
-        return event_stream(_events(prepared.plan, generation, head, logprobs, state.reasoning_tokens), generation)
+        return event_stream(_events(prepared.plan, generation, head, logprobs, state.reasoning_counter), generation)
     out = (await state.collect(http, generation))[0][0]
     # the items as a stream of the whole text builds them: one owner of their order and shapes
     items, streamer = _Items(), prepared.plan.streamer()
@@ -69,7 +69,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
         items.feed(delta)
     incomplete = out.finish_reason == "length" and not streamer.called
     items.finish(incomplete)
-    return JSONResponse(_finished(head, items.items, incomplete, usage([[out]], state.reasoning_tokens)))
+    return JSONResponse(_finished(head, items.items, incomplete, usage([[out]], state.reasoning_counter)))
 
 
 def not_stored(response_id: str) -> APIError:
@@ -472,11 +472,11 @@ async def _events(
     generation: Generation,
     head: dict,
     logprobs: Callable[[Sequence[Any] | None], list[dict]],
-    reasoning_tokens: ReasoningTokenCounter | None,
+    reasoning_counter: ReasoningTokenCounter | None,
 ) -> AsyncIterator[str]:
     """OpenAI's stream of response events: created, in_progress, each output item's events, then
     completed with the whole response (or, where the generation fails, error and failed).
-    `reasoning_tokens` counts the usage's reasoning tokens (a server with a reasoning parser)."""
+    `reasoning_counter` counts the usage's reasoning tokens (a server with a reasoning parser)."""
     items, streamer = _Items(), plan.streamer()
     yield items.event("response.created", response=head)
     yield items.event("response.in_progress", response=head)
@@ -508,7 +508,8 @@ async def _events(
     incomplete = final is not None and final.finish_reason == "length" and not streamer.called
     for event in items.finish(incomplete):
         yield event
-    response = _finished(head, items.items, incomplete, usage([[final]] if final is not None else [], reasoning_tokens))
+    counts = usage([[final]] if final is not None else [], reasoning_counter)
+    response = _finished(head, items.items, incomplete, counts)
     # response.completed however it ended (its status says incomplete), as vLLM sends it: the
     # openai client's stream helper takes its final response from that event only
     yield items.event("response.completed", response=response)

@@ -91,7 +91,7 @@ class ServerState:
     sinks: RecordSinks
     token_texts: TokenTexts
     system_fingerprint: str | None = None  # on every chat and completion answer
-    reasoning_tokens: ReasoningTokenCounter | None = None  # with --reasoning-parser: usage counts them
+    reasoning_counter: ReasoningTokenCounter | None = None  # with --reasoning-parser: usage counts reasoning tokens
 
     @property
     def tokenizer(self):
@@ -248,9 +248,9 @@ def chunk_usage(body: CompletionRequest | ChatCompletionRequest) -> Callable[[in
     }
 
 
-def usage(outputs: list[list[SequenceOutput]], reasoning: ReasoningTokenCounter | None = None) -> dict:
-    """OpenAI usage over every prompt (counted once) and every sequence; with `reasoning` (a server
-    with a reasoning parser, as vLLM), the completion's reasoning tokens too."""
+def usage(outputs: list[list[SequenceOutput]], reasoning_counter: ReasoningTokenCounter | None = None) -> dict:
+    """OpenAI usage over every prompt (counted once) and every sequence; with a `reasoning_counter` (a
+    server with a reasoning parser, as vLLM), the completion's reasoning tokens too."""
     prompt = sum(outs[0].metrics.num_prompt_tokens for outs in outputs if outs)
     cached = sum(outs[0].metrics.num_cached_tokens for outs in outputs if outs)
     completion = sum(len(out.token_ids) for outs in outputs for out in outs)
@@ -260,7 +260,7 @@ def usage(outputs: list[list[SequenceOutput]], reasoning: ReasoningTokenCounter 
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
-    if reasoning is not None:
-        thought = sum(reasoning.count(out.token_ids, out.text) for outs in outputs for out in outs)
+    if reasoning_counter is not None:
+        thought = sum(reasoning_counter.count(out.token_ids, out.text) for outs in outputs for out in outs)
         counts["completion_tokens_details"] = {"reasoning_tokens": thought}
     return counts
