@@ -11,8 +11,8 @@ rotation's two products and their sum; fp8's scale (the reciprocal's product, as
 a number on a GPU) and codes (an IEEE division). Where they may differ: the norm sums its squares
 in another order and SiLU takes Triton's exponential, which can move the normalized row's or
 SiLU's rounding by one representable value (two in its product): on an H200 at Llama-3-8B's
-widths, never in bfloat16, in up to 0.02% of the elements in float16. float32 keeps torch's ops (the GPU's float32
-checks compare with transformers op for op).
+widths, never in bfloat16, in up to 0.02% of the elements in float16. float32 keeps torch's ops
+(the GPU's float32 checks compare with transformers op for op).
 
 At load, `convert_model` swaps the model's modules for the ones here, sharing their weights and
 tables. Nothing here imports on a CPU-only path: Triton is loaded by the loader only for a GPU
