@@ -393,7 +393,29 @@ def _mistral_streamer(known: Known) -> ToolStreamer:
 # ---- formats where the whole output is the calls -------------------------------------------------------------------
 
 
-class _WholeStreamer(ToolStreamer):
+class _HeldStreamer(ToolStreamer):
+    """A whole-output format's streamer: its text is held back until `_advance` decides what it is (and returns
+    what is settled); once it sets `_content`, the rest of the output passes through as content."""
+
+    _text: str
+    _content: bool
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        self._text += delta
+        if self._content:
+            return delta, []
+        return self._advance(final=False)
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        if self._content:
+            return "", []
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
+        raise NotImplementedError
+
+
+class _WholeStreamer(_HeldStreamer):
     """The output opens with calls or it is content: optional whitespace, an optional `prefix`, then JSON objects
     (separated by `separator` where there is one) with whitespace around them. The text is held back while it may
     still be that; the first sign that it is not releases the calls read so far and the text after them (all of
@@ -410,17 +432,6 @@ class _WholeStreamer(ToolStreamer):
         self._calls: list[ToolCall] = []
         self._calls_end = 0  # where the text after the calls read so far begins (past a separator that follows them)
         self._content = False  # decided: the rest of the output is content
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        self._text += delta
-        if self._content:
-            return delta, []
-        return self._advance(final=False)
-
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        if self._content:
-            return "", []
-        return self._advance(final=True)
 
     def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
         """Steps until the text runs out; then all content, all calls, or (before the end) nothing yet."""
@@ -635,7 +646,7 @@ def _read_pythonic(text: str) -> list[ToolCall] | None:
 _PYTHONIC_OPENING = re.compile(r"\[\s*(?:[^\W\d][\w.]*\s*(\()?)?")
 
 
-class _PythonicStreamer(ToolStreamer):
+class _PythonicStreamer(_HeldStreamer):
     """The output opens with a Python list of calls (after optional whitespace) or it is content, as the other
     whole-output formats: the text is held back while it may still be calls (up to the first name's `(`, then to
     the list's end); once the list has closed, its calls are sent when text follows it (that text, from the list's
@@ -649,17 +660,6 @@ class _PythonicStreamer(ToolStreamer):
         self._list: _PythonExtent | None = None
         self._end: int | None = None  # just past the list, once it has closed
         self._content = False  # decided: the rest of the output is content
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        self._text += delta
-        if self._content:
-            return delta, []
-        return self._advance(final=False)
-
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        if self._content:
-            return "", []
-        return self._advance(final=True)
 
     def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
         if self._list is None:
