@@ -227,6 +227,46 @@ def kernel_table(fn, replays: int) -> list[str]:
         return [f"{type(e).__name__}: {e}"]
 
 
+class TritonCompiles:
+    """The Triton kernel variants this process compiles (or loads from Triton's disk cache), as they
+    happen: each a line of its kernel, the seconds it took and its non-pointer arguments' types
+    (Triton compiles a variant per specialization: an integer argument equal to 1 or divisible by
+    16 makes its own). A timing wave should find every variant it uses already in memory; one it
+    compiles adds its compile time to the wave's TTFT, as it would to a fresh server's first
+    requests."""
+
+    def __init__(self):
+        self.events: list[str] = []
+        self._started: dict[str, float] = {}
+        try:
+            from triton import knobs
+        except ImportError:  # no Triton: nothing compiles
+            return
+        knobs.runtime.jit_cache_hook = self._before
+        knobs.runtime.jit_post_compile_hook = self._after
+
+    def _before(self, *, key, **_) -> bool:
+        self._started[str(key)] = time.perf_counter()
+        return False  # go on and compile
+
+    def _after(self, *, key, fn, compile, **_) -> None:
+        seconds = time.perf_counter() - self._started.pop(str(key), time.perf_counter())
+        params = fn.jit_function.params
+        constants = {path[0]: value for path, value in compile["constants"].items() if len(path) == 1}
+        divisible = {
+            path[0]
+            for path, attrs in compile["configs"][0].items()
+            if any(list(attr) == ["tt.divisibility", 16] for attr in attrs)
+        }
+        shown = []  # the constexprs, and the integers specialized (equal to 1, divisible by 16)
+        for i, param in enumerate(params):
+            if param.is_constexpr or (i in constants and constants[i] == 1):
+                shown.append(f"{param.name}={constants.get(i)}")
+            elif i in divisible and not str(compile["signature"][param.name]).startswith("*"):
+                shown.append(f"{param.name}%16")
+        self.events.append(f"{fn.name} {seconds:.2f}s ({', '.join(shown)})")
+
+
 def graphs_off(eng):
     """A context in which the engine runs every step eagerly (its graph runner set aside)."""
     import contextlib
@@ -538,13 +578,15 @@ class Timing:
             return
         if not self.dry_run:
             settings.update(dtype="bfloat16", quantization="fp8" if self.dtype == "fp8" else None)
+        compiles = TritonCompiles()
         start = time.perf_counter()
         eng = engine(model_dir, self.dry_run, **settings)
         results["engine"] = self.describe(eng, time.perf_counter() - start)
+        results["engine"]["triton_compiles_at_startup"] = list(compiles.events)
         print(f"engine: {results['engine']}")
         self.report.save()
         modes = (True, False) if eng.core.runner.cuda_graphs is not None else (False,)
-        for graphs in modes:  # compile every kernel variant the waves use before timing
+        for graphs in modes:  # a first request's lazy setup, before timing
             self.wave(eng, 2, graphs, max_tokens=4)
         results["waves"] = []
         for concurrency in self.concurrency:
@@ -552,12 +594,16 @@ class Timing:
                 case = f"concurrency {concurrency}, graphs {'on' if graphs else 'off'}"
                 if not self.report.in_time(case):
                     continue
+                compiled_before = len(compiles.events)
                 row = self.wave(eng, concurrency, graphs)
+                row["triton_compiles"] = compiles.events[compiled_before:]
                 results["waves"].append(row)
                 print(
                     f"{case}: {row['output_tokens_per_s']:.0f} output tok/s, TTFT mean {row['ttft_mean_ms']:.0f} ms, "
                     f"TPOT mean {row['tpot_mean_ms']:.2f} ms"
                 )
+                for line in row["triton_compiles"]:
+                    print(f"  compiled during the wave: {line}")
                 if concurrency == 1:
                     self.batch1(row, graphs)
                     if graphs or eng.core.runner.cuda_graphs is None:

@@ -47,6 +47,7 @@ class ModelConfig:
     max_model_len: int
     vocab_size: int
     num_layers: int
+    num_heads: int  # query heads
     num_kv_heads: int
     head_dim: int
     eos_token_ids: tuple[int, ...]

@@ -71,6 +71,14 @@ class AttentionBackend(ABC, Generic[M]):
         """Why the backend cannot run on `device` in this installation (beyond `support`), or None."""
         return None
 
+    def first_use_shapes(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, max_model_len: int
+    ) -> tuple[tuple[int, int], ...]:
+        """Steps of one request each, as (query tokens, tokens in all), that between them run every
+        kernel variant this backend builds on first use, for a model of these shapes: the engine
+        runs them at startup so that no request waits for a compile. None by default."""
+        return ()
+
     @abstractmethod
     def build_metadata(self, inputs: AttentionInputs) -> M:
         """Per-step metadata, built once and shared by all layers."""

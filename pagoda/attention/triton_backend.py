@@ -57,6 +57,24 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         """decode_splits: slices per decode context for split-KV; None chooses per step, 1 never splits."""
         self._forced_splits = decode_splits
 
+    def first_use_shapes(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, max_model_len: int
+    ) -> tuple[tuple[int, int], ...]:
+        """A prompt of the shortest query length of each tile config (choose_config's; the rest of a
+        launch's integers are unspecialized, so one variant serves each), then a decode long enough
+        to be split with its merge. The interpreter compiles nothing."""
+        if triton.knobs.runtime.interpret:
+            return ()
+        group = num_heads // num_kv_heads
+        first_of: dict[kernels.TileConfig, int] = {}  # each config's shortest query length
+        for query_len in range(1, max_model_len + 1):
+            first_of.setdefault(kernels.choose_config(group, head_dim, dtype, query_len), query_len)
+        shapes = [(query_len, query_len) for query_len in first_of.values()]
+        split_context = 2 * kernels.MIN_SPLIT_KEYS  # slices of MIN_SPLIT_KEYS: split where the GPU has room
+        if split_context <= max_model_len:
+            shapes.append((1, split_context))
+        return tuple(shapes)
+
     def build_metadata(self, inputs: AttentionInputs) -> TritonAttentionMetadata:
         nd, nr = inputs.num_decodes, inputs.num_reqs
         return TritonAttentionMetadata(

@@ -37,6 +37,7 @@ class EngineCore:
         )
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_cuda_graphs()
+        self.runner.compile_kernels()
         kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         proposer = make_proposer(config.speculative) if config.speculative is not None else None
         self.scheduler = Scheduler(config.scheduler, kv, proposer)

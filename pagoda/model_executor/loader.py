@@ -102,6 +102,7 @@ def load_model_config(
         max_model_len=max_model_len or limit,
         vocab_size=hf_config.vocab_size,
         num_layers=hf_config.num_hidden_layers,
+        num_heads=hf_config.num_attention_heads,
         num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
         head_dim=head_dim,
         eos_token_ids=tuple(sorted(_as_set(hf_config.eos_token_id) | _as_set(generation.get("eos_token_id")))),

@@ -33,6 +33,7 @@ from pagoda.model_executor.loader import load_model
 from pagoda.model_executor.sampler import Sampler, token_logprob
 from pagoda.model_executor.spec_verify import verify
 from pagoda.request import Request, TokenLogprob
+from pagoda.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagoda.structured.grammar import TokenBitmask
@@ -98,6 +99,9 @@ def available_memory_bytes() -> int | None:
     except OSError:
         return None
     return None
+
+
+_COMPILE_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)
 
 
 class ModelRunner:
@@ -182,6 +186,26 @@ class ModelRunner:
             time.perf_counter() - start,
             used,
         )
+
+    @torch.inference_mode()
+    def compile_kernels(self) -> None:
+        """After allocate_kv_cache (and capture_cuda_graphs): run the attention backend's
+        first-use shapes once each, eagerly, on blocks no request holds yet, so that every kernel
+        variant a step can use is compiled before the first request (Triton builds them lazily)."""
+        m = self.config.model
+        shapes = self.backend.first_use_shapes(m.num_heads, m.num_kv_heads, m.head_dim, m.dtype, m.max_model_len)
+        if not shapes:
+            return
+        start, graphs, self.cuda_graphs = time.perf_counter(), self.cuda_graphs, None
+        try:
+            for i, (query_len, total) in enumerate(shapes):
+                request = Request(f"compile-{i}", [0] * total, _COMPILE_SAMPLING, frozenset(), m.max_model_len)
+                request.num_computed_tokens = total - query_len
+                request.block_ids = list(range(1, 1 + -(-total // self.block_size)))  # block 0 is the null block
+                self.execute(SchedulerOutput(((request, query_len),), query_len))
+        finally:
+            self.cuda_graphs = graphs
+        logger.info("Kernels compiled for %d step shapes in %.1f s", len(shapes), time.perf_counter() - start)
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:

@@ -30,17 +30,22 @@ FLOAT_SCALARS = {"scale_log2"}
 
 def compile_kernel(kernel, dtype: torch.dtype, head_dim: int, constexprs: dict, num_warps: int, num_stages: int):
     """As a launch would: pointers, strides and a head_dim divisible by 16 are marked so (Triton
-    specializes on it), which is what lets the compiler vectorize and pipeline the loads."""
+    specializes on it), which is what lets the compiler vectorize and pipeline the loads; not the
+    arguments the kernel leaves unspecialized (they vary from step to step)."""
     signature, attrs = {}, {}
+    unspecialized = {p.name for p in kernel.params if p.do_not_specialize or p.do_not_specialize_on_alignment}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             fp32 = name.startswith("tmp_")
             signature[name] = INDEX_POINTERS.get(name, "*fp32" if fp32 else "*" + TRITON_DTYPES[dtype])
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            if name not in unspecialized:
+                attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name in FLOAT_SCALARS else "i32"
+            if name in unspecialized:
+                continue
             if name.startswith("stride_") or (name == "head_dim" and head_dim % 16 == 0):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(kernel, signature, constexprs, attrs)
@@ -55,8 +60,7 @@ def cases(full: bool):
                 yield from kernel_cases(dtype, group, head_dim, max_query_lens=(1, 4, 512))
     else:
         yield from kernel_cases(torch.bfloat16, 4, 128, max_query_lens=(1, 512))
-        # Triton turns an int argument equal to 1 into a constant: one request, as in a long prefill.
-        yield from attention_cases(torch.float32, 3, 96, max_query_lens=(512,), ones=("num_seqs",))
+        yield from attention_cases(torch.float32, 3, 96, max_query_lens=(512,))
 
 
 def kernel_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_lens: tuple[int, ...]):
@@ -73,12 +77,11 @@ def kernel_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_lens: 
     yield f"merge {shape}", k._merge_splits_kernel, dtype, head_dim, merge, 4, 1
 
 
-def attention_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_lens: tuple[int, ...], ones=()):
-    shape = f"{TRITON_DTYPES[dtype]} group={group} d={head_dim}" + "".join(f" {name}=1" for name in ones)
+def attention_cases(dtype: torch.dtype, group: int, head_dim: int, max_query_lens: tuple[int, ...]):
+    shape = f"{TRITON_DTYPES[dtype]} group={group} d={head_dim}"
     for max_q in max_query_lens:
         cfg = k.choose_config(group, head_dim, dtype, max_q)
         constexprs = attention_constexprs(group, head_dim, cfg, dtype) | {"ONE_TILE_PER_SEQ": cfg.one_tile_per_seq}
-        constexprs |= {name: 1 for name in ones}
         label = f"attention max_q={max_q} {shape}"
         yield label, k._paged_attention_kernel, dtype, head_dim, constexprs, cfg.num_warps, cfg.num_stages
 
