@@ -251,6 +251,13 @@ class TritonCompiles:
 
     def _after(self, *, key, fn, compile, **_) -> None:
         seconds = time.perf_counter() - self._started.pop(str(key), time.perf_counter())
+        try:
+            self.events.append(f"{fn.name} {seconds:.2f}s ({self._specialization(fn, compile)})")
+        except Exception as e:  # another Triton's hook arguments: the compile is still logged, not the launch failed
+            self.events.append(f"{getattr(fn, 'name', fn)} {seconds:.2f}s (unread: {type(e).__name__}: {e})")
+
+    @staticmethod
+    def _specialization(fn, compile: dict) -> str:
         params = fn.jit_function.params
         constants = {path[0]: value for path, value in compile["constants"].items() if len(path) == 1}
         divisible = {
@@ -264,7 +271,7 @@ class TritonCompiles:
                 shown.append(f"{param.name}={constants.get(i)}")
             elif i in divisible and not str(compile["signature"][param.name]).startswith("*"):
                 shown.append(f"{param.name}%16")
-        self.events.append(f"{fn.name} {seconds:.2f}s ({', '.join(shown)})")
+        return ", ".join(shown)
 
 
 def graphs_off(eng):
@@ -586,8 +593,12 @@ class Timing:
         print(f"engine: {results['engine']}")
         self.report.save()
         modes = (True, False) if eng.core.runner.cuda_graphs is not None else (False,)
+        compiled_before = len(compiles.events)
         for graphs in modes:  # a first request's lazy setup, before timing
             self.wave(eng, 2, graphs, max_tokens=4)
+        results["triton_compiles_in_warm_up_waves"] = compiles.events[compiled_before:]  # none expected either
+        for line in results["triton_compiles_in_warm_up_waves"]:
+            print(f"  compiled during the warm-up waves: {line}")
         results["waves"] = []
         for concurrency in self.concurrency:
             for graphs in modes:

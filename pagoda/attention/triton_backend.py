@@ -54,7 +54,9 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         return None
 
     def __init__(self, decode_splits: int | None = None):
-        """decode_splits: slices per decode context for split-KV; None chooses per step, 1 never splits."""
+        """decode_splits: slices per decode context for split-KV (1 to MAX_SPLITS); None chooses per
+        step, 1 never splits."""
+        assert decode_splits is None or 1 <= decode_splits <= kernels.MAX_SPLITS, decode_splits
         self._forced_splits = decode_splits
 
     def first_use_shapes(
@@ -65,11 +67,8 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         to be split with its merge. The interpreter compiles nothing."""
         if triton.knobs.runtime.interpret:
             return ()
-        group = num_heads // num_kv_heads
-        first_of: dict[kernels.TileConfig, int] = {}  # each config's shortest query length
-        for query_len in range(1, max_model_len + 1):
-            first_of.setdefault(kernels.choose_config(group, head_dim, dtype, query_len), query_len)
-        shapes = [(query_len, query_len) for query_len in first_of.values()]
+        configs = kernels.tile_configs(num_heads // num_kv_heads, head_dim, dtype, max_model_len)
+        shapes = [(query_len, query_len) for query_len in configs.values()]
         split_context = 2 * kernels.MIN_SPLIT_KEYS  # slices of MIN_SPLIT_KEYS: split where the GPU has room
         if split_context <= max_model_len:
             shapes.append((1, split_context))

@@ -68,14 +68,26 @@ def _pow2(n: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
+ONE_TILE_ROWS = 64  # the most query rows (tokens x heads of a KV group) of a request in one program
+
+
 def choose_config(group: int, head_dim: int, dtype: torch.dtype, max_query_len: int) -> TileConfig:
     """Small tiles when every request fits one program (decodes, speculative verification),
     flash-attention tiles otherwise."""
-    if max_query_len * group <= 64:
+    if max_query_len * group <= ONE_TILE_ROWS:
         return TileConfig(block_m=_pow2(max_query_len * group), tile_n=64, one_tile_per_seq=True)
     wide = head_dim > 128 or dtype.itemsize > 2  # keep K/V stages within Hopper's shared memory
     block_m = max(64 if wide else 128, _pow2(group))
     return TileConfig(block_m=block_m, tile_n=32 if wide else 64, one_tile_per_seq=False, num_warps=8)
+
+
+def tile_configs(group: int, head_dim: int, dtype: torch.dtype, max_query_len: int) -> dict[TileConfig, int]:
+    """Every config choose_config gives for query lengths up to max_query_len, each with the
+    shortest length that gets it (past ONE_TILE_ROWS rows it gives one config whatever the length)."""
+    first_of: dict[TileConfig, int] = {}
+    for query_len in range(1, min(max_query_len, ONE_TILE_ROWS // group + 1) + 1):
+        first_of.setdefault(choose_config(group, head_dim, dtype, query_len), query_len)
+    return first_of
 
 
 def choose_split_config(group: int, dtype: torch.dtype) -> TileConfig:
@@ -511,6 +523,7 @@ def paged_attention_split(
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0:
         return
+    assert 1 <= num_splits <= MAX_SPLITS, f"num_splits {num_splits}: the merge takes 1 to {MAX_SPLITS} slices"
     query = _rows_contiguous(query)
     config = config or choose_split_config(_group(query, kv_cache), query.dtype)
     num_heads, head_dim = query.shape[1:]

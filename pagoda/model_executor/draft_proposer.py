@@ -36,6 +36,7 @@ class DraftModelProposer(Proposer):
         self.runner = ModelRunner(config.draft)
         num_blocks = self.runner.num_kv_blocks()
         self.runner.allocate_kv_cache(num_blocks)
+        self.runner.compile_kernels()
         self.kv = KVCacheManager(num_blocks, config.draft.cache.block_size, enable_prefix_caching=False)
         self.mirrors: dict[str, Request] = {}  # request id -> the draft's view of it
         self._synced: dict[str, int] = {}  # request id -> the target's token count at the last sync

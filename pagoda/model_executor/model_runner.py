@@ -194,6 +194,8 @@ class ModelRunner:
         variant a step can use is compiled before the first request (Triton builds them lazily)."""
         m = self.config.model
         shapes = self.backend.first_use_shapes(m.num_heads, m.num_kv_heads, m.head_dim, m.dtype, m.max_model_len)
+        free_blocks = self.kv_caches[0].shape[1] - 1  # block 0 is the null block
+        shapes = [(q, total) for q, total in shapes if -(-total // self.block_size) <= free_blocks]
         if not shapes:
             return
         start, graphs, self.cuda_graphs = time.perf_counter(), self.cuda_graphs, None
@@ -201,7 +203,7 @@ class ModelRunner:
             for i, (query_len, total) in enumerate(shapes):
                 request = Request(f"compile-{i}", [0] * total, _COMPILE_SAMPLING, frozenset(), m.max_model_len)
                 request.num_computed_tokens = total - query_len
-                request.block_ids = list(range(1, 1 + -(-total // self.block_size)))  # block 0 is the null block
+                request.block_ids = list(range(1, 1 + -(-total // self.block_size)))
                 self.execute(SchedulerOutput(((request, query_len),), query_len))
         finally:
             self.cuda_graphs = graphs

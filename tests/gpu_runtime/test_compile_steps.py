@@ -17,9 +17,11 @@ from tests.reference import assert_greedy_match, hf_greedy
 
 
 def gpu_shapes(num_heads, num_kv_heads, head_dim, dtype, max_model_len, monkeypatch):
-    """first_use_shapes as on a GPU (the interpreter off while it is asked)."""
+    """first_use_shapes as on a GPU (the interpreter off while it is asked: Triton's knob reads the
+    environment at each use, unless set, which would pin it for the rest of the session)."""
     with monkeypatch.context() as m:
-        m.setattr(triton.knobs.runtime, "interpret", False)
+        m.setenv("TRITON_INTERPRET", "0")
+        assert not triton.knobs.runtime.interpret
         return TritonAttentionBackend().first_use_shapes(num_heads, num_kv_heads, head_dim, dtype, max_model_len)
 
 
@@ -50,20 +52,34 @@ def test_shapes_meet_every_tile_config_and_a_split_decode(num_heads, num_kv_head
     assert TritonAttentionBackend().first_use_shapes(32, 8, 128, dtype, 4096) == ()
 
 
-def test_compile_steps_run_their_shapes_and_leave_the_engine_serving(tiny_llama, monkeypatch):
+def test_the_compile_steps_fit_the_kv_pool(tiny_llama, monkeypatch):
+    """A pool smaller than a shape (a draft model's) skips it rather than writing past its blocks."""
     llm = LLM(str(tiny_llama), attention_backend="triton", kv_cache_memory=0.01, max_model_len=600)
     runner = llm.engine.core.runner
-    m = llm.engine.config.model
-    shapes = gpu_shapes(m.num_heads, m.num_kv_heads, m.head_dim, m.dtype, m.max_model_len, monkeypatch)
+    free_tokens = (runner.kv_caches[0].shape[1] - 1) * runner.block_size
+    shapes = ((3, 3), (1, free_tokens), (1, free_tokens + 1))
     monkeypatch.setattr(runner.backend, "first_use_shapes", lambda *model_shapes: shapes)
     ran = []
     build = runner.backend.build_metadata
-    monkeypatch.setattr(
-        runner.backend,
-        "build_metadata",
-        lambda inputs: ran.append((inputs.query_lens_cpu, inputs.seq_lens_cpu)) or build(inputs),
-    )
+    record = lambda inputs: ran.append(inputs.seq_lens_cpu) or build(inputs)  # noqa: E731
+    monkeypatch.setattr(runner.backend, "build_metadata", record)
     runner.compile_kernels()
+    assert ran == [(3,), (free_tokens,)]
+
+
+def test_the_engine_runs_the_shapes_at_startup_and_then_serves(tiny_llama, monkeypatch):
+    # the tiny Llama's shapes: 4 heads of 16, 2 kv heads, float32
+    shapes = gpu_shapes(4, 2, 16, torch.float32, 600, monkeypatch)
+    assert shapes[-1] == (1, 512)  # a split decode
+    monkeypatch.setattr(TritonAttentionBackend, "first_use_shapes", lambda self, *model_shapes: shapes)
+    ran = []  # every step's (query lengths, lengths) from here: on CPU the compile steps are the first
+    build = TritonAttentionBackend.build_metadata
+    monkeypatch.setattr(
+        TritonAttentionBackend,
+        "build_metadata",
+        lambda self, inputs: ran.append((inputs.query_lens_cpu, inputs.seq_lens_cpu)) or build(self, inputs),
+    )
+    llm = LLM(str(tiny_llama), attention_backend="triton", kv_cache_memory=0.01, max_model_len=600)
     assert ran == [((q,), (total,)) for q, total in shapes]
 
     prompts = [list(range(100 + 7 * i, 100 + 7 * i + n)) for i, n in enumerate((3, 17, 40))]
