@@ -183,6 +183,40 @@ def test_auto_serves_with_the_flag(client):
         assert choice.message.content and choice.finish_reason in ("stop", "length")
 
 
+TWO_CALLS = json.dumps(
+    {
+        "tool_calls": [
+            {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
+            {"name": "get_time", "arguments": {"zone": "CET"}},
+        ]
+    }
+)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_with_parallel_calls_off_keeps_the_first_call(client, parallel):
+    """Under "auto" the model may write several calls; parallel_tool_calls false keeps the first,
+    whole and streamed (as vLLM). The output is pinned to two calls by a choice constraint."""
+    kwargs = dict(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        parallel_tool_calls=parallel,
+        max_tokens=100,
+        extra_body={"structured_outputs": {"choice": [TWO_CALLS]}},
+    )
+    want = ["get_weather", "get_time"] if parallel else ["get_weather"]
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert [c.function.name for c in whole.message.tool_calls] == want
+    assert whole.finish_reason == "tool_calls"
+    streamed: dict[int, str] = {}
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if call.function.name:
+                streamed[call.index] = call.function.name
+    assert [streamed[i] for i in sorted(streamed)] == want
+
+
 def test_langchain_bind_tools_and_function_calling(server):
     langchain_openai = pytest.importorskip("langchain_openai")
     import pydantic

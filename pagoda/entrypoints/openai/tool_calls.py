@@ -55,13 +55,14 @@ class ToolPlan:
     parser: ToolParser | None = None  # reads calls out of the output (None: all content)
     constraint: StructuredOutputsParams | None = None  # forces the calls ("required", a named function)
     reasoning: Any = None  # a ReasoningParser, or None
+    max_calls: int | None = None  # parallel_tool_calls false under "auto": the first call only, as vLLM
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The assistant message for a sequence's whole text, and whether it called tools with whole
         calls (finish_reason "tool_calls"; a forced call cut short keeps the sequence's own reason)."""
         reasoning, text = self.reasoning.parse(text) if self.reasoning is not None else (None, text)
         parsed = self.parser.parse(text, self.known) if self.parser is not None else None
-        calls = parsed.tool_calls if parsed is not None else []
+        calls = parsed.tool_calls[: self.max_calls] if parsed is not None else []
         content = parsed.content if parsed is not None else text
         message: dict[str, Any] = {"role": "assistant", "content": content if content.strip() or not calls else None}
         if calls:
@@ -112,6 +113,8 @@ class MessageStreamer:
         if content:
             out.append({"content": content})
         for call in calls:
+            if self.plan.max_calls is not None and call.index >= self.plan.max_calls:
+                continue  # a call past the first where parallel calls are off: dropped, as in the whole answer
             self._sent_calls = True
             entry: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
             if call.name is not None:
@@ -148,7 +151,12 @@ def plan_tools(
             )
         # A template that cannot show tools got them in the system prompt, in the generic format.
         name = (settings.tool_call_parser or detect_parser(template)) if template_supports_tools(template) else None
-        return ToolPlan(tools=checked, parser=get_parser(name or "generic"), reasoning=reasoning)
+        return ToolPlan(
+            tools=checked,
+            parser=get_parser(name or "generic"),
+            reasoning=reasoning,
+            max_calls=None if parallel_tool_calls else 1,
+        )
     allowed = [checked[i] for i in _forced_indices(checked, choice, forced)]
     schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
     return ToolPlan(
