@@ -194,7 +194,9 @@ def check_json_schema(schema: dict[str, Any]) -> None:
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         raise GrammarError(f"invalid JSON schema{f' at {where}' if where else ''}: {exc.message}") from None
-    except (TypeError, AttributeError, ValueError, RecursionError) as exc:  # e.g. a `$schema` that is not a URI
+    except RecursionError:
+        raise GrammarError("invalid JSON schema: nested too deeply to check") from None
+    except (TypeError, AttributeError, ValueError) as exc:  # e.g. a `$schema` that is not a URI
         raise GrammarError(f"invalid JSON schema: {type(exc).__name__}: {exc}") from None
 
 
@@ -228,6 +230,15 @@ def check_supported(schema: Any, where: str = "", root: Any = None) -> None:
     place = f" at {where}" if where else ""
     for keyword in sorted(UNSUPPORTED_KEYWORDS & schema.keys()):
         raise GrammarError(f"the JSON schema uses `{keyword}`{place}, which structured outputs cannot enforce")
+    required, properties = schema.get("required"), schema.get("properties")
+    composed = any(key in schema for key in ("allOf", "anyOf", "oneOf", "$ref"))  # properties may come from those
+    if isinstance(required, list) and not composed:
+        undefined = [name for name in required if not isinstance(properties, dict) or name not in properties]
+        if undefined:
+            raise GrammarError(
+                f"the JSON schema requires {', '.join(map(repr, undefined))}{place} without defining it in "
+                "`properties`, which structured outputs cannot enforce"
+            )
     ref = schema.get("$ref")
     if isinstance(ref, str) and not ref.startswith("#"):
         raise GrammarError(f"the JSON schema refers to another document ({ref}){place}; only local $refs work")

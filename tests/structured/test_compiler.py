@@ -84,6 +84,8 @@ def test_invalid_json_schemas_are_refused_with_the_place(schema, where) -> None:
         ({"$defs": {"a": {"if": {}, "then": {}}}, "$ref": "#/$defs/a"}, "`if` at $defs/a"),
         ({"type": "array", "items": {"contains": {"type": "integer"}}}, "`contains` at items"),
         ({"$ref": "https://example.com/s.json"}, "another document"),
+        ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}, "requires 'b' without"),
+        ({"properties": {"x": {"type": "object", "required": ["a", "b"]}}}, "'a', 'b' at properties/x"),
     ],
 )
 def test_keywords_xgrammar_would_ignore_are_refused(schema, message) -> None:
@@ -93,6 +95,19 @@ def test_keywords_xgrammar_would_ignore_are_refused(schema, message) -> None:
 
 def test_a_property_named_like_a_keyword_is_fine() -> None:
     check_supported({"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"}}})
+
+
+def test_required_properties_defined_here_or_by_a_composition_are_fine() -> None:
+    check_supported({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
+    check_supported({"allOf": [{"properties": {"a": {"type": "string"}}}], "required": ["a"]})
+
+
+def test_a_schema_nested_too_deeply_is_refused_by_name() -> None:
+    schema: dict = {"type": "string"}
+    for _ in range(2000):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        check_json_schema(schema)
 
 
 @pytest.mark.parametrize(
