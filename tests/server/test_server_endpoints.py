@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from pagoda import __version__
@@ -26,6 +27,10 @@ def test_models_lists_the_served_model(client):
     from pagoda.engine.args import DETERMINISTIC_BY_DEFAULT
 
     assert models[0].model_extra["deterministic"] is DETERMINISTIC_BY_DEFAULT  # fp32 on the CPU
+    assert client.models.retrieve(MODEL).model_dump() == models[0].model_dump()  # OpenAI's retrieve
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no/such-model")
+    assert missing.value.code == "model_not_found"
 
 
 def test_tokenize_and_detokenize_round_trip(http):

@@ -188,10 +188,9 @@ def _v1_routes(state: ServerState) -> APIRouter:
     router = APIRouter(prefix="/v1")
     created = int(time.time())
 
-    @router.get("/models")
-    async def models() -> dict:
-        card = {
-            "id": state.model_name,
+    def card(name: str) -> dict:
+        return {
+            "id": name,
             "object": "model",
             "created": created,
             "owned_by": "pagoda",
@@ -200,8 +199,16 @@ def _v1_routes(state: ServerState) -> APIRouter:
             # batch-invariant kernels: equal requests get bitwise-equal logprobs (docs/determinism.md)
             "deterministic": state.engine.config.deterministic,
         }
+
+    @router.get("/models")
+    async def models() -> dict:
         names = (state.model_name, *state.config.served_names)  # every --served-model-name, as vLLM lists them
-        return {"object": "list", "data": [{**card, "id": name} for name in names]}
+        return {"object": "list", "data": [card(name) for name in names]}
+
+    @router.get("/models/{model:path}")  # OpenAI's retrieve (a name may hold slashes)
+    async def model_card(model: str) -> dict:
+        state.check_model(model)  # 404 model_not_found for a name this server does not take
+        return card(model)
 
     @router.post("/completions")
     async def create_completion(body: CompletionRequest, http: Request) -> Response:
