@@ -85,6 +85,27 @@ def test_logprobs_and_top_logprobs(client, greedy):
         assert entry.bytes == list(entry.token.encode()) and entry.logprob <= 0
 
 
+def test_logprob_bytes_of_a_character_split_across_tokens_join_to_it(client):
+    """OpenAI's `bytes` are the token's own: a token holding part of a character (its text alone
+    is U+FFFD) carries its share of the character's bytes, so the bytes of all tokens join to the
+    answer (vLLM sends U+FFFD's bytes there)."""
+    answer = "🙂 é"  # the emoji takes two tokens of the default model's byte-level BPE
+    result = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        logprobs=True,
+        top_logprobs=2,
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": [answer]}},
+    )
+    choice = result.choices[0]
+    assert choice.message.content == answer
+    content = choice.logprobs.content
+    assert any(entry.token == "\ufffd" for entry in content)  # a part of the emoji
+    joined = bytes(b for entry in content for b in entry.bytes).decode()
+    assert joined.startswith(answer) and joined[len(answer) :] in ("", content[-1].token)  # then the end token
+
+
 def test_n_seed_stop_and_penalties(client, greedy):
     def sample(**kwargs):
         return client.chat.completions.create(

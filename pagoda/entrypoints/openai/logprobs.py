@@ -4,29 +4,58 @@ completions format (tokens / token_logprobs / top_logprobs / text_offset), and v
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from pagoda.request import TokenLogprob
 
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's piece for one raw byte
+
+
+@cache
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE: the character that stands for each byte in a token's piece."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
+
 
 class TokenTexts:
-    """Decoded text of single tokens, cached: the same few thousand tokens recur constantly."""
+    """Decoded text of single tokens, and their bytes, cached: the same few thousand tokens recur
+    constantly."""
 
     def __init__(self, tokenizer, cache_size: int = 65536) -> None:
+        self._tokenizer = tokenizer
         self.text = lru_cache(maxsize=cache_size)(lambda token_id: tokenizer.decode([token_id]))
+        self.bytes = lru_cache(maxsize=cache_size)(self._bytes)
 
     def width(self, token_id: int) -> int:
         """Characters the token takes in the text (what text_offset counts)."""
         return len(self.text(token_id))
 
+    def _bytes(self, token_id: int) -> list[int]:
+        """The token's own UTF-8 bytes (OpenAI's `bytes`): its text's, except for a token holding
+        part of a character, whose text alone decodes to U+FFFD: then its bytes from its piece (a
+        byte-level BPE piece's characters, or SentencePiece's byte fallback), so that the bytes of a
+        character's tokens, joined, decode to it."""
+        text = self.text(token_id)
+        if "\ufffd" in text:
+            piece = self._tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, str) and (fallback := _BYTE_FALLBACK.fullmatch(piece)):
+                return [int(fallback[1], 16)]
+            alphabet = _byte_level_alphabet()
+            if isinstance(piece, str) and piece and all(char in alphabet for char in piece):
+                return [alphabet[char] for char in piece]
+        return list(text.encode())
+
 
 class TokenIdTexts:
     """Tokens shown as `token_id:N` (vLLM's return_tokens_as_token_ids: tokens whose text alone is
-    not valid UTF-8 stay tellable apart); text offsets still count their text."""
+    not valid UTF-8 stay tellable apart); text offsets and bytes are still their text's."""
 
     def __init__(self, texts: TokenTexts) -> None:
-        self.width = texts.width
+        self.width, self.bytes = texts.width, texts.bytes
 
     @staticmethod
     def text(token_id: int) -> str:
@@ -46,8 +75,8 @@ def _chat_entry(texts: TokenNames, lp: TokenLogprob, num_top: int) -> dict:
     return {
         "token": token,
         "logprob": lp.logprob,
-        "bytes": list(token.encode()),
-        "top_logprobs": [{"token": texts.text(t), "logprob": v, "bytes": list(texts.text(t).encode())} for t, v in top],
+        "bytes": texts.bytes(lp.token_id),
+        "top_logprobs": [{"token": texts.text(t), "logprob": v, "bytes": texts.bytes(t)} for t, v in top],
     }
 
 
