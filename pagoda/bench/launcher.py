@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -151,6 +152,22 @@ def _group_alive(group: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def check_port_free(base_url: str) -> None:
+    """Refuse to launch a server at `base_url` while something already listens there: the launched
+    one could not take the port, and the run would measure the other one."""
+    url = httpx.URL(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.host, port), timeout=1.0):
+            pass
+    except OSError:
+        return  # nothing answers: the port is the launched server's to take
+    raise BenchError(
+        f"something already listens at {url.host}:{port}; stop it or give the launched server another port "
+        "(and --base-url with it)"
+    )
 
 
 def wait_until_ready(process: subprocess.Popen[bytes], spec: LaunchSpec, base_url: str, started_at: float) -> float:

@@ -30,7 +30,7 @@ from pagoda.bench.datasets import (
     token_lists,
 )
 from pagoda.bench.errors import BenchError
-from pagoda.bench.launcher import launched, wait_until_ready
+from pagoda.bench.launcher import check_port_free, launched, wait_until_ready
 from pagoda.bench.memory import MemoryPeak, MemorySampler
 from pagoda.bench.metrics import RequestRecord, Summary, summarize
 from pagoda.bench.runner import Exchange, Load, compares_calls, resend_whole, run_level, to_record
@@ -91,6 +91,7 @@ def execute(settings: BenchSettings, workload: Workload, name: str) -> EngineRes
         with ExitStack() as stack:
             launched_at, ready_s, pid = None, None, settings.server_pid
             if settings.launch:
+                check_port_free(settings.base_url)
                 launched_at = time.perf_counter()
                 process = stack.enter_context(launched(settings.launch))
                 pid = process.pid

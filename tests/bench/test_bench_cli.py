@@ -169,6 +169,27 @@ def test_launch_failures_are_clear_and_bounded(
     assert results["settings"]["launch"]["log_path"] == "server.log"  # relative to the report
 
 
+def test_launch_refuses_a_port_something_already_listens_on(tmp_path: Path, capsys) -> None:
+    """The launched server could not take the port, and the run would measure whatever holds it."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = cli.main(
+            [
+                "--launch",
+                f'{sys.executable} -c "import time; time.sleep(60)"',
+                "--base-url",
+                f"http://127.0.0.1:{port}",
+                "--no-progress",
+                "--output",
+                str(tmp_path),
+            ]
+        )
+    assert code == 2 and f"something already listens at 127.0.0.1:{port}" in capsys.readouterr().err
+    assert not (tmp_path / "server.log").exists()  # nothing was launched
+
+
 def test_ctrl_c_writes_the_requests_that_finished(start_stub, tmp_path: Path) -> None:
     stub = start_stub("--ttft", "0.2", "--itl", "0.001")
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "max_tokens": 2}] * 40)
