@@ -203,6 +203,19 @@ def test_unknown_tokenizer_is_a_clear_error(token_log, capsys):
     assert err.startswith("pagoda analyze: error: Cannot load the tokenizer of /no/such/model: no such file")
 
 
+def test_a_chat_template_that_does_not_compile_is_an_error(token_log, tmp_path, capsys):
+    """As `pagoda serve --chat-template` refuses it at startup (a file's line is named)."""
+    code, out, err = run([str(token_log), "--chat-template", "{% for m in messages %}{{ m.content }"], capsys)
+    assert code == 1 and out == ""
+    assert "The inline chat template does not compile (line 1): unexpected '}'" in err
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}\n{{ m.content }\n")
+    code, _, err = run([str(token_log), "--chat-template", str(broken)], capsys)
+    assert code == 1 and f"The chat template {broken} does not compile (line 2)" in err
+    fine = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% break %}{% endfor %}"
+    assert run([str(token_log), "--chat-template", fine, "--json"], capsys)[0] == 0  # transformers' extensions
+
+
 @pytest.mark.slow
 def test_chat_log_is_tokenized_as_the_server_would(tmp_path, default_tokenizer, capsys):
     from pagoda.model_files import apply_chat_template

@@ -302,20 +302,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_chat_template(value: str | None) -> str | None:
-    """A file's contents when `value` names a file, else `value` itself (an inline template)."""
+    """A file's contents when `value` names a file, else `value` itself (an inline template);
+    either way one that compiles (a syntax error is the flag's, refused at startup, not a 400 on
+    every chat request)."""
+    import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template  # as apply_chat_template does
+
     from pagoda.config import ConfigError
 
     if value is None:
         return None
     path = Path(value)
     try:
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
+        template = path.read_text(encoding="utf-8") if path.is_file() else None
     except OSError as exc:
         raise ConfigError(f"Cannot read the chat template {path}: {exc}") from None
-    if "{" not in value:
+    if template is None and "{" not in value:
         raise ConfigError(f"--chat-template {value!r} is neither a file nor a Jinja template.")
-    return value
+    template = value if template is None else template
+    try:
+        _compile_jinja_template(template)
+    except jinja2.TemplateError as exc:
+        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        which = "The inline chat template" if template is value else f"The chat template {path}"
+        raise ConfigError(f"{which} does not compile{where}: {exc}") from None
+    return template
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
