@@ -35,8 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in SUBCOMMANDS:
         print(f"pagoda: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
-    return module.main(argv[1:])
+    try:
+        return importlib.import_module(SUBCOMMANDS[argv[0]][0]).main(argv[1:])
+    except KeyboardInterrupt:  # Ctrl-C where a command does not handle it itself (generate, analyze)
+        print(f"pagoda {argv[0]}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -295,3 +295,28 @@ def test_kv_cache_memory_must_be_finite_and_positive(gib):
 
     with pytest.raises(ConfigError, match=f"kv_cache_memory must be a finite number > 0 GiB, got {gib}"):
         CacheConfig(kv_cache_memory_gib=gib)
+
+
+def test_ctrl_c_on_generate_is_one_line_and_exit_130(tiny_llm):
+    """Ctrl-C while generating ends `pagoda generate` with a line and 130, not a traceback."""
+    import signal
+
+    model = tiny_llm.engine.config.model.path
+    command = [sys.executable, "-m", "pagoda.entrypoints.cli", "generate", "hi", "--model", model]
+    command += ["--max-tokens", "100000", "--max-model-len", "1024", "--kv-cache-memory", "0.01"]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PAGODA_CONFIGURE_LOGGING": "1"},
+        # SIGINT as a terminal's Ctrl-C finds it (a background job inherits it ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    for line in process.stderr:  # type: ignore[union-attr]
+        if "Allocating the KV cache" in line:  # loaded: generating follows
+            break
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and err.rstrip().endswith("pagoda generate: interrupted")
