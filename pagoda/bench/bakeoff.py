@@ -27,7 +27,7 @@ from pagoda.bench.cli import report
 from pagoda.bench.datasets import load_workload
 from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import missing_executable
-from pagoda.bench.report import plain, side_by_side, write_results
+from pagoda.bench.report import plain, prepare_output, side_by_side, write_results
 from pagoda.bench.run import EngineResult, execute
 from pagoda.bench.settings import BenchSettings, parse_settings
 from pagoda.entrypoints.parsing import Parser
@@ -82,6 +82,7 @@ def main(argv: list[str]) -> int:
     try:
         bakeoff = load_config(args.config, args.output, args.no_progress, args.rounds)
         workload = load_workload(bakeoff.engines[0].settings.workload)
+        prepare_output(bakeoff.output)
     except BenchError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

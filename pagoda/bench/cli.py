@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from pagoda.bench.datasets import load_workload
 from pagoda.bench.errors import BenchError
-from pagoda.bench.report import run_warnings, terminal_table, write_results
+from pagoda.bench.report import prepare_output, run_warnings, terminal_table, write_results
 from pagoda.bench.run import EngineResult, execute
 from pagoda.bench.settings import UsageError, build_parser, parse_settings
 
@@ -18,6 +18,8 @@ def main(argv: list[str]) -> int:
     try:
         settings = parse_settings(argv)
         workload = load_workload(settings.workload)
+        if settings.output is not None:
+            prepare_output(settings.output)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except UsageError as exc:

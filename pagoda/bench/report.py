@@ -24,6 +24,7 @@ from typing import Any
 
 from pagoda import __version__
 from pagoda.bench.datasets import LengthDist
+from pagoda.bench.errors import BenchError
 from pagoda.bench.metrics import RequestRecord, Stats
 from pagoda.bench.run import EngineResult, LevelResult
 
@@ -236,6 +237,17 @@ def csv_rows(results: Sequence[EngineResult]) -> list[dict[str, Any]]:
             row |= {metric.key: metric.value(level) for metric in METRICS}
             rows.append(row)
     return rows
+
+
+def prepare_output(folder: Path) -> None:
+    """Make the results folder before the run, so that one that cannot be written fails at once,
+    not after a long run whose results would then be lost."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(f"{folder} is not writable")
+    except OSError as exc:
+        raise BenchError(f"cannot write results to {folder}: {exc}") from None
 
 
 def write_results(

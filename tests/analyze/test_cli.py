@@ -88,6 +88,17 @@ def test_table_report(token_log, capsys):
     assert "Too few requests to recommend" in out and "A heuristic, not a law" not in out
 
 
+def test_a_named_tokenizer_default_too_shows_prefixes_as_text(token_log, default_tokenizer, capsys):
+    code, out, _ = run([str(token_log), "--tokenizer", "default"], capsys)
+    assert code == 0 and "token ids 1000" not in out
+    assert json.dumps(default_tokenizer.decode(SYSTEM[:4]))[1:-1] in out  # the preview is quoted as JSON
+
+
+def test_a_plot_without_its_folder_fails_before_the_read(token_log, tmp_path, capsys):
+    code, out, err = run([str(token_log), "--plot", str(tmp_path / "no-such" / "x.png")], capsys)
+    assert code == 1 and out == "" and f"there is no folder {tmp_path / 'no-such'}" in err
+
+
 @pytest.fixture
 def busy_log(tmp_path) -> Path:
     """24 requests, each SYSTEM and a question of its own: enough to recommend on."""

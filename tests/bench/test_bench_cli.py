@@ -169,6 +169,15 @@ def test_launch_failures_are_clear_and_bounded(
     assert results["settings"]["launch"]["log_path"] == "server.log"  # relative to the report
 
 
+def test_an_output_folder_that_cannot_be_written_fails_before_the_run(tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    began = time.monotonic()
+    code = cli.main(["--base-url", f"http://127.0.0.1:{free_port()}", "--output", str(blocker / "sub")])
+    assert code == 2 and f"cannot write results to {blocker / 'sub'}" in capsys.readouterr().err
+    assert time.monotonic() - began < 5  # no run first (nothing listens there either: that would fail later)
+
+
 def test_launch_refuses_a_port_something_already_listens_on(tmp_path: Path, capsys) -> None:
     """The launched server could not take the port, and the run would measure whatever holds it."""
     import socket
