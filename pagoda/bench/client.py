@@ -247,8 +247,9 @@ async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | Non
     try:
         response = await http.get(f"{base_url}/v1/models", headers=headers(api_key), timeout=10.0)
     except httpx.HTTPError as exc:
+        detail = str(exc) or ("no answer within 10 s" if isinstance(exc, httpx.TimeoutException) else "no detail")
         raise BenchError(
-            f"cannot reach {base_url}: {type(exc).__name__}: {exc}. Is the server running there?"
+            f"cannot reach {base_url}: {type(exc).__name__}: {detail}. Is the server running there?"
         ) from None
     if response.status_code in (401, 403, 503):
         reason = "refuses the API key (pass --api-key)" if response.status_code != 503 else "is not ready yet"

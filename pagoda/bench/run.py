@@ -140,7 +140,8 @@ async def _target(http: httpx.AsyncClient, settings: BenchSettings) -> Target:
     models = await list_models(http, settings.base_url, settings.api_key)
     model = settings.model or (models[0] if models else None)
     if model is None:
-        raise BenchError(f"{settings.base_url}/v1/models lists no model; pass --model")
+        listed = "lists no model" if models is not None else "gives no model list (no such route, or not a list)"
+        raise BenchError(f"{settings.base_url}/v1/models {listed}; pass --model")
     if models and model not in models:
         raise BenchError(f"{settings.base_url} does not serve the model {model!r}; it serves {', '.join(models)}")
     return Target(
