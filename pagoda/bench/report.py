@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -308,7 +309,9 @@ def markdown(
     tool: str, argv: Sequence[str], settings: Any, results: Sequence[EngineResult], plots: Sequence[str]
 ) -> str:
     """Settings, engines, then only the sections something was measured for."""
-    lines = [f"# {tool} report", "", f"Command: `{' '.join(plain(list(argv)))}`", "", "## Settings", ""]
+    program, *args = plain(list(argv))  # the tool's name ("pagoda bench"), then its arguments quoted for a shell
+    command = f"{program} {shlex.join(args)}".strip()
+    lines = [f"# {tool} report", "", f"Command: `{command}`", "", "## Settings", ""]
     lines += [f"- {key}: `{value}`" for key, value in _flat(plain(settings)).items()]
     lines += ["", "## Engines", ""]
     for result in results:
