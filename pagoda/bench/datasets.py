@@ -177,10 +177,11 @@ def _dataset(spec: WorkloadSpec) -> Path:
 
 def sessions(workload: Workload, tokenizer: Tokenizer | None, seed: int, label: str) -> Iterator[Session]:
     """The workload's session stream for one purpose (`label`: "warmup", "level0", ...).
-    Equal (seed, label) give equal streams; different labels give fresh prompts, so one level
-    does not find another's prompts in the prefix cache."""
-    rng = random.Random(f"{seed}:{label}")
+    Equal (seed, kind, label) give equal streams; a different label or workload kind gives fresh
+    prompts, so that one level, or a run of another kind on the same server, does not find these
+    prompts in the prefix cache."""
     spec = workload.spec
+    rng = random.Random(f"{seed}:{spec.kind}:{label}")
     if spec.kind == "replay":
         return (Session(prompt) for prompt in workload.entries)
     if spec.kind == "structured":

@@ -91,6 +91,16 @@ def test_shared_prefix_groups_and_share(tokenizer) -> None:
     assert next_round.body["prompt"].split("\n")[0] not in systems  # a new round draws new groups
 
 
+def test_workloads_of_other_kinds_share_no_prompts(tokenizer) -> None:
+    """A random run after a shared-prefix one on the same server (same seed) must not find its
+    prompts in the prefix cache."""
+    random_prompts = first_prompts(Workload(spec()), tokenizer, 6)
+    grouped = first_prompts(Workload(spec("shared-prefix")), tokenizer, 6)
+    shared, _ = prefix_share(p.token_ids for p in random_prompts + grouped)
+    alone = prefix_share(p.token_ids for p in grouped)[0] + prefix_share(p.token_ids for p in random_prompts)[0]
+    assert shared - alone < 6 * 4  # a few tokens by chance, not a prompt's start
+
+
 def test_prefix_share_exact() -> None:
     assert prefix_share([[1, 2, 3], [1, 2, 4], [1, 2, 3, 5], [9]]) == (2 + 3, 11)
     assert prefix_share([]) == (0, 0)
