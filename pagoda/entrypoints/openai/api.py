@@ -194,7 +194,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
             "object": "model",
             "created": created,
             "owned_by": "pagoda",
-            "root": state.engine.config.model.path,  # as vLLM's: the model it loaded
+            # as vLLM's: the model it loaded (a .gguf file itself, not the folder Pagoda converts it to)
+            "root": state.engine.config.model.gguf_file or state.engine.config.model.path,
             "max_model_len": state.limits.max_model_len,
             # batch-invariant kernels: equal requests get bitwise-equal logprobs (docs/determinism.md)
             "deterministic": state.engine.config.deterministic,

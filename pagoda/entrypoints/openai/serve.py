@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--generation-config",
         default="auto",
-        help="where unset temperature / top_p / top_k come from: auto, the model's generation_config.json; "
+        help="where unset sampling values come from (temperature, top_p, top_k, min_p, the three penalties, "
+        "max_new_tokens as chat's default max_tokens): auto, the model's generation_config.json; "
         "vllm, OpenAI's defaults; or a folder holding a generation_config.json (default: %(default)s)",
     )
     p.add_argument(
