@@ -92,10 +92,10 @@ def main(argv: list[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     model = None if args.tokenizer == DEFAULT_TOKENIZER else args.tokenizer
     tokenizer = PromptTokenizer(model, _read_template(args.chat_template))
-    if args.tokenizer is not None:  # named (`default` too): it must load, and it shows prefixes as text
-        tokenizer.load()
     if args.plot is not None and not args.plot.parent.is_dir():  # before the read, not after it
         raise AnalyzeError(f"Cannot write the plot to {args.plot}: there is no folder {args.plot.parent}")
+    if args.tokenizer is not None:  # named (`default` too): it must load, and it shows prefixes as text
+        tokenizer.load()
     analysis = analyze_log(
         Path(args.log), tokenizer, args.block_size, args.top, args.replicas, args.routing, args.cache_threshold
     )

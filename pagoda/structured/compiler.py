@@ -231,8 +231,7 @@ def check_supported(schema: Any, where: str = "", root: Any = None) -> None:
     for keyword in sorted(UNSUPPORTED_KEYWORDS & schema.keys()):
         raise GrammarError(f"the JSON schema uses `{keyword}`{place}, which structured outputs cannot enforce")
     required, properties = schema.get("required"), schema.get("properties")
-    composed = any(key in schema for key in ("allOf", "anyOf", "oneOf", "$ref"))  # properties may come from those
-    if isinstance(required, list) and not composed:
+    if isinstance(required, list):  # xgrammar enforces a required name only beside its own property
         undefined = [name for name in required if not isinstance(properties, dict) or name not in properties]
         if undefined:
             raise GrammarError(

@@ -223,7 +223,8 @@ def test_a_chat_template_that_does_not_compile_is_an_error(token_log, tmp_path, 
     broken.write_text("{% for m in messages %}\n{{ m.content }\n")
     code, _, err = run([str(token_log), "--chat-template", str(broken)], capsys)
     assert code == 1 and f"The chat template {broken} does not compile (line 2)" in err
-    fine = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% break %}{% endfor %}"
+    fine = "{# " + "a long comment " * 30 + "#}"  # longer than a file name may be: a template, not a path
+    fine += "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% break %}{% endfor %}"
     assert run([str(token_log), "--chat-template", fine, "--json"], capsys)[0] == 0  # transformers' extensions
 
 

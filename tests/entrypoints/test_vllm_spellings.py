@@ -384,7 +384,7 @@ def test_max_model_len_takes_vllms_units(capsys):
 def test_return_tokens_as_token_ids_flag_is_the_default_a_request_may_override():
     assert not serve.server_config(serve.parse_args(["m"])).return_tokens_as_token_ids
     config = serve.server_config(serve.parse_args(["m", "--return-tokens-as-token-ids"]))
-    texts = SimpleNamespace(width=len)  # a stand-in for the tokenizer's TokenTexts
+    texts = SimpleNamespace(width=len, bytes=lambda token_id: [token_id])  # a stand-in for TokenTexts
     for server_default, asked, as_ids in [
         (True, None, True),
         (True, False, False),

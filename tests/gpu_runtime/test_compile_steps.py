@@ -53,10 +53,13 @@ def test_shapes_meet_every_tile_config_and_a_split_decode(num_heads, num_kv_head
 
 
 def test_the_compile_steps_fit_the_kv_pool(tiny_llama, monkeypatch):
-    """A pool smaller than a shape (a draft model's) skips it rather than writing past its blocks."""
+    """A pool smaller than a shape (a draft model's: its pool is not checked against max_model_len)
+    skips it rather than writing past its blocks. Here the pool is cut to its first 3 blocks (the
+    null block and 2 of 16 tokens), and every shape stays within max_model_len."""
     llm = LLM(str(tiny_llama), attention_backend="triton", kv_cache_memory=0.01, max_model_len=600)
     runner = llm.engine.core.runner
-    free_tokens = (runner.kv_caches[0].shape[1] - 1) * runner.block_size
+    monkeypatch.setattr(runner, "kv_caches", [kv[:, :3] for kv in runner.kv_caches])
+    free_tokens = 2 * runner.block_size
     shapes = ((3, 3), (1, free_tokens), (1, free_tokens + 1))
     monkeypatch.setattr(runner.backend, "first_use_shapes", lambda *model_shapes: shapes)
     ran = []

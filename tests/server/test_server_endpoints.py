@@ -31,6 +31,8 @@ def test_models_lists_the_served_model(client):
     with pytest.raises(openai.NotFoundError) as missing:
         client.models.retrieve("no/such-model")
     assert missing.value.code == "model_not_found"
+    listed = httpx.get(f"{client.base_url}models/", headers={"Authorization": f"Bearer {client.api_key}"})
+    assert [m["id"] for m in listed.json()["data"]] == [MODEL]  # "/v1/models/" is still the list
 
 
 def test_tokenize_and_detokenize_round_trip(http):

@@ -236,6 +236,7 @@ def test_langchain_bind_tools_and_function_calling(server):
 
 DANGLING = {"type": "object", "properties": {"p": {"$ref": "#/$defs/Missing"}}}
 LOOKAHEAD = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}
+LOOSE = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}
 BAD = [
     (
         {
@@ -252,9 +253,19 @@ BAD = [
         },
         "tools[0].function.parameters",
     ),
-    (  # a local $ref to nothing: refused at once, under any tool_choice
-        {"tools": [TIME, {"type": "function", "function": {"name": "f", "parameters": DANGLING}}]},
+    (  # a local $ref to nothing, where the calls are forced: refused before compiling
+        {
+            "tools": [TIME, {"type": "function", "function": {"name": "f", "parameters": DANGLING}}],
+            "tool_choice": "required",
+        },
         "tools[1].function.parameters",
+    ),
+    (  # a required name its properties do not define, forced: xgrammar would leave it out
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": LOOSE}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+        "tools[0].function.parameters",
     ),
     (  # a lookahead the grammar library refuses when it compiles the forced calls: the tool is named
         {
@@ -278,3 +289,16 @@ def test_bad_tool_requests_are_400_naming_the_field(http, extra, param):
     response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 8} | extra)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param, response.json()
+
+
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_loosely_written_tool_schemas_are_served_where_nothing_is_compiled(http, choice):
+    """As vLLM: a tool is only shown to the model under "auto" and "none" (MCP servers' schemas
+    often name a required property they do not define, or refer to nothing)."""
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": LOOSE}},
+        {"type": "function", "function": {"name": "g", "parameters": DANGLING}},
+    ]
+    body = {"messages": ASK, "max_tokens": 4, "tools": tools, "tool_choice": choice}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text

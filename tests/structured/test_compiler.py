@@ -97,9 +97,21 @@ def test_a_property_named_like_a_keyword_is_fine() -> None:
     check_supported({"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"}}})
 
 
-def test_required_properties_defined_here_or_by_a_composition_are_fine() -> None:
+def test_required_properties_defined_beside_them_are_fine() -> None:
     check_supported({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
-    check_supported({"allOf": [{"properties": {"a": {"type": "string"}}}], "required": ["a"]})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [  # xgrammar lets `{}` through each of these
+        {"allOf": [{"properties": {"a": {"type": "string"}}}], "required": ["a"]},
+        {"$defs": {"B": {"type": "object", "properties": {"y": {}}}}, "$ref": "#/$defs/B", "required": ["y"]},
+        {"anyOf": [{"type": "object", "properties": {"a": {"type": "string"}}}], "required": ["a"]},
+    ],
+)
+def test_required_properties_defined_only_by_a_composition_are_refused(schema) -> None:
+    with pytest.raises(GrammarError, match="without defining it in `properties`"):
+        check_supported(schema)
 
 
 def test_a_schema_nested_too_deeply_is_refused_by_name() -> None:

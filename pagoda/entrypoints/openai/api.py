@@ -208,6 +208,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
 
     @router.get("/models/{model:path}")  # OpenAI's retrieve (a name may hold slashes)
     async def model_card(model: str) -> dict:
+        if not model:  # "/v1/models/": the list, as before this route
+            return await models()
         state.check_model(model)  # 404 model_not_found for a name this server does not take
         return card(model)
 

@@ -42,6 +42,8 @@ class TokenTexts:
         text = self.text(token_id)
         if "\ufffd" in text:
             piece = self._tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, bytes):  # tiktoken-style vocabularies hold the bytes themselves
+                return list(piece)
             if isinstance(piece, str) and (fallback := _BYTE_FALLBACK.fullmatch(piece)):
                 return [int(fallback[1], 16)]
             alphabet = _byte_level_alphabet()

@@ -314,8 +314,8 @@ def read_chat_template(value: str | None) -> str | None:
     if value is None:
         return None
     path = Path(value)
-    try:
-        template = path.read_text(encoding="utf-8") if path.is_file() else None
+    try:  # os.path.isfile: False, not an error, for an inline template longer than a file name may be
+        template = path.read_text(encoding="utf-8") if os.path.isfile(value) else None
     except OSError as exc:
         raise ConfigError(f"Cannot read the chat template {path}: {exc}") from None
     if template is None and "{" not in value:

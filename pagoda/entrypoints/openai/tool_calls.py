@@ -157,7 +157,9 @@ def plan_tools(
             reasoning=reasoning,
             max_calls=None if parallel_tool_calls else 1,
         )
-    allowed = [checked[i] for i in _forced_indices(checked, choice, forced)]
+    indices = _forced_indices(checked, choice, forced)
+    _check_enforceable(checked, indices)
+    allowed = [checked[i] for i in indices]
     schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
     return ToolPlan(
         tools=checked,
@@ -255,10 +257,21 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
                 )
             try:
                 check_json_schema(parameters)
-                check_supported(parameters)
             except GrammarError as exc:
                 raise bad_request(f"{param}.function.parameters: {exc}", f"{param}.function.parameters") from None
     return tools
+
+
+def _check_enforceable(tools: list[dict[str, Any]], indices: list[int]) -> None:
+    """The forced tools' parameters hold nothing the grammar would leave unenforced (only those:
+    under "auto" and "none" no schema is compiled, and a tool is only shown to the model, as vLLM
+    serves it, however loosely its schema is written)."""
+    for i in indices:
+        try:
+            check_supported(tools[i]["function"].get("parameters") or ANY_ARGUMENTS)
+        except GrammarError as exc:
+            param = f"tools[{i}].function.parameters"
+            raise bad_request(f"{param}: {exc}", param) from None
 
 
 def _check_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
