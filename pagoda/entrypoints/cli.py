@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return importlib.import_module(SUBCOMMANDS[argv[0]][0]).main(argv[1:])
-    except KeyboardInterrupt:  # Ctrl-C where a command does not handle it itself (generate, analyze)
+    except KeyboardInterrupt:  # Ctrl-C where a command does not handle it itself (generate)
         print(f"pagoda {argv[0]}: interrupted", file=sys.stderr)
         return 130
 
