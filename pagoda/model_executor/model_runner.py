@@ -195,19 +195,20 @@ class ModelRunner:
         m = self.config.model
         shapes = self.backend.first_use_shapes(m.num_heads, m.num_kv_heads, m.head_dim, m.dtype, m.max_model_len)
         free_blocks = self.kv_caches[0].shape[1] - 1  # block 0 is the null block
-        shapes = [(q, total) for q, total in shapes if -(-total // self.block_size) <= free_blocks]
-        if not shapes:
+        steps = [(q, total, -(-total // self.block_size)) for q, total in shapes]  # with the blocks each takes
+        steps = [step for step in steps if step[2] <= free_blocks]
+        if not steps:
             return
         start, graphs, self.cuda_graphs = time.perf_counter(), self.cuda_graphs, None
         try:
-            for i, (query_len, total) in enumerate(shapes):
+            for i, (query_len, total, blocks) in enumerate(steps):
                 request = Request(f"compile-{i}", [0] * total, _COMPILE_SAMPLING, frozenset(), m.max_model_len)
                 request.num_computed_tokens = total - query_len
-                request.block_ids = list(range(1, 1 + -(-total // self.block_size)))
+                request.block_ids = list(range(1, 1 + blocks))
                 self.execute(SchedulerOutput(((request, query_len),), query_len))
         finally:
             self.cuda_graphs = graphs
-        logger.info("Kernels compiled for %d step shapes in %.1f s", len(shapes), time.perf_counter() - start)
+        logger.info("Kernels compiled for %d step shapes in %.1f s", len(steps), time.perf_counter() - start)
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
