@@ -79,11 +79,18 @@ def test_required_with_parallel_calls(client):
 
 
 def test_a_named_function_is_the_one_called(client):
+    """Its whole call finishes "stop", streamed or not, as OpenAI's and vLLM's ("tool_calls" is for
+    calls the model chose: "auto" and "required")."""
     forced = {"type": "function", "function": {"name": "get_time"}}
-    response = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=forced, max_tokens=80)
-    calls = response.choices[0].message.tool_calls
-    assert len(calls) == 1
-    assert_valid_calls(calls, allowed=("get_time",))
+    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=forced, max_tokens=80)
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    assert len(choice.message.tool_calls) == 1 and choice.finish_reason == "stop"
+    assert_valid_calls(choice.message.tool_calls, allowed=("get_time",))
+    chunks = [c.choices[0] for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+    assert [c.finish_reason for c in chunks if c.finish_reason] == ["stop"]
+    assert [call.function.name for c in chunks for call in c.delta.tool_calls or [] if call.function.name] == [
+        "get_time"
+    ]
 
 
 def test_a_forced_call_overrides_response_format(client):

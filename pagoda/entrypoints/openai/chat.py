@@ -295,7 +295,7 @@ def _response(
                 "logprobs": chat_logprobs(state.logprob_tokens(body), out.logprobs, body.top_logprobs or 0)
                 if body.logprobs
                 else None,
-                "finish_reason": "tool_calls" if called else out.finish_reason,
+                "finish_reason": plan.finish_reason(called, out.finish_reason),
                 "stop_reason": out.stop_reason,
             }
         )
@@ -368,7 +368,7 @@ async def _chunks(
                     "index": update.index,
                     "delta": {},
                     "logprobs": None,
-                    "finish_reason": "tool_calls" if streamer.called else update.finish_reason,
+                    "finish_reason": plan.finish_reason(streamer.called, update.finish_reason),
                     "stop_reason": update.stop_reason,
                 },
                 len(update.token_ids),

@@ -56,10 +56,11 @@ class ToolPlan:
     constraint: StructuredOutputsParams | None = None  # forces the calls ("required", a named function)
     reasoning: Any = None  # a ReasoningParser, or None
     max_calls: int | None = None  # parallel_tool_calls false under "auto": the first call only, as vLLM
+    named: bool = False  # tool_choice names one function
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The assistant message for a sequence's whole text, and whether it called tools with whole
-        calls (finish_reason "tool_calls"; a forced call cut short keeps the sequence's own reason)."""
+        calls (see finish_reason; a forced call cut short keeps the sequence's own reason)."""
         reasoning, text = self.reasoning.parse(text) if self.reasoning is not None else (None, text)
         parsed = self.parser.parse(text, self.known) if self.parser is not None else None
         calls = parsed.tool_calls[: self.max_calls] if parsed is not None else []
@@ -70,6 +71,11 @@ class ToolPlan:
         if reasoning is not None:
             message["reasoning"] = message["reasoning_content"] = reasoning
         return message, bool(calls) and parsed is not None and parsed.calls_whole
+
+    def finish_reason(self, called: bool, reason: str | None) -> str | None:
+        """A choice's finish_reason: "tool_calls" where it called tools with whole calls, but the
+        sequence's own ("stop") for the call of a function tool_choice names, as OpenAI and vLLM."""
+        return "tool_calls" if called and not self.named else reason
 
     def streamer(self) -> MessageStreamer:
         return MessageStreamer(self)
@@ -103,7 +109,7 @@ class MessageStreamer:
 
     @property
     def called(self) -> bool:
-        """After finish(): it sent calls, each whole (finish_reason "tool_calls")."""
+        """After finish(): it sent calls, each whole (see ToolPlan.finish_reason)."""
         return self._sent_calls and (self._tools is None or self._tools.calls_whole())
 
     def _deltas(self, reasoning: str, content: str, calls: list[ToolCallDelta]) -> list[dict[str, Any]]:
@@ -166,6 +172,7 @@ def plan_tools(
         parser=FORCED_CALLS,
         constraint=StructuredOutputsParams(json=schema),
         reasoning=reasoning,
+        named=choice == "function",
     )
 
 
