@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from pagoda.entrypoints.openai.chat import parse_messages, render_ids
+from pagoda.entrypoints.openai.chat import _template_extras, parse_messages, render_ids
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
 from pagoda.model_files import load_tokenizer, resolve_model, template_supports_tools
 from pagoda.tools.prompt import tool_instructions
 from tests.tiny_models import write_tiny_model
@@ -114,6 +115,26 @@ def test_template_kwargs_reach_the_template(qwen3_tokenizer):
     thinking_off = text_of(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
     assert thinking_off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert "# Tools" not in thinking_off
+
+
+def test_vllm_documents_and_reasoning_effort_reach_the_template(qwen3_tokenizer):
+    """vLLM's documents and reasoning_effort are template variables; reasoning_effort "none" turns
+    thinking off, any other on, unless chat_template_kwargs sets enable_thinking itself."""
+
+    def extras(**body):
+        return _template_extras(ChatCompletionRequest(messages=AGENT_TURNS, **body))
+
+    assert text_of(qwen3_tokenizer, template_kwargs=extras(reasoning_effort="none")).endswith("<think>\n\n</think>\n\n")
+    assert "<think>" not in text_of(qwen3_tokenizer, template_kwargs=extras(reasoning_effort="high"))
+    assert extras(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}) == {
+        "reasoning_effort": "none"
+    }
+    assert extras() == {}
+    rag = "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}{{ reasoning_effort }}"
+    docs = [{"title": "a", "text": "one"}, {"title": "b", "text": "two"}]
+    kwargs = extras(documents=docs, reasoning_effort="low")
+    ids = render_ids(qwen3_tokenizer, parse_messages(AGENT_TURNS), rag, template_kwargs=kwargs)
+    assert qwen3_tokenizer.decode(ids) == "[a: one][b: two]low"
 
 
 def test_a_template_without_tool_support_gets_them_as_text(default_tokenizer):

@@ -220,6 +220,22 @@ def test_vllm_token_controls(client, http, greedy):
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_truncation_side_picks_the_end_kept(http, path):
+    """vLLM's truncation_side: truncate_prompt_tokens keeps the prompt's last tokens ("left", the
+    default) or its first ("right")."""
+    chat = path.endswith("chat/completions")
+    ask = {"messages": [{"role": "user", "content": PROMPTS[1]}]} if chat else {"prompt": PROMPTS[1]}
+    whole = http.post("/tokenize", json={**ask, "add_special_tokens": not chat}).json()["tokens"]
+    body = {**ask, **GREEDY, "return_token_ids": True, "truncate_prompt_tokens": 5}
+    for side, kept in ((None, whole[-5:]), ("left", whole[-5:]), ("right", whole[:5])):
+        answer = http.post(path, json={**body, "truncation_side": side}).json()
+        ids = answer["prompt_token_ids"] if chat else answer["choices"][0]["prompt_token_ids"]
+        assert ids == kept and answer["usage"]["prompt_tokens"] == 5, (side, answer)
+    refused = http.post(path, json={**body, "truncation_side": "middle"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "truncation_side", refused.text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_return_token_ids_streamed_and_not(http, path):
     """vLLM's return_token_ids: the prompt's ids and each choice's, whole or chunk by chunk."""
     chat = path.endswith("chat/completions")

@@ -51,6 +51,14 @@ def test_unknown_route_is_an_openai_404(http):
         ("function_call", "auto"),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
+        # vLLM's, which this server cannot honour (vLLM itself refuses a request's chat_template
+        # unless started with --trust-request-chat-template)
+        ("chat_template", "{{ messages[0].content }}"),
+        ("use_beam_search", True),
+        ("logprob_token_ids", [42]),
+        ("thinking_token_budget", 64),
+        ("repetition_detection", {"max_pattern_size": 8}),
+        ("cache_salt", "tenant-a"),
     ],
 )
 def test_unsupported_chat_fields_are_400(http, field, value):
@@ -58,13 +66,23 @@ def test_unsupported_chat_fields_are_400(http, field, value):
     assert error["param"] == field and field in error["message"]
 
 
-@pytest.mark.parametrize("field, value", [("suffix", "tail"), ("best_of", 3)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("suffix", "tail"), ("best_of", 3), ("prompt_embeds", "AAAA"), ("use_beam_search", True), ("cache_salt", "a")],
+)
 def test_unsupported_completion_fields_are_400(http, field, value):
     assert error_of(http.post("/v1/completions", json={**COMPLETION, field: value}), 400)["param"] == field
 
 
 def test_harmless_values_of_refused_fields_pass(http):
-    ok = {"response_format": {"type": "text"}, "tool_choice": "none", "modalities": ["text"], "unknown_field": 1}
+    ok = {
+        "response_format": {"type": "text"},
+        "tool_choice": "none",
+        "modalities": ["text"],
+        "unknown_field": 1,
+        "use_beam_search": False,
+        "logprob_token_ids": [],
+    }
     assert http.post("/v1/chat/completions", json={**CHAT, **ok}).status_code == 200
     assert http.post("/v1/completions", json={**COMPLETION, "best_of": 1}).status_code == 200
 

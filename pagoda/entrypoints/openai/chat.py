@@ -7,6 +7,7 @@ import inspect
 import json
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import jinja2
 from fastapi import Request
@@ -202,6 +203,15 @@ class PreparedChat:
     echoed: str  # the text the reply starts with (vLLM's echo)
 
 
+def _template_extras(body: ChatCompletionRequest) -> dict[str, Any]:
+    """vLLM's documents and reasoning_effort as template variables (over chat_template_kwargs');
+    reasoning_effort also turns enable_thinking on ("none": off) unless chat_template_kwargs sets it."""
+    extras: dict[str, Any] = {"documents": body.documents, "reasoning_effort": body.reasoning_effort}
+    if body.reasoning_effort is not None and "enable_thinking" not in (body.chat_template_kwargs or {}):
+        extras["enable_thinking"] = body.reasoning_effort != "none"
+    return {name: value for name, value in extras.items() if value is not None}
+
+
 async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedChat:
     """Every check of a chat request (400s name the field), its prompt rendered and its sampling
     parameters, its output constraint compiled."""
@@ -210,7 +220,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     messages = parse_messages(body.messages)
     size = sum(len(m["content"]) for m in messages)
-    kwargs = checked_template_kwargs(state.tokenizer, body)
+    kwargs = {**checked_template_kwargs(state.tokenizer, body), **_template_extras(body)}
     template = state.config.chat_template or state.tokenizer.chat_template
     plan = plan_tools(
         body.tools,
@@ -222,7 +232,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
     role = _reply_role(state, body)
     echoed = _echoed(body, messages, role)
     prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
-    prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, state.limits.max_model_len)
+    prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, state.limits.max_model_len, body.truncation_side)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     model_default = state.limits.generation_defaults.get("max_tokens")  # generation_config's max_new_tokens

@@ -49,7 +49,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     state.check_request(body)
     prompts = await prompts_of(state, body.prompt)
     if body.truncate_prompt_tokens is not None:
-        prompts = [_truncated(p, body.truncate_prompt_tokens, state.limits.max_model_len) for p in prompts]
+        prompts = [_truncated(p, body, state.limits.max_model_len) for p in prompts]
     echo_logprobs_k = body.logprobs if body.echo and body.logprobs is not None else None
     prompt_logprobs = max((k for k in (body.prompt_logprobs, echo_logprobs_k) if k is not None), default=None)
     max_tokens = _engine_max_tokens(body)
@@ -78,9 +78,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     return JSONResponse({**head, "choices": choices, "usage": usage(outputs)})
 
 
-def _truncated(prompt: Prompt, keep: int, max_model_len: int) -> Prompt:
-    """The prompt's last `keep` tokens; a shortened prompt echoes the text of the tokens kept."""
-    ids = truncated(prompt.ids, keep, max_model_len)
+def _truncated(prompt: Prompt, body: CompletionRequest, max_model_len: int) -> Prompt:
+    """The prompt as body's truncate_prompt_tokens keeps it; a shortened prompt echoes the text of
+    the tokens kept."""
+    ids = truncated(prompt.ids, body.truncate_prompt_tokens, max_model_len, body.truncation_side)
     return prompt if len(ids) == len(prompt.ids) else Prompt(ids, None)
 
 

@@ -170,15 +170,18 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
         raise bad_request(str(exc), param) from None
 
 
-def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens (None: all of them; -1: as
-    many as leave room for one token of output, as vLLM keeps)."""
+def truncated(ids: list[int], keep: int | None, max_model_len: int, side: str | None = None) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens, or with truncation_side
+    "right" its first (None: all of them; -1: as many as leave room for one token of output, as
+    vLLM keeps)."""
     if keep is None:
         return ids
     if keep == 0:
         raise bad_request("truncate_prompt_tokens must be -1 or at least 1, got 0", "truncate_prompt_tokens")
     keep = max_model_len - 1 if keep == -1 else keep
-    return ids[-keep:] if len(ids) > keep else ids
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[-keep:]
 
 
 def check_context(

@@ -119,8 +119,10 @@ class _SamplingFields(_Body):
     stop_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's
     bad_words: list[str] | None = None  # vLLM's
-    # vLLM's: the prompt's last N tokens (-1: all but one of the context)
+    # vLLM's: the prompt's last N tokens (-1: all but one of the context), its first N with
+    # truncation_side "right"
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: typing.Literal["left", "right"] | None = None
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids beside the text
     # vLLM's: logprobs name tokens as "token_id:N"; None: the server's --return-tokens-as-token-ids
     return_tokens_as_token_ids: bool | None = None
@@ -132,6 +134,13 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's, refused where set (see unsupported_fields): beam search, logprobs of chosen token ids,
+    # a thinking budget, repetition detection, a salted prefix cache
+    use_beam_search: bool = False
+    logprob_token_ids: list[int] | None = None
+    thinking_token_budget: Any = None
+    repetition_detection: Any = None
+    cache_salt: str | None = None
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_*
     response_format: Any = None
     structured_outputs: StructuredOutputsBody | None = None
@@ -149,6 +158,7 @@ class CompletionRequest(_SamplingFields):
     # refused unless harmless (see unsupported_fields)
     suffix: str | None = None
     best_of: int | None = None
+    prompt_embeds: Any = None  # vLLM's
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -159,6 +169,10 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables, e.g. enable_thinking
+    # vLLM's, template variables too (over chat_template_kwargs'): documents for a RAG template, and
+    # reasoning_effort, which also sets enable_thinking ("none": false) unless chat_template_kwargs does
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: typing.Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     add_generation_prompt: bool = True  # vLLM's: the header of a new assistant turn after the messages
     continue_final_message: bool = False  # vLLM's: the last message left open, for the model to continue
     echo: bool = False  # vLLM's: the reply starts with the last message's content where it has the reply's role
@@ -172,6 +186,7 @@ class ChatCompletionRequest(_SamplingFields):
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
+    chat_template: str | None = None  # vLLM's: refused, as vLLM does without --trust-request-chat-template
 
 
 class VllmResponsesFields(_Body):
@@ -245,13 +260,20 @@ class DetokenizeRequest(_Body):
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> str | None:
     """The first field set to something Pagoda cannot do, or None."""
+    if request.use_beam_search:
+        return "use_beam_search"
+    for name in ("logprob_token_ids", "thinking_token_budget", "repetition_detection", "cache_salt"):
+        if getattr(request, name) not in (None, []):
+            return name
     if isinstance(request, CompletionRequest):
         if request.suffix:
             return "suffix"
         if request.best_of is not None and request.best_of not in (1, request.n):
             return "best_of"
+        if request.prompt_embeds is not None:
+            return "prompt_embeds"
         return None
-    for name in ("functions", "function_call", "audio", "prediction", "web_search_options"):
+    for name in ("functions", "function_call", "audio", "prediction", "web_search_options", "chat_template"):
         if getattr(request, name) not in (None, []):
             return name
     if request.modalities not in (None, ["text"]):
