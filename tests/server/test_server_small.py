@@ -114,6 +114,33 @@ def test_usage_names_reasoning_tokens_with_a_reasoning_parser(small_server, serv
     assert "completion_tokens_details" not in plain.json()["usage"]
 
 
+def test_include_reasoning_false_sends_no_per_token_data_with_a_reasoning_parser(small_server, server):
+    """vLLM's rule: with a reasoning parser and include_reasoning false, no logprobs or token ids (they
+    would show the reasoning left out), whole or streamed; the content is the same. Without a parser
+    the flag changes nothing."""
+    base = small_server.base_url
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0, "logprobs": True}
+    body["return_token_ids"] = True
+    shown = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    hidden = httpx.post(f"{base}/v1/chat/completions", json={**body, "include_reasoning": False}, timeout=120).json()
+    choice = hidden["choices"][0]
+    assert shown["logprobs"]["content"] and len(shown["token_ids"]) == 4
+    assert choice["logprobs"] is None and choice["token_ids"] is None and hidden["prompt_token_ids"]
+    assert choice["message"]["content"] == shown["message"]["content"]
+    streamed = {**body, "include_reasoning": False, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=streamed, timeout=120) as response:
+        chunks = [c["choices"][0] for c in sse_events(response.iter_lines())[:-1]]
+    assert all(c["logprobs"] is None and "token_ids" not in c for c in chunks)
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == shown["message"]["content"]
+    plain = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={**body, "include_reasoning": False},
+        headers=server.headers,
+        timeout=120,
+    ).json()["choices"][0]
+    assert plain["logprobs"]["content"] and len(plain["token_ids"]) == 4
+
+
 def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server):
     """At SIGTERM two streams run: one of 2000 tokens, which cannot finish within the grace and is
     aborted, and one of 12 tokens that has just sent its first, which finishes; a non-streamed

@@ -163,3 +163,29 @@ def test_list_types_and_deep_nesting_never_raise():
     assert '"label": "..."' in system["content"]
     deep = "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>"
     assert PARSERS["hermes"].parse(deep).tool_calls == []
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out():
+    """vLLM's include_reasoning false: the parsed reasoning is in neither the whole message nor the
+    stream, the answer after it is unchanged, and a constraint binds from the first token (with the
+    reasoning shown, only after it)."""
+    import dataclasses
+
+    from pagoda.entrypoints.openai.chat import planned
+    from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
+
+    settings = ToolSettings(enable_auto_tool_choice=True, reasoning_parser="qwen3")
+    shown = plan("none", settings=settings)
+    hidden = dataclasses.replace(shown, show_reasoning=False)
+    text = "<think>\nweighing it\n</think>\n\nThe answer."
+    assert shown.message(text)[0]["reasoning"] == "weighing it" and not shown.hides_reasoning
+    message = hidden.message(text)[0]
+    assert message["content"] == shown.message(text)[0]["content"] == "The answer."
+    assert "reasoning" not in message and "reasoning_content" not in message and hidden.hides_reasoning
+    streamer = hidden.streamer()
+    deltas = [d for i in range(0, len(text), 3) for d in streamer.feed(text[i : i + 3])] + streamer.finish()
+    assert "".join(d.get("content", "") for d in deltas) == "The answer." and all("reasoning" not in d for d in deltas)
+    params = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(regex="[a-z]+"))
+    assert planned(params, shown).structured_outputs.after_reasoning is not None
+    assert planned(params, hidden).structured_outputs.after_reasoning is None
+    assert not dataclasses.replace(plan("none"), show_reasoning=False).hides_reasoning  # no parser: nothing hidden

@@ -229,6 +229,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         state.config.tools,
         template,
     )
+    plan = dataclasses.replace(plan, show_reasoning=body.include_reasoning)
     role = _reply_role(state, body)
     echoed = _echoed(body, messages, role)
     prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
@@ -255,12 +256,13 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
 
 def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
     """A request's sampling as its tools and reasoning change it (vLLM's rules): a forced call's grammar
-    replaces any other constraint; with a reasoning parser, the constraint is the answer's, after the thinking;
+    replaces any other constraint; with a reasoning parser, the constraint is the answer's, after the thinking
+    (unless the reasoning is left out, include_reasoning false: then it binds from the first token);
     a parser whose markers may be special tokens (Mistral's `[TOOL_CALLS]`, some Hermes models' `<tool_call>`)
     gets them in the text, skip_special_tokens off."""
     if plan.constraint is not None:
         params = dataclasses.replace(params, structured_outputs=plan.constraint)
-    if plan.reasoning is not None and params.structured_outputs is not None:
+    if plan.reasoning is not None and plan.show_reasoning and params.structured_outputs is not None:
         thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)
         constraint = dataclasses.replace(params.structured_outputs, after_reasoning=thinking)
         params = dataclasses.replace(params, structured_outputs=constraint)
@@ -303,7 +305,7 @@ def _response(
                 "index": out.index,
                 "message": message,
                 "logprobs": chat_logprobs(state.logprob_tokens(body), out.logprobs, body.top_logprobs or 0)
-                if body.logprobs
+                if body.logprobs and not plan.hides_reasoning
                 else None,
                 "finish_reason": plan.finish_reason(called, out.finish_reason),
                 "stop_reason": out.stop_reason,
@@ -312,7 +314,7 @@ def _response(
     response = {**head, "choices": choices, "usage": usage([outputs], state.reasoning_counter)}
     if body.return_token_ids:
         for choice, out in zip(choices, outputs):
-            choice["token_ids"] = out.token_ids
+            choice["token_ids"] = None if plan.hides_reasoning else out.token_ids
         response["prompt_token_ids"] = prompt_ids
     if body.prompt_logprobs is not None:
         response["prompt_logprobs"] = vllm_prompt_logprobs(state.token_texts, prompt_ids, outputs[0].prompt_logprobs)
@@ -335,6 +337,8 @@ async def _chunks(
     role, echoed = reply
     usage_of = chunk_usage(body)
     base = {**head, "object": "chat.completion.chunk"}
+    # per-token logprobs and ids, unless they would show reasoning left out
+    logprobs_shown, ids_shown = (body.logprobs, body.return_token_ids) if not plan.hides_reasoning else (False, False)
     prompt_tokens = len(prompt_token_ids)
 
     def chunk(choice: dict, completion_tokens: int = 0, extra: dict | None = None) -> str:
@@ -359,16 +363,16 @@ async def _chunks(
         deltas = streamer.feed(update.text_delta) if update.text_delta else []
         if update.finished:
             deltas += streamer.finish()
-        if (body.logprobs or body.return_token_ids) and update.token_ids_delta and not deltas:
+        if (logprobs_shown or ids_shown) and update.token_ids_delta and not deltas:
             deltas = [{"content": ""}]  # the logprobs or ids of tokens whose text is held back
         for j, delta in enumerate(deltas):
             logprobs = (
                 chat_logprobs(state.logprob_tokens(body), update.logprobs_delta, body.top_logprobs or 0)
-                if body.logprobs and j == 0
+                if logprobs_shown and j == 0
                 else None
             )
             choice = {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
-            if body.return_token_ids:
+            if ids_shown:
                 choice["token_ids"] = update.token_ids_delta if j == 0 else []
             yield chunk(choice, len(update.token_ids))
         if update.finished:

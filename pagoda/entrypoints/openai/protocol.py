@@ -172,6 +172,7 @@ class ChatCompletionRequest(_SamplingFields):
     # vLLM's, template variables too (over chat_template_kwargs'): documents for a RAG template, and
     # reasoning_effort, which also sets enable_thinking ("none": false) unless chat_template_kwargs does
     documents: list[dict[str, str]] | None = None
+    include_reasoning: bool = True  # vLLM's: false leaves a reasoning parser's reasoning out (tools.md)
     reasoning_effort: typing.Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     add_generation_prompt: bool = True  # vLLM's: the header of a new assistant turn after the messages
     continue_final_message: bool = False  # vLLM's: the last message left open, for the model to continue

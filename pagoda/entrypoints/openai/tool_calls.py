@@ -57,6 +57,8 @@ class ToolPlan:
     reasoning: Any = None  # a ReasoningParser, or None
     max_calls: int | None = None  # parallel_tool_calls false under "auto": the first call only, as vLLM
     named: bool = False  # tool_choice names one function
+    # vLLM's include_reasoning: false leaves the parsed reasoning out of the answer
+    show_reasoning: bool = True
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The assistant message for a sequence's whole text, and whether it called tools with whole
@@ -68,9 +70,15 @@ class ToolPlan:
         message: dict[str, Any] = {"role": "assistant", "content": content if content.strip() or not calls else None}
         if calls:
             message["tool_calls"] = [_call_object(call) for call in calls]
-        if reasoning is not None:
+        if reasoning is not None and self.show_reasoning:
             message["reasoning"] = message["reasoning_content"] = reasoning
         return message, bool(calls) and parsed is not None and parsed.calls_whole
+
+    @property
+    def hides_reasoning(self) -> bool:
+        """A reasoning parser splits the output and include_reasoning is false: then the answer
+        carries no per-token logprobs or ids either, which would show the reasoning (vLLM's rule)."""
+        return self.reasoning is not None and not self.show_reasoning
 
     def finish_reason(self, called: bool, reason: str | None) -> str | None:
         """A choice's finish_reason: "tool_calls" where it called tools with whole calls, but the
@@ -114,7 +122,7 @@ class MessageStreamer:
 
     def _deltas(self, reasoning: str, content: str, calls: list[ToolCallDelta]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        if reasoning:
+        if reasoning and self.plan.show_reasoning:
             out.append({"reasoning": reasoning, "reasoning_content": reasoning})
         if content:
             out.append({"content": content})
