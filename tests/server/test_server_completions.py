@@ -96,6 +96,8 @@ def test_echo_with_legacy_logprobs(client, greedy):
     # the sampled (greedy) token is among at most k + 1 entries, and is the most likely one
     for token, top in zip(lp.tokens[-6:], generated):
         assert 1 <= len(top) <= 3 and max(top, key=top.get) == token
+    # every token, prompt or sampled, is its entry's first key, as vLLM lists it (clients read it so)
+    assert all(next(iter(top)) == token for token, top in zip(lp.tokens[1:], lp.top_logprobs[1:]))
 
 
 def test_stream_with_echo_and_logprobs(http):
@@ -277,8 +279,13 @@ def test_prompt_logprobs_in_vllm_shape(client, http):
     entries = choice.model_extra["prompt_logprobs"]
     assert len(entries) == len(ids) and entries[0] is None
     for token_id, entry in zip(ids[1:], entries[1:]):
-        assert str(token_id) in entry and entry[str(token_id)]["logprob"] <= 0
+        assert next(iter(entry)) == str(token_id) and entry[str(token_id)]["logprob"] <= 0  # its own first
         assert 1 <= len(entry) <= 2
+    assert any(len(entry) == 2 for entry in entries[1:])  # a prompt token other than the top one
+    streamed = {"prompt": PROMPTS[0], "max_tokens": 1, "stream": True}
+    refused = http.post("/v1/completions", json={**streamed, "prompt_logprobs": 1})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs", refused.text
+    assert http.post("/v1/completions", json={**streamed, "prompt_logprobs": 0}).status_code == 200
 
 
 def test_async_client_completions(aclient, greedy):

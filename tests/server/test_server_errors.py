@@ -35,6 +35,18 @@ def test_unknown_model_is_404(http):
     for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
         error = error_of(http.post(path, json={**body, "model": "gpt-4"}), 404)
         assert error["param"] == "model" and "gpt-4" in error["message"] and MODEL in error["message"]
+        assert http.post(path, json={**body, "model": ""}).status_code == 200  # empty: the served model, as vLLM
+
+
+def test_vllm_bounds_on_truncation_and_top_logprobs(http):
+    """truncate_prompt_tokens past the context is refused (vLLM's 400); a chat's top_logprobs 0
+    without logprobs is harmless (some clients always send it), any other still needs logprobs."""
+    too_long = {**COMPLETION, "truncate_prompt_tokens": 10**6}
+    assert error_of(http.post("/v1/completions", json=too_long), 400)["param"] == "truncate_prompt_tokens"
+    assert http.post("/v1/chat/completions", json={**CHAT, "top_logprobs": 0}).status_code == 200
+    assert error_of(http.post("/v1/chat/completions", json={**CHAT, "top_logprobs": 2}), 400)["param"] == (
+        "top_logprobs"
+    )
 
 
 def test_unknown_route_is_an_openai_404(http):

@@ -216,7 +216,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
     """Every check of a chat request (400s name the field), its prompt rendered and its sampling
     parameters, its output constraint compiled."""
     state.check_request(body)
-    if body.top_logprobs is not None and not body.logprobs:
+    if body.top_logprobs not in (None, 0) and not body.logprobs:  # 0 without logprobs: harmless, as vLLM
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     messages = parse_messages(body.messages)
     size = sum(len(m["content"]) for m in messages)

@@ -84,15 +84,16 @@ def _chat_entry(texts: TokenNames, lp: TokenLogprob, num_top: int) -> dict:
 
 def completion_logprobs(texts: TokenNames, logprobs: Sequence[TokenLogprob | None], text_offset: int) -> dict:
     """Legacy format; `text_offset` is where the first token starts in the choice's text. The
-    sampled token is listed among top_logprobs along with the top alternatives (as vLLM does);
-    a None entry (the first prompt token under echo) has no logprob."""
+    sampled token is listed first in top_logprobs, then the top alternatives (as vLLM does); a
+    None entry (the first prompt token under echo) has no logprob."""
     result: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for lp in logprobs:
         if lp is None:
             continue
         token = texts.text(lp.token_id)
-        top = {texts.text(t): v for t, v in lp.top.items()}
-        top.setdefault(token, lp.logprob)
+        top = {token: lp.logprob}
+        for t, v in lp.top.items():
+            top.setdefault(texts.text(t), v)
         result["tokens"].append(token)
         result["token_logprobs"].append(lp.logprob)
         result["top_logprobs"].append(top)
@@ -116,17 +117,16 @@ def join_logprobs(a: dict, b: dict) -> dict:
 def vllm_prompt_logprobs(
     texts: TokenTexts, prompt_ids: Sequence[int], prompt_logprobs: Sequence[TokenLogprob | None]
 ) -> list:
-    """vLLM's shape: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}}."""
+    """vLLM's shape: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}},
+    the prompt's own token first, then the top ones by rank."""
     result: list[dict | None] = []
     for token_id, lp in zip(prompt_ids, prompt_logprobs):
         if lp is None:
             result.append(None)
             continue
         ranked = sorted(lp.top.items(), key=lambda kv: -kv[1])
-        entries = {
-            str(t): {"logprob": v, "rank": rank, "decoded_token": texts.text(t)}
-            for rank, (t, v) in enumerate(ranked, start=1)
-        }
-        entries[str(token_id)] = {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": texts.text(token_id)}
+        entries = {str(token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": texts.text(token_id)}}
+        for rank, (t, v) in enumerate(ranked, start=1):
+            entries.setdefault(str(t), {"logprob": v, "rank": rank, "decoded_token": texts.text(t)})
         result.append(entries)
     return result

@@ -178,6 +178,11 @@ def truncated(ids: list[int], keep: int | None, max_model_len: int, side: str | 
         return ids
     if keep == 0:
         raise bad_request("truncate_prompt_tokens must be -1 or at least 1, got 0", "truncate_prompt_tokens")
+    if keep > max_model_len:
+        raise bad_request(
+            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len={max_model_len}",
+            "truncate_prompt_tokens",
+        )
     keep = max_model_len - 1 if keep == -1 else keep
     if len(ids) <= keep:
         return ids

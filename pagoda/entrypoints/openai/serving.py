@@ -116,7 +116,7 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         taken = (self.model_name, *self.config.served_names, self.config.model_argument)
-        if model is not None and model not in taken:
+        if model and model not in taken:  # none or "": the served model (vLLM's rule)
             raise APIError(
                 404,
                 f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
@@ -131,6 +131,8 @@ class ServerState:
             raise bad_request(f"`{field}` is not supported by this server", field)
         if body.stream_options is not None and not body.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        if body.stream and body.prompt_logprobs:  # no chunk carries them; 0 is vLLM's harmless value
+            raise bad_request("prompt_logprobs are not available when stream is true", "prompt_logprobs")
 
     async def check_constraint(self, body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
         """Compile the request's output constraint now, on a worker thread (the result is cached for
