@@ -94,9 +94,18 @@ def test_harmless_values_of_refused_fields_pass(http):
         "unknown_field": 1,
         "use_beam_search": False,
         "logprob_token_ids": [],
+        "thinking_token_budget": -1,  # vLLM's: no budget
+        "repetition_detection": {"max_pattern_size": 0},  # vLLM's: off
     }
     assert http.post("/v1/chat/completions", json={**CHAT, **ok}).status_code == 200
     assert http.post("/v1/completions", json={**COMPLETION, "best_of": 1}).status_code == 200
+    assert http.post("/v1/completions", json={**COMPLETION, "repetition_detection": {}}).status_code == 200
+    # vLLM's clients send prompt_embeds without a prompt: the 400 names it, not the missing prompt
+    embeds = {key: value for key, value in COMPLETION.items() if key != "prompt"}
+    assert error_of(http.post("/v1/completions", json={**embeds, "prompt_embeds": "AAAA"}), 400)["param"] == (
+        "prompt_embeds"
+    )
+    assert error_of(http.post("/v1/completions", json=embeds), 400)["param"] == "prompt"
 
 
 @pytest.mark.parametrize(

@@ -287,6 +287,7 @@ def test_langchain_in_responses_mode(server):
         ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
         ({"input": "hi", "text": {"format": "json"}}, "text.format.type"),
         ({"input": "hi", "top_logprobs": -3}, "top_logprobs"),
+        ({"input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(http, body, param):

@@ -130,7 +130,7 @@ def test_include_reasoning_false_sends_no_per_token_data_with_a_reasoning_parser
     streamed = {**body, "include_reasoning": False, "stream": True}
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=streamed, timeout=120) as response:
         chunks = [c["choices"][0] for c in sse_events(response.iter_lines())[:-1]]
-    assert all(c["logprobs"] is None and "token_ids" not in c for c in chunks)
+    assert all(c["logprobs"] is None and c.get("token_ids") is None for c in chunks)
     assert "".join(c["delta"].get("content") or "" for c in chunks) == shown["message"]["content"]
     plain = httpx.post(
         f"{server.base_url}/v1/chat/completions",
@@ -139,6 +139,13 @@ def test_include_reasoning_false_sends_no_per_token_data_with_a_reasoning_parser
         timeout=120,
     ).json()["choices"][0]
     assert plain["logprobs"]["content"] and len(plain["token_ids"]) == 4
+    # Responses passes include_reasoning on, and reasoning.effort as reasoning_effort
+    asked = {"input": "Hi", "max_output_tokens": 4, "include": ["message.output_text.logprobs"], "top_logprobs": 1}
+    asked["reasoning"] = {"effort": "none"}
+    for include_reasoning, shown in ((True, True), (False, False)):
+        answer = httpx.post(f"{base}/v1/responses", json={**asked, "include_reasoning": include_reasoning}, timeout=120)
+        [part] = [part for item in answer.json()["output"] if item["type"] == "message" for part in item["content"]]
+        assert bool(part["logprobs"]) is shown, answer.text
 
 
 def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server):

@@ -7,8 +7,10 @@ import json
 
 import pytest
 
+from pagoda.entrypoints.openai.chat import planned
 from pagoda.entrypoints.openai.errors import APIError
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, calls_schema, plan_tools
+from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
 from pagoda.tools.parsers import FORCED_CALLS, PARSERS
 
 TOOL = {
@@ -18,8 +20,8 @@ TOOL = {
 AUTO = ToolSettings(enable_auto_tool_choice=True)
 
 
-def plan(choice="auto", settings=AUTO, template=None, parallel=True):
-    return plan_tools([TOOL], choice, parallel, settings, template)
+def plan(choice="auto", settings=AUTO, template=None, parallel=True, include_reasoning=True):
+    return plan_tools([TOOL], choice, parallel, settings, template, include_reasoning)
 
 
 def test_auto_takes_the_templates_format_else_generic():
@@ -43,9 +45,6 @@ def test_a_parser_whose_markers_may_be_special_tokens_keeps_them_in_the_text():
     """As vLLM's hermes and mistral parsers ask: their markers are special tokens in some vocabularies
     (Mistral's [TOOL_CALLS]), which the default skip_special_tokens would drop before the parser reads
     them. The other formats, and requests the parser reads nothing of, keep the request's choice."""
-    from pagoda.entrypoints.openai.chat import planned
-    from pagoda.sampling_params import SamplingParams
-
     params = SamplingParams(max_tokens=8)
     for parser, keeps in (("hermes", True), ("mistral", True), ("llama3_json", False), ("pythonic", False)):
         settings = ToolSettings(enable_auto_tool_choice=True, tool_call_parser=parser)
@@ -165,27 +164,37 @@ def test_list_types_and_deep_nesting_never_raise():
     assert PARSERS["hermes"].parse(deep).tool_calls == []
 
 
-def test_include_reasoning_false_leaves_the_reasoning_out():
+@pytest.mark.parametrize(
+    "reasoning, text",
+    [
+        ("qwen3", "<think>\nweighing it\n</think>\n\nThe answer."),
+        ("deepseek_r1", "weighing it\n</think>\n\nThe answer."),
+    ],
+)
+@pytest.mark.parametrize("choice", ["none", {"type": "function", "function": {"name": "f"}}])
+def test_include_reasoning_false_leaves_the_reasoning_out(reasoning, text, choice):
     """vLLM's include_reasoning false: the parsed reasoning is in neither the whole message nor the
-    stream, the answer after it is unchanged, and a constraint binds from the first token (with the
-    reasoning shown, only after it)."""
-    import dataclasses
-
-    from pagoda.entrypoints.openai.chat import planned
-    from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
-
-    settings = ToolSettings(enable_auto_tool_choice=True, reasoning_parser="qwen3")
-    shown = plan("none", settings=settings)
-    hidden = dataclasses.replace(shown, show_reasoning=False)
-    text = "<think>\nweighing it\n</think>\n\nThe answer."
-    assert shown.message(text)[0]["reasoning"] == "weighing it" and not shown.hides_reasoning
-    message = hidden.message(text)[0]
-    assert message["content"] == shown.message(text)[0]["content"] == "The answer."
-    assert "reasoning" not in message and "reasoning_content" not in message and hidden.hides_reasoning
+    stream, the answer after it is the same, calls too; a constraint still binds only after the
+    thinking (from the first token, deepseek_r1's parser, which reads an output without its end tag
+    as all reasoning, would leave no answer), and no per-token data is shown."""
+    settings = ToolSettings(enable_auto_tool_choice=True, reasoning_parser=reasoning)
+    if choice != "none":
+        text = text.replace("The answer.", '{"tool_calls": [{"name": "f", "arguments": {"x": 1}}]}')
+    shown, hidden = plan(choice, settings=settings), plan(choice, settings=settings, include_reasoning=False)
+    whole, called = shown.message(text)
+    assert whole["reasoning"] == "weighing it" and shown.shows_per_token(True)
+    message, hidden_called = hidden.message(text)
+    assert "reasoning" not in message and "reasoning_content" not in message and hidden_called is called
+    assert message["content"] == whole["content"]
+    assert [c["function"] for c in message.get("tool_calls", [])] == [
+        c["function"] for c in whole.get("tool_calls", [])
+    ]
+    assert (called and len(whole["tool_calls"]) == 1) == (choice != "none")
     streamer = hidden.streamer()
     deltas = [d for i in range(0, len(text), 3) for d in streamer.feed(text[i : i + 3])] + streamer.finish()
-    assert "".join(d.get("content", "") for d in deltas) == "The answer." and all("reasoning" not in d for d in deltas)
+    assert all("reasoning" not in d for d in deltas) and streamer.called is called
+    assert "".join(d.get("content", "") for d in deltas) == (whole["content"] or "")
     params = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(regex="[a-z]+"))
-    assert planned(params, shown).structured_outputs.after_reasoning is not None
-    assert planned(params, hidden).structured_outputs.after_reasoning is None
-    assert not dataclasses.replace(plan("none"), show_reasoning=False).hides_reasoning  # no parser: nothing hidden
+    assert planned(params, hidden).structured_outputs.after_reasoning is not None
+    assert not hidden.shows_per_token(True) and not hidden.shows_per_token(False)
+    assert plan("none", include_reasoning=False).shows_per_token(True)  # no parser: nothing is left out

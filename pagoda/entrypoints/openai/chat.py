@@ -228,12 +228,12 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         body.parallel_tool_calls,
         state.config.tools,
         template,
+        body.include_reasoning,
     )
-    plan = dataclasses.replace(plan, show_reasoning=body.include_reasoning)
     role = _reply_role(state, body)
     echoed = _echoed(body, messages, role)
     prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
-    prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, state.limits.max_model_len, body.truncation_side)
+    prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, body.truncation_side, state.limits.max_model_len)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     model_default = state.limits.generation_defaults.get("max_tokens")  # generation_config's max_new_tokens
@@ -257,12 +257,12 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
 def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
     """A request's sampling as its tools and reasoning change it (vLLM's rules): a forced call's grammar
     replaces any other constraint; with a reasoning parser, the constraint is the answer's, after the thinking
-    (unless the reasoning is left out, include_reasoning false: then it binds from the first token);
+    (also where include_reasoning false leaves the thinking out of the answer);
     a parser whose markers may be special tokens (Mistral's `[TOOL_CALLS]`, some Hermes models' `<tool_call>`)
     gets them in the text, skip_special_tokens off."""
     if plan.constraint is not None:
         params = dataclasses.replace(params, structured_outputs=plan.constraint)
-    if plan.reasoning is not None and plan.show_reasoning and params.structured_outputs is not None:
+    if plan.reasoning is not None and params.structured_outputs is not None:
         thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)
         constraint = dataclasses.replace(params.structured_outputs, after_reasoning=thinking)
         params = dataclasses.replace(params, structured_outputs=constraint)
@@ -305,7 +305,7 @@ def _response(
                 "index": out.index,
                 "message": message,
                 "logprobs": chat_logprobs(state.logprob_tokens(body), out.logprobs, body.top_logprobs or 0)
-                if body.logprobs and not plan.hides_reasoning
+                if plan.shows_per_token(body.logprobs)
                 else None,
                 "finish_reason": plan.finish_reason(called, out.finish_reason),
                 "stop_reason": out.stop_reason,
@@ -314,7 +314,7 @@ def _response(
     response = {**head, "choices": choices, "usage": usage([outputs], state.reasoning_counter)}
     if body.return_token_ids:
         for choice, out in zip(choices, outputs):
-            choice["token_ids"] = None if plan.hides_reasoning else out.token_ids
+            choice["token_ids"] = out.token_ids if plan.shows_per_token(True) else None
         response["prompt_token_ids"] = prompt_ids
     if body.prompt_logprobs is not None:
         response["prompt_logprobs"] = vllm_prompt_logprobs(state.token_texts, prompt_ids, outputs[0].prompt_logprobs)
@@ -337,8 +337,7 @@ async def _chunks(
     role, echoed = reply
     usage_of = chunk_usage(body)
     base = {**head, "object": "chat.completion.chunk"}
-    # per-token logprobs and ids, unless they would show reasoning left out
-    logprobs_shown, ids_shown = (body.logprobs, body.return_token_ids) if not plan.hides_reasoning else (False, False)
+    logprobs_shown, ids_shown = plan.shows_per_token(body.logprobs), plan.shows_per_token(body.return_token_ids)
     prompt_tokens = len(prompt_token_ids)
 
     def chunk(choice: dict, completion_tokens: int = 0, extra: dict | None = None) -> str:
@@ -372,8 +371,8 @@ async def _chunks(
                 else None
             )
             choice = {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
-            if ids_shown:
-                choice["token_ids"] = update.token_ids_delta if j == 0 else []
+            if body.return_token_ids:  # null where left out, as in the whole answer
+                choice["token_ids"] = (update.token_ids_delta if j == 0 else []) if ids_shown else None
             yield chunk(choice, len(update.token_ids))
         if update.finished:
             final[update.index] = update

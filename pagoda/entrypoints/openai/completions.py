@@ -16,7 +16,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params, truncated
-from pagoda.entrypoints.openai.protocol import CompletionRequest
+from pagoda.entrypoints.openai.protocol import CompletionRequest, TruncationSide
 from pagoda.entrypoints.openai.serving import DONE, ServerState, chunk_usage, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
 
@@ -47,9 +47,12 @@ async def prompts_of(state: ServerState, prompt: str | list[str] | list[int] | l
 
 async def create_completion(state: ServerState, body: CompletionRequest, http: Request) -> Response:
     state.check_request(body)
+    if body.prompt is None:
+        raise bad_request("prompt: Field required", "prompt")
     prompts = await prompts_of(state, body.prompt)
     if body.truncate_prompt_tokens is not None:
-        prompts = [_truncated(p, body, state.limits.max_model_len) for p in prompts]
+        keep, side = body.truncate_prompt_tokens, body.truncation_side
+        prompts = [_truncated(p, keep, side, state.limits.max_model_len) for p in prompts]
     echo_logprobs_k = body.logprobs if body.echo and body.logprobs is not None else None
     prompt_logprobs = max((k for k in (body.prompt_logprobs, echo_logprobs_k) if k is not None), default=None)
     max_tokens = _engine_max_tokens(body)
@@ -78,10 +81,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     return JSONResponse({**head, "choices": choices, "usage": usage(outputs)})
 
 
-def _truncated(prompt: Prompt, body: CompletionRequest, max_model_len: int) -> Prompt:
-    """The prompt as body's truncate_prompt_tokens keeps it; a shortened prompt echoes the text of
-    the tokens kept."""
-    ids = truncated(prompt.ids, body.truncate_prompt_tokens, max_model_len, body.truncation_side)
+def _truncated(prompt: Prompt, keep: int, side: TruncationSide | None, max_model_len: int) -> Prompt:
+    """The prompt as truncate_prompt_tokens and truncation_side keep it; a shortened prompt echoes
+    the text of the tokens kept."""
+    ids = truncated(prompt.ids, keep, side, max_model_len)
     return prompt if len(ids) == len(prompt.ids) else Prompt(ids, None)
 
 

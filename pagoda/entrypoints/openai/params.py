@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pagoda import sampling_params as sampling
 from pagoda.entrypoints.openai.errors import bad_request
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, TruncationSide
 from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError, StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0
@@ -170,7 +170,7 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
         raise bad_request(str(exc), param) from None
 
 
-def truncated(ids: list[int], keep: int | None, max_model_len: int, side: str | None = None) -> list[int]:
+def truncated(ids: list[int], keep: int | None, side: TruncationSide | None, max_model_len: int) -> list[int]:
     """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens, or with truncation_side
     "right" its first (None: all of them; -1: as many as leave room for one token of output, as
     vLLM keeps)."""

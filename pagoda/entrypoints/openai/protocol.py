@@ -18,6 +18,8 @@ from pydantic_core import PydanticCustomError
 from pagoda.sampling_params import INT64_MAX, INT64_MIN
 
 MAX_N = 128  # OpenAI's own limit on choices per request
+TruncationSide = typing.Literal["left", "right"]
+ReasoningEffort = typing.Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class _Body(BaseModel):
@@ -122,7 +124,7 @@ class _SamplingFields(_Body):
     # vLLM's: the prompt's last N tokens (-1: all but one of the context), its first N with
     # truncation_side "right"
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
-    truncation_side: typing.Literal["left", "right"] | None = None
+    truncation_side: TruncationSide | None = None
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids beside the text
     # vLLM's: logprobs name tokens as "token_id:N"; None: the server's --return-tokens-as-token-ids
     return_tokens_as_token_ids: bool | None = None
@@ -151,7 +153,8 @@ class _SamplingFields(_Body):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # required, but checked after unsupported_fields: vLLM's clients send prompt_embeds without it
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
     max_tokens: int = 16  # null is 16 too (OpenAI's legacy API, vLLM), not "up to the context"
     echo: bool = False
     logprobs: int | None = None
@@ -173,7 +176,7 @@ class ChatCompletionRequest(_SamplingFields):
     # reasoning_effort, which also sets enable_thinking ("none": false) unless chat_template_kwargs does
     documents: list[dict[str, str]] | None = None
     include_reasoning: bool = True  # vLLM's: false leaves a reasoning parser's reasoning out (tools.md)
-    reasoning_effort: typing.Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     add_generation_prompt: bool = True  # vLLM's: the header of a new assistant turn after the messages
     continue_final_message: bool = False  # vLLM's: the last message left open, for the model to continue
     echo: bool = False  # vLLM's: the reply starts with the last message's content where it has the reply's role
@@ -203,6 +206,7 @@ class VllmResponsesFields(_Body):
     include_stop_str_in_output: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     structured_outputs: StructuredOutputsBody | None = None
+    include_reasoning: bool | None = None
 
 
 class ResponsesRequest(VllmResponsesFields):
@@ -263,9 +267,14 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
     """The first field set to something Pagoda cannot do, or None."""
     if request.use_beam_search:
         return "use_beam_search"
-    for name in ("logprob_token_ids", "thinking_token_budget", "repetition_detection", "cache_salt"):
+    for name in ("logprob_token_ids", "cache_salt"):
         if getattr(request, name) not in (None, []):
             return name
+    if request.thinking_token_budget not in (None, -1):  # vLLM's -1: no budget
+        return "thinking_token_budget"
+    detection = request.repetition_detection
+    if detection is not None and not (isinstance(detection, dict) and not detection.get("max_pattern_size")):
+        return "repetition_detection"  # on: a max_pattern_size above vLLM's 0, "off"
     if isinstance(request, CompletionRequest):
         if request.suffix:
             return "suffix"

@@ -13,6 +13,7 @@ import itertools
 import json
 import re
 import time
+import typing
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -23,7 +24,12 @@ from fastapi.responses import JSONResponse, Response
 from pagoda.entrypoints.openai import chat
 from pagoda.entrypoints.openai.errors import APIError, bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesRequest, VllmResponsesFields
+from pagoda.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ReasoningEffort,
+    ResponsesRequest,
+    VllmResponsesFields,
+)
 from pagoda.entrypoints.openai.serving import ServerState, event_stream, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan
@@ -55,7 +61,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
         prepared = await chat.prepare(state, request)
     except APIError as exc:
         raise _renamed(exc) from None
-    logprobs = _logprobs(state, request)
+    logprobs = _logprobs(state, request, prepared.plan)
     response_id = f"resp_{uuid.uuid4().hex}"
     generation = await state.launch(http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params)
     head = _head(state, body, request, prepared, response_id)
@@ -122,9 +128,19 @@ def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -
         "top_logprobs": body.top_logprobs if with_logprobs else None,
         "add_generation_prompt": False if continued else None,
         "continue_final_message": continued or None,
+        "reasoning_effort": _effort(body),
         **{name: getattr(body, name) for name in VllmResponsesFields.model_fields},
     }
     return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
+
+
+def _effort(body: ResponsesRequest) -> str | None:
+    """reasoning.effort, the chat path's reasoning_effort (as vLLM maps it)."""
+    effort = (body.reasoning or {}).get("effort")
+    if effort is not None and effort not in typing.get_args(ReasoningEffort):
+        choices = ", ".join(map(repr, typing.get_args(ReasoningEffort)))
+        raise bad_request(f"reasoning.effort must be one of {choices}, got {effort!r}", "reasoning.effort")
+    return effort
 
 
 def _kept(body: ResponsesRequest, max_model_len: int) -> int:
@@ -262,10 +278,12 @@ def _renamed(exc: APIError) -> APIError:
     return exc
 
 
-def _logprobs(state: ServerState, request: ChatCompletionRequest) -> Callable[[Sequence[Any] | None], list[dict]]:
+def _logprobs(
+    state: ServerState, request: ChatCompletionRequest, plan: ToolPlan
+) -> Callable[[Sequence[Any] | None], list[dict]]:
     """Tokens' engine logprobs as output_text's logprobs (chat's entries: token, logprob, bytes,
-    top_logprobs); none unless `include` asks for them."""
-    if not request.logprobs:
+    top_logprobs); none unless `include` asks for them, and none that would show reasoning left out."""
+    if not plan.shows_per_token(bool(request.logprobs)):
         return lambda logprobs: []
     names = state.logprob_tokens(request)
     return lambda logprobs: chat_logprobs(names, logprobs or [], request.top_logprobs or 0)["content"]

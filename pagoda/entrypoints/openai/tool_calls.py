@@ -74,11 +74,11 @@ class ToolPlan:
             message["reasoning"] = message["reasoning_content"] = reasoning
         return message, bool(calls) and parsed is not None and parsed.calls_whole
 
-    @property
-    def hides_reasoning(self) -> bool:
-        """A reasoning parser splits the output and include_reasoning is false: then the answer
-        carries no per-token logprobs or ids either, which would show the reasoning (vLLM's rule)."""
-        return self.reasoning is not None and not self.show_reasoning
+    def shows_per_token(self, asked: bool) -> bool:
+        """Whether an answer carries the per-token data (logprobs, token ids) it `asked` for: not
+        where a reasoning parser splits the output and include_reasoning is false, since they would
+        show the reasoning left out (vLLM's rule)."""
+        return asked and (self.reasoning is None or self.show_reasoning)
 
     def finish_reason(self, called: bool, reason: str | None) -> str | None:
         """A choice's finish_reason: "tool_calls" where it called tools with whole calls, but the
@@ -149,13 +149,14 @@ def plan_tools(
     parallel_tool_calls: bool,
     settings: ToolSettings,
     template: str | None,
+    include_reasoning: bool = True,
 ) -> ToolPlan:
     """Check a request's tools and tool_choice (400s name the field) and decide how to serve them."""
     reasoning = REASONING_PARSERS[settings.reasoning_parser] if settings.reasoning_parser else None
     checked = check_tools(tools)
     choice, forced = _check_choice(tool_choice, checked)
     if not checked or choice == "none":
-        return ToolPlan(tools=checked or None, reasoning=reasoning)
+        return ToolPlan(tools=checked or None, reasoning=reasoning, show_reasoning=include_reasoning)
     if choice == "auto":
         if not settings.enable_auto_tool_choice:
             raise bad_request(
@@ -170,6 +171,7 @@ def plan_tools(
             parser=get_parser(name or "generic"),
             reasoning=reasoning,
             max_calls=None if parallel_tool_calls else 1,
+            show_reasoning=include_reasoning,
         )
     indices = _forced_indices(checked, choice, forced)
     _check_enforceable(checked, indices)
@@ -181,6 +183,7 @@ def plan_tools(
         constraint=StructuredOutputsParams(json=schema),
         reasoning=reasoning,
         named=choice == "function",
+        show_reasoning=include_reasoning,
     )
 
 
