@@ -52,6 +52,8 @@ class Request:
     grammar: Grammar | None = None  # the output's constraint, if the request has one
     # sampling_params.bad_words as token sequences (the engine's tokenizer makes them)
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    # the prefix cache's namespace (vLLM's cache_salt): only requests with the same salt share KV
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)  # prompt, then outputs

@@ -9,7 +9,6 @@ group share a prefix while the first is still running.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pagoda.core.block_pool import BlockPool
@@ -41,10 +40,10 @@ class KVCacheManager:
         return 1.0 - self.num_available / self.pool.capacity
 
     # ---- admission -----------------------------------------------------------------------
-    def find_prefix(self, token_ids: Sequence[int]) -> PrefixMatch[Any]:
-        """The cached prefix of a request's tokens, in whole blocks, leaving at least one token to
-        compute (its logits are needed). A pure query."""
-        return self.cache.find(token_ids, (len(token_ids) - 1) // self.block_size)
+    def find_prefix(self, request: Request) -> PrefixMatch[Any]:
+        """The cached prefix of a request's tokens under its cache_salt, in whole blocks, leaving at
+        least one token to compute (its logits are needed). A pure query."""
+        return self.cache.find(request.token_ids, (request.num_tokens - 1) // self.block_size, request.cache_salt)
 
     def admit(self, request_id: str, prefix: PrefixMatch[Any], num_tokens: int) -> list[int] | None:
         """Blocks for a waiting request's first `num_tokens` tokens: the reused `prefix` (a cache
@@ -82,7 +81,9 @@ class KVCacheManager:
         start = self._num_inserted.get(request.request_id, 0)
         if full <= start:
             return request.block_ids
-        node = self.cache.insert(request.token_ids[: full * self.block_size], request.block_ids[:full])
+        node = self.cache.insert(
+            request.token_ids[: full * self.block_size], request.block_ids[:full], request.cache_salt
+        )
         self.cache.lock(node)
         old = self._locked.pop(request.request_id, None)
         if old is not None:

@@ -44,14 +44,15 @@ class PrefixCache(Protocol[Node]):
 
     def cached_blocks(self) -> set[int]: ...
 
-    def find(self, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch[Node]:
-        """The longest cached prefix of whole blocks, at most `max_blocks`; changes nothing."""
+    def find(self, token_ids: Sequence[int], max_blocks: int, salt: str | None = None) -> PrefixMatch[Node]:
+        """The longest prefix of whole blocks cached under `salt` (a namespace: None, or a request's
+        cache_salt), at most `max_blocks`; changes nothing."""
 
     def touch(self, match: PrefixMatch[Node]) -> Node:
         """Take a hit that `find` just returned; returns the node to lock for it."""
 
-    def insert(self, token_ids: Sequence[int], blocks: Sequence[int]) -> Node:
-        """Cache `blocks` (whole blocks of `token_ids`); returns the node that ends the path.
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: str | None = None) -> Node:
+        """Cache `blocks` (whole blocks of `token_ids`) under `salt`; returns the node that ends the path.
         Where a prefix is cached already, the cache keeps its own blocks (see `path_blocks`)."""
 
     def path_blocks(self, node: Node) -> list[int]:
@@ -87,13 +88,13 @@ class NoPrefixCache:
     def cached_blocks(self) -> set[int]:
         return set()
 
-    def find(self, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch[object]:
+    def find(self, token_ids: Sequence[int], max_blocks: int, salt: str | None = None) -> PrefixMatch[object]:
         return PrefixMatch(())
 
     def touch(self, match: PrefixMatch[object]) -> object:
         return match.node
 
-    def insert(self, token_ids: Sequence[int], blocks: Sequence[int]) -> object:
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: str | None = None) -> object:
         return self._END
 
     def path_blocks(self, node: object) -> list[int]:

@@ -2,7 +2,11 @@
 on paged blocks). Pure Python.
 
 Each node's key is a run of whole blocks: len(key) == len(blocks) * block_size. Children are keyed
-by the tokens of their first block, so siblings never share a first block.
+by their salt and the tokens of their first block, so siblings never share a first block.
+
+A salt (a request's `cache_salt`, vLLM's) names a namespace: a path is found only by requests with
+the salt it was inserted with, so tenants that salt their requests share no KV (vLLM's rule: the
+salt enters the first block's hash). A node's descendants carry its salt; None is the unsalted one.
 
 Invariants:
 - lock_ref of a node == the number of requests whose locked path (root .. their deepest node)
@@ -19,14 +23,17 @@ from collections.abc import Callable, Iterator, Sequence
 
 from pagoda.core.prefix_cache import PrefixMatch
 
+ChildKey = tuple[str | None, tuple[int, ...]]  # a child's salt and the tokens of its first block
+
 
 class RadixNode:
-    __slots__ = ("key", "blocks", "children", "parent", "lock_ref", "last_access")
+    __slots__ = ("key", "blocks", "salt", "children", "parent", "lock_ref", "last_access")
 
-    def __init__(self, key: tuple[int, ...], blocks: list[int], parent: RadixNode | None) -> None:
+    def __init__(self, key: tuple[int, ...], blocks: list[int], salt: str | None, parent: RadixNode | None) -> None:
         self.key = key
         self.blocks = blocks
-        self.children: dict[tuple[int, ...], RadixNode] = {}
+        self.salt = salt
+        self.children: dict[ChildKey, RadixNode] = {}
         self.parent = parent
         self.lock_ref = 0
         self.last_access = 0
@@ -36,7 +43,7 @@ class RadixCache:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._clock = itertools.count(1)
-        self.root = RadixNode((), [], None)
+        self.root = RadixNode((), [], None, None)
         self.root.lock_ref = 1  # the root is never evicted
         self._block_node: dict[int, RadixNode] = {}
         self.num_evictable_blocks = 0
@@ -52,12 +59,12 @@ class RadixCache:
     def cached_blocks(self) -> set[int]:
         return set(self._block_node)
 
-    def find(self, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch[RadixNode]:
-        """The longest cached prefix of `token_ids`, at most `max_blocks` blocks. A pure query: the
-        tree is neither split nor stamped (a policy may peek at many waiting requests)."""
+    def find(self, token_ids: Sequence[int], max_blocks: int, salt: str | None = None) -> PrefixMatch[RadixNode]:
+        """The longest prefix of `token_ids` cached under `salt`, at most `max_blocks` blocks. A pure
+        query: the tree is neither split nor stamped (a policy may peek at many waiting requests)."""
         node, blocks, in_node = self.root, list[int](), 0
         while len(blocks) < max_blocks:
-            child = node.children.get(self._block_key(token_ids, len(blocks)))
+            child = node.children.get(self._block_key(salt, token_ids, len(blocks)))
             if child is None:
                 break
             in_node = self._matched_blocks(child, token_ids, len(blocks), max_blocks - len(blocks))
@@ -86,19 +93,19 @@ class RadixCache:
         return [block for part in reversed(parts) for block in part]
 
     # ---- updates -------------------------------------------------------------------------
-    def insert(self, token_ids: Sequence[int], blocks: Sequence[int]) -> RadixNode:
-        """Make token_ids (whole blocks, KV in `blocks`) a cached path; returns its deepest node.
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: str | None = None) -> RadixNode:
+        """Make token_ids (whole blocks, KV in `blocks`) a path cached under `salt`; returns its deepest node.
         Where a prefix is cached already, the tree keeps its own blocks and the given duplicates
         are not cached (their owner frees them)."""
         assert len(token_ids) == len(blocks) * self.block_size
         node, done = self.root, 0
         stamp = next(self._clock)
         while done < len(blocks):
-            child = node.children.get(self._block_key(token_ids, done))
+            child = node.children.get(self._block_key(salt, token_ids, done))
             if child is None:
-                leaf = RadixNode(tuple(token_ids[done * self.block_size :]), list(blocks[done:]), node)
+                leaf = RadixNode(tuple(token_ids[done * self.block_size :]), list(blocks[done:]), salt, node)
                 leaf.last_access = stamp
-                node.children[self._block_key(token_ids, done)] = leaf
+                node.children[self._block_key(salt, token_ids, done)] = leaf
                 for block in leaf.blocks:
                     self._block_node[block] = leaf
                 self.num_evictable_blocks += len(leaf.blocks)
@@ -134,7 +141,7 @@ class RadixCache:
         evicted: list[int] = []
         while heap and len(evicted) < num_blocks:
             _, _, leaf = heapq.heappop(heap)
-            first_block = leaf.key[: self.block_size]
+            first_block = self._child_key(leaf)
             take = min(num_blocks - len(evicted), len(leaf.blocks))
             removed = leaf.blocks[len(leaf.blocks) - take :]
             assert all(is_unreferenced(b) for b in removed), "evicting a block a request holds"
@@ -180,16 +187,21 @@ class RadixCache:
             seen_blocks += len(node.blocks)
             evictable += len(node.blocks) if node.lock_ref == 0 else 0
             for first, child in node.children.items():
-                assert child.parent is node and child.key[: self.block_size] == first, "child key out of sync"
+                assert child.parent is node and self._child_key(child) == first, "child key out of sync"
+                assert node is self.root or child.salt == node.salt, "a salted path changes its salt"
                 assert child.blocks, "empty node left in the tree"
                 stack.append(child)
         assert seen_blocks == len(self._block_node), "block index has blocks outside the tree"
         assert evictable == self.num_evictable_blocks, f"evictable count {self.num_evictable_blocks} != {evictable}"
 
     # ---- helpers -------------------------------------------------------------------------
-    def _block_key(self, token_ids: Sequence[int], block_index: int) -> tuple[int, ...]:
+    def _block_key(self, salt: str | None, token_ids: Sequence[int], block_index: int) -> ChildKey:
         start = block_index * self.block_size
-        return tuple(token_ids[start : start + self.block_size])
+        return salt, tuple(token_ids[start : start + self.block_size])
+
+    def _child_key(self, node: RadixNode) -> ChildKey:
+        """`node`'s key among its parent's children."""
+        return node.salt, node.key[: self.block_size]
 
     def _matched_blocks(self, node: RadixNode, token_ids: Sequence[int], start_block: int, limit: int) -> int:
         bs, offset = self.block_size, start_block * self.block_size
@@ -203,11 +215,11 @@ class RadixCache:
     def _split(self, node: RadixNode, num_blocks: int) -> RadixNode:
         """Cut `node` after num_blocks blocks; returns the new upper part (the lower keeps `node`)."""
         split_at = num_blocks * self.block_size
-        upper = RadixNode(node.key[:split_at], node.blocks[:num_blocks], _parent(node))
+        upper = RadixNode(node.key[:split_at], node.blocks[:num_blocks], node.salt, _parent(node))
         upper.lock_ref, upper.last_access = node.lock_ref, node.last_access
-        _parent(node).children[node.key[: self.block_size]] = upper
+        _parent(node).children[self._child_key(node)] = upper
         node.key, node.blocks, node.parent = node.key[split_at:], node.blocks[num_blocks:], upper
-        upper.children[node.key[: self.block_size]] = node
+        upper.children[self._child_key(node)] = node
         for block in upper.blocks:
             self._block_node[block] = upper
         return upper

@@ -327,7 +327,7 @@ class Scheduler:
         prompt blocks its n > 1 sibling computed."""
         if request.sampling_params.prompt_logprobs is not None:
             return PrefixMatch(())  # every prompt position must be computed to score it
-        hit = self.kv.find_prefix(request.token_ids)
+        hit = self.kv.find_prefix(request)
         parent = request.parent
         if hit.blocks or parent is None or not parent.block_ids or request.num_preemptions:
             return hit
@@ -343,7 +343,7 @@ class Scheduler:
         if self.config.policy == "fcfs" or ready[0].num_skips >= LPM_MAX_SKIPS:
             return ready[0], []
         window = ready[:LPM_WINDOW]
-        best = max(window, key=lambda r: (len(self.kv.find_prefix(r.token_ids).blocks), -window.index(r)))
+        best = max(window, key=lambda r: (len(self.kv.find_prefix(r).blocks), -window.index(r)))
         return best, [r for r in window if r is not best and r.arrival_time < best.arrival_time]
 
     def _preempt(self, request: Request) -> None:

@@ -65,10 +65,15 @@ class EngineBase:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _new_requests(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, grammar: Any = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        grammar: Any = None,
+        cache_salt: str | None = None,
     ) -> list[Request]:
         """The engine requests of one caller request, one per sequence of n; `grammar`: the
-        compiled grammar of its constraint, if it has one."""
+        compiled grammar of its constraint, if it has one; `cache_salt`: its prefix cache namespace."""
         m = self.config.model
         check_token_ids(prompt_ids, m.vocab_size, "prompt")
         check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
@@ -89,7 +94,7 @@ class EngineBase:
             new_grammar = functools.partial(RequestGrammar, grammar, think_start, think_end)
         bad_words_ids = tuple(ids for word in params.bad_words for ids in self._word_token_ids(word))
         return make_requests(
-            request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len, new_grammar, bad_words_ids
+            request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len, new_grammar, bad_words_ids, cache_salt
         )
 
     def _word_token_ids(self, word: str) -> list[tuple[int, ...]]:

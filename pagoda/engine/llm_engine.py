@@ -19,14 +19,22 @@ class LLMEngine(EngineBase):
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt)
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
+        """Queue one prompt; returns its request id. `cache_salt` (vLLM's): only requests with the
+        same salt share prefix-cache blocks."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         constraint = params.structured_outputs
         grammar = self.compile_grammar(constraint) if constraint is not None else None
-        requests = self._new_requests(request_id, prompt_ids, params, grammar)
+        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt)
         for request in requests:
             self.core.add_request(request)
         self.outputs.add(request_id, requests)

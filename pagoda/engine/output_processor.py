@@ -22,6 +22,7 @@ def make_requests(
     max_model_len: int,
     new_grammar: Callable[[], Grammar] | None = None,
     bad_words_ids: tuple[tuple[int, ...], ...] = (),
+    cache_salt: str | None = None,
 ) -> list[Request]:
     """The engine requests of one caller request: one per sequence; siblings of n > 1 share the
     prompt through the first one, seeded siblings get consecutive seeds, and a constrained
@@ -39,6 +40,7 @@ def make_requests(
                 parent=requests[0] if requests else None,
                 grammar=new_grammar() if new_grammar is not None else None,
                 bad_words_ids=bad_words_ids,
+                cache_salt=cache_salt,
             )
         )
     return requests

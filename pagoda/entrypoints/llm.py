@@ -83,6 +83,14 @@ def _unwrapped(prompt: Prompt) -> str | list[int]:
     raise TypeError(f'a prompt dict holds "prompt" (a string) or "prompt_token_ids", got {prompt!r:.80}')
 
 
+def _cache_salt(prompt: Prompt) -> str | None:
+    """A prompt dict's "cache_salt" (vLLM's): its prefix cache namespace."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise TypeError(f"a prompt's cache_salt is a non-empty string, got {salt!r:.80}")
+    return salt
+
+
 # vLLM's LLM arguments that scripts pass as boilerplate and that change nothing here, with the
 # values that mean nothing else in Pagoda (any other is refused, naming the argument)
 VLLM_NO_OPS = {
@@ -126,7 +134,8 @@ class LLM:
         if sampling_params is not None and not isinstance(sampling_params, (SamplingParams, Sequence)):
             raise TypeError(f"sampling_params must be a SamplingParams or one per prompt, got {sampling_params!r:.80}")
         single = isinstance(prompts, (str, dict)) or isinstance(prompts[0], int)
-        prompt_list = [_unwrapped(p) for p in ([prompts] if single else prompts)]
+        given = [prompts] if single else prompts
+        prompt_list, salts = [_unwrapped(p) for p in given], [_cache_salt(p) for p in given]
         params = self.get_default_sampling_params() if sampling_params is None else sampling_params
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompt_list)
         if len(params_list) != len(prompt_list):
@@ -138,8 +147,8 @@ class LLM:
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
         ids: list[str] = []
         try:
-            for prompt, sp in zip(prompt_ids, params_list):
-                ids.append(self.engine.add_request(prompt, sp))
+            for prompt, sp, salt in zip(prompt_ids, params_list, salts):
+                ids.append(self.engine.add_request(prompt, sp, cache_salt=salt))
             progress = Progress(len(ids), sum(map(len, prompt_ids)), sum(sp.n for sp in params_list), use_tqdm)
             done = self._run(ids, progress)
         except BaseException:  # a refused prompt or a Ctrl-C: this call's requests leave the engine
@@ -160,6 +169,10 @@ class LLM:
     def get_tokenizer(self):
         """The model's tokenizer (vLLM's name for `tokenizer`)."""
         return self.tokenizer
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: drop every cached prefix (between calls nothing holds one, so it succeeds)."""
+        return self.engine.core.reset_prefix_cache()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: the sampling values the model's generation_config.json sets (generation_config.

@@ -24,7 +24,7 @@ def computed(kv: KVCacheManager, request: Request, num_new: int) -> None:
 def admit(kv: KVCacheManager, request: Request, budget: int, prefix: PrefixMatch | None = None) -> int | None:
     """What the scheduler does to admit a request: reuse a prefix (the cached one unless given),
     take blocks for up to `budget` more tokens, write them into the request."""
-    prefix = kv.find_prefix(request.token_ids) if prefix is None else prefix
+    prefix = kv.find_prefix(request) if prefix is None else prefix
     reused = len(prefix.blocks) * kv.block_size
     num_new = min(request.num_tokens - reused, budget)
     blocks = kv.admit(request.request_id, prefix, reused + num_new)
@@ -53,7 +53,7 @@ def admit_all(kv: KVCacheManager, request: Request) -> None:
 
 
 def lookup(kv: KVCacheManager, request: Request) -> int:
-    return len(kv.find_prefix(request.token_ids).blocks) * kv.block_size
+    return len(kv.find_prefix(request).blocks) * kv.block_size
 
 
 def test_cold_admission_allocates_blocks_for_the_chunk() -> None:
@@ -91,6 +91,22 @@ def test_admission_with_a_cache_hit_takes_the_cached_blocks() -> None:
     assert kv.pool.ref_counts[1:3] == [1, 1]
     assert lookup(kv, make_request("c", tokens(12))) == 8
     kv.check_integrity([b])
+
+
+def test_a_cache_salt_shares_blocks_only_within_its_namespace() -> None:
+    kv = KVCacheManager(10, BS, True)
+    salted = make_request("a", tokens(10))
+    salted.cache_salt = "tenant-a"
+    admit_all(kv, salted)
+    free(kv, salted)
+    assert kv.cache.num_cached_blocks == 2
+    same_salt, other_salt, unsalted = (make_request(i, tokens(12)) for i in "bcd")
+    same_salt.cache_salt, other_salt.cache_salt = "tenant-a", "tenant-b"
+    assert (lookup(kv, same_salt), lookup(kv, other_salt), lookup(kv, unsalted)) == (8, 0, 0)
+    admit_all(kv, unsalted)  # the same tokens computed again, cached beside the salted copy
+    assert unsalted.num_computed_tokens == 12 and kv.cache.num_cached_blocks == 5
+    assert lookup(kv, make_request("e", tokens(13))) == 12 and lookup(kv, same_salt) == 8
+    kv.check_integrity([unsalted])
 
 
 @pytest.mark.parametrize("bs", [1, 4, 16])
@@ -138,7 +154,7 @@ def test_refused_admission_takes_nothing() -> None:
     assert admit(kv, b, 1) is None  # even one new token needs a new block
     assert (list(kv.pool.ref_counts), kv.pool.num_free, kv.cache.num_evictable_blocks) == before
     assert b.block_ids == [] and b.num_computed_tokens == 0 and b.request_id not in kv._locked
-    assert kv.cache.root.children[tuple(tokens(BS))].lock_ref == 0
+    assert kv.cache.root.children[None, tuple(tokens(BS))].lock_ref == 0
     kv.check_integrity([holder])
     free(kv, holder)  # its 3 blocks stay cached, idle: evictable for b
     assert admit(kv, b, 100) == 9

@@ -35,6 +35,19 @@ def test_insert_into_empty_tree_makes_one_evictable_leaf() -> None:
     cache.check_integrity([])
 
 
+def test_a_salt_is_a_namespace_of_its_own() -> None:
+    cache = RadixCache(BS)
+    cache.insert(seq(1, 2), [11, 12])
+    cache.insert(seq(1, 2), [21, 22], "tenant-a")
+    assert cache.find(seq(1, 2, 3), 3).blocks == (11, 12)
+    assert cache.find(seq(1, 2, 3), 3, "tenant-a").blocks == (21, 22)
+    assert cache.find(seq(1, 2, 3), 3, "tenant-b").blocks == ()
+    blocks, node = take(cache, seq(1, 5), 2, "tenant-a")  # splits the salted path
+    assert blocks == [21] and node.salt == "tenant-a" and node.children[("tenant-a", tuple(seq(2)))].blocks == [22]
+    assert cache.evict(4, unreferenced) == [11, 12, 22, 21]  # least recently used first, across salts
+    cache.check_integrity([])
+
+
 def test_insert_of_nothing_returns_the_root() -> None:
     cache = RadixCache(BS)
     assert cache.insert([], []) is cache.root
@@ -124,9 +137,9 @@ def test_lock_and_unlock_count_along_the_path() -> None:
     cache = RadixCache(BS)
     cache.insert(seq(1, 2, 3), [11, 12, 13])
     cache.insert(seq(1, 2, 4), [11, 12, 14])
-    upper = cache.root.children[tuple(seq(1))]
-    leaf3 = upper.children[tuple(seq(3))]
-    leaf4 = upper.children[tuple(seq(4))]
+    upper = cache.root.children[None, tuple(seq(1))]
+    leaf3 = upper.children[None, tuple(seq(3))]
+    leaf4 = upper.children[None, tuple(seq(4))]
     assert cache.num_evictable_blocks == 4
     cache.lock(leaf3)
     assert (upper.lock_ref, leaf3.lock_ref, leaf4.lock_ref, cache.root.lock_ref) == (1, 1, 0, 2)
@@ -195,7 +208,7 @@ def test_parent_becomes_an_evictable_leaf_after_its_children_go() -> None:
     cache.insert(seq(1, 2), [11, 12])  # stamp 1
     cache.insert(seq(1, 3), [11, 13])  # stamp 2: splits into [11] -> {[12], [13]}
     cache.insert(seq(7), [17])  # stamp 3
-    parent = cache.root.children[tuple(seq(1))]
+    parent = cache.root.children[None, tuple(seq(1))]
     assert parent.blocks == [11] and parent.last_access == 2
     # Leaves by age: [12] (1), [13] (2), [17] (3). Once [12] and [13] are gone, the parent (2) is a
     # leaf and older than [17].

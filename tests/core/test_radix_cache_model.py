@@ -1,6 +1,6 @@
-"""The radix cache against a flat model: a dict from each cached block's whole token prefix to the
-block. Random inserts, matches, locks, unlocks, evictions and resets; after every operation the
-tree must agree with the model and pass its own integrity check."""
+"""The radix cache against a flat model: a dict from each cached block's salt and whole token
+prefix to the block. Random inserts, matches, locks, unlocks, evictions and resets, under a few
+salts; after every operation the tree must agree with the model and pass its own integrity check."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pagoda.core.radix_cache import RadixCache, RadixNode
 from .helpers import take
 
 LABELS = st.lists(st.integers(0, 3), min_size=0, max_size=6)  # few labels: many shared prefixes
+SALTS = st.sampled_from([None, None, "a", "b"])  # namespaces: the same tokens under each
 
 
 class RadixCacheMachine(RuleBasedStateMachine):
@@ -22,53 +23,54 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def setup(self, block_size: int) -> None:
         self.bs = block_size
         self.cache = RadixCache(block_size)
-        self.model: dict[tuple[int, ...], int] = {}  # token prefix ending a block -> its block
-        self.locks: list[tuple[RadixNode, tuple[int, ...]]] = []  # locked node, its token prefix
+        # (salt, *token prefix ending a block) -> its block
+        self.model: dict[tuple, int] = {}
+        self.locks: list[tuple[RadixNode, tuple]] = []  # locked node, its (salt, *token prefix)
         self.next_block = itertools.count(1)
 
     def tokens(self, labels: list[int]) -> list[int]:
         return [10 * label + i for label in labels for i in range(self.bs)]
 
-    def locked_prefixes(self) -> set[tuple[int, ...]]:
-        return {key[: (i + 1) * self.bs] for _, key in self.locks for i in range(len(key) // self.bs)}
+    def locked_prefixes(self) -> set[tuple]:
+        return {key[: 1 + (i + 1) * self.bs] for _, key in self.locks for i in range((len(key) - 1) // self.bs)}
 
-    def expected_match(self, tokens: list[int], max_blocks: int) -> list[int]:
+    def expected_match(self, salt: str | None, tokens: list[int], max_blocks: int) -> list[int]:
         blocks = []
         for i in range(min(max_blocks, len(tokens) // self.bs)):
-            block = self.model.get(tuple(tokens[: (i + 1) * self.bs]))
+            block = self.model.get((salt, *tokens[: (i + 1) * self.bs]))
             if block is None:
                 break
             blocks.append(block)
         return blocks
 
-    @rule(labels=LABELS, lock=st.booleans())
-    def insert(self, labels: list[int], lock: bool) -> None:
+    @rule(labels=LABELS, salt=SALTS, lock=st.booleans())
+    def insert(self, labels: list[int], salt: str | None, lock: bool) -> None:
         tokens = self.tokens(labels)
         blocks = [next(self.next_block) for _ in labels]
-        node = self.cache.insert(tokens, blocks)
+        node = self.cache.insert(tokens, blocks, salt)
         for i, block in enumerate(blocks):
-            self.model.setdefault(tuple(tokens[: (i + 1) * self.bs]), block)
-        assert self.expected_match(tokens, len(labels)) == [
-            self.model[tuple(tokens[: (i + 1) * self.bs])] for i in range(len(labels))
+            self.model.setdefault((salt, *tokens[: (i + 1) * self.bs]), block)
+        assert self.expected_match(salt, tokens, len(labels)) == [
+            self.model[(salt, *tokens[: (i + 1) * self.bs])] for i in range(len(labels))
         ]
         assert len(node.key) == len(node.blocks) * self.bs
         if labels:
-            assert node.blocks[-1] == self.model[tuple(tokens)]
+            assert node.blocks[-1] == self.model[(salt, *tokens)] and node.salt == salt
         if lock:
             self.cache.lock(node)
-            self.locks.append((node, tuple(tokens)))
+            self.locks.append((node, (salt, *tokens)))
 
-    @rule(labels=LABELS, extra=st.integers(0, 15), max_blocks=st.integers(0, 7), lock=st.booleans())
-    def match(self, labels: list[int], extra: int, max_blocks: int, lock: bool) -> None:
+    @rule(labels=LABELS, salt=SALTS, extra=st.integers(0, 15), max_blocks=st.integers(0, 7), lock=st.booleans())
+    def match(self, labels: list[int], salt: str | None, extra: int, max_blocks: int, lock: bool) -> None:
         tokens = self.tokens(labels) + [99] * (extra % self.bs)  # maybe a partial last block
-        blocks, node = take(self.cache, tokens, max_blocks)
-        assert blocks == self.expected_match(tokens, max_blocks)
+        blocks, node = take(self.cache, tokens, max_blocks, salt)
+        assert blocks == self.expected_match(salt, tokens, max_blocks)
         assert (node is self.cache.root) == (not blocks)
         if blocks:
             assert node.blocks[-1] == blocks[-1]
         if lock:
             self.cache.lock(node)
-            self.locks.append((node, tuple(tokens[: len(blocks) * self.bs])))
+            self.locks.append((node, (salt, *tokens[: len(blocks) * self.bs])))
 
     @precondition(lambda self: self.locks)
     @rule(data=st.data())
@@ -89,7 +91,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
             assert key not in locked, "evicted a locked block"
             del self.model[key]
         for key in self.model:  # what stays is still a whole path from the root
-            assert all(key[: (i + 1) * self.bs] in self.model for i in range(len(key) // self.bs))
+            assert all(key[: 1 + (i + 1) * self.bs] in self.model for i in range((len(key) - 1) // self.bs))
 
     @rule()
     def reset(self) -> None:

@@ -28,7 +28,7 @@ def add(scheduler: Scheduler, request_id: str, prompt: list[int], **kwargs) -> R
 
 def lookup(scheduler: Scheduler, request: Request) -> int:
     """Prompt tokens the prefix cache holds for `request`."""
-    return len(scheduler.kv.find_prefix(request.token_ids).blocks) * scheduler.kv.block_size
+    return len(scheduler.kv.find_prefix(request).blocks) * scheduler.kv.block_size
 
 
 def constant(token: int):

@@ -252,6 +252,23 @@ def test_vllm_prompt_dicts_parts_tools_and_the_tokenizer(tiny_llm):
         tiny_llm.generate(["Hi", "there"], [GREEDY, None])
 
 
+def test_a_prompt_dicts_cache_salt_is_its_prefix_cache_namespace(tiny_llm):
+    """vLLM's prompt dicts carry a cache_salt: a prompt reuses cached KV only under the same salt."""
+    ids = list(range(10, 60))  # three whole blocks of 16 and two tokens
+
+    def cached(salt: str | None) -> tuple[int, list[int]]:
+        prompt = {"prompt_token_ids": ids} if salt is None else {"prompt_token_ids": ids, "cache_salt": salt}
+        (out,) = tiny_llm.generate(prompt, GREEDY, use_tqdm=False)
+        return out.num_cached_tokens, out.outputs[0].token_ids
+
+    assert tiny_llm.reset_prefix_cache()
+    first, tokens = cached("tenant-a")
+    assert first == 0 and cached("tenant-b")[0] == 0 and cached(None)[0] == 0
+    assert cached("tenant-a") == (48, tokens)
+    with pytest.raises(TypeError, match="cache_salt"):
+        tiny_llm.generate({"prompt_token_ids": ids, "cache_salt": ""}, GREEDY, use_tqdm=False)
+
+
 def test_chat_continues_the_final_message_as_vllms(tiny_llm):
     opened = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I am"}]
     (result,) = tiny_llm.chat(opened, GREEDY, add_generation_prompt=False, continue_final_message=True)

@@ -233,7 +233,9 @@ def test_enable_log_requests_logs_ids_and_params_on_arrival(caplog):
         state = ServerState(None, ServerConfig(log_requests=enabled), "m", LIMITS, sinks, None)  # type: ignore[arg-type]
         caplog.clear()
         with caplog.at_level(logging.INFO, "pagoda.requests"), pytest.raises(APIError):
-            asyncio.run(state.launch(None, "/v1/completions", "cmpl-7", [[1, 2, 3]], SamplingParams(max_tokens=3)))  # type: ignore[arg-type]
+            asyncio.run(
+                state.launch(None, "/v1/completions", "cmpl-7", [[1, 2, 3]], SamplingParams(max_tokens=3), None)
+            )  # type: ignore[arg-type]
         lines = [r.getMessage() for r in caplog.records if r.name == "pagoda.requests"]
         if enabled:
             assert lines and lines[0].startswith("received cmpl-7 /v1/completions: 1 prompt(s), SamplingParams(")

@@ -136,6 +136,37 @@ def test_repeated_prompt_hits_the_prefix_cache_and_metrics_count_it(client, http
     assert metric(after, "pagoda:num_preemptions_total") >= 0
 
 
+def test_a_cache_salt_shares_the_prefix_cache_only_within_its_namespace(client, http):
+    """vLLM's cache_salt: requests share cached KV only with requests of the same salt (none is one
+    namespace too), on every generation endpoint; outputs are the same either way."""
+    assert http.post("/reset_prefix_cache").status_code == 200
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+
+    def completion(salt: str | None) -> tuple[int, str]:
+        extra = {} if salt is None else {"cache_salt": salt}
+        out = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2, temperature=0, extra_body=extra)
+        return out.usage.prompt_tokens_details.cached_tokens, out.choices[0].text
+
+    def chat(salt: str) -> int:
+        out = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=1, temperature=0, extra_body={"cache_salt": salt}
+        )
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    def responses(salt: str) -> int:
+        out = client.responses.create(model=MODEL, input=messages, max_output_tokens=1, extra_body={"cache_salt": salt})
+        return out.usage.input_tokens_details.cached_tokens
+
+    salted, text = completion("tenant-a")
+    assert salted == 0
+    assert completion(None)[0] == 0 and completion("tenant-b")[0] == 0  # neither sees tenant-a's blocks
+    again, same_text = completion("tenant-a")
+    assert again >= 48 and same_text == text
+    assert completion(None)[0] == again and completion("tenant-b")[0] == again  # each its own copy now
+    assert chat("tenant-c") == 0 and chat("tenant-c") >= 48 and chat("tenant-d") == 0
+    assert responses("tenant-e") == 0 and responses("tenant-e") >= 48 and responses("tenant-a") == 0
+
+
 def test_reset_prefix_cache_empties_it_and_refuses_while_busy(client, http, server):
     client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=1)
     assert http.post("/reset_prefix_cache").status_code == 200

@@ -70,7 +70,6 @@ def test_unknown_route_is_an_openai_404(http):
         ("logprob_token_ids", [42]),
         ("thinking_token_budget", 64),
         ("repetition_detection", {"max_pattern_size": 8}),
-        ("cache_salt", "tenant-a"),
     ],
 )
 def test_unsupported_chat_fields_are_400(http, field, value):
@@ -80,10 +79,19 @@ def test_unsupported_chat_fields_are_400(http, field, value):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("suffix", "tail"), ("best_of", 3), ("prompt_embeds", "AAAA"), ("use_beam_search", True), ("cache_salt", "a")],
+    [("suffix", "tail"), ("best_of", 3), ("prompt_embeds", "AAAA"), ("use_beam_search", True)],
 )
 def test_unsupported_completion_fields_are_400(http, field, value):
     assert error_of(http.post("/v1/completions", json={**COMPLETION, field: value}), 400)["param"] == field
+
+
+@pytest.mark.parametrize("salt", ["", "a/b", "tenant@a", "back\\slash", "nul\0", "x" * 129, 7])
+def test_a_cache_salt_vllm_refuses_is_400(http, salt):
+    """vLLM's rule: a non-empty string of at most 128 characters without '@', '/', '\\' or NUL."""
+    for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)):
+        assert error_of(http.post(path, json={**body, "cache_salt": salt}), 400)["param"] == "cache_salt", path
+    responses = {"input": "hi", "max_output_tokens": 1, "cache_salt": salt}
+    assert error_of(http.post("/v1/responses", json=responses), 400)["param"] == "cache_salt"
 
 
 def test_harmless_values_of_refused_fields_pass(http):

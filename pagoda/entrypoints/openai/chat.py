@@ -274,7 +274,7 @@ def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
     chat = await prepare(state, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    generation = await state.launch(http, ENDPOINT, request_id, [chat.prompt_ids], chat.params)
+    generation = await state.launch(http, ENDPOINT, request_id, [chat.prompt_ids], chat.params, body.cache_salt)
     head = state.answer_head(request_id, "chat.completion")
     reply = (chat.role, chat.echoed)
     if body.stream:

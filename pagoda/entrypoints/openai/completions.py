@@ -68,7 +68,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
         check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt", min_tokens=body.min_tokens)
     await state.check_constraint(body, params)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params)
+    generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params, body.cache_salt)
     head = state.answer_head(request_id, "text_completion")
     if body.stream:
         return event_stream(_chunks(state, body, prompts, generation, head), generation)

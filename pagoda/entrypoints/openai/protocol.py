@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import typing
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from pagoda.sampling_params import INT64_MAX, INT64_MIN
@@ -20,6 +20,21 @@ from pagoda.sampling_params import INT64_MAX, INT64_MIN
 MAX_N = 128  # OpenAI's own limit on choices per request
 TruncationSide = typing.Literal["left", "right"]
 ReasoningEffort = typing.Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+MAX_CACHE_SALT = 128  # vLLM's limits on a cache_salt: its length, and characters it refuses
+CACHE_SALT_REFUSED = frozenset("@/\\\0")
+
+
+def _checked_cache_salt(salt: str | None) -> str | None:
+    if salt is not None and (not salt or len(salt) > MAX_CACHE_SALT or CACHE_SALT_REFUSED & set(salt)):
+        raise ValueError(
+            f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters, "
+            "without '@', '/', '\\' or NUL"
+        )
+    return salt
+
+
+# vLLM's: the request's prefix cache namespace (only requests with the same salt share cached KV)
+CacheSalt = Annotated[str | None, AfterValidator(_checked_cache_salt)]
 
 
 class _Body(BaseModel):
@@ -136,13 +151,13 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    cache_salt: CacheSalt = None
     # vLLM's, refused where set (see unsupported_fields): beam search, logprobs of chosen token ids,
-    # a thinking budget, repetition detection, a salted prefix cache
+    # a thinking budget, repetition detection
     use_beam_search: bool = False
     logprob_token_ids: list[int] | None = None
     thinking_token_budget: Any = None
     repetition_detection: Any = None
-    cache_salt: str | None = None
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_*
     response_format: Any = None
     structured_outputs: StructuredOutputsBody | None = None
@@ -207,6 +222,7 @@ class VllmResponsesFields(_Body):
     chat_template_kwargs: dict[str, Any] | None = None
     structured_outputs: StructuredOutputsBody | None = None
     include_reasoning: bool | None = None
+    cache_salt: CacheSalt = None
 
 
 class ResponsesRequest(VllmResponsesFields):
@@ -267,9 +283,8 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
     """The first field set to something Pagoda cannot do, or None."""
     if request.use_beam_search:
         return "use_beam_search"
-    for name in ("logprob_token_ids", "cache_salt"):
-        if getattr(request, name) not in (None, []):
-            return name
+    if request.logprob_token_ids not in (None, []):
+        return "logprob_token_ids"
     if request.thinking_token_budget not in (None, -1):  # vLLM's -1: no budget
         return "thinking_token_budget"
     detection = request.repetition_detection

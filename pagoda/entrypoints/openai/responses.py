@@ -63,7 +63,9 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
         raise _renamed(exc) from None
     logprobs = _logprobs(state, request, prepared.plan)
     response_id = f"resp_{uuid.uuid4().hex}"
-    generation = await state.launch(http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params)
+    generation = await state.launch(
+        http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params, request.cache_salt
+    )
     head = _head(state, body, request, prepared, response_id)
     if body.stream:
         return event_stream(_events(prepared.plan, generation, head, logprobs, state.reasoning_counter), generation)

@@ -171,15 +171,22 @@ class ServerState:
         return await asyncio.to_thread(work, *args)
 
     async def launch(
-        self, http: Request, endpoint: str, request_id: str, prompts: list[list[int]], params: SamplingParams
+        self,
+        http: Request,
+        endpoint: str,
+        request_id: str,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        cache_salt: str | None,
     ) -> Generation:
-        """Submit the prompts; returns once the engine has accepted all of them."""
+        """Submit the prompts (in the prefix cache namespace `cache_salt`); returns once the engine
+        has accepted all of them."""
         body = await http.json() if self.sinks.request_log is not None else None
         engine_ids = Generation.engine_ids_for(request_id, len(prompts))
         if self.config.log_requests:
             logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
         recorder = RequestRecorder(self.sinks, endpoint, engine_ids, prompts, params.n, body)
-        generation = Generation(self.engine, engine_ids, prompts, params, recorder)
+        generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, recorder)
         await cancel_on_disconnect(http, generation.start())
         return generation
 

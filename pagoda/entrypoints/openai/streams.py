@@ -45,12 +45,14 @@ class Generation:
         engine_ids: list[str],
         prompts: list[list[int]],
         params: SamplingParams,
+        cache_salt: str | None,
         observer: Observer,
     ) -> None:
         self.engine = engine
         self.engine_ids = engine_ids
         self.prompts = prompts
         self.params = params
+        self.cache_salt = cache_salt
         self.observer = observer
         self._queue: asyncio.Queue[tuple[int, SequenceOutput | Exception]] = asyncio.Queue()
         self._buffer: deque[tuple[int, SequenceOutput]] = deque()
@@ -101,7 +103,7 @@ class Generation:
     async def _pump(self, i: int) -> None:
         latest: dict[int, SequenceOutput] = {}
         try:
-            async for update in self.engine.generate(self.engine_ids[i], self.prompts[i], self.params):
+            async for update in self.engine.generate(self.engine_ids[i], self.prompts[i], self.params, self.cache_salt):
                 latest[update.index] = update
                 self.observer.on_update(i, update)
                 self._queue.put_nowait((i, update))
