@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -165,6 +166,25 @@ def test_a_cache_salt_shares_the_prefix_cache_only_within_its_namespace(client, 
     assert completion(None)[0] == again and completion("tenant-b")[0] == again  # each its own copy now
     assert chat("tenant-c") == 0 and chat("tenant-c") >= 48 and chat("tenant-d") == 0
     assert responses("tenant-e") == 0 and responses("tenant-e") >= 48 and responses("tenant-a") == 0
+
+
+def test_an_answers_id_is_the_callers_request_id_as_vllm_names_it(client, http):
+    """vLLM's rule: "chatcmpl-" or "cmpl-" and the X-Request-Id header, else the body's request_id;
+    a response's id is its request_id as it is. Requests in flight under one id all run."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    assert http.post("/v1/chat/completions", json={**chat, "request_id": "trace-1"}).json()["id"] == "chatcmpl-trace-1"
+    headed = http.post("/v1/chat/completions", json={**chat, "request_id": "trace-1"}, headers={"X-Request-Id": "h-2"})
+    assert headed.json()["id"] == "chatcmpl-h-2"
+    two_prompts = {"model": MODEL, "prompt": ["Hi", "there"], "max_tokens": 2, "request_id": "trace-3"}
+    assert http.post("/v1/completions", json=two_prompts).json()["id"] == "cmpl-trace-3"
+    out = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, extra_body={"request_id": "resp-4"})
+    assert out.id == "resp-4"
+    long = {**chat, "max_tokens": 24, "ignore_eos": True, "request_id": "same"}
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: http.post("/v1/chat/completions", json=long), range(3)))
+    assert [(a.status_code, a.json()["id"], a.json()["usage"]["completion_tokens"]) for a in answers] == [
+        (200, "chatcmpl-same", 24)
+    ] * 3
 
 
 def test_reset_prefix_cache_empties_it_and_refuses_while_busy(client, http, server):

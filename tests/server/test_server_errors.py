@@ -94,6 +94,14 @@ def test_a_cache_salt_vllm_refuses_is_400(http, salt):
     assert error_of(http.post("/v1/responses", json=responses), 400)["param"] == "cache_salt"
 
 
+@pytest.mark.parametrize("request_id", ["", "two\nlines", 7])
+def test_a_request_id_that_cannot_name_an_answer_is_400(http, request_id):
+    for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)):
+        assert error_of(http.post(path, json={**body, "request_id": request_id}), 400)["param"] == "request_id", path
+    responses = {"input": "hi", "max_output_tokens": 1, "request_id": request_id}
+    assert error_of(http.post("/v1/responses", json=responses), 400)["param"] == "request_id"
+
+
 def test_harmless_values_of_refused_fields_pass(http):
     ok = {
         "response_format": {"type": "text"},

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +18,7 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
-from pagoda.entrypoints.openai.serving import DONE, ServerState, chunk_usage, event_stream, sse, usage
+from pagoda.entrypoints.openai.serving import DONE, ServerState, answer_id, chunk_usage, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from pagoda.model_files import apply_chat_template, template_supports_tools
@@ -273,7 +272,7 @@ def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
     chat = await prepare(state, body)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = answer_id(http, "chatcmpl-", body.request_id)
     generation = await state.launch(http, ENDPOINT, request_id, [chat.prompt_ids], chat.params, body.cache_salt)
     head = state.answer_head(request_id, "chat.completion")
     reply = (chat.role, chat.echoed)

@@ -5,7 +5,6 @@ leaves that token out."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
@@ -17,7 +16,7 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import CompletionRequest, TruncationSide
-from pagoda.entrypoints.openai.serving import DONE, ServerState, chunk_usage, event_stream, sse, usage
+from pagoda.entrypoints.openai.serving import DONE, ServerState, answer_id, chunk_usage, event_stream, sse, usage
 from pagoda.entrypoints.openai.streams import Generation
 
 ENDPOINT = "/v1/completions"
@@ -67,7 +66,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     for p in prompts:
         check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt", min_tokens=body.min_tokens)
     await state.check_constraint(body, params)
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    request_id = answer_id(http, "cmpl-", body.request_id)
     generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params, body.cache_salt)
     head = state.answer_head(request_id, "text_completion")
     if body.stream:

@@ -37,6 +37,16 @@ def _checked_cache_salt(salt: str | None) -> str | None:
 CacheSalt = Annotated[str | None, AfterValidator(_checked_cache_salt)]
 
 
+def _checked_request_id(request_id: str | None) -> str | None:
+    if request_id is not None and (not request_id or not request_id.isprintable()):
+        raise ValueError("request_id must be a non-empty string of printable characters")  # it reaches log lines
+    return request_id
+
+
+# vLLM's: the id the answer carries (after the endpoint's prefix, where it has one)
+RequestId = Annotated[str | None, AfterValidator(_checked_request_id)]
+
+
 class _Body(BaseModel):
     # inf and NaN would reach the sampler's tensors: refused like any other invalid number
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -152,6 +162,7 @@ class _SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: CacheSalt = None
+    request_id: RequestId = None  # the answer's id is "chatcmpl-" or "cmpl-" and this (serving.answer_id)
     # vLLM's, refused where set (see unsupported_fields): beam search, logprobs of chosen token ids,
     # a thinking budget, repetition detection
     use_beam_search: bool = False
@@ -253,6 +264,7 @@ class ResponsesRequest(VllmResponsesFields):
     reasoning: dict[str, Any] | None = None
     max_tool_calls: int | None = None  # bounds built-in tools' calls; function calls come back to the client
     top_logprobs: int | None = Field(None, ge=0)  # with include ["message.output_text.logprobs"]
+    request_id: RequestId = None  # vLLM's: the response's id, as it is
     # refused where set (responses.py)
     include: list[str] | None = None
     previous_response_id: str | None = None

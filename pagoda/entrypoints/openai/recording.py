@@ -36,14 +36,14 @@ class RequestRecorder:
         self,
         sinks: RecordSinks,
         endpoint: str,
-        engine_ids: list[str],
+        request_ids: list[str],
         prompts: list[list[int]],
         n: int,
         body: dict | None,
     ) -> None:
         self.sinks = sinks
         self.endpoint = endpoint
-        self.engine_ids = engine_ids
+        self.request_ids = request_ids  # each prompt's, as the client's answer names it
         self.prompts = prompts
         self.n = n
         self.body = body  # the request as sent; kept only when the request log is on
@@ -90,7 +90,7 @@ class RequestRecorder:
         text = "" if prompt_text is None else f" prompt={prompt_text!r}"
         logger.info(
             "%s %s: prompt_tokens=%d cached_tokens=%d output_tokens=%d ttft=%s e2e=%s finish_reason=%s%s",
-            self.engine_ids[prompt],
+            self.request_ids[prompt],
             self.endpoint,
             len(self.prompts[prompt]),
             s.cached_tokens,
@@ -104,7 +104,7 @@ class RequestRecorder:
     def _row(self, prompt: int, s: _Summary, reasons: str, prompt_text: str | None) -> dict:
         """The request log's non-prompt fields (and the prompt only where lines log it)."""
         return {
-            "request_id": self.engine_ids[prompt],
+            "request_id": self.request_ids[prompt],
             "endpoint": self.endpoint,
             "finished": time.time(),
             "prompt_tokens": len(self.prompts[prompt]),
@@ -121,7 +121,7 @@ class RequestRecorder:
         return {
             "timestamp": time.time(),
             "endpoint": self.endpoint,
-            "request_id": self.engine_ids[prompt],
+            "request_id": self.request_ids[prompt],
             "body": self.body,
             "prompt_token_ids": self.prompts[prompt],
             "prompt_tokens": len(self.prompts[prompt]),

@@ -62,7 +62,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     except APIError as exc:
         raise _renamed(exc) from None
     logprobs = _logprobs(state, request, prepared.plan)
-    response_id = f"resp_{uuid.uuid4().hex}"
+    response_id = body.request_id or f"resp_{uuid.uuid4().hex}"
     generation = await state.launch(
         http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params, request.cache_salt
     )

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,10 +183,11 @@ class ServerState:
         """Submit the prompts (in the prefix cache namespace `cache_salt`); returns once the engine
         has accepted all of them."""
         body = await http.json() if self.sinks.request_log is not None else None
-        engine_ids = Generation.engine_ids_for(request_id, len(prompts))
+        request_ids = Generation.prompt_request_ids(request_id, len(prompts))
         if self.config.log_requests:
             logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
-        recorder = RequestRecorder(self.sinks, endpoint, engine_ids, prompts, params.n, body)
+        recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params.n, body)
+        engine_ids = [Generation.engine_id(name) for name in request_ids]
         generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, recorder)
         await cancel_on_disconnect(http, generation.start())
         return generation
@@ -195,6 +197,12 @@ class ServerState:
             return await cancel_on_disconnect(http, generation.collect())
         finally:
             generation.close()
+
+
+def answer_id(http: Request, prefix: str, given: str | None) -> str:
+    """A chat or completion answer's id, vLLM's rule: the endpoint's prefix, then the request's
+    X-Request-Id header, else its body's request_id, else a new random id."""
+    return prefix + (http.headers.get("x-request-id") or given or uuid.uuid4().hex)
 
 
 async def cancel_on_disconnect(http: Request, work: Awaitable[T]) -> T:

@@ -10,6 +10,7 @@ KV blocks are freed at the engine's next step. `close` is synchronous on purpose
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -60,9 +61,16 @@ class Generation:
         self._tasks: list[asyncio.Task] = []
 
     @staticmethod
-    def engine_ids_for(request_id: str, num_prompts: int) -> list[str]:
-        """The engine's name for each prompt's request: the HTTP request's id when there is one prompt."""
+    def prompt_request_ids(request_id: str, num_prompts: int) -> list[str]:
+        """Each prompt's request id, as logs and the request log name it: the HTTP request's id when
+        there is one prompt."""
         return [request_id] if num_prompts == 1 else [f"{request_id}-{i}" for i in range(num_prompts)]
+
+    @staticmethod
+    def engine_id(prompt_request_id: str) -> str:
+        """The engine's name for a prompt's request: its id and 8 random hex digits, unique in the
+        engine whatever id a client gave its request (vLLM's rule)."""
+        return f"{prompt_request_id}-{secrets.token_hex(4)}"
 
     async def start(self) -> None:
         """Submit every prompt and wait until each has its first update: a refusal (queue full,
