@@ -108,6 +108,10 @@ def test_usage_names_reasoning_tokens_with_a_reasoning_parser(small_server, serv
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=streamed, timeout=120) as response:
         last = sse_events(response.iter_lines())[-2]
     assert last["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    streamed["stream_options"]["continuous_usage_stats"] = True  # every chunk's usage names them too
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=streamed, timeout=120) as response:
+        chunks = sse_events(response.iter_lines())[:-1]
+    assert len(chunks) >= 4 and all(c["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0} for c in chunks)
     answer = httpx.post(f"{base}/v1/responses", json={"input": "Hi", "max_output_tokens": 4}, timeout=120).json()
     assert answer["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
     plain = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, headers=server.headers, timeout=120)

@@ -159,3 +159,18 @@ def test_usage_counts_each_sequences_reasoning_tokens():
     counted = usage([outputs], counter)
     assert counted["completion_tokens"] == 11 and counted["completion_tokens_details"] == {"reasoning_tokens": 5}
     assert "completion_tokens_details" not in usage([outputs])
+    # vLLM's continuous_usage_stats: every chunk counts its choice's reasoning tokens so far too
+    from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
+    from pagoda.entrypoints.openai.serving import chunk_usage
+
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "Hi"}], stream=True, stream_options=options)
+    per_chunk = chunk_usage(body, counter)
+    assert per_chunk(5, None) == {
+        "prompt_tokens": 5,
+        "completion_tokens": 0,
+        "total_tokens": 5,
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+    assert [per_chunk(5, out)["completion_tokens_details"]["reasoning_tokens"] for out in outputs] == [3, 0, 2]
+    assert "completion_tokens_details" not in chunk_usage(body)(5, outputs[0])

@@ -334,13 +334,13 @@ async def _chunks(
     its arguments), a chunk with only finish_reason; then the usage chunk (choices []) when asked,
     then [DONE]."""
     role, echoed = reply
-    usage_of = chunk_usage(body)
+    usage_of = chunk_usage(body, state.reasoning_counter)
     base = {**head, "object": "chat.completion.chunk"}
     logprobs_shown, ids_shown = plan.shows_per_token(body.logprobs), plan.shows_per_token(body.return_token_ids)
     prompt_tokens = len(prompt_token_ids)
 
-    def chunk(choice: dict, completion_tokens: int = 0, extra: dict | None = None) -> str:
-        shown = {} if usage_of is None else {"usage": usage_of(prompt_tokens, completion_tokens)}
+    def chunk(choice: dict, update: SequenceOutput | None = None, extra: dict | None = None) -> str:
+        shown = {} if usage_of is None else {"usage": usage_of(prompt_tokens, update)}
         return sse({**base, "choices": [choice], **shown, **(extra or {})})
 
     # return_token_ids: the prompt's ids with each choice's first chunk, then each update's new ids
@@ -372,7 +372,7 @@ async def _chunks(
             choice = {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
             if body.return_token_ids:  # null where left out, as in the whole answer
                 choice["token_ids"] = (update.token_ids_delta if j == 0 else []) if ids_shown else None
-            yield chunk(choice, len(update.token_ids))
+            yield chunk(choice, update)
         if update.finished:
             final[update.index] = update
             yield chunk(
@@ -383,7 +383,7 @@ async def _chunks(
                     "finish_reason": plan.finish_reason(streamer.called, update.finish_reason),
                     "stop_reason": update.stop_reason,
                 },
-                len(update.token_ids),
+                update,
             )
     if usage_of is not None:
         yield sse({**base, "choices": [], "usage": usage([[final[k] for k in sorted(final)]], state.reasoning_counter)})

@@ -157,8 +157,8 @@ async def _chunks(
     first token its prompt's logprobs are complete, so the echo goes out then."""
     usage_of = chunk_usage(body)
 
-    def chunk(choice: dict, prompt: int, completion_tokens: int, token_ids: list[int], first: bool) -> str:
-        shown = {} if usage_of is None else {"usage": usage_of(len(prompts[prompt].ids), completion_tokens)}
+    def chunk(choice: dict, prompt: int, update: SequenceOutput | None, token_ids: list[int], first: bool) -> str:
+        shown = {} if usage_of is None else {"usage": usage_of(len(prompts[prompt].ids), update)}
         if body.return_token_ids:  # the prompt's ids with a choice's first chunk, then each chunk's new ones
             choice |= {"prompt_token_ids": prompts[prompt].ids} if first else {}
             choice |= {"token_ids": token_ids}
@@ -182,7 +182,8 @@ async def _chunks(
                 if body.logprobs is not None:
                     logprobs = echo_logprobs(state.logprob_tokens(body), prompts[i].ids, prompt_lps[i])
                 offsets[index] = len(text)
-                yield chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}, i, 0, [], True)
+                echo = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
+                yield chunk(echo, i, None, [], True)
                 first = False
         logprobs = None
         if body.logprobs is not None:
@@ -200,7 +201,7 @@ async def _chunks(
                     "stop_reason": update.stop_reason,
                 },
                 i,
-                len(engine_update.token_ids),
+                engine_update,
                 update.token_ids_delta,
                 first,
             )

@@ -249,20 +249,28 @@ def event_stream(events: AsyncIterator[str], generation: Generation) -> Streamin
     )
 
 
-def chunk_usage(body: CompletionRequest | ChatCompletionRequest) -> Callable[[int, int], dict | None] | None:
-    """What a stream's chunks carry as `usage` given a choice's prompt and completion tokens so
-    far: None without include_usage (no field); with it, null, or with vLLM's
-    continuous_usage_stats those counts."""
+def chunk_usage(
+    body: CompletionRequest | ChatCompletionRequest, reasoning_counter: ReasoningTokenCounter | None = None
+) -> Callable[[int, SequenceOutput | None], dict | None] | None:
+    """What a stream's chunks carry as `usage` given a choice's prompt tokens and its latest update
+    (None before it has one): None without include_usage (no field); with it, null, or with vLLM's
+    continuous_usage_stats the counts so far, the reasoning tokens too with a `reasoning_counter`
+    (as the last chunk's usage)."""
     options = body.stream_options
     if options is None or not options.include_usage:
         return None
     if not options.continuous_usage_stats:
-        return lambda prompt, completion: None
-    return lambda prompt, completion: {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+        return lambda prompt, update: None
+
+    def counts(prompt: int, update: SequenceOutput | None) -> dict:
+        completion = 0 if update is None else len(update.token_ids)
+        shown = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        if reasoning_counter is not None:
+            thought = 0 if update is None else reasoning_counter.count(update.token_ids, update.text)
+            shown["completion_tokens_details"] = {"reasoning_tokens": thought}
+        return shown
+
+    return counts
 
 
 def usage(outputs: list[list[SequenceOutput]], reasoning_counter: ReasoningTokenCounter | None = None) -> dict:
