@@ -49,6 +49,7 @@ class LogEntry:
     logged_cached_tokens: int | None = None  # the server's own prefix-cache hit, when logged
     latency_s: float | None = None  # arrival to finish (Pagoda's log), for the routing forecast's loads
     text: str = ""  # what a gateway routes on (routing.request_text): the body's messages or prompt text
+    cache_salt: str | None = None  # the body's cache_salt: its prefix cache namespace
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,8 @@ def _entries(obj: dict, line: int) -> list[LogEntry]:
         "latency_s": _seconds(obj, "latency_s"),
     }
     body = obj["body"] if isinstance(obj.get("body"), dict) else obj
+    salt = body.get("cache_salt")
+    common["cache_salt"] = salt if isinstance(salt, str) and salt else None
     if "prompt_token_ids" in obj:
         text = request_text(_messages(body["messages"])) if "messages" in body else _text_prompt(body)
         return [LogEntry(prompt=_ids(obj["prompt_token_ids"], "prompt_token_ids"), text=text, **common)]

@@ -77,7 +77,9 @@ def _replay(
         return Malformed(entry.line, str(exc))
     if len(prompt_ids) == 0:
         return Malformed(entry.line, "the prompt has no tokens")
-    request = ReplayRequest(entry.line, prompt_ids, entry.output_ids, entry.output_tokens, entry.logged_cached_tokens)
+    request = ReplayRequest(
+        entry.line, prompt_ids, entry.output_ids, entry.output_tokens, entry.logged_cached_tokens, entry.cache_salt
+    )
     simulator.add(request)
     if routed:
         finish = entry.timestamp

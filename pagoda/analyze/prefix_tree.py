@@ -2,8 +2,11 @@
 with the last request that used it. Edges are numpy arrays, compared with one vectorized `!=` per
 node, so a request costs a few dictionary lookups and comparisons, not one step per token.
 
+One root per cache salt (a request's `cache_salt`, None for none): the server shares cached KV
+only between requests of the same salt, so each salt's sequences form a tree of their own.
+
 Invariants (`check_integrity`):
-- Siblings differ in their first token; only the root has no tokens.
+- Siblings differ in their first token; only the roots have no tokens.
 - All tokens of a node were last used by the same request, `last_use`, and a parent's `last_use`
   is >= its children's: a request that uses a token uses every token before it. (A node is split
   wherever a request stops using it part-way, which keeps this true.)
@@ -49,14 +52,17 @@ class SharedPrefix:
 
 class PrefixTree:
     def __init__(self) -> None:
-        self._root = _Node(np.empty(0, dtype=np.int32), None, 0, -1, 0)
-        self.num_tokens = 0  # distinct prefixes held, i.e. tokens in the tree
+        self._roots: dict[str | None, _Node] = {}  # by cache salt
+        self.num_tokens = 0  # distinct prefixes held, i.e. tokens in the trees
 
-    def use(self, seq: np.ndarray, stamp: int) -> list[Run]:
-        """The longest prefix of `seq` already in the tree, as runs of equal `last_use` (those
-        fall from run to run); then all of `seq` is in the tree, last used by `stamp`."""
+    def use(self, seq: np.ndarray, stamp: int, salt: str | None = None) -> list[Run]:
+        """The longest prefix of `seq` already in `salt`'s tree, as runs of equal `last_use` (those
+        fall from run to run); then all of `seq` is in that tree, last used by `stamp`."""
         runs: list[Run] = []
-        node, pos = self._root, 0
+        root = self._roots.get(salt)
+        if root is None:
+            root = self._roots[salt] = _Node(np.empty(0, dtype=np.int32), None, 0, -1, 0)
+        node, pos = root, 0
         while pos < len(seq):
             child = node.children.get(int(seq[pos]))
             if child is None:
@@ -94,8 +100,8 @@ class PrefixTree:
             assert len(node.tokens) > 0, "a node without tokens"
             assert parent.children.get(int(node.tokens[0])) is node, "child keyed by another token"
             assert node.end == parent.end + len(node.tokens), "end out of sync"
-            assert parent is self._root or parent.last_use >= node.last_use, "child used after its parent"
-            assert parent is self._root or parent.uses >= node.uses, "child used more than its parent"
+            assert parent.parent is None or parent.last_use >= node.last_use, "child used after its parent"
+            assert parent.parent is None or parent.uses >= node.uses, "child used more than its parent"
             held += len(node.tokens)
         assert held == self.num_tokens, f"num_tokens {self.num_tokens} != {held} held"
 
@@ -108,7 +114,7 @@ class PrefixTree:
         return upper
 
     def _nodes(self) -> Iterator[_Node]:
-        stack = list(self._root.children.values())
+        stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             yield node
@@ -116,7 +122,7 @@ class PrefixTree:
 
     def _prefix(self, node: _Node) -> np.ndarray:
         parts = []
-        while node is not self._root:
+        while node.parent is not None:
             parts.append(node.tokens)
             node = node.parent
         return np.concatenate(parts[::-1])

@@ -3,6 +3,7 @@ by side: single tokens (a token-granular radix cache) and whole blocks of `block
 Pagoda's paged radix cache, and hash-based caches such as vLLM's, see a prompt).
 
 The server's rules, as modelled:
+- a request reuses only what requests of its own cache salt (or, unsalted, unsalted ones) left;
 - a request reuses the longest cached prefix in whole units, and at least one prompt token is
   always computed: reusable = min(matched units, (prompt_tokens - 1) // unit) * unit;
 - a finished request leaves cached the KV it computed: its prompt and every generated token but
@@ -38,6 +39,7 @@ class ReplayRequest:
     output_ids: np.ndarray | None = None
     output_tokens: int | None = None
     logged_cached_tokens: int | None = None
+    cache_salt: str | None = None  # the request's prefix cache namespace (vLLM's cache_salt)
 
     def cached_sequence(self) -> np.ndarray:
         """The tokens whose KV the request leaves cached when it finishes."""
@@ -124,7 +126,7 @@ class CacheSimulator:
     def add(self, request: ReplayRequest) -> None:
         stamp = self.num_requests
         sequence = request.cached_sequence()
-        runs = self._tree.use(sequence, stamp)
+        runs = self._tree.use(sequence, stamp, request.cache_salt)
         for granularity in self._granularities.values():
             granularity.record(runs, stamp, len(sequence))
         requests = self._requests

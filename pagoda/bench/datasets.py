@@ -406,13 +406,14 @@ def load_sharegpt(path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def prefix_share(sequences: Iterable[Sequence[int]]) -> tuple[int, int]:
-    """(tokens that continue a prefix some earlier sequence already had, all tokens): the hit
-    rate an unbounded prefix cache would reach over these prompts, sent in this order."""
+def prefix_share(sequences: Iterable[tuple[str | None, Sequence[int]]]) -> tuple[int, int]:
+    """(tokens that continue a prefix some earlier sequence of the same cache salt already had, all
+    tokens) over (cache_salt, token ids) pairs: the hit rate an unbounded prefix cache would reach
+    over these prompts, sent in this order (a server shares cached KV only within a salt)."""
     seen: set[int] = set()
     shared = total = 0
-    for sequence in sequences:
-        key, matching = 0, True
+    for salt, sequence in sequences:
+        key, matching = hash(salt), True
         for token in sequence:
             key = hash((key, token))
             matching = matching and key in seen
@@ -458,12 +459,17 @@ def describe(spec: WorkloadSpec) -> str:
     }[spec.kind]
 
 
-def token_lists(stream: Iterable[Session], limit: int, tokenizer: Tokenizer | None) -> list[tuple[int, ...]] | None:
-    """Prompt token ids of the first `limit` first turns, or None when some are unknown."""
+def token_lists(
+    stream: Iterable[Session], limit: int, tokenizer: Tokenizer | None
+) -> list[tuple[str | None, tuple[int, ...]]] | None:
+    """The cache salt and prompt token ids of the first `limit` first turns, or None when some ids
+    are unknown."""
     lists = []
     for session in itertools.islice(stream, limit):
         ids = session.first.token_ids
         if ids is None and tokenizer is None:
             return None
-        lists.append(ids if ids is not None else tuple(tokenizer.prompt_ids(session.first.body)))  # type: ignore[union-attr]
+        salt = session.first.body.get("cache_salt")
+        ids = ids if ids is not None else tuple(tokenizer.prompt_ids(session.first.body))  # type: ignore[union-attr]
+        lists.append((salt if isinstance(salt, str) else None, ids))
     return lists

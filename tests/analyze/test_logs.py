@@ -52,6 +52,13 @@ def test_pagoda_log_line():
     assert (entry.line, entry.timestamp, entry.output_tokens, entry.logged_cached_tokens) == (7, 1700000000.5, 2, 2)
 
 
+def test_a_bodys_cache_salt_is_the_entrys():
+    """The server shares cached KV only within a cache_salt: the replay needs each request's."""
+    assert only({"body": {"prompt": "hi", "cache_salt": "tenant-a"}, "prompt_token_ids": [5]}).cache_salt == "tenant-a"
+    assert only({"body": {"prompt": "hi"}, "prompt_token_ids": [5]}).cache_salt is None
+    assert only({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "t"}).cache_salt == "t"  # a bare body
+
+
 def test_a_responses_log_line_routes_on_its_inputs_text():
     """/v1/responses bodies hold `input`: a string, or items whose text a gateway matches on."""
     items = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}, {"type": "function_call"}]

@@ -90,6 +90,20 @@ def test_a_shared_prefix_stays_while_its_branches_are_evicted():
     assert sim.reusable("block", cache_tokens=4).tolist() == [0, 4, 4, 4, 4]
 
 
+def test_requests_reuse_only_what_their_own_cache_salt_left():
+    """A salt is a cache namespace of its own (the server's rule), in one LRU pool for all."""
+    system = seq(1, 13)  # 3 whole blocks of 4, and each request's own last token
+    simulator = CacheSimulator(4)
+    for i, salt in enumerate(["a", "b", None, "a", None, "b"]):
+        simulator.add(ReplayRequest(i + 1, np.array(system + [100 + i], dtype=np.int32), cache_salt=salt))
+        simulator.check_integrity()
+    sim = simulator.finish()
+    assert sim.reusable("block").tolist() == [0, 0, 0, 12, 12, 12]
+    # room for 6 blocks: the third salt's copy evicts a's, a's new one b's; None's stays
+    assert sim.reusable("block", cache_tokens=24).tolist() == [0, 0, 0, 0, 12, 0]
+    assert sim.distinct_tokens == 3 * 13 + 3
+
+
 def test_shared_prefixes_rank_by_tokens_the_later_requests_reuse():
     system, preamble = seq(1, 41), seq(1, 11)
     sim = simulate([system + [500], system + [501], system + [502], preamble + [600], preamble + [601]], block_size=4)

@@ -77,6 +77,8 @@ def replay(client: OpenAI) -> list[int]:
         responses.append(client.chat.completions.create(messages=messages, **common))
     for prompt in (STORY, STORY + " sailed without lights", STORY):
         responses.append(client.completions.create(prompt=prompt, **common))
+    for salt in ("tenant-a", "tenant-a", "tenant-b"):  # each salt a cache of its own: miss, hit, miss
+        responses.append(client.completions.create(prompt=STORY, extra_body={"cache_salt": salt}, **common))
     cached = []
     for response in responses:
         details = response.usage.prompt_tokens_details
@@ -98,6 +100,7 @@ def test_predicted_cached_tokens_match_the_server(server, default_tokenizer, cap
     predicted = analysis.simulation.reusable("block").tolist()
     assert analysis.malformed_count == 0
     assert any(reported), "the replay must exercise the cache"
+    assert reported[-3] == 0 < reported[-2] and reported[-1] == 0, "salted requests share only within a salt"
     if all("output_token_ids" in r for r in records):
         assert predicted == reported
     else:

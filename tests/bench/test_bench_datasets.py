@@ -83,7 +83,7 @@ def test_shared_prefix_groups_and_share(tokenizer) -> None:
     prompts = first_prompts(workload, tokenizer, 6)
     systems = [p.body["prompt"].split("\n")[0] for p in prompts]
     assert systems[0] == systems[2] == systems[4] != systems[1] == systems[3] == systems[5]
-    shared, total = prefix_share(p.token_ids for p in prompts)
+    shared, total = prefix_share((None, p.token_ids) for p in prompts)
     # 2 groups x 3 prompts: the 4 later prompts of the groups share the ~40-token system prompt.
     assert total == sum(len(p.token_ids) for p in prompts)
     assert 4 * 38 <= shared <= 4 * 41
@@ -96,14 +96,20 @@ def test_workloads_of_other_kinds_share_no_prompts(tokenizer) -> None:
     prompts in the prefix cache."""
     random_prompts = first_prompts(Workload(spec()), tokenizer, 6)
     grouped = first_prompts(Workload(spec("shared-prefix")), tokenizer, 6)
-    shared, _ = prefix_share(p.token_ids for p in random_prompts + grouped)
-    alone = prefix_share(p.token_ids for p in grouped)[0] + prefix_share(p.token_ids for p in random_prompts)[0]
+    shared, _ = prefix_share((None, p.token_ids) for p in random_prompts + grouped)
+    alone = (
+        prefix_share((None, p.token_ids) for p in grouped)[0]
+        + prefix_share((None, p.token_ids) for p in random_prompts)[0]
+    )
     assert shared - alone < 6 * 4  # a few tokens by chance, not a prompt's start
 
 
 def test_prefix_share_exact() -> None:
-    assert prefix_share([[1, 2, 3], [1, 2, 4], [1, 2, 3, 5], [9]]) == (2 + 3, 11)
+    unsalted = [(None, ids) for ids in ([1, 2, 3], [1, 2, 4], [1, 2, 3, 5], [9])]
+    assert prefix_share(unsalted) == (2 + 3, 11)
     assert prefix_share([]) == (0, 0)
+    # a server shares cached KV only within a cache salt
+    assert prefix_share([("a", [1, 2, 3]), ("b", [1, 2, 3]), (None, [1, 2, 3]), ("a", [1, 2, 4])]) == (2, 12)
 
 
 def test_multi_turn_sessions_and_history(tokenizer) -> None:
