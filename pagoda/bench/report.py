@@ -349,7 +349,8 @@ def level_table(result: EngineResult) -> list[str]:
 
 def side_by_side(results: Sequence[EngineResult]) -> list[str]:
     """Engines side by side per metric and concurrency level, with each engine's ratio to the
-    first saying whether it is better or worse; empty unless two engines measured something."""
+    first saying whether it is better or worse; empty unless two engines measured something. A
+    level an interrupt cut short is marked "(cut)", and no ratio stands on one."""
     results = [r for r in results if r.levels]
     if len(results) < 2:
         return []
@@ -361,9 +362,12 @@ def side_by_side(results: Sequence[EngineResult]) -> list[str]:
         if _unmeasured(metric, results):
             continue
         for concurrency in levels:
-            values = [_value_at(metric, r, concurrency) for r in results]
-            ratios = [_ratio(metric, v, values[0]) for v in values[1:]]
-            lines.append(_row([_label(metric), str(concurrency), *(fmt(metric, v) for v in values), *ratios]))
+            at = [next((lv for lv in r.levels if lv.concurrency == concurrency), None) for r in results]
+            values = [None if level is None else metric.value(level) for level in at]
+            cut = [level is not None and level.interrupted for level in at]
+            shown = [fmt(metric, v) + (" (cut)" if c else "") for v, c in zip(values, cut)]
+            ratios = ["-" if c or cut[0] else _ratio(metric, v, values[0]) for v, c in zip(values[1:], cut[1:])]
+            lines.append(_row([_label(metric), str(concurrency), *shown, *ratios]))
     return lines
 
 
@@ -393,11 +397,6 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def _unmeasured(metric: Metric, results: Sequence[EngineResult]) -> bool:
     return all(metric.value(level) is None for r in results for level in r.levels)
-
-
-def _value_at(metric: Metric, result: EngineResult, concurrency: int) -> float | None:
-    level = next((lv for lv in result.levels if lv.concurrency == concurrency), None)
-    return None if level is None else metric.value(level)
 
 
 def _cold_start_table(results: Sequence[EngineResult]) -> list[str]:

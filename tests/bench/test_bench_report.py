@@ -54,5 +54,13 @@ def test_side_by_side_ratios_say_which_engine_is_better() -> None:
     assert side_by_side([engine("a", 100.0, 0.5)]) == []
 
 
+def test_side_by_side_marks_a_cut_level_and_compares_no_ratio_on_it() -> None:
+    whole, cut = engine("a", 100.0, 0.5), engine("b", 50.0, 0.25)
+    cut.levels = [dataclasses.replace(cut.levels[0], interrupted=True)]
+    rows = side_by_side([whole, cut])
+    assert "| output tokens/s (higher is better) | 1 | 100.0 | 50.0 (cut) | - |" in rows
+    assert "| output tokens/s (higher is better) | 1 | 50.0 (cut) | 100.0 | - |" in side_by_side([cut, whole])
+
+
 def test_plot_titles_name_the_model_and_the_workload() -> None:
     assert subtitle([engine("a", 1.0, 0.1), engine("b", 1.0, 0.1)]) == "m-1; random, 8 in / 4 out"
