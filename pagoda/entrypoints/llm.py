@@ -84,11 +84,12 @@ def _unwrapped(prompt: Prompt) -> str | list[int]:
 
 
 def _cache_salt(prompt: Prompt) -> str | None:
-    """A prompt dict's "cache_salt" (vLLM's): its prefix cache namespace."""
+    """A prompt dict's "cache_salt" (vLLM's): its prefix cache namespace; an empty one is none, as
+    vLLM's offline API takes it."""
     salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
-    if salt is not None and not (isinstance(salt, str) and salt):
-        raise TypeError(f"a prompt's cache_salt is a non-empty string, got {salt!r:.80}")
-    return salt
+    if salt is not None and not isinstance(salt, str):
+        raise TypeError(f"a prompt's cache_salt is a string, got {salt!r:.80}")
+    return salt or None
 
 
 # vLLM's LLM arguments that scripts pass as boilerplate and that change nothing here, with the
@@ -170,8 +171,9 @@ class LLM:
         """The model's tokenizer (vLLM's name for `tokenizer`)."""
         return self.tokenizer
 
-    def reset_prefix_cache(self) -> bool:
-        """vLLM's: drop every cached prefix (between calls nothing holds one, so it succeeds)."""
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        """vLLM's: drop every cached prefix (between calls nothing holds one, so it succeeds). Its
+        arguments change nothing here: no request runs between calls, and there is no KV connector."""
         return self.engine.core.reset_prefix_cache()
 
     def get_default_sampling_params(self) -> SamplingParams:

@@ -265,8 +265,10 @@ def test_a_prompt_dicts_cache_salt_is_its_prefix_cache_namespace(tiny_llm):
     first, tokens = cached("tenant-a")
     assert first == 0 and cached("tenant-b")[0] == 0 and cached(None)[0] == 0
     assert cached("tenant-a") == (48, tokens)
+    assert cached("")[0] == 48  # vLLM's offline API takes an empty salt as none
     with pytest.raises(TypeError, match="cache_salt"):
-        tiny_llm.generate({"prompt_token_ids": ids, "cache_salt": ""}, GREEDY, use_tqdm=False)
+        tiny_llm.generate({"prompt_token_ids": ids, "cache_salt": 7}, GREEDY, use_tqdm=False)
+    assert tiny_llm.reset_prefix_cache(reset_running_requests=True) and cached(None)[0] == 0
 
 
 def test_chat_continues_the_final_message_as_vllms(tiny_llm):

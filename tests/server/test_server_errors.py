@@ -102,6 +102,12 @@ def test_a_request_id_that_cannot_name_an_answer_is_400(http, request_id):
     assert error_of(http.post("/v1/responses", json=responses), 400)["param"] == "request_id"
 
 
+def test_an_x_request_id_with_a_control_character_is_400(http):
+    """It would reach log lines, as a body's request_id would."""
+    refused = http.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "a\tb"})
+    assert error_of(refused, 400)["param"] == "X-Request-Id"
+
+
 def test_harmless_values_of_refused_fields_pass(http):
     ok = {
         "response_format": {"type": "text"},

@@ -25,10 +25,15 @@ CACHE_SALT_REFUSED = frozenset("@/\\\0")
 
 
 def _checked_cache_salt(salt: str | None) -> str | None:
-    if salt is not None and (not salt or len(salt) > MAX_CACHE_SALT or CACHE_SALT_REFUSED & set(salt)):
+    """vLLM's checks, in its words."""
+    if salt is None:
+        return salt
+    if not salt:
+        raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+    if len(salt) > MAX_CACHE_SALT or CACHE_SALT_REFUSED & set(salt):
         raise ValueError(
-            f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters, "
-            "without '@', '/', '\\' or NUL"
+            f"Parameter 'cache_salt' must be at most {MAX_CACHE_SALT} characters and must not contain "
+            "'@', '/', '\\\\', or NUL."
         )
     return salt
 

@@ -201,8 +201,12 @@ class ServerState:
 
 def answer_id(http: Request, prefix: str, given: str | None) -> str:
     """A chat or completion answer's id, vLLM's rule: the endpoint's prefix, then the request's
-    X-Request-Id header, else its body's request_id, else a new random id."""
-    return prefix + (http.headers.get("x-request-id") or given or uuid.uuid4().hex)
+    X-Request-Id header, else its body's request_id, else a new random id. A header with a control
+    character (it would reach log lines) is a 400, as the body's request_id is (protocol.py)."""
+    header = http.headers.get("x-request-id")
+    if header and not header.isprintable():
+        raise bad_request("the X-Request-Id header must hold printable characters only", "X-Request-Id")
+    return prefix + (header or given or uuid.uuid4().hex)
 
 
 async def cancel_on_disconnect(http: Request, work: Awaitable[T]) -> T:
