@@ -1,7 +1,8 @@
 """The FastAPI app: routes over one AsyncEngine. All state is explicit, built here and held by
 the route closures; nothing is global, so tests can build several apps in one process.
 
-Auth (--api-key): every /v1 route and the admin routes need `Authorization: Bearer KEY`;
+Auth (--api-key): every /v1 route and the admin routes need `Authorization: Bearer KEY` (or,
+as Anthropic's clients send it, `X-Api-Key: KEY`);
 /health, /version, /metrics, /tokenize, /detokenize and the gateway's load and info routes
 (gateway.py) stay open (as in vLLM and SGLang). The web console (console/) serves its page
 openly and its data under the same key as /v1.
@@ -26,7 +27,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from pagoda import __version__
 from pagoda.config import EngineConfig
 from pagoda.engine.async_engine import AsyncEngine
-from pagoda.entrypoints.openai import chat, completions, responses
+from pagoda.entrypoints.openai import chat, completions, messages, responses
 from pagoda.entrypoints.openai.console.feed import EngineFeed, RecentRequests
 from pagoda.entrypoints.openai.console.routes import data_routes, page_routes
 from pagoda.entrypoints.openai.errors import APIError, bad_request, install_handlers
@@ -35,6 +36,8 @@ from pagoda.entrypoints.openai.logprobs import TokenTexts
 from pagoda.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from pagoda.entrypoints.openai.params import ModelLimits, check_token_ids
 from pagoda.entrypoints.openai.protocol import (
+    AnthropicCountTokensRequest,
+    AnthropicMessagesRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -169,14 +172,15 @@ class RequestIdHeader:
 
 
 def _require_key(api_keys: tuple[str, ...]):
-    async def check(authorization: str | None = Header(None)) -> None:
+    async def check(authorization: str | None = Header(None), x_api_key: str | None = Header(None)) -> None:
         if not api_keys:
             return
         scheme, _, token = (authorization or "").partition(" ")
-        sent = token.strip().encode()
+        # Anthropic's clients send the key as X-Api-Key
+        sent = (token.strip() if scheme.lower() == "bearer" else (x_api_key or "")).encode()
         # every key compared, in constant time each: which one matched leaks nothing either
         matches = [hmac.compare_digest(sent, key.encode()) for key in api_keys]
-        if scheme.lower() != "bearer" or not any(matches):
+        if not sent or not any(matches):
             raise APIError(
                 401, "Missing or incorrect API key: send `Authorization: Bearer KEY`.", code="invalid_api_key"
             )
@@ -224,6 +228,14 @@ def _v1_routes(state: ServerState) -> APIRouter:
     @router.post("/responses")
     async def create_response(body: ResponsesRequest, http: Request) -> Response:
         return await responses.create_response(state, body, http)
+
+    @router.post("/messages")  # Anthropic's Messages API, as vLLM serves it
+    async def create_message(body: AnthropicMessagesRequest, http: Request) -> Response:
+        return await messages.create_message(state, body, http)
+
+    @router.post("/messages/count_tokens")
+    async def count_message_tokens(body: AnthropicCountTokensRequest) -> Response:
+        return await messages.count_tokens(state, body)
 
     # a stored response's routes: nothing is stored, so every id is unknown (vLLM's 404 without its store)
     @router.get("/responses/{response_id}")

@@ -278,6 +278,33 @@ class ResponsesRequest(VllmResponsesFields):
     prompt: Any = None
 
 
+class AnthropicCountTokensRequest(_Body):
+    """Anthropic's count_tokens body: the fields of a Messages request that make its prompt.
+    messages.py checks messages, blocks and tools one by one, so that a 400 names the place."""
+
+    model: str | None = None  # none: the served model
+    messages: list[Any] = Field(min_length=1)
+    system: str | list[Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    thinking: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's
+
+
+class AnthropicMessagesRequest(AnthropicCountTokensRequest):
+    """Anthropic's Messages API (POST /v1/messages), the fields of it Pagoda serves."""
+
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = Field(None, le=INT64_MAX)
+    metadata: dict[str, Any] | None = None  # user_id: the chat request's user
+    output_config: dict[str, Any] | None = None  # format (a JSON schema) and effort
+    cache_salt: CacheSalt = None  # vLLM's
+
+
 class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None

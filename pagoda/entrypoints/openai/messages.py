@@ -1,0 +1,398 @@
+"""Anthropic's Messages API (POST /v1/messages and /v1/messages/count_tokens), as vLLM serves it:
+each request becomes the chat request that asks for the same thing and runs on the chat path
+(template, tools, reasoning, constraints); its deltas become content blocks (text, thinking,
+tool_use) and, streamed, Anthropic's events. Errors raised here are Anthropic's error objects.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from pagoda.engine.outputs import SequenceOutput
+from pagoda.entrypoints.openai import chat
+from pagoda.entrypoints.openai.errors import APIError, bad_request
+from pagoda.entrypoints.openai.protocol import (
+    AnthropicCountTokensRequest,
+    AnthropicMessagesRequest,
+    ChatCompletionRequest,
+)
+from pagoda.entrypoints.openai.responses import chat_tool_choice
+from pagoda.entrypoints.openai.serving import ServerState, usage
+from pagoda.entrypoints.openai.streams import Generation
+from pagoda.entrypoints.openai.tool_calls import MessageStreamer, ToolPlan
+
+ENDPOINT = "/v1/messages"
+MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
+# Anthropic's error type for an HTTP status (others: api_error)
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    """An APIError as Anthropic's error object (its type from the status)."""
+    return JSONResponse(_error(exc), status_code=exc.status, headers=exc.headers)
+
+
+async def create_message(state: ServerState, body: AnthropicMessagesRequest, http: Request) -> Response:
+    try:
+        request = chat_request(body, state.config.tools.enable_auto_tool_choice)
+        prepared = await chat.prepare(state, request)
+        message_id = f"msg_{uuid.uuid4().hex}"
+        generation = await state.launch(
+            http, ENDPOINT, message_id, [prepared.prompt_ids], prepared.params, body.cache_salt
+        )
+    except APIError as exc:
+        return error_response(exc)
+    head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}
+    if body.stream:
+        return _stream(_events(prepared.plan, generation, head, len(prepared.prompt_ids)), generation)
+    try:
+        out = (await state.collect(http, generation))[0][0]
+    except APIError as exc:
+        return error_response(exc)
+    blocks, streamer = _Blocks(), prepared.plan.streamer()
+    for delta in streamer.feed(out.text) + streamer.finish():
+        blocks.feed(delta)
+    blocks.close()
+    return JSONResponse({**head, **_ending(blocks, streamer, out), "content": blocks.blocks, "usage": _usage(out)})
+
+
+async def count_tokens(state: ServerState, body: AnthropicCountTokensRequest) -> Response:
+    """The prompt's tokens as /v1/messages would render it."""
+    try:
+        fields = {**body.model_dump(exclude_none=True, by_alias=True), "max_tokens": 1}
+        if isinstance(body.thinking, dict) and body.thinking.get("type") == "enabled":  # its budget checks max_tokens
+            fields["thinking"] = {"type": "adaptive"}
+        request = chat_request(
+            AnthropicMessagesRequest.model_validate(fields), state.config.tools.enable_auto_tool_choice
+        )
+        prepared = await chat.prepare(state, request)
+    except APIError as exc:
+        return error_response(exc)
+    return JSONResponse({"input_tokens": len(prepared.prompt_ids)})
+
+
+# ---- the request ------------------------------------------------------------------------------
+
+
+def chat_request(body: AnthropicMessagesRequest, auto_tools: bool) -> ChatCompletionRequest:
+    """The chat request that asks for what `body` asks for; 400s name the Messages field.
+    `auto_tools`: the server reads calls out of free text (--enable-auto-tool-choice); without it,
+    tools with no tool_choice are shown to the model and its answer taken as text (vLLM's rule)."""
+    system = [] if body.system is None else [{"role": "system", "content": _text(body.system, "system")}]
+    choice, parallel = _tool_choice(body.tool_choice, bool(body.tools), auto_tools)
+    effort, template_kwargs = _thinking(body)
+    fields = {
+        "model": body.model,
+        "messages": system + [m for i, message in enumerate(body.messages) for m in _messages(message, i)],
+        "max_tokens": body.max_tokens,
+        "stop": body.stop_sequences,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "user": (body.metadata or {}).get("user_id"),
+        "tools": _tools(body.tools),
+        "tool_choice": choice,
+        "parallel_tool_calls": parallel,
+        "response_format": _response_format(body.output_config),
+        "reasoning_effort": effort,
+        "chat_template_kwargs": template_kwargs,
+        "cache_salt": body.cache_salt,
+    }
+    try:
+        return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
+    except ValidationError as exc:  # a value the chat request refuses: named as the chat field
+        error = exc.errors()[0]
+        place = ".".join(str(part) for part in error["loc"])
+        raise bad_request(f"{place}: {error['msg']}", place) from None
+
+
+def _messages(message: Any, i: int) -> list[dict]:
+    """One Anthropic message as chat messages: a user turn's tool_result blocks become tool
+    messages (before its text), an assistant turn's tool_use blocks its tool calls; thinking
+    blocks are dropped (chat templates show no earlier turn's reasoning)."""
+    where = f"messages[{i}]"
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        raise bad_request(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+    role, content = message["role"], message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
+    texts, calls, results = [], [], []
+    for j, block in enumerate(content):
+        place = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_string(block, "text", place))
+        elif kind == "tool_use" and role == "assistant":
+            arguments = block.get("input", {})
+            if not isinstance(arguments, dict):
+                raise bad_request(f"{place}.input must be an object", f"{place}.input")
+            function = {"name": _string(block, "name", place), "arguments": json.dumps(arguments, ensure_ascii=False)}
+            calls.append({"id": _string(block, "id", place), "type": "function", "function": function})
+        elif kind == "tool_result" and role == "user":
+            result = block.get("content", "")
+            text = result if isinstance(result, str) else _text(result, f"{place}.content")
+            results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", place), "content": text})
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue
+        else:
+            raise bad_request(
+                f"{place}.type {kind!r} is not supported in a {role} message: this server takes text, tool_use "
+                "(assistant), tool_result (user) and thinking (assistant) blocks",
+                f"{place}.type",
+            )
+    if role == "assistant":
+        turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+        return [turn | ({"tool_calls": calls} if calls else {})]
+    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+
+
+def _text(value: Any, where: str) -> str:
+    """A string, or text blocks joined (system, a tool_result's content)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise bad_request(f"{where} must be a string or a list of text blocks", where)
+    parts = []
+    for j, block in enumerate(value):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise bad_request(f"{where}[{j}] must be a text block: this server takes no images", f"{where}[{j}]")
+        parts.append(_string(block, "text", f"{where}[{j}]"))
+    return "".join(parts)
+
+
+def _string(block: dict, key: str, where: str) -> str:
+    value = block.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
+    return value
+
+
+def _tools(tools: list[Any] | None) -> list[dict] | None:
+    """Anthropic's custom tools as chat function tools (its server tools are not run here)."""
+    if not tools:
+        return None
+    functions = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom" or "input_schema" not in tool:
+            raise bad_request(
+                f"tools[{i}] must be a custom tool with a name and an input_schema: this server runs no server tools",
+                f"tools[{i}]",
+            )
+        function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+        if "description" in tool:
+            function["description"] = tool["description"]
+        functions.append({"type": "function", "function": function})
+    return functions
+
+
+def _tool_choice(choice: Any, has_tools: bool, auto_tools: bool) -> tuple[Any, bool | None]:
+    """Anthropic's tool_choice as the chat's, and parallel_tool_calls (false where it disables
+    parallel tool use)."""
+    if choice is None:
+        return chat_tool_choice(None, has_tools, auto_tools), None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    parallel = False if isinstance(choice, dict) and choice.get("disable_parallel_tool_use") else None
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    served = {"auto": "auto", "any": "required", "none": "none"}
+    if kind not in served:
+        raise bad_request("tool_choice.type must be 'auto', 'any', 'none' or 'tool' (with a name)", "tool_choice.type")
+    return chat_tool_choice(served[kind], has_tools, auto_tools), parallel
+
+
+def _thinking(body: AnthropicMessagesRequest) -> tuple[str | None, dict | None]:
+    """thinking and output_config.effort as the chat path's reasoning_effort (as vLLM maps them:
+    disabled is "none", which turns enable_thinking off), and the template variables."""
+    thinking, effort = body.thinking, (body.output_config or {}).get("effort")
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if thinking is not None and kind not in ("enabled", "disabled", "adaptive"):
+        raise bad_request("thinking.type must be 'enabled', 'disabled' or 'adaptive'", "thinking.type")
+    if kind == "enabled":
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or not MIN_THINKING_BUDGET <= budget < body.max_tokens:
+            raise bad_request(
+                f"thinking.budget_tokens must be an integer of at least {MIN_THINKING_BUDGET} and less than max_tokens",
+                "thinking.budget_tokens",
+            )
+    if kind == "disabled":
+        effort = "none"
+    return effort, body.chat_template_kwargs
+
+
+def _response_format(config: dict | None) -> dict | None:
+    """output_config.format (a JSON schema the answer follows) as the chat's response_format."""
+    format_ = (config or {}).get("format")
+    if format_ is None:
+        return None
+    if not isinstance(format_, dict) or format_.get("type") != "json_schema" or "schema" not in format_:
+        raise bad_request('output_config.format must be {"type": "json_schema", "schema": ...}', "output_config.format")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": format_["schema"]}}
+
+
+# ---- the answer -------------------------------------------------------------------------------
+
+
+class _Blocks:
+    """A message's content blocks, built from the chat deltas of MessageStreamer, with the stream's
+    events: each block starts, grows by its deltas and stops before the next one starts
+    (Anthropic's order). A whole message is built the same way and its events dropped."""
+
+    def __init__(self) -> None:
+        self.blocks: list[dict] = []
+        self._open: dict | None = None
+        self._arguments = ""  # the open tool_use block's arguments so far (JSON text)
+
+    def feed(self, delta: dict) -> list[str]:
+        if delta.get("reasoning"):
+            return self._grow("thinking", delta["reasoning"])
+        if delta.get("content"):
+            return self._grow("text", delta["content"])
+        events = []
+        for call in delta.get("tool_calls", ()):
+            function = call["function"]
+            if "id" in call:  # a call's first delta: a new block
+                events += self.close()
+                events += self._start({"type": "tool_use", "id": call["id"], "name": function["name"], "input": {}})
+            if function["arguments"]:  # the call's block is the open one: calls stream one after another
+                self._arguments += function["arguments"]
+                delta_event = {"type": "input_json_delta", "partial_json": function["arguments"]}
+                events.append(_event("content_block_delta", index=len(self.blocks), delta=delta_event))
+        return events
+
+    def close(self) -> list[str]:
+        """The open block done; a tool call's input parsed from its arguments ({} where they were
+        cut short: the stop_reason says max_tokens)."""
+        block, self._open = self._open, None
+        if block is None:
+            return []
+        if block["type"] == "tool_use":
+            block["input"] = _parsed(self._arguments)
+            self._arguments = ""
+        self.blocks.append(block)
+        return [_event("content_block_stop", index=len(self.blocks) - 1)]
+
+    def _start(self, block: dict) -> list[str]:
+        self._open = block
+        shown = {**block, "input": {}} if block["type"] == "tool_use" else block
+        return [_event("content_block_start", index=len(self.blocks), content_block=dict(shown))]
+
+    def _grow(self, kind: str, text: str) -> list[str]:
+        events = []
+        if self._open is None or self._open["type"] != kind:
+            events += self.close()
+            events += self._start(
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""}
+            )
+        self._open[kind] += text
+        delta = {"type": f"{kind}_delta", kind: text}
+        return events + [_event("content_block_delta", index=len(self.blocks), delta=delta)]
+
+
+def _parsed(arguments: str) -> dict:
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _ending(blocks: _Blocks, streamer: MessageStreamer, out: SequenceOutput) -> dict:
+    """stop_reason and stop_sequence, vLLM's rule: max_tokens wins; whole tool calls are
+    tool_use; a matched stop string is stop_sequence; any other call tool_use; else end_turn."""
+    if out.finish_reason == "length":
+        reason, sequence = "max_tokens", None
+    elif streamer.called:
+        reason, sequence = "tool_use", None
+    elif isinstance(out.stop_reason, str):
+        reason, sequence = "stop_sequence", out.stop_reason
+    elif any(block["type"] == "tool_use" for block in blocks.blocks):
+        reason, sequence = "tool_use", None
+    else:
+        reason, sequence = "end_turn", None
+    return {"stop_reason": reason, "stop_sequence": sequence}
+
+
+def _usage(out: SequenceOutput) -> dict:
+    """Anthropic's usage: input_tokens are those not read from the cache (as vLLM counts them)."""
+    counts = usage([[out]])
+    cached = counts["prompt_tokens_details"]["cached_tokens"]
+    return {
+        "input_tokens": counts["prompt_tokens"] - cached,
+        "cache_read_input_tokens": cached,
+        "output_tokens": counts["completion_tokens"],
+    }
+
+
+def _event(kind: str, **fields: Any) -> str:
+    payload = {"type": kind, **fields}
+    return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _error(exc: APIError) -> dict:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"), "message": exc.message}}
+
+
+def _stream(events: AsyncIterator[str], generation: Generation) -> StreamingResponse:
+    async def framed() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        finally:
+            generation.close()
+
+    return StreamingResponse(
+        framed(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+async def _events(plan: ToolPlan, generation: Generation, head: dict, prompt_tokens: int) -> AsyncIterator[str]:
+    """Anthropic's stream: message_start, each block's start, deltas and stop, message_delta with
+    the stop_reason and the output tokens, message_stop; where the generation fails after the
+    stream began, the open block stopped and an error event."""
+    blocks, streamer = _Blocks(), plan.streamer()
+    started = final = None
+    try:
+        async for _, update in generation.updates():
+            if started is None:
+                cached = update.metrics.num_cached_tokens
+                begun = {"input_tokens": prompt_tokens - cached, "cache_read_input_tokens": cached, "output_tokens": 0}
+                message = {**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": begun}
+                started = _event("message_start", message=message)
+                yield started
+            deltas = streamer.feed(update.text_delta) if update.text_delta else []
+            if update.finished:
+                deltas += streamer.finish()
+                final = update
+            for delta in deltas:
+                for event in blocks.feed(delta):
+                    yield event
+    except APIError as exc:
+        for event in blocks.close():
+            yield event
+        yield _event("error", error=_error(exc)["error"])
+        return
+    for event in blocks.close():
+        yield event
+    assert final is not None, "a generation ends with a finished update"
+    yield _event("message_delta", delta=_ending(blocks, streamer, final), usage=_usage(final))
+    yield _event("message_stop")

@@ -1,0 +1,172 @@
+"""Anthropic's Messages API (POST /v1/messages) through a real server and Anthropic's official
+client (its key sent as X-Api-Key): the same answers as the chat completion it translates to, a
+stream that rebuilds the whole message, stop sequences, a forced tool call and its result in the
+second turn, JSON output, count_tokens, and bad input as Anthropic's 400s."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+
+from tests.server.helpers import API_KEY, MODEL
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The current weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+}
+ASK = "What is the weather in Paris?"
+FRUITS = [{"role": "user", "content": "Name three fruits."}]
+
+
+@pytest.fixture(scope="module")
+def claude(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+GREEDY = {"temperature": 0}  # a body field: Anthropic's newest client has no sampling arguments
+
+
+def chat(client, messages, max_tokens: int, **fields):
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, **fields
+    )
+
+
+def test_a_message_is_the_chat_completions_answer(claude, client):
+    """Greedy, the system prompt as chat's system message (a string or text blocks alike): the
+    same text and token counts as chat, stop_reason end_turn or max_tokens."""
+    message = claude.messages.create(
+        model=MODEL, system="Answer briefly.", messages=FRUITS, max_tokens=24, extra_body=GREEDY
+    )
+    answer = chat(client, [{"role": "system", "content": "Answer briefly."}, *FRUITS], 24)
+    assert message.id.startswith("msg_") and message.type == "message" and message.role == "assistant"
+    assert [block.type for block in message.content] == ["text"]
+    assert message.content[0].text == answer.choices[0].message.content
+    assert message.stop_reason == ("max_tokens" if answer.choices[0].finish_reason == "length" else "end_turn")
+    used = message.usage
+    assert used.input_tokens + used.cache_read_input_tokens == answer.usage.prompt_tokens
+    assert used.output_tokens == answer.usage.completion_tokens
+    blocks = [{"type": "text", "text": "Answer "}, {"type": "text", "text": "briefly."}]
+    again = claude.messages.create(model=MODEL, system=blocks, messages=FRUITS, max_tokens=24, extra_body=GREEDY)
+    assert again.content[0].text == message.content[0].text
+    cut = claude.messages.create(model=MODEL, messages=FRUITS, max_tokens=2, extra_body=GREEDY)
+    assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 2
+
+
+def test_a_stream_rebuilds_the_whole_message(claude):
+    whole = claude.messages.create(model=MODEL, messages=FRUITS, max_tokens=20, extra_body=GREEDY)
+    with claude.messages.stream(model=MODEL, messages=FRUITS, max_tokens=20, extra_body=GREEDY) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    kinds = [event.type for event in events]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "message_delta" in kinds
+    deltas = "".join(e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta")
+    assert deltas == final.content[0].text == whole.content[0].text
+    assert (final.stop_reason, final.usage.output_tokens) == (whole.stop_reason, whole.usage.output_tokens)
+
+
+def test_a_stop_sequence_ends_the_message_and_is_named(claude):
+    text = claude.messages.create(model=MODEL, messages=FRUITS, max_tokens=20, extra_body=GREEDY).content[0].text
+    stop = text.split()[1]  # a word the greedy answer writes
+    message = claude.messages.create(
+        model=MODEL, messages=FRUITS, max_tokens=20, extra_body=GREEDY, stop_sequences=[stop]
+    )
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
+    assert stop not in message.content[0].text and text.startswith(message.content[0].text)
+
+
+def test_a_forced_tool_call_then_its_result(claude, client):
+    """A named tool forced: a tool_use block whose input fits its schema, stop_reason tool_use,
+    streamed the same; its tool_result sent back answers as chat answers the same history."""
+    choice = {"type": "tool", "name": "get_weather"}
+    ask = [{"role": "user", "content": ASK}]
+    first = claude.messages.create(
+        model=MODEL, messages=ask, tools=[WEATHER], tool_choice=choice, max_tokens=60, extra_body=GREEDY
+    )
+    (call,) = first.content
+    assert call.type == "tool_use" and call.name == "get_weather" and first.stop_reason == "tool_use"
+    jsonschema.validate(call.input, WEATHER["input_schema"])
+    with claude.messages.stream(
+        model=MODEL, messages=ask, tools=[WEATHER], tool_choice=choice, max_tokens=60, extra_body=GREEDY
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, b.name, b.input) for b in streamed.content] == [(call.type, call.name, call.input)]
+    history = [
+        *ask,
+        {"role": "assistant", "content": [call.model_dump(exclude_none=True)]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 21 C"}]},
+    ]
+    second = claude.messages.create(
+        model=MODEL, messages=history, tools=[WEATHER], tool_choice={"type": "none"}, max_tokens=30, extra_body=GREEDY
+    )
+    arguments = json.dumps(call.input, ensure_ascii=False)
+    messages = [
+        *ask,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
+    tool = {"type": "function", "function": {"name": WEATHER["name"], "parameters": WEATHER["input_schema"]}}
+    tool["function"]["description"] = WEATHER["description"]
+    answer = chat(client, messages, 30, tools=[tool], tool_choice="none")
+    assert second.content[0].text == answer.choices[0].message.content
+
+
+def test_output_config_json_schema_and_count_tokens(claude, http):
+    schema = {"type": "object", "properties": {"color": {"type": "string", "maxLength": 12}}, "required": ["color"]}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "The color of the sun, as JSON."}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "output_config": {"format": {"type": "json_schema", "schema": schema}},
+    }
+    message = http.post("/v1/messages", json=body).json()
+    jsonschema.validate(json.loads(message["content"][0]["text"]), schema)
+    counted = claude.messages.count_tokens(model=MODEL, system="Answer briefly.", messages=FRUITS)
+    sent = claude.messages.create(model=MODEL, system="Answer briefly.", messages=FRUITS, max_tokens=1)
+    assert counted.input_tokens == sent.usage.input_tokens + sent.usage.cache_read_input_tokens > 5
+
+
+@pytest.mark.parametrize(
+    "change, param",
+    [
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
+        ({"messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),  # not below max_tokens
+        ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+        ({"output_config": {"format": {"type": "xml"}}}, "output_config.format"),
+    ],
+)
+def test_bad_input_is_anthropics_400_naming_the_place(server, change, param):
+    body = {"model": MODEL, "messages": FRUITS, "max_tokens": 8, **change}
+    answer = httpx.post(f"{server.base_url}/v1/messages", json=body, headers={"x-api-key": API_KEY}, timeout=60)
+    assert answer.status_code == 400
+    error = answer.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert param in error["error"]["message"]
+
+
+def test_the_key_is_needed_as_x_api_key_or_bearer(server):
+    unkeyed = anthropic.Anthropic(base_url=server.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        unkeyed.messages.create(model=MODEL, messages=FRUITS, max_tokens=1)
+    bearer = anthropic.Anthropic(base_url=server.base_url, auth_token=API_KEY, max_retries=0)
+    assert bearer.messages.create(model=MODEL, messages=FRUITS, max_tokens=1).usage.output_tokens == 1
