@@ -170,3 +170,38 @@ def test_the_key_is_needed_as_x_api_key_or_bearer(server):
         unkeyed.messages.create(model=MODEL, messages=FRUITS, max_tokens=1)
     bearer = anthropic.Anthropic(base_url=server.base_url, auth_token=API_KEY, max_retries=0)
     assert bearer.messages.create(model=MODEL, messages=FRUITS, max_tokens=1).usage.output_tokens == 1
+
+
+def test_blocks_keep_the_order_the_model_wrote_them_in():
+    """Thinking, text, a call, more text: four blocks in that order, each started, grown and
+    stopped before the next, as a stream sends them; a call's input is its arguments parsed, {}
+    where they were cut short (the stop_reason says max_tokens)."""
+    from pagoda.entrypoints.openai.messages import _Blocks
+
+    blocks, events = _Blocks(), []
+    whole = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": '}}
+    rest = {"index": 0, "function": {"arguments": "1}"}}
+    deltas = [{"reasoning": "Hm."}, {"content": "Sure."}, {"tool_calls": [whole]}, {"tool_calls": [rest]}]
+    for delta in [*deltas, {"content": "Done."}]:
+        events += blocks.feed(delta)
+    events += blocks.close()
+    assert blocks.blocks == [
+        {"type": "thinking", "thinking": "Hm.", "signature": ""},
+        {"type": "text", "text": "Sure."},
+        {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}},
+        {"type": "text", "text": "Done."},
+    ]
+    kinds = [json.loads(event.split("data: ", 1)[1])["type"] for event in events]
+    assert kinds == ["content_block_start", "content_block_delta", "content_block_stop"] * 2 + [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+    ]
+    cut = _Blocks()
+    cut.feed({"tool_calls": [whole]})
+    cut.close()
+    assert cut.blocks == [{"type": "tool_use", "id": "call_1", "name": "f", "input": {}}]
