@@ -57,7 +57,7 @@ def test_a_message_is_the_chat_completions_answer(claude, client):
     used = message.usage
     assert used.input_tokens + used.cache_read_input_tokens == answer.usage.prompt_tokens
     assert used.output_tokens == answer.usage.completion_tokens
-    blocks = [{"type": "text", "text": "Answer "}, {"type": "text", "text": "briefly."}]
+    blocks = [{"type": "text", "text": "Answer briefly.", "cache_control": {"type": "ephemeral"}}]
     again = claude.messages.create(model=MODEL, system=blocks, messages=FRUITS, max_tokens=24, extra_body=GREEDY)
     assert again.content[0].text == message.content[0].text
     cut = claude.messages.create(model=MODEL, messages=FRUITS, max_tokens=2, extra_body=GREEDY)
@@ -84,6 +84,10 @@ def test_a_stop_sequence_ends_the_message_and_is_named(claude):
     )
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
     assert stop not in message.content[0].text and text.startswith(message.content[0].text)
+    nothing = claude.messages.create(
+        model=MODEL, messages=FRUITS, max_tokens=20, extra_body=GREEDY, stop_sequences=[text.split()[0]]
+    )
+    assert [(b.type, b.text.strip()) for b in nothing.content] == [("text", "")]  # vLLM's: never no block
 
 
 def test_a_forced_tool_call_then_its_result(claude, client):
@@ -148,7 +152,22 @@ def test_output_config_json_schema_and_count_tokens(claude, http):
     "change, param",
     [
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
-        ({"messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "hi"}]}, "messages[0].role"),
+        # the chat path's 400s, named as the Messages request names the place (system first: no shift)
+        (
+            {
+                "system": "Be brief.",
+                "messages": [
+                    *FRUITS,
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "x"}]},
+                ],
+            },
+            "messages[2].content[0].tool_use_id",
+        ),
+        ({"tools": [{"name": "f", "input_schema": {"type": "nonsense"}}]}, "tools[0].input_schema"),
+        ({"output_config": {"effort": "bogus"}}, "output_config.effort"),
+        ({"tool_choice": {"type": "any"}}, "tool_choice.type"),  # no tools to choose from
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),  # not below max_tokens
         ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
@@ -162,6 +181,20 @@ def test_bad_input_is_anthropics_400_naming_the_place(server, change, param):
     error = answer.json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert param in error["error"]["message"]
+    assert f"rejected POST /v1/messages: 400 {error['error']['message'][:40]}" in server.log()
+
+
+def test_system_messages_and_text_blocks_render_as_vllm_renders_them(claude):
+    """A system-role message joins the system prompt (as Claude Code's reminders come), and text
+    blocks are joined by newlines, as the chat path joins text parts."""
+
+    def count(**fields) -> int:
+        return claude.messages.count_tokens(model=MODEL, **fields).input_tokens
+
+    merged = [{"role": "system", "content": "Be brief."}, *FRUITS]
+    assert count(system="Be kind.", messages=merged) == count(system="Be kind.\nBe brief.", messages=FRUITS)
+    blocks = [{"role": "user", "content": [{"type": "text", "text": "Line one."}, {"type": "text", "text": "Two."}]}]
+    assert count(messages=blocks) == count(messages=[{"role": "user", "content": "Line one.\nTwo."}])
 
 
 def test_the_key_is_needed_as_x_api_key_or_bearer(server):

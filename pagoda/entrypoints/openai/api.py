@@ -182,7 +182,9 @@ def _require_key(api_keys: tuple[str, ...]):
         matches = [hmac.compare_digest(sent, key.encode()) for key in api_keys]
         if not sent or not any(matches):
             raise APIError(
-                401, "Missing or incorrect API key: send `Authorization: Bearer KEY`.", code="invalid_api_key"
+                401,
+                "Missing or incorrect API key: send `Authorization: Bearer KEY` (or `X-Api-Key: KEY`).",
+                code="invalid_api_key",
             )
 
     return check
@@ -234,8 +236,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
         return await messages.create_message(state, body, http)
 
     @router.post("/messages/count_tokens")
-    async def count_message_tokens(body: AnthropicCountTokensRequest) -> Response:
-        return await messages.count_tokens(state, body)
+    async def count_message_tokens(body: AnthropicCountTokensRequest, http: Request) -> Response:
+        return await messages.count_tokens(state, body, http)
 
     # a stored response's routes: nothing is stored, so every id is unknown (vLLM's 404 without its store)
     @router.get("/responses/{response_id}")

@@ -91,9 +91,21 @@ def install_handlers(app: FastAPI) -> None:
 
 def rejected(request: Request, error: APIError) -> Response:
     """The error's response, and one log line saying which request was refused and why."""
+    log_rejection(request, error)
+    return error_response(error)
+
+
+def log_rejection(request: Request, error: APIError) -> None:
     reason = error.message if len(error.message) <= MAX_REASON_CHARS else error.message[:MAX_REASON_CHARS] + "..."
     rejections.info("rejected %s %s: %d %s", request.method, request.url.path, error.status, reason)
-    return error_response(error)
+
+
+def renamed(error: APIError, param: str) -> APIError:
+    """The error with its field named `param` (as another API's request names it), in its message
+    too where the message starts with the field."""
+    old = error.param or ""
+    message = error.message.replace(old, param, 1) if old and error.message.startswith(old) else error.message
+    return APIError(error.status, message, param, error.code, error.headers)
 
 
 async def _api_error(request: Request, exc: APIError) -> Response:

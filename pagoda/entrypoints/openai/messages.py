@@ -7,6 +7,7 @@ tool_use) and, streamed, Anthropic's events. Errors raised here are Anthropic's 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai import chat
-from pagoda.entrypoints.openai.errors import APIError, bad_request
+from pagoda.entrypoints.openai.errors import APIError, bad_request, log_rejection, renamed
 from pagoda.entrypoints.openai.protocol import (
     AnthropicCountTokensRequest,
     AnthropicMessagesRequest,
@@ -30,6 +31,16 @@ from pagoda.entrypoints.openai.tool_calls import MessageStreamer, ToolPlan
 
 ENDPOINT = "/v1/messages"
 MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
+EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort's values (vLLM's)
+# a chat field's name in the chat path's 400s, and its name in a Messages request (messages[k] are
+# mapped to their Messages places first: see _Translation.renamed)
+RENAMES = (
+    (re.compile(r"^tools\[(\d+)\]\.function\.parameters\b"), r"tools[\1].input_schema"),
+    (re.compile(r"^tools\[(\d+)\]\.function\b"), r"tools[\1]"),
+    (re.compile(r"^response_format\b.*"), "output_config.format"),
+    (re.compile(r"^stop\b"), "stop_sequences"),
+    (re.compile(r"^max_completion_tokens\b"), "max_tokens"),
+)
 # Anthropic's error type for an HTTP status (others: api_error)
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -43,129 +54,174 @@ ERROR_TYPES = {
 }
 
 
-def error_response(exc: APIError) -> JSONResponse:
-    """An APIError as Anthropic's error object (its type from the status)."""
+def error_response(http: Request, exc: APIError) -> JSONResponse:
+    """An APIError as Anthropic's error object (its type from the status), logged as every refusal is."""
+    log_rejection(http, exc)
     return JSONResponse(_error(exc), status_code=exc.status, headers=exc.headers)
 
 
 async def create_message(state: ServerState, body: AnthropicMessagesRequest, http: Request) -> Response:
     try:
-        request = chat_request(body, state.config.tools.enable_auto_tool_choice)
-        prepared = await chat.prepare(state, request)
+        translation = _Translation(body, state.config.tools.enable_auto_tool_choice)
+        prepared = await translation.prepare(state)
         message_id = f"msg_{uuid.uuid4().hex}"
         generation = await state.launch(
             http, ENDPOINT, message_id, [prepared.prompt_ids], prepared.params, body.cache_salt
         )
     except APIError as exc:
-        return error_response(exc)
+        return error_response(http, exc)
     head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}
     if body.stream:
         return _stream(_events(prepared.plan, generation, head, len(prepared.prompt_ids)), generation)
     try:
         out = (await state.collect(http, generation))[0][0]
     except APIError as exc:
-        return error_response(exc)
+        return error_response(http, exc)
     blocks, streamer = _Blocks(), prepared.plan.streamer()
     for delta in streamer.feed(out.text) + streamer.finish():
         blocks.feed(delta)
-    blocks.close()
+    blocks.finish()
     return JSONResponse({**head, **_ending(blocks, streamer, out), "content": blocks.blocks, "usage": _usage(out)})
 
 
-async def count_tokens(state: ServerState, body: AnthropicCountTokensRequest) -> Response:
+async def count_tokens(state: ServerState, body: AnthropicCountTokensRequest, http: Request) -> Response:
     """The prompt's tokens as /v1/messages would render it."""
     try:
         fields = {**body.model_dump(exclude_none=True, by_alias=True), "max_tokens": 1}
         if isinstance(body.thinking, dict) and body.thinking.get("type") == "enabled":  # its budget checks max_tokens
             fields["thinking"] = {"type": "adaptive"}
-        request = chat_request(
-            AnthropicMessagesRequest.model_validate(fields), state.config.tools.enable_auto_tool_choice
-        )
-        prepared = await chat.prepare(state, request)
+        whole = AnthropicMessagesRequest.model_validate(fields)
+        prepared = await _Translation(whole, state.config.tools.enable_auto_tool_choice).prepare(state)
     except APIError as exc:
-        return error_response(exc)
+        return error_response(http, exc)
     return JSONResponse({"input_tokens": len(prepared.prompt_ids)})
 
 
 # ---- the request ------------------------------------------------------------------------------
 
 
-def chat_request(body: AnthropicMessagesRequest, auto_tools: bool) -> ChatCompletionRequest:
-    """The chat request that asks for what `body` asks for; 400s name the Messages field.
+class _Translation:
+    """A Messages request as the chat request that asks for the same thing, with the Messages place
+    of each chat message, so that the chat path's 400s name the Messages field.
     `auto_tools`: the server reads calls out of free text (--enable-auto-tool-choice); without it,
     tools with no tool_choice are shown to the model and its answer taken as text (vLLM's rule)."""
-    system = [] if body.system is None else [{"role": "system", "content": _text(body.system, "system")}]
-    choice, parallel = _tool_choice(body.tool_choice, bool(body.tools), auto_tools)
-    effort, template_kwargs = _thinking(body)
-    fields = {
-        "model": body.model,
-        "messages": system + [m for i, message in enumerate(body.messages) for m in _messages(message, i)],
-        "max_tokens": body.max_tokens,
-        "stop": body.stop_sequences,
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": body.top_k,
-        "user": (body.metadata or {}).get("user_id"),
-        "tools": _tools(body.tools),
-        "tool_choice": choice,
-        "parallel_tool_calls": parallel,
-        "response_format": _response_format(body.output_config),
-        "reasoning_effort": effort,
-        "chat_template_kwargs": template_kwargs,
-        "cache_salt": body.cache_salt,
-    }
-    try:
-        return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
-    except ValidationError as exc:  # a value the chat request refuses: named as the chat field
-        error = exc.errors()[0]
-        place = ".".join(str(part) for part in error["loc"])
-        raise bad_request(f"{place}: {error['msg']}", place) from None
 
+    def __init__(self, body: AnthropicMessagesRequest, auto_tools: bool) -> None:
+        self.places: list[str] = []  # per chat message, where it came from
+        messages = self._system(body) + [m for i, message in enumerate(body.messages) for m in self._turn(message, i)]
+        choice, parallel = _tool_choice(body.tool_choice, bool(body.tools), auto_tools)
+        fields = {
+            "model": body.model,
+            "messages": messages,
+            "max_tokens": body.max_tokens,
+            "stop": body.stop_sequences,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "top_k": body.top_k,
+            "user": (body.metadata or {}).get("user_id"),
+            "tools": _tools(body.tools),
+            "tool_choice": choice,
+            "parallel_tool_calls": parallel,
+            "response_format": _response_format(body.output_config),
+            "reasoning_effort": _effort(body),
+            "chat_template_kwargs": body.chat_template_kwargs,
+            "cache_salt": body.cache_salt,
+        }
+        try:
+            self.request = ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as exc:  # a value the chat request refuses
+            error = exc.errors()[0]
+            place = ".".join(str(part) for part in error["loc"])
+            raise self.renamed(bad_request(f"{place}: {error['msg']}", place)) from None
 
-def _messages(message: Any, i: int) -> list[dict]:
-    """One Anthropic message as chat messages: a user turn's tool_result blocks become tool
-    messages (before its text), an assistant turn's tool_use blocks its tool calls; thinking
-    blocks are dropped (chat templates show no earlier turn's reasoning)."""
-    where = f"messages[{i}]"
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        raise bad_request(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
-    role, content = message["role"], message.get("content")
-    if isinstance(content, str):
-        return [{"role": role, "content": content}]
-    if not isinstance(content, list):
-        raise bad_request(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
-    texts, calls, results = [], [], []
-    for j, block in enumerate(content):
-        place = f"{where}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            texts.append(_string(block, "text", place))
-        elif kind == "tool_use" and role == "assistant":
-            arguments = block.get("input", {})
-            if not isinstance(arguments, dict):
-                raise bad_request(f"{place}.input must be an object", f"{place}.input")
-            function = {"name": _string(block, "name", place), "arguments": json.dumps(arguments, ensure_ascii=False)}
-            calls.append({"id": _string(block, "id", place), "type": "function", "function": function})
-        elif kind == "tool_result" and role == "user":
-            result = block.get("content", "")
-            text = result if isinstance(result, str) else _text(result, f"{place}.content")
-            results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", place), "content": text})
-        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-            continue
-        else:
-            raise bad_request(
-                f"{place}.type {kind!r} is not supported in a {role} message: this server takes text, tool_use "
-                "(assistant), tool_result (user) and thinking (assistant) blocks",
-                f"{place}.type",
-            )
-    if role == "assistant":
-        turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
-        return [turn | ({"tool_calls": calls} if calls else {})]
-    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+    async def prepare(self, state: ServerState) -> chat.PreparedChat:
+        """The chat path's checks and rendering; its 400s name the Messages field."""
+        try:
+            return await chat.prepare(state, self.request)
+        except APIError as exc:
+            raise self.renamed(exc) from None
+
+    def renamed(self, exc: APIError) -> APIError:
+        """A chat 400 with its field named as the Messages request names it."""
+        param = exc.param or ""
+        found = re.match(r"^messages\[(\d+)\]", param)
+        if found and int(found[1]) < len(self.places):
+            rest = param[found.end() :].replace(".tool_call_id", ".tool_use_id")
+            rest = re.sub(r"^\.tool_calls\b.*", ".content", rest)
+            place = self.places[int(found[1])]
+            return renamed(exc, place + ("" if place.endswith("]") and rest == ".content" else rest))
+        for pattern, name in RENAMES:
+            if pattern.match(param):
+                return renamed(exc, pattern.sub(name, param))
+        return exc
+
+    def _system(self, body: AnthropicMessagesRequest) -> list[dict]:
+        """`system`, and system-role messages in `messages` (as Claude Code sends per-turn
+        reminders), as one system message first (vLLM's rule)."""
+        texts = [] if body.system is None else [_text(body.system, "system")]
+        for i, message in enumerate(body.messages):
+            if isinstance(message, dict) and message.get("role") == "system":
+                texts.append(_text(message.get("content"), f"messages[{i}].content"))
+        if not texts:
+            return []
+        self.places.append("system")
+        return [{"role": "system", "content": "\n".join(texts)}]
+
+    def _turn(self, message: Any, i: int) -> list[dict]:
+        """One Anthropic message as chat messages: a user turn's tool_result blocks become tool
+        messages (before its text), an assistant turn's tool_use blocks its tool calls; thinking
+        blocks are dropped (chat templates show no earlier turn's reasoning)."""
+        where = f"messages[{i}]"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "system":
+            return []  # in the system message (_system)
+        if role not in ("user", "assistant"):
+            raise bad_request(f"{where}.role must be 'user', 'assistant' or 'system'", f"{where}.role")
+        content = message.get("content")
+        if isinstance(content, str):
+            self.places.append(where)
+            return [{"role": role, "content": content}]
+        if not isinstance(content, list):
+            raise bad_request(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
+        texts, calls, results = [], [], []
+        for j, block in enumerate(content):
+            place = f"{where}.content[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                texts.append(_string(block, "text", place))
+            elif kind == "tool_use" and role == "assistant":
+                arguments = block.get("input", {})
+                if not isinstance(arguments, dict):
+                    raise bad_request(f"{place}.input must be an object", f"{place}.input")
+                arguments_json = json.dumps(arguments, ensure_ascii=False)
+                function = {"name": _string(block, "name", place), "arguments": arguments_json}
+                calls.append({"id": _string(block, "id", place), "type": "function", "function": function})
+            elif kind == "tool_result" and role == "user":
+                result = block.get("content", "")
+                text = result if isinstance(result, str) else _text(result, f"{place}.content")
+                results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", place), "content": text})
+                self.places.append(place)
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue
+            else:
+                raise bad_request(
+                    f"{place}.type {kind!r} is not supported in a {role} message: this server takes text, "
+                    "tool_use (assistant), tool_result (user) and thinking (assistant) blocks",
+                    f"{place}.type",
+                )
+        if role == "assistant":
+            self.places.append(where)
+            turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts or not calls else None}
+            return [turn | ({"tool_calls": calls} if calls else {})]
+        if texts or not results:
+            self.places.append(where)
+            return [*results, {"role": "user", "content": "\n".join(texts)}]
+        return results
 
 
 def _text(value: Any, where: str) -> str:
-    """A string, or text blocks joined (system, a tool_result's content)."""
+    """A string, or text blocks joined by newlines, as the chat path joins text parts (system, a
+    system-role message, a tool_result's content)."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -175,7 +231,7 @@ def _text(value: Any, where: str) -> str:
         if not isinstance(block, dict) or block.get("type") != "text":
             raise bad_request(f"{where}[{j}] must be a text block: this server takes no images", f"{where}[{j}]")
         parts.append(_string(block, "text", f"{where}[{j}]"))
-    return "".join(parts)
+    return "\n".join(parts)
 
 
 def _string(block: dict, key: str, where: str) -> str:
@@ -213,15 +269,20 @@ def _tool_choice(choice: Any, has_tools: bool, auto_tools: bool) -> tuple[Any, b
     if kind == "tool" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}, parallel
     served = {"auto": "auto", "any": "required", "none": "none"}
+    if kind == "any" and not has_tools:
+        raise bad_request("tool_choice.type 'any' needs tools to choose from", "tool_choice.type")
     if kind not in served:
         raise bad_request("tool_choice.type must be 'auto', 'any', 'none' or 'tool' (with a name)", "tool_choice.type")
     return chat_tool_choice(served[kind], has_tools, auto_tools), parallel
 
 
-def _thinking(body: AnthropicMessagesRequest) -> tuple[str | None, dict | None]:
+def _effort(body: AnthropicMessagesRequest) -> str | None:
     """thinking and output_config.effort as the chat path's reasoning_effort (as vLLM maps them:
-    disabled is "none", which turns enable_thinking off), and the template variables."""
+    disabled is "none", which turns enable_thinking off). An enabled thinking's budget_tokens is
+    checked as Anthropic checks it, not enforced: max_tokens bounds the answer, thinking included."""
     thinking, effort = body.thinking, (body.output_config or {}).get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise bad_request(f"output_config.effort must be one of {', '.join(EFFORTS)}", "output_config.effort")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if thinking is not None and kind not in ("enabled", "disabled", "adaptive"):
         raise bad_request("thinking.type must be 'enabled', 'disabled' or 'adaptive'", "thinking.type")
@@ -232,9 +293,7 @@ def _thinking(body: AnthropicMessagesRequest) -> tuple[str | None, dict | None]:
                 f"thinking.budget_tokens must be an integer of at least {MIN_THINKING_BUDGET} and less than max_tokens",
                 "thinking.budget_tokens",
             )
-    if kind == "disabled":
-        effort = "none"
-    return effort, body.chat_template_kwargs
+    return "none" if kind == "disabled" else effort
 
 
 def _response_format(config: dict | None) -> dict | None:
@@ -288,6 +347,12 @@ class _Blocks:
             self._arguments = ""
         self.blocks.append(block)
         return [_event("content_block_stop", index=len(self.blocks) - 1)]
+
+    def finish(self) -> list[str]:
+        """The last block done; where the model wrote nothing, an empty text block (vLLM's: strict
+        clients read content[0])."""
+        empty = [] if self.blocks or self._open is not None else self._start({"type": "text", "text": ""})
+        return empty + self.close()
 
     def _start(self, block: dict) -> list[str]:
         self._open = block
@@ -391,7 +456,7 @@ async def _events(plan: ToolPlan, generation: Generation, head: dict, prompt_tok
             yield event
         yield _event("error", error=_error(exc)["error"])
         return
-    for event in blocks.close():
+    for event in blocks.finish():
         yield event
     assert final is not None, "a generation ends with a finished update"
     yield _event("message_delta", delta=_ending(blocks, streamer, final), usage=_usage(final))

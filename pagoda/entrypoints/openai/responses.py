@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from pagoda.entrypoints.openai import chat
-from pagoda.entrypoints.openai.errors import APIError, bad_request
+from pagoda.entrypoints.openai.errors import APIError, bad_request, renamed
 from pagoda.entrypoints.openai.logprobs import chat_logprobs
 from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -274,9 +274,7 @@ def _renamed(exc: APIError) -> APIError:
     """The chat path's 400 with its field named as the Responses request names it."""
     for pattern, name in RENAMES:
         if exc.param is not None and pattern.match(exc.param):
-            param = pattern.sub(name, exc.param)
-            message = exc.message.replace(exc.param, param, 1) if exc.message.startswith(exc.param) else exc.message
-            return APIError(exc.status, message, param, exc.code, exc.headers)
+            return renamed(exc, pattern.sub(name, exc.param))
     return exc
 
 
