@@ -238,3 +238,38 @@ def test_blocks_keep_the_order_the_model_wrote_them_in():
     cut.feed({"tool_calls": [whole]})
     cut.close()
     assert cut.blocks == [{"type": "tool_use", "id": "call_1", "name": "f", "input": {}}]
+
+
+def test_a_whole_answer_keeps_text_a_call_and_text_in_the_order_written():
+    """Built update by update as a stream is (a parser that holds a call back until it is whole
+    would otherwise put all the text first when fed the whole output at once)."""
+    import asyncio
+
+    from pagoda.engine.outputs import SequenceOutput
+    from pagoda.entrypoints.openai.messages import _Answer
+    from pagoda.entrypoints.openai.tool_calls import ToolSettings, plan_tools
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    plan = plan_tools([tool], "auto", True, ToolSettings(enable_auto_tool_choice=True), "{{ tools }}<tool_call>")
+    pieces = ["Let me check.", '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', "Then more."]
+
+    class Scripted:
+        async def updates(self):
+            for i, piece in enumerate(pieces):
+                last = i == len(pieces) - 1
+                yield 0, SequenceOutput("m", 0, text_delta=piece, finish_reason="stop" if last else None)
+
+    async def build() -> _Answer:
+        answer = _Answer(plan)
+        async for _ in answer.events(Scripted()):
+            pass
+        answer.blocks.finish()
+        return answer
+
+    answer = asyncio.run(build())
+    assert [(b["type"], b.get("text"), b.get("input")) for b in answer.blocks.blocks] == [
+        ("text", "Let me check.", None),
+        ("tool_use", None, {"a": 1}),
+        ("text", "Then more.", None),
+    ]
+    assert answer.ending() == {"stop_reason": "tool_use", "stop_sequence": None}

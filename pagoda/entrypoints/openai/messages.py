@@ -25,7 +25,7 @@ from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
 )
 from pagoda.entrypoints.openai.responses import chat_tool_choice
-from pagoda.entrypoints.openai.serving import ServerState, usage
+from pagoda.entrypoints.openai.serving import ServerState, cancel_on_disconnect, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import MessageStreamer, ToolPlan
 
@@ -40,6 +40,7 @@ RENAMES = (
     (re.compile(r"^response_format\b.*"), "output_config.format"),
     (re.compile(r"^stop\b"), "stop_sequences"),
     (re.compile(r"^max_completion_tokens\b"), "max_tokens"),
+    (re.compile(r"^user\b"), "metadata.user_id"),
 )
 # Anthropic's error type for an HTTP status (others: api_error)
 ERROR_TYPES = {
@@ -73,15 +74,21 @@ async def create_message(state: ServerState, body: AnthropicMessagesRequest, htt
     head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}
     if body.stream:
         return _stream(_events(prepared.plan, generation, head, len(prepared.prompt_ids)), generation)
+    answer = _Answer(prepared.plan)
+
+    async def whole() -> None:  # built update by update, as a stream builds it: the same blocks
+        async for _ in answer.events(generation):
+            pass
+        answer.blocks.finish()
+
     try:
-        out = (await state.collect(http, generation))[0][0]
+        await cancel_on_disconnect(http, whole())
     except APIError as exc:
         return error_response(http, exc)
-    blocks, streamer = _Blocks(), prepared.plan.streamer()
-    for delta in streamer.feed(out.text) + streamer.finish():
-        blocks.feed(delta)
-    blocks.finish()
-    return JSONResponse({**head, **_ending(blocks, streamer, out), "content": blocks.blocks, "usage": _usage(out)})
+    finally:
+        generation.close()
+    content = {"content": answer.blocks.blocks, "usage": _usage(answer.final)}
+    return JSONResponse({**head, **answer.ending(), **content})
 
 
 async def count_tokens(state: ServerState, body: AnthropicCountTokensRequest, http: Request) -> Response:
@@ -108,6 +115,7 @@ class _Translation:
 
     def __init__(self, body: AnthropicMessagesRequest, auto_tools: bool) -> None:
         self.places: list[str] = []  # per chat message, where it came from
+        self.calls: dict[int, list[str]] = {}  # per assistant chat message, where each of its calls came from
         messages = self._system(body) + [m for i, message in enumerate(body.messages) for m in self._turn(message, i)]
         choice, parallel = _tool_choice(body.tool_choice, bool(body.tools), auto_tools)
         fields = {
@@ -146,10 +154,13 @@ class _Translation:
         param = exc.param or ""
         found = re.match(r"^messages\[(\d+)\]", param)
         if found and int(found[1]) < len(self.places):
-            rest = param[found.end() :].replace(".tool_call_id", ".tool_use_id")
-            rest = re.sub(r"^\.tool_calls\b.*", ".content", rest)
-            place = self.places[int(found[1])]
-            return renamed(exc, place + ("" if place.endswith("]") and rest == ".content" else rest))
+            index, rest = int(found[1]), param[found.end() :]
+            call = re.match(r"^\.tool_calls\[(\d+)\]", rest)
+            if call and int(call[1]) < len(self.calls.get(index, ())):  # a tool_use block's field
+                inner = rest[call.end() :]
+                inner = {".function.name": ".name", ".function.arguments": ".input", ".function": ""}.get(inner, inner)
+                return renamed(exc, self.calls[index][int(call[1])] + inner)
+            return renamed(exc, self.places[index] + rest.replace(".tool_call_id", ".tool_use_id"))
         for pattern, name in RENAMES:
             if pattern.match(param):
                 return renamed(exc, pattern.sub(name, param))
@@ -183,7 +194,7 @@ class _Translation:
             return [{"role": role, "content": content}]
         if not isinstance(content, list):
             raise bad_request(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
-        texts, calls, results = [], [], []
+        texts, calls, results, call_places = [], [], [], []
         for j, block in enumerate(content):
             place = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, dict) else None
@@ -196,6 +207,7 @@ class _Translation:
                 arguments_json = json.dumps(arguments, ensure_ascii=False)
                 function = {"name": _string(block, "name", place), "arguments": arguments_json}
                 calls.append({"id": _string(block, "id", place), "type": "function", "function": function})
+                call_places.append(place)
             elif kind == "tool_result" and role == "user":
                 result = block.get("content", "")
                 text = result if isinstance(result, str) else _text(result, f"{place}.content")
@@ -210,6 +222,7 @@ class _Translation:
                     f"{place}.type",
                 )
         if role == "assistant":
+            self.calls[len(self.places)] = call_places
             self.places.append(where)
             turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts or not calls else None}
             return [turn | ({"tool_calls": calls} if calls else {})]
@@ -265,6 +278,7 @@ def _tool_choice(choice: Any, has_tools: bool, auto_tools: bool) -> tuple[Any, b
     if choice is None:
         return chat_tool_choice(None, has_tools, auto_tools), None
     kind = choice.get("type") if isinstance(choice, dict) else None
+    kind = kind if isinstance(kind, str) else None
     parallel = False if isinstance(choice, dict) and choice.get("disable_parallel_tool_use") else None
     if kind == "tool" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}, parallel
@@ -430,34 +444,48 @@ def _stream(events: AsyncIterator[str], generation: Generation) -> StreamingResp
     )
 
 
+class _Answer:
+    """One sequence's message as its updates arrive: the chat deltas of its text in arrival order
+    (so that blocks keep the order the model wrote them in), as blocks and their events."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.blocks, self.streamer = _Blocks(), plan.streamer()
+        self.final: SequenceOutput | None = None
+
+    async def events(self, generation: Generation) -> AsyncIterator[tuple[SequenceOutput, list[str]]]:
+        """Each update, with the block events its text makes."""
+        async for _, update in generation.updates():
+            deltas = self.streamer.feed(update.text_delta) if update.text_delta else []
+            if update.finished:
+                deltas += self.streamer.finish()
+                self.final = update
+            yield update, [event for delta in deltas for event in self.blocks.feed(delta)]
+
+    def ending(self) -> dict:
+        assert self.final is not None, "a generation ends with a finished update"
+        return _ending(self.blocks, self.streamer, self.final)
+
+
 async def _events(plan: ToolPlan, generation: Generation, head: dict, prompt_tokens: int) -> AsyncIterator[str]:
     """Anthropic's stream: message_start, each block's start, deltas and stop, message_delta with
     the stop_reason and the output tokens, message_stop; where the generation fails after the
     stream began, the open block stopped and an error event."""
-    blocks, streamer = _Blocks(), plan.streamer()
-    started = final = None
+    answer, started = _Answer(plan), False
     try:
-        async for _, update in generation.updates():
-            if started is None:
-                cached = update.metrics.num_cached_tokens
+        async for update, events in answer.events(generation):
+            if not started:
+                started, cached = True, update.metrics.num_cached_tokens
                 begun = {"input_tokens": prompt_tokens - cached, "cache_read_input_tokens": cached, "output_tokens": 0}
                 message = {**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": begun}
-                started = _event("message_start", message=message)
-                yield started
-            deltas = streamer.feed(update.text_delta) if update.text_delta else []
-            if update.finished:
-                deltas += streamer.finish()
-                final = update
-            for delta in deltas:
-                for event in blocks.feed(delta):
-                    yield event
+                yield _event("message_start", message=message)
+            for event in events:
+                yield event
     except APIError as exc:
-        for event in blocks.close():
+        for event in answer.blocks.close():
             yield event
         yield _event("error", error=_error(exc)["error"])
         return
-    for event in blocks.finish():
+    for event in answer.blocks.finish():
         yield event
-    assert final is not None, "a generation ends with a finished update"
-    yield _event("message_delta", delta=_ending(blocks, streamer, final), usage=_usage(final))
+    yield _event("message_delta", delta=answer.ending(), usage=_usage(answer.final))
     yield _event("message_stop")

@@ -288,6 +288,7 @@ class AnthropicCountTokensRequest(_Body):
     tools: list[Any] | None = None
     tool_choice: Any = None
     thinking: Any = None
+    output_config: dict[str, Any] | None = None  # format (a JSON schema) and effort
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's
 
 
@@ -301,7 +302,6 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
     top_p: float | None = None
     top_k: int | None = Field(None, le=INT64_MAX)
     metadata: dict[str, Any] | None = None  # user_id: the chat request's user
-    output_config: dict[str, Any] | None = None  # format (a JSON schema) and effort
     cache_salt: CacheSalt = None  # vLLM's
 
 
