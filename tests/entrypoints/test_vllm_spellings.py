@@ -347,11 +347,12 @@ def test_several_api_keys_and_vllms_environment_variable(monkeypatch, capsys):
     monkeypatch.setenv("PAGODA_API_KEY", "p")
     assert serve.server_config(serve.parse_args(["m"])).api_keys == ("p",)
     check = _require_key(("a", "b"))
-    for accepted in ("Bearer a", "Bearer b", "bearer b "):
-        asyncio.run(check(accepted))
-    for refused in ("Bearer c", "Basic a", None):
+    # (Authorization, X-Api-Key): Anthropic's clients send the key as the latter
+    for accepted in (("Bearer a", None), ("Bearer b", None), ("bearer b ", None), (None, "a"), ("Basic x", "b")):
+        asyncio.run(check(*accepted))
+    for refused in (("Bearer c", None), ("Basic a", None), (None, None), (None, "c"), ("Bearer c", "a"), (None, "")):
         with pytest.raises(APIError) as error:
-            asyncio.run(check(refused))
+            asyncio.run(check(*refused))
         assert error.value.status == 401
     assert "one --api-key" in parse_error(["m", "--data-parallel-size", "2", "--api-key", "a", "b"], capsys)
     assert "must not be empty" in parse_error(["m", "--api-key", "a", ""], capsys)  # "$K2" unset: not open
