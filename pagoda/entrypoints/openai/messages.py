@@ -169,10 +169,10 @@ class _Translation:
     def _system(self, body: AnthropicMessagesRequest) -> list[dict]:
         """`system`, and system-role messages in `messages` (as Claude Code sends per-turn
         reminders), as one system message first (vLLM's rule)."""
-        texts = [] if body.system is None else [_text(body.system, "system")]
+        texts = [] if body.system is None else [chat.text_content(body.system, "system")]
         for i, message in enumerate(body.messages):
             if isinstance(message, dict) and message.get("role") == "system":
-                texts.append(_text(message.get("content"), f"messages[{i}].content"))
+                texts.append(chat.text_content(message.get("content"), f"messages[{i}].content"))
         if not texts:
             return []
         self.places.append("system")
@@ -210,7 +210,7 @@ class _Translation:
                 call_places.append(place)
             elif kind == "tool_result" and role == "user":
                 result = block.get("content", "")
-                text = result if isinstance(result, str) else _text(result, f"{place}.content")
+                text = result if isinstance(result, str) else chat.text_content(result, f"{place}.content")
                 results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", place), "content": text})
                 self.places.append(place)
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
@@ -230,21 +230,6 @@ class _Translation:
             self.places.append(where)
             return [*results, {"role": "user", "content": "\n".join(texts)}]
         return results
-
-
-def _text(value: Any, where: str) -> str:
-    """A string, or text blocks joined by newlines, as the chat path joins text parts (system, a
-    system-role message, a tool_result's content)."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise bad_request(f"{where} must be a string or a list of text blocks", where)
-    parts = []
-    for j, block in enumerate(value):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise bad_request(f"{where}[{j}] must be a text block: this server takes no images", f"{where}[{j}]")
-        parts.append(_string(block, "text", f"{where}[{j}]"))
-    return "\n".join(parts)
 
 
 def _string(block: dict, key: str, where: str) -> str:
