@@ -101,11 +101,12 @@ class RadixCache:
         node, done = self.root, 0
         stamp = next(self._clock)
         while done < len(blocks):
-            child = node.children.get(self._block_key(salt, token_ids, done))
+            key = self._block_key(salt, token_ids, done)
+            child = node.children.get(key)
             if child is None:
                 leaf = RadixNode(tuple(token_ids[done * self.block_size :]), list(blocks[done:]), salt, node)
                 leaf.last_access = stamp
-                node.children[self._block_key(salt, token_ids, done)] = leaf
+                node.children[key] = leaf
                 for block in leaf.blocks:
                     self._block_node[block] = leaf
                 self.num_evictable_blocks += len(leaf.blocks)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from pagoda.engine.outputs import SequenceOutput
@@ -25,7 +25,7 @@ from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
 )
 from pagoda.entrypoints.openai.responses import chat_tool_choice
-from pagoda.entrypoints.openai.serving import ServerState, cancel_on_disconnect, usage
+from pagoda.entrypoints.openai.serving import ServerState, cancel_on_disconnect, event_stream, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import MessageStreamer, ToolPlan
 
@@ -73,7 +73,7 @@ async def create_message(state: ServerState, body: AnthropicMessagesRequest, htt
         return error_response(http, exc)
     head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}
     if body.stream:
-        return _stream(_events(prepared.plan, generation, head, len(prepared.prompt_ids)), generation)
+        return event_stream(_events(prepared.plan, generation, head, len(prepared.prompt_ids)), generation)
     answer = _Answer(prepared.plan)
 
     async def whole() -> None:  # built update by update, as a stream builds it: the same blocks
@@ -355,8 +355,7 @@ class _Blocks:
 
     def _start(self, block: dict) -> list[str]:
         self._open = block
-        shown = {**block, "input": {}} if block["type"] == "tool_use" else block
-        return [_event("content_block_start", index=len(self.blocks), content_block=dict(shown))]
+        return [_event("content_block_start", index=len(self.blocks), content_block=block)]
 
     def _grow(self, kind: str, text: str) -> list[str]:
         events = []
@@ -414,19 +413,6 @@ def _event(kind: str, **fields: Any) -> str:
 
 def _error(exc: APIError) -> dict:
     return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"), "message": exc.message}}
-
-
-def _stream(events: AsyncIterator[str], generation: Generation) -> StreamingResponse:
-    async def framed() -> AsyncIterator[str]:
-        try:
-            async for event in events:
-                yield event
-        finally:
-            generation.close()
-
-    return StreamingResponse(
-        framed(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
 
 
 class _Answer:
