@@ -28,9 +28,12 @@ class TokenLogprob:
 
 
 class Grammar(Protocol):
-    """A structured-output constraint's state for one request (pagoda.structured.RequestGrammar):
-    the scheduler advances it with each sampled token and ends the request when it is complete,
-    and cuts speculative drafts to the part it accepts."""
+    """A constrained output's state for one request (pagoda.structured.RequestGrammar): the
+    scheduler advances it with each sampled token and ends the request when it is complete, and
+    cuts speculative drafts to the part it accepts."""
+
+    @property
+    def decides_end(self) -> bool: ...  # whether it decides where the output ends (min_tokens yields)
 
     def accept_token(self, token_id: int) -> bool: ...
 
@@ -49,7 +52,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     # Requests of one n>1 group share the prompt: all but the first wait for its prefill.
     parent: Request | None = None
-    grammar: Grammar | None = None  # the output's constraint, if the request has one
+    grammar: Grammar | None = None  # the output's constraint or thinking budget, if the request has one
     # sampling_params.bad_words as token sequences (the engine's tokenizer makes them)
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     # the prefix cache's namespace (vLLM's cache_salt): only requests with the same salt share KV

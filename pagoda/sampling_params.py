@@ -16,7 +16,8 @@ LOGPROBS_RANGE = f"must be in [0, {MAX_LOGPROBS}]"
 @dataclass(frozen=True)
 class ReasoningSpan:
     """Where a reasoning model thinks in its output: from `start` (only when the output opens with
-    it; None: from the very start) to `end`. A constraint applies to what comes after."""
+    it; None: from the very start) to `end`. A constraint applies to what comes after; a thinking
+    budget bounds what comes between."""
 
     end: str
     start: str | None = None
@@ -32,7 +33,6 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # EBNF, as xgrammar and llama.cpp's GBNF read it
-    after_reasoning: ReasoningSpan | None = None  # constrain only the answer after the thinking
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -106,6 +106,12 @@ class SamplingParams:
     # vLLM's: words never generated; each, as its tokens with and without a leading space, has its
     # last token banned wherever the output so far ends with the tokens before it
     bad_words: tuple[str, ...] = ()
+    # where the model thinks in its output (a server sets it from its reasoning parser): a
+    # structured-output constraint applies to the answer after it
+    reasoning: ReasoningSpan | None = None
+    # vLLM's: the most tokens the thinking may take (None or -1: no bound); the model's next tokens
+    # are then the span's end, forced. Needs `reasoning`
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -130,6 +136,8 @@ class SamplingParams:
         object.__setattr__(self, "bad_words", tuple(self.bad_words))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
+        if self.thinking_token_budget == -1:
+            object.__setattr__(self, "thinking_token_budget", None)
         self._validate()
 
     def _check_types(self) -> None:
@@ -194,6 +202,16 @@ class SamplingParams:
                 "prompt_logprobs",
                 LOGPROBS_RANGE,
             ),
+            (
+                self.thinking_token_budget is None or self.thinking_token_budget >= 0,
+                "thinking_token_budget",
+                "must be a non-negative integer or -1 (no bound)",
+            ),
+            (
+                self.thinking_token_budget is None or self.reasoning is not None,
+                "thinking_token_budget",
+                "needs to know where the model thinks: a server's --reasoning-parser, or `reasoning` offline",
+            ),
         ]
         for ok, param, message in checks:
             if not ok:
@@ -224,8 +242,8 @@ class SamplingParams:
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the sampler's int64 tensors and torch generators hold
-_INTS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs")
-_OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_INTS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs", "thinking_token_budget")
+_OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs", "thinking_token_budget")
 _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 

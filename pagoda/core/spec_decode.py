@@ -108,7 +108,7 @@ def can_speculate(request: Request) -> bool:
     return (
         not params.uses_penalties
         and not params.edits_logits
-        and (request.grammar is not None or request.num_output_tokens >= params.min_tokens)
+        and ((request.grammar and request.grammar.decides_end) or request.num_output_tokens >= params.min_tokens)
     )
 
 

@@ -73,7 +73,8 @@ class EngineBase:
         cache_salt: str | None = None,
     ) -> list[Request]:
         """The engine requests of one caller request, one per sequence of n; `grammar`: the
-        compiled grammar of its constraint, if it has one; `cache_salt`: its prefix cache namespace."""
+        compiled grammar of its constraint, if it has one (a thinking budget is kept by the same
+        state); `cache_salt`: its prefix cache namespace."""
         m = self.config.model
         check_token_ids(prompt_ids, m.vocab_size, "prompt")
         check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
@@ -85,13 +86,14 @@ class EngineBase:
                 "allowed_token_ids", "allowed_token_ids holds only stop tokens, which min_tokens bans at first"
             )
         new_grammar = None
-        if grammar is not None:
+        if grammar is not None or params.thinking_token_budget is not None:
             from pagoda.structured.grammar import RequestGrammar
 
-            span = params.structured_outputs.after_reasoning if params.structured_outputs else None
+            span = params.reasoning
             think_start = self._token_ids(span.start) if span is not None and span.start else ()
             think_end = self._token_ids(span.end) if span is not None else ()
-            new_grammar = functools.partial(RequestGrammar, grammar, think_start, think_end)
+            budget = params.thinking_token_budget
+            new_grammar = functools.partial(RequestGrammar, grammar, think_start, think_end, budget)
         bad_words_ids = tuple(ids for word in params.bad_words for ids in self._word_token_ids(word))
         return make_requests(
             request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len, new_grammar, bad_words_ids, cache_salt

@@ -230,7 +230,7 @@ def _apply_edits(logits: torch.Tensor, requests: Sequence[Request]) -> None:
         if bias:
             ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
             logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
-        if _min_tokens_active(r) and r.grammar is None:  # a grammar decides when its end token may come
+        if _min_tokens_active(r) and not (r.grammar and r.grammar.decides_end):  # a grammar decides its end
             stoppers = sorted(r.sampling_params.stopping_token_ids(r.eos_token_ids))
             logits[i, torch.tensor(stoppers, dtype=torch.long, device=logits.device)] = float("-inf")
 

@@ -1,4 +1,5 @@
-"""A constrained request's grammar state, and the step's token bitmask that applies it.
+"""A constrained request's grammar state, and the step's token bitmask that applies it. A request
+is constrained by a structured-output grammar, a thinking budget, or both.
 
 The scheduler advances each request's matcher with its sampled token (`accept_token`) and ends the
 request when the grammar is complete (`is_terminated`); the model runner fills one bitmask row per
@@ -24,46 +25,79 @@ from pagoda.request import Request
 
 
 class RequestGrammar:
-    """One request's position in its grammar (each of n > 1 sequences has its own).
+    """One request's position in its output's grammar (each of n > 1 sequences has its own): the
+    answer's (`compiled`, a structured-output constraint; None: any answer), and the thinking's.
 
-    For a reasoning model the grammar applies to the answer only: with `think_end` set, the output
-    is free until those tokens appear. With `think_start` set too, it thinks only if it opens with
-    those tokens: before its first token, the mask allows the grammar's tokens and the first token
-    of `think_start`; once that is taken, the rest of `think_start` is forced.
+    For a reasoning model the constraint applies to the answer only: with `think_end` set, the
+    output thinks until those tokens appear. With `think_start` set too, it thinks only if it opens
+    with those tokens: before its first token, the mask allows the constraint's tokens and the first
+    token of `think_start`; once that is taken, the rest of `think_start` is forced (with no
+    constraint, nothing is: an output that leaves the tag answers). A `budget` bounds the thinking:
+    once it has taken that many tokens (the start tag not counted) without ending, the tokens of
+    `think_end` are forced, one a step (vLLM's thinking_token_budget).
     """
 
-    def __init__(self, compiled: Any, think_start: tuple[int, ...] = (), think_end: tuple[int, ...] = ()) -> None:
-        self._matcher = xgrammar.GrammarMatcher(compiled)
+    def __init__(
+        self,
+        compiled: Any | None,
+        think_start: tuple[int, ...] = (),
+        think_end: tuple[int, ...] = (),
+        budget: int | None = None,
+    ) -> None:
+        self._matcher = xgrammar.GrammarMatcher(compiled) if compiled is not None else None
         self._think_start, self._think_end = think_start, think_end
+        self._budget = budget
         self._opened = 0  # tokens of think_start taken so far
-        self._state = "answer" if not think_end else ("opening" if think_start else "thinking")
+        self._thought = 0  # tokens of thinking so far
+        self._closed = 0  # tokens of think_end forced so far
+        self._state = "answer"
+        if think_end:
+            self._state = "opening" if think_start else self._thinking()
         # the thinking's last tokens, to spot think_end; rebound, never mutated (_tentative keeps a reference)
         self._recent: list[int] = []
         self._matched = 0  # tokens the matcher accepted (what `_tentative` rolls back is counted here)
+
+    @property
+    def decides_end(self) -> bool:
+        """Whether the answer's constraint decides where the output ends (min_tokens yields to it)."""
+        return self._matcher is not None
+
+    def _thinking(self) -> str:
+        """The state while thinking: "closing" once the budget is spent."""
+        return "closing" if self._budget is not None and self._thought >= self._budget else "thinking"
 
     def accept_token(self, token_id: int) -> bool:
         if self._state == "answer":
             return self._match(token_id)
         if self._state == "opening":
             if token_id != self._think_start[self._opened]:
-                self._state = "answer"  # it answers at once: the grammar takes this token
+                self._state = "answer"  # it answers at once: the constraint takes this token
                 return self._match(token_id)
             self._opened += 1
             if self._opened == len(self._think_start):
-                self._state = "thinking"
+                self._state = self._thinking()
             return True
+        if self._state == "closing":
+            if token_id != self._think_end[self._closed]:
+                return False  # the mask forced another
+            self._closed += 1
+            if self._closed == len(self._think_end):
+                self._state = "answer"
+            return True
+        self._thought += 1
         self._recent = (self._recent + [token_id])[-len(self._think_end) :]
-        if self._recent == list(self._think_end):
-            self._state = "answer"
+        self._state = "answer" if self._recent == list(self._think_end) else self._thinking()
         return True
 
     def _match(self, token_id: int) -> bool:
+        if self._matcher is None:
+            return True
         accepted = bool(self._matcher.accept_token(token_id))
         self._matched += accepted
         return accepted
 
     def is_terminated(self) -> bool:
-        return self._state == "answer" and bool(self._matcher.is_terminated())
+        return self._state == "answer" and self._matcher is not None and bool(self._matcher.is_terminated())
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many of `tokens` the grammar accepts one after another from here, none past one
@@ -93,17 +127,23 @@ class RequestGrammar:
     @contextmanager
     def _tentative(self) -> Iterator[None]:
         """Tokens accepted inside are rolled back on leaving."""
-        saved = (self._state, self._opened, self._recent, self._matched)
+        saved = (self._state, self._opened, self._thought, self._closed, self._recent, self._matched)
         try:
             yield
         finally:
-            if self._matched > saved[3]:
-                self._matcher.rollback(self._matched - saved[3])
-            self._state, self._opened, self._recent, self._matched = saved
+            if self._matcher is not None and self._matched > saved[-1]:
+                self._matcher.rollback(self._matched - saved[-1])
+            self._state, self._opened, self._thought, self._closed, self._recent, self._matched = saved
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
-        """Fill row `row` with the allowed tokens; False when nothing is masked (thinking)."""
-        if self._state == "thinking":
+        """Fill row `row` with the allowed tokens; False when nothing is masked (thinking, or an
+        answer with no constraint)."""
+        if self._state == "closing":
+            bitmask[row] = 0
+            token = self._think_end[self._closed]
+            bitmask[row, token // 32] |= _bit(token % 32)
+            return True
+        if self._state == "thinking" or self._matcher is None:
             return False
         if self._state == "opening" and self._opened:
             bitmask[row] = 0

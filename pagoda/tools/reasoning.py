@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagoda.sampling_params import ReasoningSpan
 from pagoda.tools.parsers import partial_marker_len
 
 
@@ -32,6 +33,11 @@ class ReasoningParser:
 
     def streamer(self) -> ReasoningStreamer:
         return ReasoningStreamer(self)
+
+    @property
+    def span(self) -> ReasoningSpan:
+        """Where the engine finds the thinking in the tokens (for a constraint after it, a budget on it)."""
+        return ReasoningSpan(self.end, None if self.implicit_start else self.start)
 
     def parse(self, text: str) -> tuple[str | None, str]:
         """(reasoning, or None where there is none; content)."""

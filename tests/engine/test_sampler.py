@@ -179,6 +179,9 @@ def test_logprobs_of_raw_logits_with_rank(new_sampler):
         ("n", 0),
         ("presence_penalty", 3.0),
         ("logprobs", 21),
+        ("thinking_token_budget", 8),  # no `reasoning`: nothing says where the thinking is
+        ("thinking_token_budget", 1.5),
+        ("thinking_token_budget", True),
     ],
 )
 def test_invalid_params_name_the_field(field, value):

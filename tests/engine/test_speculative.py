@@ -191,6 +191,29 @@ def test_ngram_with_structured_outputs_on_the_default_model(default_llm, ngram_l
     assert after.spec_num_accepted_tokens - before.spec_num_accepted_tokens > 0.5 * proposed > 0
 
 
+@pytest.mark.slow
+def test_ngram_with_a_thinking_budget_on_the_default_model(default_llm, ngram_llm):
+    """A prompt the answer copies (drafts that would run past the budget): the end tag is forced
+    after the budget's tokens as in plain decoding, and the drafts that pass it are cut there."""
+    from pagoda.sampling_params import ReasoningSpan
+
+    use_k(ngram_llm, 4)
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    prompt = apply_chat_template(default_llm.tokenizer, [{"role": "user", "content": f"Repeat exactly: {text}"}])
+    params = SamplingParams(
+        temperature=0.0, max_tokens=30, reasoning=ReasoningSpan("</think>"), thinking_token_budget=6
+    )
+    want = default_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    before = ngram_llm.engine.core.stats()
+    got = ngram_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    after = ngram_llm.engine.core.stats()
+    end = default_llm.tokenizer.encode("</think>", add_special_tokens=False)
+    assert list(got.token_ids[6 : 6 + len(end)]) == end
+    if default_llm.engine.config.deterministic and ngram_llm.engine.config.deterministic:
+        assert got.token_ids == want.token_ids
+    assert after.spec_num_accepted_tokens > before.spec_num_accepted_tokens  # it did speculate
+
+
 # ---- a tiny model: every acceptance length, rollback under preemption ----------------------------
 class OracleProposer(NgramProposer):
     """Proposes what plain decoding produced, each draft token wrong with probability `error`."""

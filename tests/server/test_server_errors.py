@@ -68,7 +68,6 @@ def test_unknown_route_is_an_openai_404(http):
         ("chat_template", "{{ messages[0].content }}"),
         ("use_beam_search", True),
         ("logprob_token_ids", [42]),
-        ("thinking_token_budget", 64),
         ("repetition_detection", {"max_pattern_size": 8}),
     ],
 )

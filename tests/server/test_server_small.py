@@ -1,5 +1,5 @@
 """On the small server (two sequences at a time, a waiting queue of one, prompts in log lines):
-503 when the queue is full, --log-prompts, a reasoning parser's usage, and SIGTERM (last: it ends
+503 when the queue is full, --log-prompts, a reasoning parser's usage and thinking budget, and SIGTERM (last: it ends
 the server)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from pagoda.model_files import load_tokenizer
 from tests.server.helpers import SMALL_GRACE_S, metric, sse_events
 
 pytestmark = pytest.mark.slow
@@ -116,6 +117,40 @@ def test_usage_names_reasoning_tokens_with_a_reasoning_parser(small_server, serv
     assert answer["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
     plain = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, headers=server.headers, timeout=120)
     assert "completion_tokens_details" not in plain.json()["usage"]
+
+
+def test_a_thinking_budget_ends_the_thinking_with_a_reasoning_parser(small_server, server):
+    """vLLM's thinking_token_budget: after that many tokens of thinking the end tag is forced, and the
+    answer follows. qwen3's parser reads thinking only where the output opens with <think>; a logit
+    bias on its first token makes this model open with it (the choice constraint then forces the
+    rest of the tag), and think in "<" until stopped. Without a parser the budget is a 400."""
+    base, tokenizer = small_server.base_url, load_tokenizer(None)
+    start, end = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<think>", "</think>"))
+    body = {
+        "messages": [{"role": "user", "content": "Is the sky blue?"}],
+        "max_tokens": 16,
+        "temperature": 0,
+        "structured_outputs": {"choice": ["yes", "no"]},
+        "logit_bias": {str(start[0]): 100},
+        "return_token_ids": True,
+    }
+    bounded = httpx.post(f"{base}/v1/chat/completions", json={**body, "thinking_token_budget": 4}, timeout=120)
+    choice = bounded.json()["choices"][0]
+    ids = choice["token_ids"]
+    assert ids[: len(start)] == start and ids[len(start) + 4 : len(start) + 4 + len(end)] == end, ids
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] in ("yes", "no")
+    assert choice["message"]["reasoning"] == tokenizer.decode(ids[len(start) : len(start) + 4]).strip()
+    unbounded = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    assert unbounded["finish_reason"] == "length" and not unbounded["message"]["content"]
+    assert unbounded["token_ids"][: len(start) + 4] == ids[: len(start) + 4]  # the same thinking, not cut
+    for value in (-2, 1.5, "4"):
+        refused = httpx.post(f"{base}/v1/chat/completions", json={**body, "thinking_token_budget": value})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "thinking_token_budget"
+    completion = {"prompt": "Hi", "max_tokens": 3, "thinking_token_budget": 2}  # taken (this output does not think)
+    assert httpx.post(f"{base}/v1/completions", json=completion, timeout=120).status_code == 200
+    plain = httpx.post(f"{server.base_url}/v1/completions", json=completion, headers=server.headers, timeout=120)
+    assert plain.status_code == 400 and "--reasoning-parser" in plain.json()["error"]["message"]
+    assert plain.json()["error"]["param"] == "thinking_token_budget"
 
 
 def test_include_reasoning_false_sends_no_per_token_data_with_a_reasoning_parser(small_server, server):

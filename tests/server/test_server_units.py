@@ -174,3 +174,30 @@ def test_usage_counts_each_sequences_reasoning_tokens():
     }
     assert [per_chunk(5, out)["completion_tokens_details"]["reasoning_tokens"] for out in outputs] == [3, 0, 2]
     assert "completion_tokens_details" not in chunk_usage(body)(5, outputs[0])
+
+
+@pytest.mark.parametrize("parser, budget", [(None, None), ("qwen3", 1024)])
+def test_a_messages_thinking_budget_bounds_the_thinking_where_the_server_reads_it(parser, budget):
+    """Anthropic's thinking.budget_tokens is the chat request's thinking_token_budget (vLLM's mapping)
+    where the server has a reasoning parser; without one the model has no thinking to bound, and the
+    budget, checked, goes no further (where vLLM answers 400)."""
+    from types import SimpleNamespace
+
+    from pagoda.entrypoints.openai.messages import _Translation
+    from pagoda.entrypoints.openai.protocol import AnthropicMessagesRequest
+    from pagoda.entrypoints.openai.tool_calls import ToolSettings
+    from pagoda.tools.reasoning import REASONING_PARSERS
+
+    body = AnthropicMessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 2000,
+            "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+        }
+    )
+    state = SimpleNamespace(
+        config=SimpleNamespace(tools=ToolSettings(reasoning_parser=parser)),
+        reasoning=REASONING_PARSERS[parser].span if parser else None,
+    )
+    assert _Translation(body, state).request.thinking_token_budget == budget

@@ -1,5 +1,6 @@
 """A request's grammar state with a reasoning model: free while thinking, the grammar's after it,
-and, where thinking is optional, a first token that either opens the thinking or starts the answer."""
+and, where thinking is optional, a first token that either opens the thinking or starts the answer;
+a thinking budget forces the end tag after that many tokens of thinking."""
 
 from __future__ import annotations
 
@@ -109,3 +110,61 @@ def test_drafts_are_tried_and_rolled_back(setup):
     for token in ids(tokenizer, "hmm") + end:
         assert thinking.accept_token(token)
     answer(thinking, tokenizer, "yes")
+
+
+def forced(grammar: RequestGrammar, vocab: int) -> int | None:
+    """The one token the mask allows, None where it allows more (or masks nothing)."""
+    tokens = allowed(grammar, vocab)
+    return next(iter(tokens)) if tokens is not None and len(tokens) == 1 else None
+
+
+@pytest.mark.parametrize("budget", [0, 1, 4])
+def test_a_thinking_budget_forces_the_end_tag_once_spent(setup, budget):
+    """Thinking from the first token (deepseek_r1's span), no constraint: `budget` tokens free, then
+    the end tag's tokens one at a time (nothing else accepted), then a free answer that never ends
+    the output by itself (min_tokens and EOS decide, not the grammar)."""
+    tokenizer, _ = setup
+    vocab, end = len(tokenizer), ids(tokenizer, "</think>")
+    grammar = RequestGrammar(None, (), end, budget)
+    assert not grammar.decides_end
+    for token in ids(tokenizer, "Let me think: maybe, or perhaps not.")[:budget]:
+        assert allowed(grammar, vocab) is None and grammar.accept_token(token)
+    for token in end:
+        assert forced(grammar, vocab) == token
+        assert not grammar.valid_prefix([token + 1])  # a draft of any other token is cut
+        assert grammar.accept_token(token)
+    for token in ids(tokenizer, "The answer.") + (tokenizer.eos_token_id,):
+        assert allowed(grammar, vocab) is None and grammar.accept_token(token)
+    assert not grammar.is_terminated()
+
+
+def test_thinking_that_ends_within_its_budget_is_left_alone(setup):
+    tokenizer, _ = setup
+    vocab, end = len(tokenizer), ids(tokenizer, "</think>")
+    grammar = RequestGrammar(None, (), end, budget=len(end) + 2)
+    for token in ids(tokenizer, "ok") + end + ids(tokenizer, " and a long answer after it, not cut"):
+        assert allowed(grammar, vocab) is None and grammar.accept_token(token)
+
+
+def test_a_budget_on_optional_thinking_with_a_constraint(setup):
+    """qwen3's span (thinking only where the output opens with <think>) under a choice: the tag's
+    tokens are not counted, the budget's tokens are free, the end is forced, then the grammar's."""
+    tokenizer, compiled = setup
+    vocab = len(tokenizer)
+    start, end = ids(tokenizer, "<think>"), ids(tokenizer, "</think>")
+    grammar = RequestGrammar(compiled, start, end, budget=2)
+    assert grammar.decides_end
+    for token in start + ids(tokenizer, "hmm well")[:2]:
+        assert grammar.accept_token(token)
+    bits = torch.zeros(len(end) + 2, (vocab + 31) // 32, dtype=torch.int32)
+    assert grammar.fill_bitmasks(bits, 0, [*end, ids(tokenizer, "yes")[0]]) == list(range(len(end) + 2))
+    assert rows_allowed(bits, list(range(len(end))), vocab) == [{token} for token in end]
+    assert grammar.valid_prefix([*end, *ids(tokenizer, "maybe")]) == len(end)  # tried, rolled back
+    assert forced(grammar, vocab) == end[0]
+    for token in end:
+        assert grammar.accept_token(token)
+    answer(grammar, tokenizer, "no")
+    unopened = RequestGrammar(None, start, end, budget=0)  # no constraint: leaving the tag is answering
+    assert allowed(unopened, vocab) is None and unopened.accept_token(start[0])
+    assert allowed(unopened, vocab) is None and unopened.accept_token(start[1] + 1)
+    assert allowed(unopened, vocab) is None  # it answers: nothing forced

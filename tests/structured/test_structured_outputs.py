@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from pagoda import LLM, SamplingParams
-from pagoda.sampling_params import StructuredOutputsParams
+from pagoda.sampling_params import ReasoningSpan, SamplingParamsError, StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError
 
 from .schemas import MAX_TOKENS, SCHEMAS
@@ -105,6 +105,29 @@ def test_min_tokens_does_not_hold_a_complete_grammar_open(default_llm) -> None:
     out = result.outputs[0]
     assert out.finish_reason == "stop" and len(out.token_ids) < 30
     assert_valid(out.text, schema, "with min_tokens")
+
+
+def test_a_thinking_budget_ends_the_thinking_and_changes_nothing_else(default_llm) -> None:
+    """Thinking from the first token (deepseek_r1's span), greedy, a budget of 5: the output's first
+    5 tokens are the unbounded output's, then the end tag's tokens, then what greedy decoding goes
+    on with from there (the same tokens as a prompt); a neighbour in the same batch is unchanged,
+    and a budget of -1 is none (vLLM's)."""
+    prompt = chat(default_llm, "Why is the sky blue?")
+    end = default_llm.tokenizer.encode("</think>", add_special_tokens=False)
+    free = SamplingParams(temperature=0.0, max_tokens=20)
+    bounded = SamplingParams(
+        temperature=0.0, max_tokens=20, reasoning=ReasoningSpan("</think>"), thinking_token_budget=5
+    )
+    unbounded = SamplingParams(
+        temperature=0.0, max_tokens=20, reasoning=ReasoningSpan("</think>"), thinking_token_budget=-1
+    )
+    alone, cut, uncut = (r.outputs[0].token_ids for r in default_llm.generate([prompt] * 3, [free, bounded, unbounded]))
+    assert uncut == alone and len(alone) == 20 and end[0] not in alone
+    assert cut[:5] == alone[:5] and cut[5:8] == end
+    (after,) = default_llm.generate([prompt + cut[:8]], SamplingParams(temperature=0.0, max_tokens=12))
+    assert cut[8:] == after.outputs[0].token_ids
+    with pytest.raises(SamplingParamsError, match="thinking"):
+        SamplingParams(thinking_token_budget=5)
 
 
 def test_preemption_in_the_middle_of_a_constrained_output_still_ends_valid() -> None:

@@ -22,7 +22,7 @@ from pagoda.entrypoints.openai.serving import DONE, ServerState, answer_id, chun
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from pagoda.model_files import apply_chat_template, template_supports_tools
-from pagoda.sampling_params import ReasoningSpan, SamplingParams
+from pagoda.sampling_params import SamplingParams
 from pagoda.tools.prompt import with_tools_in_system_prompt
 
 ENDPOINT = "/v1/chat/completions"
@@ -246,6 +246,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         prompt_logprobs=body.prompt_logprobs,
         renames={"logprobs": "top_logprobs", "max_tokens": max_param},
+        reasoning=state.reasoning,
     )
     params = planned(params, plan)
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param, body.min_tokens or 0)
@@ -254,17 +255,13 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
 
 
 def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
-    """A request's sampling as its tools and reasoning change it (vLLM's rules): a forced call's grammar
-    replaces any other constraint; with a reasoning parser, the constraint is the answer's, after the thinking
-    (also where include_reasoning false leaves the thinking out of the answer);
+    """A request's sampling as its tools change it (vLLM's rules): a forced call's grammar replaces any
+    other constraint (with a reasoning parser, as any constraint, it applies after the thinking, also where
+    include_reasoning false leaves the thinking out of the answer);
     a parser whose markers may be special tokens (Mistral's `[TOOL_CALLS]`, some Hermes models' `<tool_call>`)
     gets them in the text, skip_special_tokens off."""
     if plan.constraint is not None:
         params = dataclasses.replace(params, structured_outputs=plan.constraint)
-    if plan.reasoning is not None and params.structured_outputs is not None:
-        thinking = ReasoningSpan(plan.reasoning.end, None if plan.reasoning.implicit_start else plan.reasoning.start)
-        constraint = dataclasses.replace(params.structured_outputs, after_reasoning=thinking)
-        params = dataclasses.replace(params, structured_outputs=constraint)
     if plan.parser is not None and plan.parser.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
     return params

@@ -62,6 +62,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
         logprobs=body.logprobs,
         prompt_logprobs=prompt_logprobs,
         renames={},
+        reasoning=state.reasoning,
     )
     for p in prompts:
         check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt", min_tokens=body.min_tokens)

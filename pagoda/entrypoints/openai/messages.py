@@ -41,6 +41,7 @@ RENAMES = (
     (re.compile(r"^stop\b"), "stop_sequences"),
     (re.compile(r"^max_completion_tokens\b"), "max_tokens"),
     (re.compile(r"^user\b"), "metadata.user_id"),
+    (re.compile(r"^thinking_token_budget\b"), "thinking.budget_tokens"),
 )
 # Anthropic's error type for an HTTP status (others: api_error)
 ERROR_TYPES = {
@@ -63,7 +64,7 @@ def error_response(http: Request, exc: APIError) -> JSONResponse:
 
 async def create_message(state: ServerState, body: AnthropicMessagesRequest, http: Request) -> Response:
     try:
-        translation = _Translation(body, state.config.tools.enable_auto_tool_choice)
+        translation = _Translation(body, state)
         prepared = await translation.prepare(state)
         message_id = f"msg_{uuid.uuid4().hex}"
         generation = await state.launch(
@@ -98,7 +99,7 @@ async def count_tokens(state: ServerState, body: AnthropicCountTokensRequest, ht
         if isinstance(body.thinking, dict) and body.thinking.get("type") == "enabled":  # its budget checks max_tokens
             fields["thinking"] = {"type": "adaptive"}
         whole = AnthropicMessagesRequest.model_validate(fields)
-        prepared = await _Translation(whole, state.config.tools.enable_auto_tool_choice).prepare(state)
+        prepared = await _Translation(whole, state).prepare(state)
     except APIError as exc:
         return error_response(http, exc)
     return JSONResponse({"input_tokens": len(prepared.prompt_ids)})
@@ -110,14 +111,18 @@ async def count_tokens(state: ServerState, body: AnthropicCountTokensRequest, ht
 class _Translation:
     """A Messages request as the chat request that asks for the same thing, with the Messages place
     of each chat message, so that the chat path's 400s name the Messages field.
-    `auto_tools`: the server reads calls out of free text (--enable-auto-tool-choice); without it,
-    tools with no tool_choice are shown to the model and its answer taken as text (vLLM's rule)."""
+    Where the server reads calls out of free text (--enable-auto-tool-choice), tools with no
+    tool_choice may be called; without it, they are shown to the model and its answer taken as text
+    (vLLM's rule). Where it has a reasoning parser, an enabled thinking's budget_tokens bounds the
+    thinking (vLLM's thinking_token_budget); without one the model has no thinking to bound, and
+    the budget is only checked, as Anthropic checks it."""
 
-    def __init__(self, body: AnthropicMessagesRequest, auto_tools: bool) -> None:
+    def __init__(self, body: AnthropicMessagesRequest, state: ServerState) -> None:
         self.places: list[str] = []  # per chat message, where it came from
         self.calls: dict[int, list[str]] = {}  # per assistant chat message, where each of its calls came from
         messages = self._system(body) + [m for i, message in enumerate(body.messages) for m in self._turn(message, i)]
-        choice, parallel = _tool_choice(body.tool_choice, bool(body.tools), auto_tools)
+        choice, parallel = _tool_choice(body.tool_choice, bool(body.tools), state.config.tools.enable_auto_tool_choice)
+        effort, budget = _thinking(body)
         fields = {
             "model": body.model,
             "messages": messages,
@@ -131,7 +136,8 @@ class _Translation:
             "tool_choice": choice,
             "parallel_tool_calls": parallel,
             "response_format": _response_format(body.output_config),
-            "reasoning_effort": _effort(body),
+            "reasoning_effort": effort,
+            "thinking_token_budget": budget if state.reasoning is not None else None,
             "chat_template_kwargs": body.chat_template_kwargs,
             "cache_salt": body.cache_salt,
         }
@@ -275,16 +281,17 @@ def _tool_choice(choice: Any, has_tools: bool, auto_tools: bool) -> tuple[Any, b
     return chat_tool_choice(served[kind], has_tools, auto_tools), parallel
 
 
-def _effort(body: AnthropicMessagesRequest) -> str | None:
+def _thinking(body: AnthropicMessagesRequest) -> tuple[str | None, int | None]:
     """thinking and output_config.effort as the chat path's reasoning_effort (as vLLM maps them:
-    disabled is "none", which turns enable_thinking off). An enabled thinking's budget_tokens is
-    checked as Anthropic checks it, not enforced: max_tokens bounds the answer, thinking included."""
+    disabled is "none", which turns enable_thinking off) and thinking budget (an enabled
+    thinking's budget_tokens, checked as Anthropic checks it)."""
     thinking, effort = body.thinking, (body.output_config or {}).get("effort")
     if effort is not None and effort not in EFFORTS:
         raise bad_request(f"output_config.effort must be one of {', '.join(EFFORTS)}", "output_config.effort")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if thinking is not None and kind not in ("enabled", "disabled", "adaptive"):
         raise bad_request("thinking.type must be 'enabled', 'disabled' or 'adaptive'", "thinking.type")
+    budget = None
     if kind == "enabled":
         budget = thinking.get("budget_tokens")
         if not isinstance(budget, int) or not MIN_THINKING_BUDGET <= budget < body.max_tokens:
@@ -292,7 +299,7 @@ def _effort(body: AnthropicMessagesRequest) -> str | None:
                 f"thinking.budget_tokens must be an integer of at least {MIN_THINKING_BUDGET} and less than max_tokens",
                 "thinking.budget_tokens",
             )
-    return "none" if kind == "disabled" else effort
+    return ("none" if kind == "disabled" else effort), budget
 
 
 def _response_format(config: dict | None) -> dict | None:

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from pagoda import sampling_params as sampling
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, TruncationSide
-from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError, StructuredOutputsParams
+from pagoda.sampling_params import (
+    MAX_LOGPROBS,
+    ReasoningSpan,
+    SamplingParams,
+    SamplingParamsError,
+    StructuredOutputsParams,
+)
 
 LOGIT_BIAS_LIMIT = 100.0
 
@@ -29,9 +35,16 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None,
     renames: dict[str, str],
+    reasoning: ReasoningSpan | None,
 ) -> SamplingParams:
-    """`renames` maps SamplingParams' names to the body's where they differ (chat: top_logprobs)."""
+    """`renames` maps SamplingParams' names to the body's where they differ (chat: top_logprobs);
+    `reasoning`: where the model thinks, from the server's reasoning parser (None: it has none)."""
     defaults = limits.generation_defaults
+    if request.thinking_token_budget not in (None, -1) and reasoning is None:  # vLLM's rule, -1 its "none"
+        raise bad_request(
+            "thinking_token_budget needs a reasoning model's thinking: start the server with --reasoning-parser",
+            "thinking_token_budget",
+        )
     for name, asked in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
         if asked is not None and asked > limits.max_logprobs:
             param = renames.get(name, name)
@@ -62,6 +75,8 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=request.skip_special_tokens,
             structured_outputs=structured_outputs(request),
+            reasoning=reasoning,
+            thinking_token_budget=request.thinking_token_budget,
         )
     except SamplingParamsError as exc:
         param = renames.get(exc.param, exc.param)

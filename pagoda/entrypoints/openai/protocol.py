@@ -329,8 +329,6 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
         return "use_beam_search"
     if request.logprob_token_ids not in (None, []):
         return "logprob_token_ids"
-    if request.thinking_token_budget not in (None, -1):  # vLLM's -1: no budget
-        return "thinking_token_budget"
     detection = request.repetition_detection
     if detection is not None and not (isinstance(detection, dict) and not detection.get("max_pattern_size")):
         return "repetition_detection"  # on: a max_pattern_size above vLLM's 0, "off"

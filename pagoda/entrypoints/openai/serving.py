@@ -26,9 +26,9 @@ from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
-from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
+from pagoda.sampling_params import MAX_LOGPROBS, ReasoningSpan, SamplingParams, StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError
-from pagoda.tools.reasoning import ReasoningTokenCounter
+from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
 
 T = TypeVar("T")
 logger = logging.getLogger("pagoda.requests")
@@ -97,6 +97,12 @@ class ServerState:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def reasoning(self) -> ReasoningSpan | None:
+        """Where the model thinks in its output, as --reasoning-parser reads it (None without one)."""
+        name = self.config.tools.reasoning_parser
+        return REASONING_PARSERS[name].span if name else None
 
     def answer_head(self, request_id: str, kind: str) -> dict:
         """A chat or completion answer's fields before its choices (its chunks' too)."""
