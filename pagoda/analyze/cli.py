@@ -10,7 +10,7 @@ from pathlib import Path
 from pagoda.analyze.errors import AnalyzeError
 from pagoda.analyze.kv_memory import kv_footprint
 from pagoda.analyze.pipeline import analyze_log
-from pagoda.analyze.plot import write_plot
+from pagoda.analyze.plot import PLOT_FORMATS, write_plot
 from pagoda.analyze.recommend import recommend
 from pagoda.analyze.report import render, to_json
 from pagoda.analyze.routing import CACHE_THRESHOLD, POLICIES
@@ -72,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=_positive, default=5, help="shared prefixes to list (default 5)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument(
-        "--plot", metavar="FILE.png", type=Path, help="plot reuse against cache size and the hit ratios"
+        "--plot",
+        metavar="FILE.png",
+        type=Path,
+        help="plot reuse against cache size and the hit ratios (PNG; SVG or PDF by the file's suffix)",
     )
     return parser
 
@@ -92,8 +95,11 @@ def main(argv: list[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     model = None if args.tokenizer == DEFAULT_TOKENIZER else args.tokenizer
     tokenizer = PromptTokenizer(model, _read_template(args.chat_template))
-    if args.plot is not None and not args.plot.parent.is_dir():  # before the read, not after it
-        raise AnalyzeError(f"Cannot write the plot to {args.plot}: there is no folder {args.plot.parent}")
+    if args.plot is not None:  # before the read, not after it
+        if not args.plot.parent.is_dir():
+            raise AnalyzeError(f"Cannot write the plot to {args.plot}: there is no folder {args.plot.parent}")
+        if args.plot.suffix.lower() not in PLOT_FORMATS:
+            raise AnalyzeError(f"--plot writes {', '.join(PLOT_FORMATS)} files (by the suffix), not {args.plot.name}")
     if args.tokenizer is not None:  # named (`default` too): it must load, and it shows prefixes as text
         tokenizer.load()
     analysis = analyze_log(

@@ -10,6 +10,8 @@ from pagoda.analyze.errors import AnalyzeError
 from pagoda.analyze.simulate import GRANULARITIES
 from pagoda.analyze.summary import Summary
 
+PLOT_FORMATS = (".png", ".svg", ".pdf")  # the file's suffix picks the format
+
 
 def write_plot(summary: Summary, path: Path) -> None:
     from matplotlib.figure import Figure  # no pyplot: no global figure state, no display needed
@@ -22,7 +24,7 @@ def write_plot(summary: Summary, path: Path) -> None:
     histogram_axes.yaxis.set_major_locator(MaxNLocator(integer=True))
     figure.suptitle(f"Prefix overlap of {Path(summary.log).name} (an upper bound)")
     try:
-        figure.savefig(path, format="png", dpi=110)
+        figure.savefig(path, format=path.suffix[1:].lower(), dpi=110)
     except OSError as exc:
         raise AnalyzeError(f"Cannot write the plot to {path}: {exc.strerror or exc}") from None
 

@@ -312,7 +312,9 @@ def markdown(
     program, *args = plain(list(argv))  # the tool's name ("pagoda bench"), then its arguments quoted for a shell
     command = f"{program} {shlex.join(args)}".strip()
     lines = [f"# {tool} report", "", f"Command: `{command}`", "", "## Settings", ""]
-    lines += [f"- {key}: `{value}`" for key, value in _flat(plain(settings)).items()]
+    lines += [
+        f"- {key}: " + ("(default)" if value is None else f"`{value}`") for key, value in _flat(plain(settings)).items()
+    ]
     lines += ["", "## Engines", ""]
     for result in results:
         status = result.status + (f": {result.error}" if result.error else "")

@@ -94,6 +94,14 @@ def test_a_named_tokenizer_default_too_shows_prefixes_as_text(token_log, default
     assert json.dumps(default_tokenizer.decode(SYSTEM[:4]))[1:-1] in out  # the preview is quoted as JSON
 
 
+def test_a_plot_in_a_format_it_cannot_write_fails_before_the_read(token_log, tmp_path, capsys):
+    code, _, err = run([str(token_log), "--plot", str(tmp_path / "plot.txt")], capsys)
+    assert code == 1 and "--plot writes .png, .svg, .pdf files (by the suffix), not plot.txt" in err
+    assert not (tmp_path / "plot.txt").exists()
+    code, _, _ = run([str(token_log), "--plot", str(tmp_path / "plot.svg"), "--json"], capsys)
+    assert code == 0 and (tmp_path / "plot.svg").read_text().lstrip().startswith("<?xml")
+
+
 def test_a_plot_without_its_folder_fails_before_the_read(token_log, tmp_path, capsys):
     code, out, err = run([str(token_log), "--plot", str(tmp_path / "no-such" / "x.png")], capsys)
     assert code == 1 and out == "" and f"there is no folder {tmp_path / 'no-such'}" in err

@@ -177,6 +177,7 @@ def test_bench_reports_the_share_of_valid_answers(start_stub, tmp_path: Path, ca
         assert [float(row["schema_valid_rate"]) for row in csv.DictReader(handle)] == pytest.approx([8 / 12] * 2)
     report = (tmp_path / "report.md").read_text()
     assert "| structured outputs valid (higher is better) | 66.7% | 66.7% |" in report
+    assert "- tokenizer: (default)\n" in report and "`None`" not in report  # a setting left to its default
     sent = httpx.get(f"{stub.base_url}/stub/requests").json()
     assert len(sent) == 24 and all(b["response_format"]["type"] == "json_schema" for b in sent)
     assert all(b["temperature"] == 0 and b["max_tokens"] == 128 and "ignore_eos" not in b for b in sent)
