@@ -35,6 +35,9 @@ class Grammar(Protocol):
     @property
     def decides_end(self) -> bool: ...  # whether it decides where the output ends (min_tokens yields)
 
+    @property
+    def forcing(self) -> bool: ...  # whether its mask allows one token only (the sampler's edits yield)
+
     def accept_token(self, token_id: int) -> bool: ...
 
     def is_terminated(self) -> bool: ...

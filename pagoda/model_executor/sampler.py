@@ -217,8 +217,11 @@ def apply_penalties(logits: torch.Tensor, requests: Sequence[Request]) -> None:
 
 
 def _apply_edits(logits: torch.Tensor, requests: Sequence[Request]) -> None:
-    """Each row's logit bias, allowed tokens, banned words and min_tokens' ban on stopping, in place."""
+    """Each row's logit bias, allowed tokens, banned words and min_tokens' ban on stopping, in place;
+    none on a row whose grammar forces its token (a thinking budget's end tag), which they could ban."""
     for i, r in enumerate(requests):
+        if r.grammar is not None and r.grammar.forcing:
+            continue
         allowed = r.sampling_params.allowed_token_ids
         if allowed is not None:
             keep = torch.tensor(allowed, dtype=torch.long, device=logits.device)

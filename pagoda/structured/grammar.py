@@ -50,21 +50,31 @@ class RequestGrammar:
         self._opened = 0  # tokens of think_start taken so far
         self._thought = 0  # tokens of thinking so far
         self._closed = 0  # tokens of think_end forced so far
-        self._state = "answer"
-        if think_end:
-            self._state = "opening" if think_start else self._thinking()
         # the thinking's last tokens, to spot think_end; rebound, never mutated (_tentative keeps a reference)
         self._recent: list[int] = []
         self._matched = 0  # tokens the matcher accepted (what `_tentative` rolls back is counted here)
+        self._state = "answer"
+        if think_end:
+            self._state = "opening" if think_start else self._thinking()
 
     @property
     def decides_end(self) -> bool:
         """Whether the answer's constraint decides where the output ends (min_tokens yields to it)."""
         return self._matcher is not None
 
+    @property
+    def forcing(self) -> bool:
+        """Whether the next token is forced (a tag's rest): no other setting may ban it."""
+        return self._state == "closing" or (self._state == "opening" and self._opened > 0 and self._matcher is not None)
+
     def _thinking(self) -> str:
-        """The state while thinking: "closing" once the budget is spent."""
-        return "closing" if self._budget is not None and self._thought >= self._budget else "thinking"
+        """The state while thinking: "closing" once the budget is spent, the end tag's tokens the
+        thinking already ends with (a tag the model has begun) counted as forced."""
+        if self._budget is None or self._thought < self._budget:
+            return "thinking"
+        end = list(self._think_end)
+        self._closed = next(k for k in range(len(end) - 1, -1, -1) if self._recent[len(self._recent) - k :] == end[:k])
+        return "closing"
 
     def accept_token(self, token_id: int) -> bool:
         if self._state == "answer":

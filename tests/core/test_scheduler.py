@@ -630,7 +630,7 @@ def test_a_request_id_already_in_the_engine_is_refused() -> None:
 class RefusingGrammar:
     """A grammar that accepts tokens until it meets `refused` (the mask keeps this from happening)."""
 
-    decides_end = True
+    decides_end, forcing = True, False
 
     def __init__(self, refused: int) -> None:
         self.refused, self.accepted = refused, []

@@ -138,6 +138,19 @@ def test_a_thinking_budget_forces_the_end_tag_once_spent(setup, budget):
     assert not grammar.is_terminated()
 
 
+@pytest.mark.parametrize("begun", [1, 2])
+def test_an_end_tag_the_model_has_begun_when_the_budget_runs_out_is_finished_not_restarted(setup, begun):
+    tokenizer, _ = setup
+    vocab, end = len(tokenizer), ids(tokenizer, "</think>")
+    assert len(end) == 3  # SmolLM2 spells it in three tokens
+    grammar = RequestGrammar(None, (), end, budget=1 + begun)
+    for token in ids(tokenizer, "ok") + end[:begun]:
+        assert grammar.accept_token(token)
+    for token in end[begun:]:
+        assert forced(grammar, vocab) == token and grammar.accept_token(token)
+    assert allowed(grammar, vocab) is None  # answering
+
+
 def test_thinking_that_ends_within_its_budget_is_left_alone(setup):
     tokenizer, _ = setup
     vocab, end = len(tokenizer), ids(tokenizer, "</think>")

@@ -3,6 +3,7 @@ construction, unconstrained neighbours are untouched, and preemption keeps a gra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -111,7 +112,7 @@ def test_a_thinking_budget_ends_the_thinking_and_changes_nothing_else(default_ll
     """Thinking from the first token (deepseek_r1's span), greedy, a budget of 5: the output's first
     5 tokens are the unbounded output's, then the end tag's tokens, then what greedy decoding goes
     on with from there (the same tokens as a prompt); a neighbour in the same batch is unchanged,
-    and a budget of -1 is none (vLLM's)."""
+    a budget of -1 is none (vLLM's), and settings that would ban the tag do not stop it."""
     prompt = chat(default_llm, "Why is the sky blue?")
     end = default_llm.tokenizer.encode("</think>", add_special_tokens=False)
     free = SamplingParams(temperature=0.0, max_tokens=20)
@@ -121,9 +122,12 @@ def test_a_thinking_budget_ends_the_thinking_and_changes_nothing_else(default_ll
     unbounded = SamplingParams(
         temperature=0.0, max_tokens=20, reasoning=ReasoningSpan("</think>"), thinking_token_budget=-1
     )
-    alone, cut, uncut = (r.outputs[0].token_ids for r in default_llm.generate([prompt] * 3, [free, bounded, unbounded]))
+    banning = dataclasses.replace(bounded, bad_words=("think",), min_tokens=8, stop_token_ids=(end[0],))
+    outputs = default_llm.generate([prompt] * 4, [free, bounded, unbounded, banning])
+    alone, cut, uncut, banned = (r.outputs[0].token_ids for r in outputs)
     assert uncut == alone and len(alone) == 20 and end[0] not in alone
     assert cut[:5] == alone[:5] and cut[5:8] == end
+    assert banned[:8] == cut[:8] and outputs[3].outputs[0].finish_reason == "length"
     (after,) = default_llm.generate([prompt + cut[:8]], SamplingParams(temperature=0.0, max_tokens=12))
     assert cut[8:] == after.outputs[0].token_ids
     with pytest.raises(SamplingParamsError, match="thinking"):
