@@ -175,9 +175,12 @@ class EngineConfig:
     # batch-invariant kernels: a request's logits are bitwise the same whatever else shares its steps,
     # however its prompt was chunked and whatever of it came from the prefix cache (docs/determinism.md)
     deterministic: bool = False
+    enable_lora: bool = False  # requests may run LoRA adapters (pagoda/lora.py)
+    max_lora_rank: int = 16  # the largest rank an adapter may have
 
     @property
     def use_cuda_graphs(self) -> bool:
         """Decode steps replay CUDA graphs: on a GPU, with a backend that can be captured, unless
-        eager execution is enforced."""
-        return self.device.type == "cuda" and self.attention_cuda_graphs and not self.enforce_eager
+        eager execution is enforced or LoRA is on (a graph would replay one step's adapter rows)."""
+        eager = self.enforce_eager or self.enable_lora
+        return self.device.type == "cuda" and self.attention_cuda_graphs and not eager

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pagoda.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagoda.lora import LoRAAdapter
 
 
 class RequestStatus(enum.Enum):
@@ -58,8 +61,9 @@ class Request:
     grammar: Grammar | None = None  # the output's constraint or thinking budget, if the request has one
     # sampling_params.bad_words as token sequences (the engine's tokenizer makes them)
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
-    # the prefix cache's namespace (vLLM's cache_salt): only requests with the same salt share KV
+    # vLLM's cache_salt: only requests with the same salt share KV
     cache_salt: str | None = None
+    lora: LoRAAdapter | None = None  # the adapter it runs, if any
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)  # prompt, then outputs
@@ -75,6 +79,12 @@ class Request:
         self.num_skips = 0  # times the longest-prefix-match policy admitted a later request first
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
+
+    @property
+    def cache_namespace(self) -> Hashable:
+        """The prefix cache's namespace: only requests with the same salt and adapter share KV
+        (None: no salt, the base model)."""
+        return self.cache_salt if self.lora is None else (self.cache_salt, self.lora.id)
 
     @property
     def output_token_ids(self) -> list[int]:

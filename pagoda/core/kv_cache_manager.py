@@ -41,9 +41,9 @@ class KVCacheManager:
 
     # ---- admission -----------------------------------------------------------------------
     def find_prefix(self, request: Request) -> PrefixMatch[Any]:
-        """The cached prefix of a request's tokens under its cache_salt, in whole blocks, leaving at
+        """The cached prefix of a request's tokens in its cache namespace, in whole blocks, leaving at
         least one token to compute (its logits are needed). A pure query."""
-        return self.cache.find(request.token_ids, (request.num_tokens - 1) // self.block_size, request.cache_salt)
+        return self.cache.find(request.token_ids, (request.num_tokens - 1) // self.block_size, request.cache_namespace)
 
     def admit(self, request_id: str, prefix: PrefixMatch[Any], num_tokens: int) -> list[int] | None:
         """Blocks for a waiting request's first `num_tokens` tokens: the reused `prefix` (a cache
@@ -82,7 +82,7 @@ class KVCacheManager:
         if full <= start:
             return request.block_ids
         node = self.cache.insert(
-            request.token_ids[: full * self.block_size], request.block_ids[:full], request.cache_salt
+            request.token_ids[: full * self.block_size], request.block_ids[:full], request.cache_namespace
         )
         self.cache.lock(node)
         old = self._locked.pop(request.request_id, None)

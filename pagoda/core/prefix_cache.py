@@ -12,7 +12,7 @@ and lock that node instead -> `unlock` when the request ends. Locked nodes are n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -44,14 +44,14 @@ class PrefixCache(Protocol[Node]):
 
     def cached_blocks(self) -> set[int]: ...
 
-    def find(self, token_ids: Sequence[int], max_blocks: int, salt: str | None = None) -> PrefixMatch[Node]:
+    def find(self, token_ids: Sequence[int], max_blocks: int, salt: Hashable = None) -> PrefixMatch[Node]:
         """The longest prefix of whole blocks cached under `salt` (a namespace: None, or a request's
-        cache_salt), at most `max_blocks`; changes nothing."""
+        cache_namespace), at most `max_blocks`; changes nothing."""
 
     def touch(self, match: PrefixMatch[Node]) -> Node:
         """Take a hit that `find` just returned; returns the node to lock for it."""
 
-    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: str | None = None) -> Node:
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: Hashable = None) -> Node:
         """Cache `blocks` (whole blocks of `token_ids`) under `salt`; returns the node that ends the path.
         Where a prefix is cached already, the cache keeps its own blocks (see `path_blocks`)."""
 
@@ -88,13 +88,13 @@ class NoPrefixCache:
     def cached_blocks(self) -> set[int]:
         return set()
 
-    def find(self, token_ids: Sequence[int], max_blocks: int, salt: str | None = None) -> PrefixMatch[object]:
+    def find(self, token_ids: Sequence[int], max_blocks: int, salt: Hashable = None) -> PrefixMatch[object]:
         return PrefixMatch(())
 
     def touch(self, match: PrefixMatch[object]) -> object:
         return match.node
 
-    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: str | None = None) -> object:
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: Hashable = None) -> object:
         return self._END
 
     def path_blocks(self, node: object) -> list[int]:

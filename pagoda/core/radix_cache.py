@@ -4,9 +4,10 @@ on paged blocks). Pure Python.
 Each node's key is a run of whole blocks: len(key) == len(blocks) * block_size. Children are keyed
 by their salt and the tokens of their first block, so siblings never share a first block.
 
-A salt (a request's `cache_salt`, vLLM's) names a namespace: a path is found only by requests with
-the salt it was inserted with, so tenants that salt their requests share no KV (vLLM's rule: the
-salt enters the first block's hash). A node's descendants carry its salt; None is the unsalted one.
+A salt (a request's cache namespace: its `cache_salt`, vLLM's, and its LoRA adapter) names a
+namespace: a path is found only by requests with the salt it was inserted with, so tenants that
+salt their requests share no KV (vLLM's rule: the salt enters the first block's hash), nor do
+requests of different adapters. A node's descendants carry its salt; None is the unsalted one.
 
 Invariants:
 - lock_ref of a node == the number of requests whose locked path (root .. their deepest node)
@@ -19,17 +20,17 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from pagoda.core.prefix_cache import PrefixMatch
 
-ChildKey = tuple[str | None, tuple[int, ...]]  # a child's salt and the tokens of its first block
+ChildKey = tuple[Hashable, tuple[int, ...]]  # a child's salt and the tokens of its first block
 
 
 class RadixNode:
     __slots__ = ("key", "blocks", "salt", "children", "parent", "lock_ref", "last_access")
 
-    def __init__(self, key: tuple[int, ...], blocks: list[int], salt: str | None, parent: RadixNode | None) -> None:
+    def __init__(self, key: tuple[int, ...], blocks: list[int], salt: Hashable, parent: RadixNode | None) -> None:
         self.key = key
         self.blocks = blocks
         self.salt = salt
@@ -59,7 +60,7 @@ class RadixCache:
     def cached_blocks(self) -> set[int]:
         return set(self._block_node)
 
-    def find(self, token_ids: Sequence[int], max_blocks: int, salt: str | None = None) -> PrefixMatch[RadixNode]:
+    def find(self, token_ids: Sequence[int], max_blocks: int, salt: Hashable = None) -> PrefixMatch[RadixNode]:
         """The longest prefix of `token_ids` cached under `salt`, at most `max_blocks` blocks. A pure
         query: the tree is neither split nor stamped (a policy may peek at many waiting requests)."""
         node, blocks, in_node = self.root, list[int](), 0
@@ -93,7 +94,7 @@ class RadixCache:
         return [block for part in reversed(parts) for block in part]
 
     # ---- updates -------------------------------------------------------------------------
-    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: str | None = None) -> RadixNode:
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int], salt: Hashable = None) -> RadixNode:
         """Make token_ids (whole blocks, KV in `blocks`) a path cached under `salt`; returns its deepest node.
         Where a prefix is cached already, the tree keeps its own blocks and the given duplicates
         are not cached (their owner frees them)."""
@@ -196,7 +197,7 @@ class RadixCache:
         assert evictable == self.num_evictable_blocks, f"evictable count {self.num_evictable_blocks} != {evictable}"
 
     # ---- helpers -------------------------------------------------------------------------
-    def _block_key(self, salt: str | None, token_ids: Sequence[int], block_index: int) -> ChildKey:
+    def _block_key(self, salt: Hashable, token_ids: Sequence[int], block_index: int) -> ChildKey:
         start = block_index * self.block_size
         return salt, tuple(token_ids[start : start + self.block_size])
 

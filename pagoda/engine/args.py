@@ -195,6 +195,12 @@ class EngineArgs:
         "seconds a structured-output constraint (JSON schema, regex, choice, grammar) may take to compile; "
         "past it the compile is abandoned and the request refused",
     )
+    enable_lora: bool = option(
+        False,
+        "requests may run LoRA adapters (PEFT's format): --lora-modules NAME=PATH serves one as a model name, "
+        "LLM.generate(..., lora_request=LoRARequest(...)) offline; see docs/lora.md",
+    )
+    max_lora_rank: int = option(16, "the largest rank a LoRA adapter may have")
     speculative_config: str | None = option(
         None,
         'speculative decoding, as JSON (a dict in LLM(...)): {"method": "ngram", "num_speculative_tokens": 3, '
@@ -260,6 +266,8 @@ class EngineArgs:
         deterministic = self.resolve_deterministic(device, model, backend)
         if self.grammar_compile_timeout <= 0:
             raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout}")
+        if isinstance(self.max_lora_rank, bool) or not isinstance(self.max_lora_rank, int) or self.max_lora_rank < 1:
+            raise ConfigError(f"max_lora_rank must be a positive integer, got {self.max_lora_rank!r}")
         config = EngineConfig(
             model=model,
             cache=CacheConfig(
@@ -290,6 +298,8 @@ class EngineArgs:
             enforce_eager=self.enforce_eager,
             grammar_compile_timeout=self.grammar_compile_timeout,
             deterministic=deterministic,
+            enable_lora=self.enable_lora,
+            max_lora_rank=self.max_lora_rank,
         )
         spec = self.speculative()
         return config if spec is None else replace(config, speculative=self.draft_config(spec, config))
@@ -319,12 +329,13 @@ class EngineArgs:
         if spec.model is None:
             return spec
         # the draft's outputs are only ever proposals, so it need not be deterministic (which a
-        # quantized draft cannot be); it keeps the target's other options
+        # quantized draft cannot be), and it runs no adapters; it keeps the target's other options
         draft = replace(
             self,
             model=spec.model,
             quantization=spec.quantization,
             deterministic=None,
+            enable_lora=False,
             served_model_name=None,
             tokenizer=None,
             speculative_config=None,

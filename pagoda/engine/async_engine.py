@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.core.outputs import CoreOutput
 from pagoda.engine.args import EngineArgs
@@ -27,6 +27,9 @@ from pagoda.engine.base import EngineBase
 from pagoda.engine.core import EngineCore
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from pagoda.lora import LoRAAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +97,17 @@ class AsyncEngine(EngineBase):
 
     # ---- requests ------------------------------------------------------------------------
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+        lora: LoRAAdapter | None = None,
     ) -> AsyncIterator[SequenceOutput]:
         """Updates of all n sequences of one request until each has finished. Closing the
         iterator early (a client went away) aborts whatever is still running. `cache_salt`: the
-        request's prefix cache namespace (only requests with the same salt share cached KV)."""
+        request's prefix cache namespace (only requests with the same salt share cached KV);
+        `lora`: the adapter it runs (`adapter()` reads one)."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
         constraint = params.structured_outputs
@@ -107,7 +116,7 @@ class AsyncEngine(EngineBase):
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
         if request_id in self._queues:  # checked and registered with no await between
             raise ValueError(f"request id {request_id!r} is already in flight")
-        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt)
+        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, lora)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._engine_ids[request_id] = [r.request_id for r in requests]

@@ -18,6 +18,7 @@ from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, check_token_ids
 
 if TYPE_CHECKING:
+    from pagoda.lora import LoRAAdapter, LoRARequest
     from pagoda.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ class EngineBase:
         self.outputs = OutputProcessor(self.tokenizer)
         self._grammars: GrammarCompiler | None = None  # made at the first constrained request
         self._grammars_lock = threading.Lock()  # first constrained requests may race to make it
+        self._adapters: dict[int, LoRAAdapter] = {}  # read once per lora_int_id
+        self._adapters_lock = threading.Lock()
 
     def _make_core(self) -> EngineCore:
         """The engine core, built on the thread that will step it (its compute pool is that thread's)."""
@@ -51,6 +54,23 @@ class EngineBase:
                     self.tokenizer, m.vocab_size, m.eos_token_ids, self.config.grammar_compile_timeout, cache_root()
                 )
             return self._grammars
+
+    def adapter(self, request: LoRARequest) -> LoRAAdapter:
+        """The adapter a LoRARequest names, read on its id's first use (LoRAError where it cannot
+        be served). Blocks while it is read."""
+        from pagoda.lora import LoRAError, ProjectionShapes, load_adapter
+
+        if not self.config.enable_lora:
+            raise LoRAError(f"LoRA adapter {request.lora_name!r}: this engine runs none (start it with enable_lora)")
+        with self._adapters_lock:
+            adapter = self._adapters.get(request.lora_int_id)
+            if adapter is None:
+                m = self.config.model
+                shapes = ProjectionShapes.of(m.hf_config)
+                adapter = load_adapter(request, shapes, self.config.max_lora_rank, m.dtype)
+                self._adapters[request.lora_int_id] = adapter
+                logger.info("LoRA adapter %r (id %d, rank %d) read", adapter.name, adapter.id, adapter.rank)
+            return adapter
 
     def compile_grammar(self, constraint: StructuredOutputsParams) -> Any:
         """The compiled grammar of a structured-output constraint (cached); GrammarError if none.
@@ -71,10 +91,11 @@ class EngineBase:
         params: SamplingParams,
         grammar: Any = None,
         cache_salt: str | None = None,
+        lora: LoRAAdapter | None = None,
     ) -> list[Request]:
         """The engine requests of one caller request, one per sequence of n; `grammar`: the
         compiled grammar of its constraint, if it has one (a thinking budget is kept by the same
-        state); `cache_salt`: its prefix cache namespace."""
+        state); `cache_salt`: its prefix cache namespace; `lora`: the adapter it runs."""
         m = self.config.model
         check_token_ids(prompt_ids, m.vocab_size, "prompt")
         check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
@@ -96,7 +117,15 @@ class EngineBase:
             new_grammar = functools.partial(RequestGrammar, grammar, think_start, think_end, budget)
         bad_words_ids = tuple(ids for word in params.bad_words for ids in self._word_token_ids(word))
         return make_requests(
-            request_id, prompt_ids, params, m.eos_token_ids, m.max_model_len, new_grammar, bad_words_ids, cache_salt
+            request_id,
+            prompt_ids,
+            params,
+            m.eos_token_ids,
+            m.max_model_len,
+            new_grammar,
+            bad_words_ids,
+            cache_salt,
+            lora,
         )
 
     def _word_token_ids(self, word: str) -> list[tuple[int, ...]]:

@@ -4,11 +4,15 @@ server's AsyncEngine runs the same EngineCore on a thread of its own."""
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.base import EngineBase
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagoda.lora import LoRARequest
 
 
 class LLMEngine(EngineBase):
@@ -25,16 +29,18 @@ class LLMEngine(EngineBase):
         params: SamplingParams,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> str:
         """Queue one prompt; returns its request id. `cache_salt` (vLLM's): only requests with the
-        same salt share prefix-cache blocks."""
+        same salt share prefix-cache blocks; `lora_request`: the adapter it runs (vLLM's)."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
+        adapter = None if lora_request is None else self.adapter(lora_request)
         constraint = params.structured_outputs
         grammar = self.compile_grammar(constraint) if constraint is not None else None
-        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt)
+        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, adapter)
         for request in requests:
             self.core.add_request(request)
         self.outputs.add(request_id, requests)

@@ -6,12 +6,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pagoda.core.outputs import CoreOutput, RequestMetrics
 from pagoda.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.request import Grammar, Request
 from pagoda.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagoda.lora import LoRAAdapter
 
 
 def make_requests(
@@ -23,6 +27,7 @@ def make_requests(
     new_grammar: Callable[[], Grammar] | None = None,
     bad_words_ids: tuple[tuple[int, ...], ...] = (),
     cache_salt: str | None = None,
+    lora: LoRAAdapter | None = None,
 ) -> list[Request]:
     """The engine requests of one caller request: one per sequence; siblings of n > 1 share the
     prompt through the first one, seeded siblings get consecutive seeds, and a constrained
@@ -41,6 +46,7 @@ def make_requests(
                 grammar=new_grammar() if new_grammar is not None else None,
                 bad_words_ids=bad_words_ids,
                 cache_salt=cache_salt,
+                lora=lora,
             )
         )
     return requests

@@ -18,6 +18,7 @@ from pagoda.engine.args import EngineArgs
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints import LOG_FORMAT
+from pagoda.lora import LoRARequest
 from pagoda.outputs import RequestOutput, request_output
 from pagoda.sampling_params import SamplingParams
 
@@ -125,9 +126,11 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order; without `sampling_params`, the model's defaults
-        (get_default_sampling_params). `use_tqdm`: a progress bar and a throughput line on stderr."""
+        (get_default_sampling_params). `use_tqdm`: a progress bar and a throughput line on stderr.
+        `lora_request` (vLLM's, with enable_lora): the adapter every prompt runs, or one per prompt."""
         if not isinstance(prompts, (str, dict, Sequence)):
             raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
         if not prompts and not isinstance(prompts, str):  # "": the engine refuses an empty prompt by name
@@ -145,11 +148,16 @@ class LLM:
             )
         if not all(isinstance(sp, SamplingParams) for sp in params_list):
             raise TypeError(f"sampling_params must hold SamplingParams only, got {params_list!r:.120}")
+        loras = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(prompt_list)
+        if len(loras) != len(prompt_list):
+            raise ValueError(
+                f"give one lora_request, or one per prompt: {len(prompt_list)} prompt(s), {len(loras)} given"
+            )
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
         ids: list[str] = []
         try:
-            for prompt, sp, salt in zip(prompt_ids, params_list, salts):
-                ids.append(self.engine.add_request(prompt, sp, cache_salt=salt))
+            for prompt, sp, salt, lora in zip(prompt_ids, params_list, salts, loras):
+                ids.append(self.engine.add_request(prompt, sp, cache_salt=salt, lora_request=lora))
             progress = Progress(len(ids), sum(map(len, prompt_ids)), sum(sp.n for sp in params_list), use_tqdm)
             done = self._run(ids, progress)
         except BaseException:  # a refused prompt or a Ctrl-C: this call's requests leave the engine
@@ -205,6 +213,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """One conversation or a list of them, in OpenAI's message shapes (content parts, tool calls
         and results), rendered as the server renders a chat request, `tools` included (vLLM's
@@ -236,6 +245,6 @@ class LLM:
             raise ValueError(exc.message) from None
         except jinja2.TemplateError as exc:  # a message the template cannot read
             raise ValueError(f"the chat template cannot render these messages: {exc}") from None
-        results = self.generate(prompts, sampling_params, use_tqdm)
+        results = self.generate(prompts, sampling_params, use_tqdm, lora_request)
         # as vLLM's: .prompt is the rendered conversation
         return [replace(r, prompt=self.tokenizer.decode(r.prompt_token_ids)) for r in results]

@@ -125,8 +125,11 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
     return own if own in (torch.bfloat16, torch.float16) else torch.bfloat16
 
 
-def load_model(config: ModelConfig, backend, device: torch.device, batch_invariant: bool = False) -> DecoderModel:
-    """`batch_invariant`: linears by the batch-invariant GEMM (EngineConfig.deterministic)."""
+def load_model(
+    config: ModelConfig, backend, device: torch.device, batch_invariant: bool = False, modules_only: bool = False
+) -> DecoderModel:
+    """`batch_invariant`: linears by the batch-invariant GEMM (EngineConfig.deterministic);
+    `modules_only`: every step runs the modules, never the C decoder stack (LoRA wraps them)."""
     model = DecoderModel(
         config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device
     )
@@ -149,7 +152,7 @@ def load_model(config: ModelConfig, backend, device: torch.device, batch_invaria
         cpu_linear.convert_model(model)
     if cpu_layers.supported(config.dtype, device):
         cpu_layers.convert_model(model)
-        model.cpu_stack = CpuDecoderStack.build(model)
+        model.cpu_stack = None if modules_only else CpuDecoderStack.build(model)
     elif device.type == "cuda":
         _fuse_gpu_layers(model, config.dtype, device)
     return model.eval()

@@ -27,9 +27,11 @@ from pagoda.core.outputs import ModelRunnerOutput, SchedulerOutput
 from pagoda.errors import ConfigError
 from pagoda.kernels import cpu as cpu_kernels
 from pagoda.model_executor import gpu_memory
+from pagoda.model_executor.cpu_invariant import InvariantLinear
 from pagoda.model_executor.cpu_threads import ComputeThreads
 from pagoda.model_executor.cuda_graphs import MAX_GRAPH_BATCH, CUDAGraphRunner, capture_sizes
 from pagoda.model_executor.loader import load_model
+from pagoda.model_executor.lora_layers import LoRAModel, plain_linear
 from pagoda.model_executor.sampler import Sampler, token_logprob
 from pagoda.model_executor.spec_verify import verify
 from pagoda.request import Request, TokenLogprob
@@ -113,10 +115,21 @@ class ModelRunner:
         self.threads = ComputeThreads(config.threads) if self.device.type == "cpu" else None
         self.backend = create_backend(config.attention_backend, config.deterministic)
         torch.manual_seed(config.seed)
-        self.model = load_model(config.model, self.backend, self.device, config.deterministic)
+        self.model = load_model(
+            config.model, self.backend, self.device, config.deterministic, modules_only=config.enable_lora
+        )
+        self.lora = self._lora_model() if config.enable_lora else None
         self.sampler = Sampler(cpu_kernels.load() if self.device.type == "cpu" else None)
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None  # set by capture_cuda_graphs
+
+    def _lora_model(self) -> LoRAModel:
+        """The model's projections wrapped for adapters, whose updates run as its linears do:
+        on the batch-invariant GEMM in deterministic serving, else by torch."""
+        if self.config.deterministic:
+            lib = cpu_kernels.load()
+            return LoRAModel(self.model, lambda weight: InvariantLinear(weight, None, lib))
+        return LoRAModel(self.model, plain_linear)
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -216,7 +229,11 @@ class ModelRunner:
             self.threads.adjust()
         self.sampler.drop(step.finished_request_ids)
         batch = self._prepare(step)
-        hidden = self._forward(batch)
+        if self.lora is None or not batch.lora_rows:
+            hidden = self._forward(batch)
+        else:
+            with self.lora.rows(batch.lora_rows):
+                hidden = self._forward(batch)
         sampling = [r for r, _ in batch.samplers]
         tokens: list[int | None] = [None] * len(step.scheduled)
         logprobs: list[TokenLogprob | None] = [None] * len(step.scheduled)
@@ -314,6 +331,12 @@ class ModelRunner:
             verify_indices = [among_read[row] for row in verify_indices]
         query_starts = np.empty(len(order), dtype=np.int32)
         query_starts[order] = query_start_loc[:-1]
+        lora_rows: dict[int, list[int]] = {}  # adapter id -> the rows of its requests' query tokens
+        for i, (request, _) in enumerate(scheduled):
+            if request.lora is not None:
+                assert self.lora is not None, "a request with an adapter reached an engine without LoRA"
+                self.lora.register(request.lora, device)
+                lora_rows.setdefault(request.lora.id, []).extend(range(query_start_loc[i], query_start_loc[i + 1]))
         return _Batch(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
             positions=torch.from_numpy(positions).to(device),
@@ -326,6 +349,7 @@ class ModelRunner:
             read_rows=None if read_rows is None else torch.tensor(read_rows, dtype=torch.long, device=device),
             query_starts=query_starts,
             wants_prompt_logprobs=wants_prompt_logprobs,
+            lora_rows=[(i, torch.tensor(rows, dtype=torch.long, device=device)) for i, rows in lora_rows.items()],
         )
 
     def _prompt_logprobs(
@@ -361,6 +385,7 @@ class _Batch:
     read_rows: torch.Tensor | None  # the batch rows the forward returns (sorted), None: all
     query_starts: np.ndarray  # per request, in the step's order: the batch row of its first query token
     wants_prompt_logprobs: bool
+    lora_rows: list[tuple[int, torch.Tensor]]  # (adapter id, the batch rows that run it); empty: none do
 
 
 def _decodes_first(query_lens: list[int]) -> list[int]:

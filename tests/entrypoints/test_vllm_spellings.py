@@ -234,7 +234,7 @@ def test_enable_log_requests_logs_ids_and_params_on_arrival(caplog):
         caplog.clear()
         with caplog.at_level(logging.INFO, "pagoda.requests"), pytest.raises(APIError):
             asyncio.run(
-                state.launch(None, "/v1/completions", "cmpl-7", [[1, 2, 3]], SamplingParams(max_tokens=3), None)
+                state.launch(None, "/v1/completions", "cmpl-7", [[1, 2, 3]], SamplingParams(max_tokens=3), None, None)
             )  # type: ignore[arg-type]
         lines = [r.getMessage() for r in caplog.records if r.name == "pagoda.requests"]
         if enabled:

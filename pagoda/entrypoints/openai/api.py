@@ -78,6 +78,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         reasoning_counter=ReasoningTokenCounter.of(REASONING_PARSERS[config.tools.reasoning_parser], engine.tokenizer)
         if config.tools.reasoning_parser
         else None,
+        adapters={module.lora_name: engine.adapter(module) for module in config.lora_modules},
     )
 
 
@@ -207,17 +208,22 @@ def _v1_routes(state: ServerState) -> APIRouter:
             "deterministic": state.engine.config.deterministic,
         }
 
+    def adapter_card(name: str) -> dict:
+        """An adapter's card, as vLLM lists one: its folder as `root`, the model it adapts as `parent`."""
+        module = next(m for m in state.config.lora_modules if m.lora_name == name)
+        return {**card(name), "root": module.lora_path, "parent": module.base_model_name or state.model_name}
+
     @router.get("/models")
     async def models() -> dict:
         names = (state.model_name, *state.config.served_names)  # every --served-model-name, as vLLM lists them
-        return {"object": "list", "data": [card(name) for name in names]}
+        return {"object": "list", "data": [card(name) for name in names] + [adapter_card(n) for n in state.adapters]}
 
     @router.get("/models/{model:path}")  # OpenAI's retrieve (a name may hold slashes)
     async def model_card(model: str) -> dict:
         if not model:  # "/v1/models/": the list, as before this route
             return await models()
         state.check_model(model)  # 404 model_not_found for a name this server does not take
-        return card(model)
+        return adapter_card(model) if model in state.adapters else card(model)
 
     @router.post("/completions")
     async def create_completion(body: CompletionRequest, http: Request) -> Response:

@@ -270,8 +270,10 @@ def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
     chat = await prepare(state, body)
     request_id = answer_id(http, "chatcmpl-", body.request_id)
-    generation = await state.launch(http, ENDPOINT, request_id, [chat.prompt_ids], chat.params, body.cache_salt)
-    head = state.answer_head(request_id, "chat.completion")
+    generation = await state.launch(
+        http, ENDPOINT, request_id, [chat.prompt_ids], chat.params, body.cache_salt, body.model
+    )
+    head = state.answer_head(request_id, "chat.completion", body.model)
     reply = (chat.role, chat.echoed)
     if body.stream:
         return event_stream(_chunks(state, body, chat.plan, generation, head, chat.prompt_ids, reply), generation)

@@ -68,8 +68,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
         check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt", min_tokens=body.min_tokens)
     await state.check_constraint(body, params)
     request_id = answer_id(http, "cmpl-", body.request_id)
-    generation = await state.launch(http, ENDPOINT, request_id, [p.ids for p in prompts], params, body.cache_salt)
-    head = state.answer_head(request_id, "text_completion")
+    prompt_ids = [p.ids for p in prompts]
+    generation = await state.launch(http, ENDPOINT, request_id, prompt_ids, params, body.cache_salt, body.model)
+    head = state.answer_head(request_id, "text_completion", body.model)
     if body.stream:
         return event_stream(_chunks(state, body, prompts, generation, head), generation)
     outputs = [[_shown(body, out) for out in outs] for outs in await state.collect(http, generation)]

@@ -68,11 +68,11 @@ async def create_message(state: ServerState, body: AnthropicMessagesRequest, htt
         prepared = await translation.prepare(state)
         message_id = f"msg_{uuid.uuid4().hex}"
         generation = await state.launch(
-            http, ENDPOINT, message_id, [prepared.prompt_ids], prepared.params, body.cache_salt
+            http, ENDPOINT, message_id, [prepared.prompt_ids], prepared.params, body.cache_salt, body.model
         )
     except APIError as exc:
         return error_response(http, exc)
-    head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}
+    head = {"id": message_id, "type": "message", "role": "assistant", "model": state.answering_model(body.model)}
     if body.stream:
         return event_stream(_events(prepared.plan, generation, head, len(prepared.prompt_ids)), generation)
     answer = _Answer(prepared.plan)

@@ -35,7 +35,7 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None,
     renames: dict[str, str],
-    reasoning: ReasoningSpan | None,
+    reasoning: ReasoningSpan | None = None,
 ) -> SamplingParams:
     """`renames` maps SamplingParams' names to the body's where they differ (chat: top_logprobs);
     `reasoning`: where the model thinks, from the server's reasoning parser (None: it has none)."""

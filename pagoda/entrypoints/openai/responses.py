@@ -64,7 +64,7 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     logprobs = _logprobs(state, request, prepared.plan)
     response_id = body.request_id or f"resp_{uuid.uuid4().hex}"
     generation = await state.launch(
-        http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params, request.cache_salt
+        http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params, request.cache_salt, request.model
     )
     head = _head(state, body, request, prepared, response_id)
     if body.stream:
@@ -309,7 +309,7 @@ def _head(
         "max_output_tokens": body.max_output_tokens,
         "max_tool_calls": body.max_tool_calls,
         "metadata": body.metadata or {},
-        "model": state.model_name,
+        "model": state.answering_model(body.model),
         "output": [],
         "parallel_tool_calls": body.parallel_tool_calls,
         "previous_response_id": None,

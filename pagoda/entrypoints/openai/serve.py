@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +43,12 @@ if TYPE_CHECKING:
 
     from pagoda.engine.async_engine import AsyncEngine
     from pagoda.entrypoints.openai.serving import ServerConfig
+    from pagoda.lora import LoRARequest
 
 
 _TLS = "Pagoda serves plain HTTP: put a TLS-terminating proxy (nginx, Caddy) in front"
 _NO_HUB = "Pagoda downloads nothing: the model is a local folder or .gguf file"
 _ONE_DEVICE = "a replica runs on one device; scale out with --data-parallel-size"
-_NO_LORA = "no LoRA adapters: merge the adapter into the weights"
 # vLLM serve flags Pagoda does not take, with why and what to do instead (parsing.Parser says so)
 VLLM_FLAGS_NOT_TAKEN = {
     "--ssl-keyfile": _TLS,
@@ -55,9 +56,6 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--ssl-ca-certs": _TLS,
     "--ssl-cert-reqs": _TLS,
     "--middleware": "no custom ASGI middleware: put a proxy in front",
-    "--lora-modules": _NO_LORA,
-    "--enable-lora": _NO_LORA,
-    "--max-loras": _NO_LORA,
     "--pipeline-parallel-size": _ONE_DEVICE,
     "--distributed-executor-backend": _ONE_DEVICE,
     "--cpu-offload-gb": "weights stay on the device that runs the model",
@@ -268,6 +266,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="accepted for vLLM's command lines; only 1 (Pagoda has no tensor parallelism) (default: %(default)s)",
     )
     p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        type=_lora_module,
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters served as model names (with --enable-lora): NAME=PATH, or vLLM's JSON "
+        '\'{"name": NAME, "path": PATH, "base_model_name": BASE}\' (default: none)',
+    )
+    for flag in ("--max-loras", "--max-cpu-loras"):
+        p.add_argument(
+            flag,
+            type=int,
+            default=None,
+            help="accepted for vLLM's command lines; every adapter stays loaded and a step mixes any of them "
+            "(default: none)",
+        )
+    p.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="accepted for vLLM's command lines; Pagoda runs no code from model folders (default: %(default)s)",
@@ -357,6 +373,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         model_given = args.model is not None and "model" not in getattr(args, "filled_from_config", ())
         if not model_given and values and len(values) > 1 and _names_a_model(values[-1]):
             parser.error(f"{values[-1]!r} looks like the MODEL: give it before {flag}, which takes several values")
+    if args.lora_modules and not args.enable_lora:
+        parser.error("--lora-modules needs --enable-lora")
+    lora_names = [module.lora_name for module in args.lora_modules]
+    if len(set(lora_names)) < len(lora_names):
+        parser.error(f"--lora-modules names an adapter twice: {', '.join(lora_names)}")
     if args.api_key and not all(key.strip() for key in args.api_key):
         parser.error("--api-key: a key must not be empty (an empty one would let anyone in)")
     if args.data_parallel_size > 1 and args.api_key and len(args.api_key) > 1:
@@ -425,6 +446,24 @@ def read_generation_config(value: str) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise ConfigError(f"--generation-config {value}: {path} is not a JSON object")
     return sampling_defaults(config)
+
+
+def _lora_module(value: str) -> LoRARequest:
+    """One --lora-modules value as a LoRARequest (its id is set by its place among them)."""
+    from pagoda.lora import LoRARequest
+
+    if value.lstrip().startswith("{"):
+        try:
+            spec = json.loads(value)
+            return LoRARequest(spec["name"], 1, spec["path"], spec.get("base_model_name"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(
+                f'{value!r}: a JSON module is {{"name": ..., "path": ...}} ({exc})'
+            ) from None
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{value!r}: give NAME=PATH")
+    return LoRARequest(name, 1, path)
 
 
 def main(argv: list[str]) -> int:
@@ -496,6 +535,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         response_role=args.response_role,
         fingerprint_mode=args.fingerprint_mode,
         fingerprint_value=args.fingerprint_value,
+        lora_modules=tuple(replace(module, lora_int_id=i) for i, module in enumerate(args.lora_modules, start=1)),
     )
 
 

@@ -26,6 +26,7 @@ from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
+from pagoda.lora import LoRAAdapter, LoRARequest
 from pagoda.sampling_params import MAX_LOGPROBS, ReasoningSpan, SamplingParams, StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError
 from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
@@ -75,6 +76,7 @@ class ServerConfig:
     request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
     fingerprint_mode: str = "full"  # answers' system_fingerprint (vLLM's modes): full, hash, custom, none
     fingerprint_value: str | None = None  # custom's
+    lora_modules: tuple[LoRARequest, ...] = ()  # adapters served as model names (--lora-modules)
 
     def sampling_defaults(self, model_defaults: dict) -> dict:
         """What a request's unset sampling values take: the model's generation_config.json values
@@ -93,6 +95,7 @@ class ServerState:
     token_texts: TokenTexts
     system_fingerprint: str | None = None  # on every chat and completion answer
     reasoning_counter: ReasoningTokenCounter | None = None  # with --reasoning-parser: usage counts reasoning tokens
+    adapters: dict[str, LoRAAdapter] = field(default_factory=dict)  # by model name: --lora-modules, read
 
     @property
     def tokenizer(self):
@@ -104,13 +107,14 @@ class ServerState:
         name = self.config.tools.reasoning_parser
         return REASONING_PARSERS[name].span if name else None
 
-    def answer_head(self, request_id: str, kind: str) -> dict:
-        """A chat or completion answer's fields before its choices (its chunks' too)."""
+    def answer_head(self, request_id: str, kind: str, model: str | None) -> dict:
+        """A chat or completion answer's fields before its choices (its chunks' too); `model`: the
+        request's (an adapter's name is the answer's model, as vLLM's)."""
         return {
             "id": request_id,
             "object": kind,
             "created": int(time.time()),
-            "model": self.model_name,
+            "model": self.answering_model(model),
             "system_fingerprint": self.system_fingerprint,
         }
 
@@ -121,8 +125,12 @@ class ServerState:
             as_ids = self.config.return_tokens_as_token_ids
         return TokenIdTexts(self.token_texts) if as_ids else self.token_texts
 
+    def answering_model(self, model: str | None) -> str:
+        """The model an answer names: the adapter a request asked for, else the served model."""
+        return model if model in self.adapters else self.model_name
+
     def check_model(self, model: str | None) -> None:
-        taken = (self.model_name, *self.config.served_names, self.config.model_argument)
+        taken = (self.model_name, *self.config.served_names, self.config.model_argument, *self.adapters)
         if model and model not in taken:  # none or "": the served model (vLLM's rule)
             raise APIError(
                 404,
@@ -185,16 +193,18 @@ class ServerState:
         prompts: list[list[int]],
         params: SamplingParams,
         cache_salt: str | None,
+        model: str | None,
     ) -> Generation:
-        """Submit the prompts (in the prefix cache namespace `cache_salt`); returns once the engine
-        has accepted all of them."""
+        """Submit the prompts (in the prefix cache namespace `cache_salt`, with the adapter `model`
+        names, if it names one); returns once the engine has accepted all of them."""
         body = await http.json() if self.sinks.request_log is not None else None
         request_ids = Generation.prompt_request_ids(request_id, len(prompts))
         if self.config.log_requests:
             logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
         recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params.n, body)
         engine_ids = [Generation.engine_id(name) for name in request_ids]
-        generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, recorder)
+        lora = self.adapters.get(model) if model else None
+        generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, lora, recorder)
         await cancel_on_disconnect(http, generation.start())
         return generation
 

@@ -13,12 +13,15 @@ import asyncio
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pagoda.core.scheduler import QueueFullError
 from pagoda.engine.async_engine import AsyncEngine, EngineDeadError
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import APIError, bad_request, queue_full
+
+if TYPE_CHECKING:
+    from pagoda.lora import LoRAAdapter
 from pagoda.sampling_params import SamplingParams
 
 
@@ -47,6 +50,7 @@ class Generation:
         prompts: list[list[int]],
         params: SamplingParams,
         cache_salt: str | None,
+        lora: LoRAAdapter | None,
         observer: Observer,
     ) -> None:
         self.engine = engine
@@ -54,6 +58,7 @@ class Generation:
         self.prompts = prompts
         self.params = params
         self.cache_salt = cache_salt
+        self.lora = lora
         self.observer = observer
         self._queue: asyncio.Queue[tuple[int, SequenceOutput | Exception]] = asyncio.Queue()
         self._buffer: deque[tuple[int, SequenceOutput]] = deque()
@@ -111,7 +116,8 @@ class Generation:
     async def _pump(self, i: int) -> None:
         latest: dict[int, SequenceOutput] = {}
         try:
-            async for update in self.engine.generate(self.engine_ids[i], self.prompts[i], self.params, self.cache_salt):
+            updates = self.engine.generate(self.engine_ids[i], self.prompts[i], self.params, self.cache_salt, self.lora)
+            async for update in updates:
                 latest[update.index] = update
                 self.observer.on_update(i, update)
                 self._queue.put_nowait((i, update))

@@ -1,0 +1,211 @@
+"""LoRA adapters (PEFT's format) as vLLM serves them: a request names one (`LoRARequest`), and its
+low-rank updates join the base model's projections for that request's rows only.
+
+An adapter is read once, here, into the shape the model runs it in: for each projection it
+targets, per layer, one down-projection A [R, in] and one up-projection B [out, R]. The fused
+projections (q, k, v in qkv_proj; gate and up in gate_up_proj) take the A of every part the adapter
+targets stacked, and a B with each part's B, times its scaling, in that part's rows and columns
+(zeros elsewhere), so that x @ A.T @ B.T adds each part's own update to its own outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pagoda.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported where an adapter is read: `pagoda serve --help` stays instant
+    import torch
+
+WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+# PEFT's names of the projections an adapter may target, and ours: the projection, and its part
+PROJECTIONS = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "self_attn.o_proj": ("self_attn.o_proj", None),
+    "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
+    "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+    "mlp.down_proj": ("mlp.down_proj", None),
+}
+_KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])(?:\.default)?\.weight")
+
+
+class LoRAError(ConfigError):
+    """An adapter that cannot be served here: the message says why."""
+
+
+@dataclass(frozen=True)
+class LoRARequest:
+    """vLLM's: the adapter a request runs with. `lora_int_id` (at least 1) names it within the
+    engine: the first adapter read under an id serves every later request with that id."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    base_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora_int_id, bool) or not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
+            raise ValueError(f"lora_int_id must be an integer of at least 1, got {self.lora_int_id!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class LoRAAdapter:
+    """An adapter read for one model: per projection it changes ("layers.3.self_attn.qkv_proj"), its
+    A [R, in] and B [out, R] in the model's dtype (module docstring)."""
+
+    name: str
+    id: int
+    path: str
+    rank: int  # the largest of its projections'
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ProjectionShapes:
+    """What an adapter must fit: the base model's sizes."""
+
+    hidden: int
+    intermediate: int
+    q_size: int  # query heads x head_dim
+    kv_size: int
+    num_layers: int
+
+    @classmethod
+    def of(cls, hf_config) -> ProjectionShapes:
+        heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        return cls(
+            hf_config.hidden_size, hf_config.intermediate_size, heads * head_dim, kv_heads * head_dim,
+            hf_config.num_hidden_layers,
+        )  # fmt: skip
+
+    def parts(self, projection: str) -> dict[str | None, tuple[int, int]]:
+        """Each part's (first output row, rows) of a projection of ours, and its input features."""
+        q, kv, inter = self.q_size, self.kv_size, self.intermediate
+        return {
+            "self_attn.qkv_proj": {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)},
+            "self_attn.o_proj": {None: (0, self.hidden)},
+            "mlp.gate_up_proj": {"gate": (0, inter), "up": (inter, inter)},
+            "mlp.down_proj": {None: (0, self.hidden)},
+        }[projection]
+
+    def in_features(self, projection: str) -> int:
+        return {"self_attn.o_proj": self.q_size, "mlp.down_proj": self.intermediate}.get(projection, self.hidden)
+
+
+def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, dtype: torch.dtype) -> LoRAAdapter:
+    """The adapter in `request.lora_path` (PEFT's adapter_config.json and adapter_model.safetensors),
+    checked against the model's shapes and `max_rank`; LoRAError naming what does not fit."""
+    from safetensors.torch import load_file
+
+    folder = Path(request.lora_path)
+    config = _read_config(folder)
+    if not (folder / WEIGHTS_FILE).is_file():
+        raise LoRAError(f"LoRA adapter {request.lora_name!r}: no {WEIGHTS_FILE} in {folder}")
+    try:
+        tensors = load_file(folder / WEIGHTS_FILE)
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds for a bad file
+        raise LoRAError(f"LoRA adapter {request.lora_name!r}: cannot read {folder / WEIGHTS_FILE}: {exc}") from None
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        match = _KEY.fullmatch(key)
+        if match is None or match[2] not in PROJECTIONS or int(match[1]) >= shapes.num_layers:
+            raise LoRAError(
+                f"LoRA adapter {request.lora_name!r} has a weight Pagoda cannot apply: {key} "
+                f"(it applies LoRA to {', '.join(sorted(p.split('.')[1] for p in PROJECTIONS))} of the model's layers)"
+            )
+        pairs.setdefault((int(match[1]), match[2]), {})[match[3]] = tensor
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    rank = 0
+    for layer in sorted({layer for layer, _ in pairs}):
+        for projection in dict.fromkeys(ours for ours, _ in PROJECTIONS.values()):
+            targeted = [(hf, part) for hf, (ours, part) in PROJECTIONS.items() if ours == projection]
+            updates = [(part, pairs[layer, hf], hf) for hf, part in targeted if (layer, hf) in pairs]
+            if not updates:
+                continue
+            a, b = _fused(request.lora_name, layer, projection, updates, shapes, config)
+            rank = max(rank, max(pair["A"].shape[0] for _, pair, _ in updates))
+            weights[f"layers.{layer}.{projection}"] = (a.to(dtype).contiguous(), b.to(dtype).contiguous())
+    if not weights:
+        raise LoRAError(f"LoRA adapter {request.lora_name!r} in {folder} holds no LoRA weights")
+    if rank > max_rank:
+        raise LoRAError(
+            f"LoRA adapter {request.lora_name!r} has rank {rank}, above max_lora_rank {max_rank} "
+            "(raise --max-lora-rank)"
+        )
+    return LoRAAdapter(request.lora_name, request.lora_int_id, str(folder), rank, weights)
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise LoRAError(f"no LoRA adapter at {folder}: it has no {CONFIG_FILE}")
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as exc:
+        raise LoRAError(f"{path} is not valid JSON: {exc}") from None
+    refused = {
+        "peft_type": config.get("peft_type", "LORA") != "LORA",
+        "use_dora": bool(config.get("use_dora")),
+        "bias": config.get("bias", "none") != "none",
+        "modules_to_save": bool(config.get("modules_to_save")),
+    }
+    for name, bad in refused.items():
+        if bad:
+            raise LoRAError(f"{path}: {name} {config.get(name)!r} is not supported (plain LoRA only)")
+    return config
+
+
+def _fused(
+    name: str,
+    layer: int,
+    projection: str,
+    updates: list[tuple[str | None, dict[str, torch.Tensor], str]],
+    shapes: ProjectionShapes,
+    config: dict,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One projection's A [R, in] and B [out, R] from its targeted parts' (part, {A, B}, PEFT name)."""
+    import torch
+
+    parts, in_features = shapes.parts(projection), shapes.in_features(projection)
+    out_features = sum(rows for _, rows in parts.values())
+    columns = []
+    for part, pair, hf in updates:
+        a, b = pair.get("A"), pair.get("B")
+        where = f"LoRA adapter {name!r}, layer {layer} {hf}"
+        if a is None or b is None:
+            raise LoRAError(f"{where}: lora_{'A' if a is None else 'B'} is missing")
+        first, rows = parts[part]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_features or b.shape[0] != rows or a.shape[0] != b.shape[1]:
+            raise LoRAError(
+                f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit this model "
+                f"({in_features} inputs, {rows} outputs)"
+            )
+        columns.append((first, rows, a.float(), b.float() * _scaling(config, f"model.layers.{layer}.{hf}", a.shape[0])))
+    total = sum(a.shape[0] for _, _, a, _ in columns)
+    stacked_b = torch.zeros(out_features, total)
+    column = 0
+    for first, rows, a, b in columns:
+        stacked_b[first : first + rows, column : column + a.shape[0]] = b
+        column += a.shape[0]
+    return torch.cat([a for _, _, a, _ in columns]), stacked_b
+
+
+def _scaling(config: dict, module: str, rank: int) -> float:
+    """PEFT's: lora_alpha (or the alpha_pattern entry whose key ends the module's name) over the
+    rank, or over its square root with use_rslora."""
+    alpha = config.get("lora_alpha", 8)
+    for key, value in (config.get("alpha_pattern") or {}).items():
+        if re.match(rf"(.*\.)?{key}$", module):
+            alpha = value
+            break
+    return alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)

@@ -1,0 +1,94 @@
+"""LoRA in the model: each projection an adapter may target wrapped once, at load, and each step's
+rows routed to their requests' adapters.
+
+The runner owns a `LoRAModel`: it registers an adapter the first time a request brings it (its
+weights packed as the base projections' are) and, around each forward, tells the wrapped
+projections which rows run which adapter (`LoRARows`). A projection adds, to those rows of its
+output only, x @ A.T @ B.T (pagoda/lora.py says how A and B hold a fused projection's parts); rows
+of requests without an adapter are the base model's, bit for bit. With the batch-invariant GEMM
+(deterministic serving) A and B run on it too, so a row's update, like its base output, is the
+same whatever else shares its step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagoda.lora import PROJECTIONS, LoRAAdapter
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+class LoRARows:
+    """The rows of the current forward that run each adapter: (adapter id, row indices) pairs,
+    empty between forwards. Written by LoRAModel.rows, read by every LoRALinear."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[int, torch.Tensor]] = []
+
+
+class LoRALinear(nn.Module):
+    """A projection and the low-rank updates of the adapters that target it."""
+
+    def __init__(self, base: nn.Module, rows: LoRARows) -> None:
+        super().__init__()
+        self.base, self.rows = base, rows
+        self.updates: dict[int, tuple[Linear, Linear]] = {}  # adapter id -> (A, B) as linear maps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        for adapter_id, rows in self.rows.groups:
+            update = self.updates.get(adapter_id)
+            if update is not None:
+                down, up = update
+                y.index_add_(0, rows, up(down(x.index_select(0, rows))))
+        return y
+
+
+class LoRAModel:
+    """The LoRA side of a loaded DecoderModel (its module path: the C decoder stack runs no
+    adapters, so the loader builds none when LoRA is on)."""
+
+    def __init__(self, model: nn.Module, make_linear: Callable[[torch.Tensor], Linear]) -> None:
+        """`make_linear`: a weight [out, in] as the linear map x @ weight.T, as the model's own run."""
+        self._rows = LoRARows()
+        self._make_linear = make_linear
+        self._projections: dict[str, LoRALinear] = {}
+        self._registered: dict[int, LoRAAdapter] = {}
+        for i, layer in enumerate(model.layers):
+            for name in dict.fromkeys(ours for ours, _ in PROJECTIONS.values()):
+                parent_name, _, attr = name.rpartition(".")
+                parent = layer.get_submodule(parent_name)
+                wrapped = LoRALinear(getattr(parent, attr), self._rows)
+                setattr(parent, attr, wrapped)
+                self._projections[f"layers.{i}.{name}"] = wrapped
+
+    def register(self, adapter: LoRAAdapter, device: torch.device) -> None:
+        """Make the adapter's updates part of the model (once per adapter id)."""
+        if adapter.id in self._registered:
+            return
+        for name, (a, b) in adapter.weights.items():
+            self._projections[name].updates[adapter.id] = (
+                self._make_linear(a.to(device)),
+                self._make_linear(b.to(device)),
+            )
+        self._registered[adapter.id] = adapter
+
+    @contextmanager
+    def rows(self, groups: list[tuple[int, torch.Tensor]]) -> Iterator[None]:
+        """During the block, the forward's rows `groups` run their adapters."""
+        self._rows.groups = groups
+        try:
+            yield
+        finally:
+            self._rows.groups = []
+
+
+def plain_linear(weight: torch.Tensor) -> Linear:
+    """x @ weight.T by torch."""
+    return lambda x: F.linear(x, weight)

@@ -1,0 +1,145 @@
+"""LoRA adapters offline: PEFT adapters on tiny random models, against PEFT's own forward through
+`transformers` (greedy, token for token); base rows untouched beside adapter rows in one batch;
+the prefix cache kept apart per adapter; adapters that cannot be served refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagoda import LLM, LoRARequest, SamplingParams
+from pagoda.lora import LoRAError
+from tests.tiny_models import write_tiny_model
+
+peft = pytest.importorskip("peft")
+
+PROMPTS = [[1, 520, 3000, 44, 901, 77], [1, 1200, 15, 9000], [1, 77, 77, 3, 4050, 600, 31, 2]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+ADAPTERS = {  # name: PEFT LoraConfig keywords
+    "some": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]),
+    "all": dict(
+        r=4,
+        lora_alpha=8,
+        use_rslora=True,
+        alpha_pattern={"down_proj": 3.0},
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    ),
+}
+
+
+def write_adapter(base, folder: Path, seed: int, **config) -> Path:
+    """A PEFT adapter of `base` with random A and B (PEFT starts B at zero: no change to see)."""
+    model = peft.get_peft_model(base, peft.LoraConfig(lora_dropout=0.0, **config))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.normal_(0, 0.2)
+    model.save_pretrained(folder)
+    return folder
+
+
+def reference(model_dir: Path, adapter: Path | None) -> list[list[int]]:
+    """PEFT's greedy tokens for PROMPTS (the base model's where `adapter` is None)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = peft.PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    outs = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+        outs.append(generated[0, len(prompt) :].tolist())
+    return outs
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def setup(request, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from pagoda.model_files import load_tokenizer
+
+    folder = tmp_path_factory.mktemp(f"lora_{request.param}")
+    model_dir = write_tiny_model(request.param, folder / "model", load_tokenizer(None))
+    adapters = {
+        name: write_adapter(AutoModelForCausalLM.from_pretrained(model_dir), folder / name, seed, **config)
+        for seed, (name, config) in enumerate(ADAPTERS.items())
+    }
+    llm = LLM(str(model_dir), enable_lora=True, max_model_len=256, kv_cache_memory=0.05, max_num_batched_tokens=64)
+    yield model_dir, adapters, llm
+    llm.engine.close()
+
+
+def tokens(llm: LLM, prompts, loras) -> list[list[int]]:
+    return [list(r.outputs[0].token_ids) for r in llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)]
+
+
+def test_adapters_give_peft_greedy_tokens_in_a_mixed_batch(setup):
+    """Each prompt under each adapter and under none, all in one batch: each as PEFT computes it."""
+    model_dir, adapters, llm = setup
+    requests = {name: LoRARequest(name, i, str(path)) for i, (name, path) in enumerate(adapters.items(), start=1)}
+    want = {name: reference(model_dir, adapters.get(name)) for name in (*adapters, None)}
+    assert want["some"] != want[None] and want["all"] != want[None]  # the adapters change the outputs
+    batch = [(p, name) for name in (None, *adapters) for p in range(len(PROMPTS))]
+    got = tokens(llm, [PROMPTS[p] for p, _ in batch], [requests.get(name) for _, name in batch])
+    for (p, name), out in zip(batch, got):
+        assert out == want[name][p], f"prompt {p}, adapter {name}"
+
+
+def test_the_prefix_cache_keeps_adapters_apart(setup):
+    """A prompt cached under one adapter is computed again under another (its KV differs), and hit
+    again under the same one, with the same tokens either way."""
+    _, adapters, llm = setup
+    some, every = (LoRARequest(name, i, str(path)) for i, (name, path) in enumerate(adapters.items(), start=1))
+    prompt = list(range(100, 180))  # five blocks of 16
+    runs = [llm.generate([prompt], GREEDY, use_tqdm=False, lora_request=lora)[0] for lora in (None, some, every, some)]
+    cached = [run.num_cached_tokens for run in runs]
+    assert cached[:3] == [0, 0, 0] and cached[3] >= 64, cached
+    assert runs[3].outputs[0].token_ids == runs[1].outputs[0].token_ids
+    assert runs[1].outputs[0].token_ids != runs[0].outputs[0].token_ids
+
+
+def test_adapters_that_cannot_be_served_are_refused_by_name(setup, tmp_path):
+    model_dir, adapters, llm = setup
+    source = adapters["some"]
+    with pytest.raises(LoRAError, match="no adapter_config.json"):
+        llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("gone", 90, str(tmp_path)))
+    config = json.loads((source / "adapter_config.json").read_text())
+    for name, change, message in [
+        ("dora", {"use_dora": True}, "use_dora True is not supported"),
+        ("saved", {"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    ]:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text(json.dumps({**config, **change}))
+        (folder / "adapter_model.safetensors").write_bytes((source / "adapter_model.safetensors").read_bytes())
+        with pytest.raises(LoRAError, match=message):
+            llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest(name, 91, str(folder)))
+    small = LLM(str(model_dir), enable_lora=True, max_lora_rank=4, max_model_len=64, kv_cache_memory=0.01)
+    with pytest.raises(LoRAError, match="rank 8, above max_lora_rank 4"):
+        small.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("some", 1, str(source)))
+    small.engine.close()
+    with pytest.raises(LoRAError, match="start it with enable_lora"):
+        plain = LLM(str(model_dir), max_model_len=64, kv_cache_memory=0.01)
+        try:
+            plain.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("some", 1, str(source)))
+        finally:
+            plain.engine.close()
+    with pytest.raises(ValueError, match="lora_int_id"):
+        LoRARequest("x", 0, str(source))
+
+
+def test_adapters_on_torchs_linears_too(setup):
+    """Without deterministic serving the updates run on torch's GEMM (not the batch-invariant one)."""
+    model_dir, adapters, _ = setup
+    llm = LLM(str(model_dir), enable_lora=True, deterministic=False, max_model_len=64, kv_cache_memory=0.01)
+    try:
+        lora = LoRARequest("some", 1, str(adapters["some"]))
+        assert tokens(llm, PROMPTS, lora) == reference(model_dir, adapters["some"])
+    finally:
+        llm.engine.close()
