@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # torch is imported where an adapter is read: `pagoda serve -
     import torch
 
 WEIGHTS_FILE = "adapter_model.safetensors"
+# init_lora_weights' named ways that leave the base weights as they are (vLLM's list)
+WEIGHT_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
 CONFIG_FILE = "adapter_config.json"
 # PEFT's names of the projections an adapter may target, and ours: the projection, and its part
 PROJECTIONS = {
@@ -51,9 +53,28 @@ class LoRARequest:
     lora_path: str = ""
     base_model_name: str | None = None
 
+    load_inplace: bool = False  # vLLM's: read the adapter again under its id; refused here
+    is_3d_lora_weight: bool = False  # vLLM's, for MoE models' adapters; no model here has experts
+
     def __post_init__(self) -> None:
         if isinstance(self.lora_int_id, bool) or not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
             raise ValueError(f"lora_int_id must be an integer of at least 1, got {self.lora_int_id!r}")
+        if not self.lora_path:
+            raise ValueError(f"LoRA adapter {self.lora_name!r}: lora_path is empty")
+        if self.load_inplace:
+            raise ValueError("load_inplace: an adapter is read once per lora_int_id; give a new id for new weights")
+
+    @property
+    def name(self) -> str:
+        return self.lora_name
+
+    @property
+    def path(self) -> str:
+        return self.lora_path
+
+    @property
+    def adapter_id(self) -> int:
+        return self.lora_int_id
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,11 +174,19 @@ def _read_config(folder: Path) -> dict:
         config = json.loads(path.read_text())
     except ValueError as exc:
         raise LoRAError(f"{path} is not valid JSON: {exc}") from None
-    refused = {
+    init = config.get("init_lora_weights", True)
+    refused = {  # vLLM refuses these too: each changes what the adapter computes beyond x A^T B^T
         "peft_type": config.get("peft_type", "LORA") != "LORA",
         "use_dora": bool(config.get("use_dora")),
         "bias": config.get("bias", "none") != "none",
+        "lora_bias": bool(config.get("lora_bias")),
         "modules_to_save": bool(config.get("modules_to_save")),
+        # PiSSA, OLoRA, CorDA and LoftQ adapters saved unconverted also change the base weights
+        "init_lora_weights": isinstance(init, str) and init.lower() not in WEIGHT_INITS,
+        "layer_replication": bool(config.get("layer_replication")),
+        "alora_invocation_tokens": bool(config.get("alora_invocation_tokens")),
+        "use_qalora": bool(config.get("use_qalora")),
+        "use_bdlora": bool(config.get("use_bdlora")),
     }
     for name, bad in refused.items():
         if bad:
@@ -205,7 +234,7 @@ def _scaling(config: dict, module: str, rank: int) -> float:
     rank, or over its square root with use_rslora."""
     alpha = config.get("lora_alpha", 8)
     for key, value in (config.get("alpha_pattern") or {}).items():
-        if re.match(rf"(.*\.)?{key}$", module):
+        if re.match(rf"(.*\.)?({key})$", module):
             alpha = value
             break
     return alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)

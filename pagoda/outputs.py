@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pagoda.core.outputs import RequestMetrics
 from pagoda.engine.outputs import SequenceOutput
+from pagoda.lora import LoRARequest
 from pagoda.request import TokenLogprob
 
 DecodeToken = Callable[[int], str | None]
@@ -49,6 +50,7 @@ class RequestOutput:
     num_cached_tokens: int  # prompt tokens taken from the prefix cache
     # the first sequence's sizes and times (arrival, first scheduled, first token: time.monotonic())
     metrics: RequestMetrics | None = None
+    lora_request: LoRARequest | None = None  # the adapter it ran (vLLM's)
 
 
 def position_logprobs(lp: TokenLogprob, decode: DecodeToken) -> PositionLogprobs:

@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, help="0: no top-k (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt (default: %(default)s)")
+    p.add_argument(
+        "--lora-path",
+        default=None,
+        help="a LoRA adapter folder (PEFT's) every prompt runs with; needs --enable-lora (default: none)",
+    )
     EngineArgs.add_cli_args(p, positional_model=False)
     return p
 
@@ -52,9 +57,13 @@ def main(argv: list[str]) -> int:
     if not prompts:
         print("pagoda generate: give at least one prompt", file=sys.stderr)
         return 2
-    from pagoda import LLM, SamplingParams
+    from pagoda import LLM, LoRARequest, SamplingParams
 
+    if args.lora_path is not None and not args.enable_lora:
+        print("pagoda generate: --lora-path needs --enable-lora", file=sys.stderr)
+        return 2
     try:
+        lora = None if args.lora_path is None else LoRARequest("adapter", 1, args.lora_path)
         llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
         params = SamplingParams(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens
@@ -65,9 +74,10 @@ def main(argv: list[str]) -> int:
     many = len(prompts) > 1
     try:
         if args.chat:
-            results = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=many)
+            conversations = [[{"role": "user", "content": p}] for p in prompts]
+            results = llm.chat(conversations, params, use_tqdm=many, lora_request=lora)
         else:
-            results = llm.generate(prompts, params, use_tqdm=many)
+            results = llm.generate(prompts, params, use_tqdm=many, lora_request=lora)
     except (ConfigError, ValueError) as exc:  # a prompt the engine refuses: empty, or past the context
         print(f"pagoda generate: {exc}", file=sys.stderr)
         return 1

@@ -164,15 +164,18 @@ class LLM:
             self.engine.abort(ids)
             raise
         return [
-            request_output(
-                rid,
-                prompt if isinstance(prompt, str) else None,
-                ids_,
-                [done[rid][k] for k in sorted(done[rid])],
-                (sp.logprobs is not None, sp.prompt_logprobs is not None),
-                self._decode_token if sp.detokenize else _no_text,
+            replace(
+                request_output(
+                    rid,
+                    prompt if isinstance(prompt, str) else None,
+                    ids_,
+                    [done[rid][k] for k in sorted(done[rid])],
+                    (sp.logprobs is not None, sp.prompt_logprobs is not None),
+                    self._decode_token if sp.detokenize else _no_text,
+                ),
+                lora_request=lora,
             )
-            for rid, prompt, ids_, sp in zip(ids, prompt_list, prompt_ids, params_list)
+            for rid, prompt, ids_, sp, lora in zip(ids, prompt_list, prompt_ids, params_list, loras)
         ]
 
     def get_tokenizer(self):

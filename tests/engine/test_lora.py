@@ -24,7 +24,7 @@ ADAPTERS = {  # name: PEFT LoraConfig keywords
         r=4,
         lora_alpha=8,
         use_rslora=True,
-        alpha_pattern={"down_proj": 3.0},
+        alpha_pattern={"down_proj|up_proj": 3.0},  # a key is a regular expression (PEFT's)
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     ),
 }
@@ -86,9 +86,11 @@ def test_adapters_give_peft_greedy_tokens_in_a_mixed_batch(setup):
     want = {name: reference(model_dir, adapters.get(name)) for name in (*adapters, None)}
     assert want["some"] != want[None] and want["all"] != want[None]  # the adapters change the outputs
     batch = [(p, name) for name in (None, *adapters) for p in range(len(PROMPTS))]
-    got = tokens(llm, [PROMPTS[p] for p, _ in batch], [requests.get(name) for _, name in batch])
-    for (p, name), out in zip(batch, got):
-        assert out == want[name][p], f"prompt {p}, adapter {name}"
+    loras = [requests.get(name) for _, name in batch]
+    results = llm.generate([PROMPTS[p] for p, _ in batch], GREEDY, use_tqdm=False, lora_request=loras)
+    for (p, name), result, lora in zip(batch, results, loras):
+        assert result.outputs[0].token_ids == want[name][p], f"prompt {p}, adapter {name}"
+        assert result.lora_request is lora
 
 
 def test_the_prefix_cache_keeps_adapters_apart(setup):
@@ -113,6 +115,7 @@ def test_adapters_that_cannot_be_served_are_refused_by_name(setup, tmp_path):
     for name, change, message in [
         ("dora", {"use_dora": True}, "use_dora True is not supported"),
         ("saved", {"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ("pissa", {"init_lora_weights": "pissa"}, "init_lora_weights 'pissa'"),
     ]:
         folder = tmp_path / name
         folder.mkdir()
@@ -130,8 +133,13 @@ def test_adapters_that_cannot_be_served_are_refused_by_name(setup, tmp_path):
             plain.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("some", 1, str(source)))
         finally:
             plain.engine.close()
-    with pytest.raises(ValueError, match="lora_int_id"):
-        LoRARequest("x", 0, str(source))
+    for kwargs, message in [
+        ({"lora_int_id": 0}, "lora_int_id"),
+        ({"lora_path": ""}, "empty"),
+        ({"load_inplace": True}, "new id"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            LoRARequest(**{"lora_name": "x", "lora_int_id": 1, "lora_path": str(source), **kwargs})
 
 
 def test_adapters_on_torchs_linears_too(setup):
@@ -143,3 +151,15 @@ def test_adapters_on_torchs_linears_too(setup):
         assert tokens(llm, PROMPTS, lora) == reference(model_dir, adapters["some"])
     finally:
         llm.engine.close()
+
+
+def test_pagoda_generate_runs_an_adapter(setup, capsys):
+    from pagoda.entrypoints import generate
+
+    model_dir, adapters, llm = setup
+    argv = ["hello there", "--model", str(model_dir), "--enable-lora", "--lora-path", str(adapters["some"])]
+    code = generate.main([*argv, "--max-tokens", "5", "--json", "--max-model-len", "64", "--kv-cache-memory", "0.01"])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lora = LoRARequest("some", 1, str(adapters["some"]))
+    want = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=5), False, lora)[0].outputs[0]
+    assert code == 0 and printed["text"] == want.text

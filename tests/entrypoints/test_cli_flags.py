@@ -150,3 +150,29 @@ def test_an_unknown_llm_keyword_is_a_type_error_naming_it():
 
     with pytest.raises(TypeError, match="max_num_seq"):
         LLM(max_num_seq=4)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["m", "--lora-modules", "a=/x"], "--lora-modules needs --enable-lora"),
+        (["m", "--enable-lora", "--lora-modules", "a=/x", "a=/y"], "names an adapter twice"),
+        (["m", "--enable-lora", "--served-model-name", "base", "--lora-modules", "base=/x"], "'base' is the served"),
+        (["m", "--enable-lora", "--lora-modules", "a=/x", "--data-parallel-size", "2"], "routes only the base"),
+        (["--enable-lora", "--lora-modules", "a=/x", "{dir}"], "looks like the MODEL: give it before --lora-modules"),
+        (["m", "--enable-lora", "--lora-modules", '{"name": "a", "path": ""}'], "lora_path is empty"),
+        (["m", "--enable-lora", "--lora-dtype", "bfloat16"], "adapters run in the model's dtype"),
+    ],
+)
+def test_lora_flags_are_checked_before_the_load(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        serve.parse_args([arg.replace("{dir}", str(tmp_path)) for arg in argv])
+    assert message in capsys.readouterr().err
+
+
+def test_lora_modules_take_vllms_two_forms():
+    args = serve.parse_args(
+        ["m", "--enable-lora", "--max-loras", "4", "--lora-modules", "a=/x", '{"name": "b", "path": "/y"}']
+    )
+    config = serve.server_config(args)
+    assert [(m.lora_name, m.lora_int_id, m.lora_path) for m in config.lora_modules] == [("a", 1, "/x"), ("b", 2, "/y")]

@@ -59,6 +59,7 @@ def test_an_adapter_is_a_model_name(lora_server):
             assert out.model == model and out.choices[0].model_extra["token_ids"] == tokens, (model, prompt)
     chat = client.chat.completions.create(model="ft", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert chat.model == "ft" and chat.usage.completion_tokens == 3
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="other", prompt="hi", max_tokens=1)
+    assert "serves `tiny` and the LoRA adapters `ft`" in missing.value.message
     assert httpx.get(f"{server.base_url}/v1/models/ft", timeout=10).json()["parent"] == "tiny"

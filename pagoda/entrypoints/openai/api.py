@@ -211,7 +211,9 @@ def _v1_routes(state: ServerState) -> APIRouter:
     def adapter_card(name: str) -> dict:
         """An adapter's card, as vLLM lists one: its folder as `root`, the model it adapts as `parent`."""
         module = next(m for m in state.config.lora_modules if m.lora_name == name)
-        return {**card(name), "root": module.lora_path, "parent": module.base_model_name or state.model_name}
+        served = (state.model_name, *state.config.served_names)
+        parent = module.base_model_name if module.base_model_name in served else state.model_name  # as vLLM's
+        return {**card(name), "root": module.lora_path, "parent": parent}
 
     @router.get("/models")
     async def models() -> dict:

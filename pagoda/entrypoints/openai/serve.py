@@ -70,6 +70,11 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--limit-mm-per-prompt": "text only: no multimodal inputs",
     "--swap-space": "a preempted request recomputes its KV cache; nothing swaps to CPU memory",
     "--no-enable-chunked-prefill": "prompts are always prefilled in chunks (their size: --max-num-batched-tokens)",
+    "--lora-dtype": "adapters run in the model's dtype",
+    "--fully-sharded-loras": _ONE_DEVICE,
+    "--lora-target-modules": "an adapter's updates apply to every projection its file holds",
+    "--max-lora-extra-vocab-size": "adapters add no tokens: they share the base model's vocabulary",
+    "--lora-extra-vocab-size": "adapters add no tokens: they share the base model's vocabulary",
 }
 
 
@@ -378,6 +383,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     lora_names = [module.lora_name for module in args.lora_modules]
     if len(set(lora_names)) < len(lora_names):
         parser.error(f"--lora-modules names an adapter twice: {', '.join(lora_names)}")
+    if args.lora_modules:
+        from pagoda.model_files import display_name
+
+        base_names = args.served_model_name or [args.model, display_name(args.model)]
+        taken = sorted(set(lora_names) & set(base_names))
+        if taken:
+            parser.error(f"--lora-modules: {taken[0]!r} is the served model's name; give the adapter another")
+        if args.data_parallel_size > 1:
+            parser.error(
+                "--lora-modules with --data-parallel-size: the gateway routes only the base model's name "
+                "(it answers 404 for an adapter's); serve adapters from one replica"
+            )
     if args.api_key and not all(key.strip() for key in args.api_key):
         parser.error("--api-key: a key must not be empty (an empty one would let anyone in)")
     if args.data_parallel_size > 1 and args.api_key and len(args.api_key) > 1:
@@ -461,6 +478,8 @@ def _lora_module(value: str) -> LoRARequest:
                 f'{value!r}: a JSON module is {{"name": ..., "path": ...}} ({exc})'
             ) from None
     name, sep, path = value.partition("=")
+    if not sep and _names_a_model(value):
+        raise argparse.ArgumentTypeError(f"{value!r} looks like the MODEL: give it before --lora-modules")
     if not sep or not name or not path:
         raise argparse.ArgumentTypeError(f"{value!r}: give NAME=PATH")
     return LoRARequest(name, 1, path)

@@ -132,9 +132,11 @@ class ServerState:
     def check_model(self, model: str | None) -> None:
         taken = (self.model_name, *self.config.served_names, self.config.model_argument, *self.adapters)
         if model and model not in taken:  # none or "": the served model (vLLM's rule)
+            names = ", ".join(f"`{name}`" for name in self.adapters)
+            adapters = f" and the LoRA adapters {names}" if names else ""
             raise APIError(
                 404,
-                f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
+                f"The model `{model}` does not exist. This server serves `{self.model_name}`{adapters}.",
                 "model",
                 "model_not_found",
             )
