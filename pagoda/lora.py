@@ -1,11 +1,11 @@
 """LoRA adapters (PEFT's format) as vLLM serves them: a request names one (`LoRARequest`), and its
 low-rank updates join the base model's projections for that request's rows only.
 
-An adapter is read once, here, into the shape the model runs it in: for each projection it
-targets, per layer, one down-projection A [R, in] and one up-projection B [out, R]. The fused
-projections (q, k, v in qkv_proj; gate and up in gate_up_proj) take the A of every part the adapter
-targets stacked, and a B with each part's B, times its scaling, in that part's rows and columns
-(zeros elsewhere), so that x @ A.T @ B.T adds each part's own update to its own outputs.
+An adapter is read once, here, into the shape the model runs it in (`Update`): for each
+projection it targets, per layer, one down-projection A [R, in], and per part of the projection it
+targets, that part's B times its scaling. The fused projections (q, k, v in qkv_proj; gate and up
+in gate_up_proj) take the A of every part the adapter targets stacked, so one GEMM gives every
+part's R values; each part's B then maps its own of them onto its own outputs.
 """
 
 from __future__ import annotations
@@ -78,15 +78,33 @@ class LoRARequest:
 
 
 @dataclass(frozen=True, eq=False)
+class UpPart:
+    """One targeted part of a projection: B [rows, r] (scaled) adds to outputs first..first+rows
+    from values start..start+r of x @ A.T."""
+
+    first: int
+    start: int
+    b: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Update:
+    """An adapter's update of one projection, in the model's dtype (module docstring)."""
+
+    a: torch.Tensor  # [R, in]: the targeted parts' A, stacked
+    parts: tuple[UpPart, ...]
+
+
+@dataclass(frozen=True, eq=False)
 class LoRAAdapter:
-    """An adapter read for one model: per projection it changes ("layers.3.self_attn.qkv_proj"), its
-    A [R, in] and B [out, R] in the model's dtype (module docstring)."""
+    """An adapter read for one model: its update of each projection it changes, by our name for it
+    ("layers.3.self_attn.qkv_proj")."""
 
     name: str
     id: int
     path: str
     rank: int  # the largest of its projections'
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    weights: dict[str, Update]
 
 
 @dataclass(frozen=True)
@@ -145,7 +163,7 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
                 f"(it applies LoRA to {', '.join(sorted(p.split('.')[1] for p in PROJECTIONS))} of the model's layers)"
             )
         pairs.setdefault((int(match[1]), match[2]), {})[match[3]] = tensor
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    weights: dict[str, Update] = {}
     rank = 0
     for layer in sorted({layer for layer, _ in pairs}):
         for projection in dict.fromkeys(ours for ours, _ in PROJECTIONS.values()):
@@ -153,9 +171,9 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
             updates = [(part, pairs[layer, hf], hf) for hf, part in targeted if (layer, hf) in pairs]
             if not updates:
                 continue
-            a, b = _fused(request.lora_name, layer, projection, updates, shapes, config)
+            update = _fused(request.lora_name, layer, projection, updates, shapes, config, dtype)
             rank = max(rank, max(pair["A"].shape[0] for _, pair, _ in updates))
-            weights[f"layers.{layer}.{projection}"] = (a.to(dtype).contiguous(), b.to(dtype).contiguous())
+            weights[f"layers.{layer}.{projection}"] = update
     if not weights:
         raise LoRAError(f"LoRA adapter {request.lora_name!r} in {folder} holds no LoRA weights")
     if rank > max_rank:
@@ -201,12 +219,12 @@ def _fused(
     updates: list[tuple[str | None, dict[str, torch.Tensor], str]],
     shapes: ProjectionShapes,
     config: dict,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One projection's A [R, in] and B [out, R] from its targeted parts' (part, {A, B}, PEFT name)."""
+    dtype: torch.dtype,
+) -> Update:
+    """One projection's update from its targeted parts' (part, {A, B}, PEFT name)."""
     import torch
 
     parts, in_features = shapes.parts(projection), shapes.in_features(projection)
-    out_features = sum(rows for _, rows in parts.values())
     columns = []
     for part, pair, hf in updates:
         a, b = pair.get("A"), pair.get("B")
@@ -220,13 +238,9 @@ def _fused(
                 f"({in_features} inputs, {rows} outputs)"
             )
         columns.append((first, rows, a.float(), b.float() * _scaling(config, f"model.layers.{layer}.{hf}", a.shape[0])))
-    total = sum(a.shape[0] for _, _, a, _ in columns)
-    stacked_b = torch.zeros(out_features, total)
-    column = 0
-    for first, rows, a, b in columns:
-        stacked_b[first : first + rows, column : column + a.shape[0]] = b
-        column += a.shape[0]
-    return torch.cat([a for _, _, a, _ in columns]), stacked_b
+    starts = [sum(a.shape[0] for _, _, a, _ in columns[:i]) for i in range(len(columns))]
+    ups = tuple(UpPart(first, start, b.to(dtype).contiguous()) for (first, _, _, b), start in zip(columns, starts))
+    return Update(torch.cat([a for _, _, a, _ in columns]).to(dtype).contiguous(), ups)
 
 
 def _scaling(config: dict, module: str, rank: int) -> float:

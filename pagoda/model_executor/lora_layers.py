@@ -4,8 +4,8 @@ rows routed to their requests' adapters.
 The runner owns a `LoRAModel`: it registers an adapter the first time a request brings it (its
 weights packed as the base projections' are) and, around each forward, tells the wrapped
 projections which rows run which adapter (`LoRARows`). A projection adds, to those rows of its
-output only, x @ A.T @ B.T (pagoda/lora.py says how A and B hold a fused projection's parts); rows
-of requests without an adapter are the base model's, bit for bit. With the batch-invariant GEMM
+output only, each targeted part's x @ A.T @ B.T (pagoda/lora.py: `Update`); rows of requests
+without an adapter are the base model's, bit for bit. With the batch-invariant GEMM
 (deterministic serving) A and B run on it too, so a row's update, like its base output, is the
 same whatever else shares its step.
 """
@@ -19,17 +19,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagoda.lora import PROJECTIONS, LoRAAdapter
+from pagoda.lora import PROJECTIONS, LoRAAdapter, Update
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
+# a part's B as a linear map, the first output row it adds to, and its values of x @ A.T
+Up = tuple[Linear, int, slice]
 
 
 class LoRARows:
-    """The rows of the current forward that run each adapter: (adapter id, row indices) pairs,
-    empty between forwards. Written by LoRAModel.rows, read by every LoRALinear."""
+    """The rows of the current forward that run each adapter: (adapter id, row indices, or None
+    for every row) pairs, empty between forwards. Written by LoRAModel.rows, read by every
+    LoRALinear."""
 
     def __init__(self) -> None:
-        self.groups: list[tuple[int, torch.Tensor]] = []
+        self.groups: list[tuple[int, torch.Tensor | None]] = []
 
 
 class LoRALinear(nn.Module):
@@ -38,15 +41,23 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Module, rows: LoRARows) -> None:
         super().__init__()
         self.base, self.rows = base, rows
-        self.updates: dict[int, tuple[Linear, Linear]] = {}  # adapter id -> (A, B) as linear maps
+        self.updates: dict[int, tuple[Linear, list[Up]]] = {}  # adapter id -> A, and its parts' B
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         for adapter_id, rows in self.rows.groups:
             update = self.updates.get(adapter_id)
-            if update is not None:
-                down, up = update
-                y.index_add_(0, rows, up(down(x.index_select(0, rows))))
+            if update is None:
+                continue
+            down, ups = update
+            values = down(x if rows is None else x.index_select(0, rows))
+            for up, first, columns in ups:
+                delta = up(values[:, columns].contiguous())
+                outputs = y[:, first : first + delta.shape[1]]
+                if rows is None:
+                    outputs.add_(delta)
+                else:
+                    outputs.index_add_(0, rows, delta)
         return y
 
 
@@ -72,15 +83,19 @@ class LoRAModel:
         """Make the adapter's updates part of the model (once per adapter id)."""
         if adapter.id in self._registered:
             return
-        for name, (a, b) in adapter.weights.items():
-            self._projections[name].updates[adapter.id] = (
-                self._make_linear(a.to(device)),
-                self._make_linear(b.to(device)),
-            )
+        for name, update in adapter.weights.items():
+            self._projections[name].updates[adapter.id] = self._linears(update, device)
         self._registered[adapter.id] = adapter
 
+    def _linears(self, update: Update, device: torch.device) -> tuple[Linear, list[Up]]:
+        ups = [
+            (self._make_linear(part.b.to(device)), part.first, slice(part.start, part.start + part.b.shape[1]))
+            for part in update.parts
+        ]
+        return self._make_linear(update.a.to(device)), ups
+
     @contextmanager
-    def rows(self, groups: list[tuple[int, torch.Tensor]]) -> Iterator[None]:
+    def rows(self, groups: list[tuple[int, torch.Tensor | None]]) -> Iterator[None]:
         """During the block, the forward's rows `groups` run their adapters."""
         self._rows.groups = groups
         try:

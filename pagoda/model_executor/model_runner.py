@@ -349,7 +349,10 @@ class ModelRunner:
             read_rows=None if read_rows is None else torch.tensor(read_rows, dtype=torch.long, device=device),
             query_starts=query_starts,
             wants_prompt_logprobs=wants_prompt_logprobs,
-            lora_rows=[(i, torch.tensor(rows, dtype=torch.long, device=device)) for i, rows in lora_rows.items()],
+            lora_rows=[
+                (i, None if len(rows) == len(token_ids) else torch.tensor(rows, dtype=torch.long, device=device))
+                for i, rows in lora_rows.items()
+            ],
         )
 
     def _prompt_logprobs(
@@ -385,7 +388,8 @@ class _Batch:
     read_rows: torch.Tensor | None  # the batch rows the forward returns (sorted), None: all
     query_starts: np.ndarray  # per request, in the step's order: the batch row of its first query token
     wants_prompt_logprobs: bool
-    lora_rows: list[tuple[int, torch.Tensor]]  # (adapter id, the batch rows that run it); empty: none do
+    # (adapter id, the batch rows that run it, None: all); empty: none do
+    lora_rows: list[tuple[int, torch.Tensor | None]]
 
 
 def _decodes_first(query_lens: list[int]) -> list[int]:
