@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,10 @@ _KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+\.\w+)\.lora_([
 
 class LoRAError(ConfigError):
     """An adapter that cannot be served here: the message says why."""
+
+
+class LoRANotFoundError(LoRAError):
+    """No adapter where a request says one is."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,9 @@ class LoRAAdapter:
     path: str
     rank: int  # the largest of its projections'
     weights: dict[str, Update]
+    # these weights' own name, new at every read: the prefix cache's namespace for them, so KV
+    # computed with an id's earlier weights never serves a later read under that id
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,7 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
 def _read_config(folder: Path) -> dict:
     path = folder / CONFIG_FILE
     if not path.is_file():
-        raise LoRAError(f"no LoRA adapter at {folder}: it has no {CONFIG_FILE}")
+        raise LoRANotFoundError(f"no LoRA adapter at {folder}: it has no {CONFIG_FILE}")
     try:
         config = json.loads(path.read_text())
     except ValueError as exc:

@@ -82,9 +82,9 @@ class Request:
 
     @property
     def cache_namespace(self) -> Hashable:
-        """The prefix cache's namespace: only requests with the same salt and adapter share KV
-        (None: no salt, the base model)."""
-        return self.cache_salt if self.lora is None else (self.cache_salt, self.lora.id)
+        """The prefix cache's namespace: only requests with the same salt and adapter weights share
+        KV (None: no salt, the base model)."""
+        return self.cache_salt if self.lora is None else (self.cache_salt, self.lora.uid)
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -158,6 +158,9 @@ class AsyncEngine(EngineBase):
         self._send("reset", None)
         return await answer
 
+    def _forget_in_core(self, adapter_id: int) -> None:
+        self._send("forget_adapter", adapter_id)  # on the engine thread, between steps
+
     # ---- engine thread -------------------------------------------------------------------
     def _send(self, kind: str, payload) -> None:
         with self._lock:
@@ -209,6 +212,8 @@ class AsyncEngine(EngineBase):
             elif kind == "finish":
                 engine_id, stop_string = payload
                 self.core.finish_requests([engine_id], "stop", stop_string)
+            elif kind == "forget_adapter":
+                self.core.forget_adapter(payload)
             elif kind == "reset":
                 done = self.core.reset_prefix_cache()
                 self.stats = self.core.stats()  # before the answer: a client may read /metrics next

@@ -72,6 +72,16 @@ class EngineBase:
                 logger.info("LoRA adapter %r (id %d, rank %d) read", adapter.name, adapter.id, adapter.rank)
             return adapter
 
+    def forget_adapter(self, adapter_id: int) -> None:
+        """Drop an adapter read under this id: its weights leave the model (a request still running
+        it keeps them until it ends), and the id's next use reads its folder again."""
+        with self._adapters_lock:
+            self._adapters.pop(adapter_id, None)
+        self._forget_in_core(adapter_id)
+
+    def _forget_in_core(self, adapter_id: int) -> None:
+        self.core.forget_adapter(adapter_id)
+
     def compile_grammar(self, constraint: StructuredOutputsParams) -> Any:
         """The compiled grammar of a structured-output constraint (cached); GrammarError if none.
         Blocks up to the compile time limit when it is not cached."""

@@ -73,6 +73,11 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
 
+    def forget_adapter(self, adapter_id: int) -> None:
+        """Drop a LoRA adapter's weights from the model (a request still running it brings them back)."""
+        if self.runner.lora is not None:
+            self.runner.lora.unregister(adapter_id)
+
     def check_integrity(self) -> None:
         self.scheduler.kv.check_integrity(self.scheduler.running)
         if self.scheduler.proposer is not None:

@@ -87,6 +87,12 @@ class LoRAModel:
             self._projections[name].updates[adapter.id] = self._linears(update, device)
         self._registered[adapter.id] = adapter
 
+    def unregister(self, adapter_id: int) -> None:
+        """Drop the adapter's updates (a request still running it registers them again)."""
+        for projection in self._projections.values():
+            projection.updates.pop(adapter_id, None)
+        self._registered.pop(adapter_id, None)
+
     def _linears(self, update: Update, device: torch.device) -> tuple[Linear, list[Up]]:
         ups = [
             (self._make_linear(part.b.to(device)), part.first, slice(part.start, part.start + part.b.shape[1]))

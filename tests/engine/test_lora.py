@@ -163,3 +163,27 @@ def test_pagoda_generate_runs_an_adapter(setup, capsys):
     lora = LoRARequest("some", 1, str(adapters["some"]))
     want = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=5), False, lora)[0].outputs[0]
     assert code == 0 and printed["text"] == want.text
+
+
+def test_a_forgotten_adapter_is_read_again_and_its_old_kv_never_served(setup, tmp_path):
+    """An id's adapter is read once: new files in its folder change nothing until the engine
+    forgets it; then the id's next use reads them, and a prompt cached under the old weights is
+    computed again (the prefix cache keys KV by the weights read, not by the id)."""
+    model_dir, adapters, llm = setup
+    folder = tmp_path / "swapped"
+    folder.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (folder / name).write_bytes((adapters["some"] / name).read_bytes())
+    lora = LoRARequest("swapped", 50, str(folder))
+    prompt = [1, *range(300, 340)]  # two whole blocks and more
+    first = llm.generate([prompt], GREEDY, use_tqdm=False, lora_request=lora)[0]
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (folder / name).write_bytes((adapters["all"] / name).read_bytes())
+    again = llm.generate([prompt], GREEDY, use_tqdm=False, lora_request=lora)[0]
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids and again.num_cached_tokens >= 32
+    llm.engine.forget_adapter(50)
+    swapped = llm.generate([prompt], GREEDY, use_tqdm=False, lora_request=lora)[0]
+    every = LoRARequest("all-fresh", 51, str(adapters["all"]))
+    want = llm.generate([prompt], GREEDY, use_tqdm=False, lora_request=every)[0]
+    assert swapped.num_cached_tokens == 0 and swapped.outputs[0].token_ids == want.outputs[0].token_ids
+    assert swapped.outputs[0].token_ids != first.outputs[0].token_ids

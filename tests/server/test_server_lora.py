@@ -1,6 +1,7 @@
 """`pagoda serve --enable-lora --lora-modules NAME=PATH`: a PEFT adapter of a tiny model served as a
 model name, through the `openai` client: listed with its parent, its answers PEFT's greedy tokens
-and named after it, the base model's unchanged beside it."""
+and named after it, the base model's unchanged beside it; adapters loaded and unloaded while
+serving (vLLM's routes, with VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,17 @@ def lora_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lora_server")
     model_dir = write_tiny_model("llama", folder / "tiny", load_tokenizer(None))
     adapter = write_adapter(AutoModelForCausalLM.from_pretrained(model_dir), folder / "ft", 0, **ADAPTERS["some"])
-    server = _launch(
-        folder,
-        "lora",
-        str(model_dir),
-        *("--served-model-name", "tiny", "--enable-lora", "--lora-modules", f"ft={adapter}"),
-        *("--max-loras", "2", "--kv-cache-memory", "0.05", "--max-model-len", "256"),
-    )
+    os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "true"  # read by the server at launch
+    try:
+        server = _launch(
+            folder,
+            "lora",
+            str(model_dir),
+            *("--served-model-name", "tiny", "--enable-lora", "--lora-modules", f"ft={adapter}"),
+            *("--max-loras", "2", "--kv-cache-memory", "0.05", "--max-model-len", "256"),
+        )
+    finally:
+        del os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
     yield server.wait_healthy(), model_dir, adapter
     if server.process.poll() is None:
         os.killpg(server.process.pid, signal.SIGKILL)
@@ -63,3 +68,40 @@ def test_an_adapter_is_a_model_name(lora_server):
         client.completions.create(model="other", prompt="hi", max_tokens=1)
     assert "serves `tiny` and the LoRA adapters `ft`" in missing.value.message
     assert httpx.get(f"{server.base_url}/v1/models/ft", timeout=10).json()["parent"] == "tiny"
+
+
+def test_adapters_load_and_unload_while_serving(lora_server, tmp_path):
+    server, model_dir, adapter = lora_server
+    http = httpx.Client(base_url=server.base_url, timeout=60)
+
+    def complete(model: str) -> httpx.Response:
+        body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        return http.post("/v1/completions", json={**body, "return_token_ids": True})
+
+    loaded = http.post("/v1/load_lora_adapter", json={"lora_name": "again", "lora_path": str(adapter)})
+    assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'again' added successfully."
+    assert "again" in {card["id"] for card in http.get("/v1/models").json()["data"]}
+    assert complete("again").json()["choices"][0]["token_ids"] == reference(model_dir, adapter)[0]
+    for body, status, param in [
+        ({"lora_name": "again", "lora_path": str(adapter)}, 400, "lora_name"),  # already loaded
+        ({"lora_name": "tiny", "lora_path": str(adapter)}, 400, "lora_name"),  # the base model's name
+        ({"lora_name": "x"}, 400, "lora_path"),
+        ({"lora_name": "x", "lora_path": str(tmp_path)}, 404, "lora_path"),  # no adapter there
+    ]:
+        refused = http.post("/v1/load_lora_adapter", json=body)
+        assert refused.status_code == status and refused.json()["error"]["param"] == param, refused.text
+    assert (
+        http.post(
+            "/v1/load_lora_adapter", json={"lora_name": "again", "lora_path": str(adapter), "load_inplace": True}
+        ).status_code
+        == 200
+    )
+    unloaded = http.post("/v1/unload_lora_adapter", json={"lora_name": "again"})
+    assert unloaded.status_code == 200 and unloaded.text == "Success: LoRA adapter 'again' removed successfully."
+    assert complete("again").status_code == 404 and complete("ft").status_code == 200
+    assert http.post("/v1/unload_lora_adapter", json={"lora_name": "again"}).status_code == 404
+
+
+def test_without_runtime_updating_adapters_cannot_be_loaded(server):
+    sent = httpx.post(f"{server.base_url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"})
+    assert sent.status_code == 404

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import itertools
 import logging
 import time
 import uuid
@@ -21,7 +22,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import Headers, MutableHeaders
 
 from pagoda import __version__
@@ -41,14 +42,17 @@ from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     ResponsesRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 from pagoda.entrypoints.openai.recording import RecordSinks
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
 from pagoda.entrypoints.openai.stats_log import log_stats
 from pagoda.entrypoints.openai.tool_calls import check_tools
+from pagoda.lora import LoRAError, LoRANotFoundError, LoRARequest
 from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
 
 logger = logging.getLogger(__name__)
@@ -140,6 +144,9 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     authorized = [Depends(_require_key(config.api_keys))]
     app.include_router(_v1_routes(state), dependencies=authorized)
     app.include_router(_admin_routes(state), dependencies=authorized)
+    if config.runtime_lora_updating:
+        logger.warning("LoRA adapters may be loaded and unloaded while serving (VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+        app.include_router(_lora_routes(state), dependencies=authorized)
     app.include_router(_open_routes(state))
     app.include_router(gateway_routes(state))
     app.include_router(data_routes(state, feed, config.reports), dependencies=authorized)
@@ -210,10 +217,10 @@ def _v1_routes(state: ServerState) -> APIRouter:
 
     def adapter_card(name: str) -> dict:
         """An adapter's card, as vLLM lists one: its folder as `root`, the model it adapts as `parent`."""
-        module = next(m for m in state.config.lora_modules if m.lora_name == name)
-        served = (state.model_name, *state.config.served_names)
-        parent = module.base_model_name if module.base_model_name in served else state.model_name  # as vLLM's
-        return {**card(name), "root": module.lora_path, "parent": parent}
+        module = next((m for m in state.config.lora_modules if m.lora_name == name), None)
+        base = module.base_model_name if module is not None else None
+        parent = base if base in (state.model_name, *state.config.served_names) else state.model_name  # as vLLM's
+        return {**card(name), "root": state.adapters[name].path, "parent": parent}
 
     @router.get("/models")
     async def models() -> dict:
@@ -272,6 +279,57 @@ def _admin_routes(state: ServerState) -> APIRouter:
                 code="requests_running",
             )
         return JSONResponse({"status": "ok"})
+
+    return router
+
+
+def _lora_routes(state: ServerState) -> APIRouter:
+    """vLLM's runtime adapter routes: an adapter loaded becomes a model name, one unloaded stops
+    being one (requests running it finish with it) and its weights leave the model. Every load
+    takes a new adapter id, so the prefix cache never serves one adapter's KV to another (a
+    reload under a name too, where vLLM keeps the id and warns)."""
+    router = APIRouter()
+    lock = asyncio.Lock()
+    ids = itertools.count(len(state.config.lora_modules) + 1)
+    base_names = {state.model_name, *state.config.served_names, state.config.model_argument}
+
+    @router.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
+        name = body.lora_name
+        if not name or not body.lora_path:
+            missing = "lora_name" if not name else "lora_path"
+            raise bad_request("Both 'lora_name' and 'lora_path' must be provided.", missing)
+        if name in base_names:
+            raise bad_request(f"The lora adapter '{name}' conflicts with a served base model name.", "lora_name")
+        async with lock:
+            previous = state.adapters.get(name)
+            if previous is not None and not body.load_inplace:
+                raise bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+            request = LoRARequest(name, next(ids), body.lora_path)
+            try:
+                adapter = await asyncio.get_running_loop().run_in_executor(None, state.engine.adapter, request)
+            except LoRANotFoundError as exc:
+                raise APIError(404, str(exc), "lora_path", "not_found") from None
+            except LoRAError as exc:
+                raise bad_request(str(exc), "lora_path") from None
+            state.adapters[name] = adapter
+            if previous is not None:
+                state.engine.forget_adapter(previous.id)
+        logger.info("LoRA adapter %r loaded from %s", name, body.lora_path)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @router.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
+        name = body.lora_name
+        if not name:
+            raise bad_request("'lora_name' needs to be provided to unload a LoRA adapter.", "lora_name")
+        async with lock:
+            adapter = state.adapters.pop(name, None)
+            if adapter is None:
+                raise APIError(404, f"The lora adapter '{name}' cannot be found.", "lora_name", "not_found")
+            state.engine.forget_adapter(adapter.id)
+        logger.info("LoRA adapter %r unloaded", name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     return router
 

@@ -323,6 +323,16 @@ class DetokenizeRequest(_Body):
     tokens: list[int]
 
 
+class LoadLoRAAdapterRequest(_Body):  # vLLM's /v1/load_lora_adapter
+    lora_name: str = ""
+    lora_path: str = ""
+    load_inplace: bool = False  # replace the weights an adapter of this name has
+
+
+class UnloadLoRAAdapterRequest(_Body):  # vLLM's /v1/unload_lora_adapter
+    lora_name: str = ""
+
+
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> str | None:
     """The first field set to something Pagoda cannot do, or None."""
     if request.use_beam_search:

@@ -555,6 +555,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         fingerprint_mode=args.fingerprint_mode,
         fingerprint_value=args.fingerprint_value,
         lora_modules=tuple(replace(module, lora_int_id=i) for i, module in enumerate(args.lora_modules, start=1)),
+        runtime_lora_updating=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"),
     )
 
 

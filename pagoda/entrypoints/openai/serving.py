@@ -77,6 +77,8 @@ class ServerConfig:
     fingerprint_mode: str = "full"  # answers' system_fingerprint (vLLM's modes): full, hash, custom, none
     fingerprint_value: str | None = None  # custom's
     lora_modules: tuple[LoRARequest, ...] = ()  # adapters served as model names (--lora-modules)
+    # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter
+    runtime_lora_updating: bool = False
 
     def sampling_defaults(self, model_defaults: dict) -> dict:
         """What a request's unset sampling values take: the model's generation_config.json values
