@@ -158,8 +158,8 @@ class AsyncEngine(EngineBase):
         self._send("reset", None)
         return await answer
 
-    def _forget_in_core(self, adapter_id: int) -> None:
-        self._send("forget_adapter", adapter_id)  # on the engine thread, between steps
+    def _forget_in_core(self, adapter_uid: str) -> None:
+        self._send("forget_adapter", adapter_uid)  # on the engine thread, between steps
 
     # ---- engine thread -------------------------------------------------------------------
     def _send(self, kind: str, payload) -> None:

@@ -76,11 +76,12 @@ class EngineBase:
         """Drop an adapter read under this id: its weights leave the model (a request still running
         it keeps them until it ends), and the id's next use reads its folder again."""
         with self._adapters_lock:
-            self._adapters.pop(adapter_id, None)
-        self._forget_in_core(adapter_id)
+            adapter = self._adapters.pop(adapter_id, None)
+        if adapter is not None:
+            self._forget_in_core(adapter.uid)
 
-    def _forget_in_core(self, adapter_id: int) -> None:
-        self.core.forget_adapter(adapter_id)
+    def _forget_in_core(self, adapter_uid: str) -> None:
+        self.core.forget_adapter(adapter_uid)
 
     def compile_grammar(self, constraint: StructuredOutputsParams) -> Any:
         """The compiled grammar of a structured-output constraint (cached); GrammarError if none.

@@ -73,10 +73,10 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
 
-    def forget_adapter(self, adapter_id: int) -> None:
-        """Drop a LoRA adapter's weights from the model (a request still running it brings them back)."""
+    def forget_adapter(self, adapter_uid: str) -> None:
+        """Drop a read of a LoRA adapter from the model (a request still running it brings it back)."""
         if self.runner.lora is not None:
-            self.runner.lora.unregister(adapter_id)
+            self.runner.lora.unregister(adapter_uid)
 
     def check_integrity(self) -> None:
         self.scheduler.kv.check_integrity(self.scheduler.running)

@@ -27,12 +27,12 @@ Up = tuple[Linear, int, slice]
 
 
 class LoRARows:
-    """The rows of the current forward that run each adapter: (adapter id, row indices, or None
+    """The rows of the current forward that run each adapter: (adapter uid, row indices, or None
     for every row) pairs, empty between forwards. Written by LoRAModel.rows, read by every
     LoRALinear."""
 
     def __init__(self) -> None:
-        self.groups: list[tuple[int, torch.Tensor | None]] = []
+        self.groups: list[tuple[str, torch.Tensor | None]] = []
 
 
 class LoRALinear(nn.Module):
@@ -41,12 +41,12 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Module, rows: LoRARows) -> None:
         super().__init__()
         self.base, self.rows = base, rows
-        self.updates: dict[int, tuple[Linear, list[Up]]] = {}  # adapter id -> A, and its parts' B
+        self.updates: dict[str, tuple[Linear, list[Up]]] = {}  # adapter uid -> A, and its parts' B
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        for adapter_id, rows in self.rows.groups:
-            update = self.updates.get(adapter_id)
+        for adapter_uid, rows in self.rows.groups:
+            update = self.updates.get(adapter_uid)
             if update is None:
                 continue
             down, ups = update
@@ -70,7 +70,7 @@ class LoRAModel:
         self._rows = LoRARows()
         self._make_linear = make_linear
         self._projections: dict[str, LoRALinear] = {}
-        self._registered: dict[int, LoRAAdapter] = {}
+        self._registered: dict[str, LoRAAdapter] = {}  # by uid: each read of an adapter
         for i, layer in enumerate(model.layers):
             for name in dict.fromkeys(ours for ours, _ in PROJECTIONS.values()):
                 parent_name, _, attr = name.rpartition(".")
@@ -80,18 +80,18 @@ class LoRAModel:
                 self._projections[f"layers.{i}.{name}"] = wrapped
 
     def register(self, adapter: LoRAAdapter, device: torch.device) -> None:
-        """Make the adapter's updates part of the model (once per adapter id)."""
-        if adapter.id in self._registered:
+        """Make the adapter's updates part of the model (once per read of it)."""
+        if adapter.uid in self._registered:
             return
         for name, update in adapter.weights.items():
-            self._projections[name].updates[adapter.id] = self._linears(update, device)
-        self._registered[adapter.id] = adapter
+            self._projections[name].updates[adapter.uid] = self._linears(update, device)
+        self._registered[adapter.uid] = adapter
 
-    def unregister(self, adapter_id: int) -> None:
+    def unregister(self, adapter_uid: str) -> None:
         """Drop the adapter's updates (a request still running it registers them again)."""
         for projection in self._projections.values():
-            projection.updates.pop(adapter_id, None)
-        self._registered.pop(adapter_id, None)
+            projection.updates.pop(adapter_uid, None)
+        self._registered.pop(adapter_uid, None)
 
     def _linears(self, update: Update, device: torch.device) -> tuple[Linear, list[Up]]:
         ups = [
@@ -101,7 +101,7 @@ class LoRAModel:
         return self._make_linear(update.a.to(device)), ups
 
     @contextmanager
-    def rows(self, groups: list[tuple[int, torch.Tensor | None]]) -> Iterator[None]:
+    def rows(self, groups: list[tuple[str, torch.Tensor | None]]) -> Iterator[None]:
         """During the block, the forward's rows `groups` run their adapters."""
         self._rows.groups = groups
         try:

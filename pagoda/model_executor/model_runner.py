@@ -331,12 +331,12 @@ class ModelRunner:
             verify_indices = [among_read[row] for row in verify_indices]
         query_starts = np.empty(len(order), dtype=np.int32)
         query_starts[order] = query_start_loc[:-1]
-        lora_rows: dict[int, list[int]] = {}  # adapter id -> the rows of its requests' query tokens
+        lora_rows: dict[str, list[int]] = {}  # adapter uid -> the rows of its requests' query tokens
         for i, (request, _) in enumerate(scheduled):
             if request.lora is not None:
                 assert self.lora is not None, "a request with an adapter reached an engine without LoRA"
                 self.lora.register(request.lora, device)
-                lora_rows.setdefault(request.lora.id, []).extend(range(query_start_loc[i], query_start_loc[i + 1]))
+                lora_rows.setdefault(request.lora.uid, []).extend(range(query_start_loc[i], query_start_loc[i + 1]))
         return _Batch(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
             positions=torch.from_numpy(positions).to(device),
@@ -350,8 +350,8 @@ class ModelRunner:
             query_starts=query_starts,
             wants_prompt_logprobs=wants_prompt_logprobs,
             lora_rows=[
-                (i, None if len(rows) == len(token_ids) else torch.tensor(rows, dtype=torch.long, device=device))
-                for i, rows in lora_rows.items()
+                (uid, None if len(rows) == len(token_ids) else torch.tensor(rows, dtype=torch.long, device=device))
+                for uid, rows in lora_rows.items()
             ],
         )
 
@@ -388,8 +388,8 @@ class _Batch:
     read_rows: torch.Tensor | None  # the batch rows the forward returns (sorted), None: all
     query_starts: np.ndarray  # per request, in the step's order: the batch row of its first query token
     wants_prompt_logprobs: bool
-    # (adapter id, the batch rows that run it, None: all); empty: none do
-    lora_rows: list[tuple[int, torch.Tensor | None]]
+    # (adapter uid, the batch rows that run it, None: all); empty: none do
+    lora_rows: list[tuple[str, torch.Tensor | None]]
 
 
 def _decodes_first(query_lens: list[int]) -> list[int]:
