@@ -161,7 +161,7 @@ def test_an_unknown_llm_keyword_is_a_type_error_naming_it():
         (["m", "--enable-lora", "--lora-modules", "a=/x", "--data-parallel-size", "2"], "routes only the base"),
         (["--enable-lora", "--lora-modules", "a=/x", "{dir}"], "looks like the MODEL: give it before --lora-modules"),
         (["m", "--enable-lora", "--lora-modules", '{"name": "a", "path": ""}'], "lora_path is empty"),
-        (["m", "--enable-lora", "--lora-dtype", "bfloat16"], "adapters run in the model's dtype"),
+        (["m", "--enable-lora", "--lora-dtype", "bfloat16"], "invalid choice: 'bfloat16' (choose from 'auto')"),
     ],
 )
 def test_lora_flags_are_checked_before_the_load(argv, message, tmp_path, capsys):
@@ -172,7 +172,17 @@ def test_lora_flags_are_checked_before_the_load(argv, message, tmp_path, capsys)
 
 def test_lora_modules_take_vllms_two_forms():
     args = serve.parse_args(
-        ["m", "--enable-lora", "--max-loras", "4", "--lora-modules", "a=/x", '{"name": "b", "path": "/y"}']
+        [
+            "m",
+            "--enable-lora",
+            "--max-loras",
+            "4",
+            "--lora-dtype",
+            "auto",
+            "--lora-modules",
+            "a=/x",
+            '{"name": "b", "path": "/y"}',
+        ]
     )
     config = serve.server_config(args)
     assert [(m.lora_name, m.lora_int_id, m.lora_path) for m in config.lora_modules] == [("a", 1, "/x"), ("b", 2, "/y")]

@@ -49,7 +49,7 @@ def test_an_adapter_is_a_model_name(lora_server):
     server, model_dir, adapter = lora_server
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
     cards = {card.id: card for card in client.models.list().data}
-    assert set(cards) == {"tiny", "ft"}
+    assert set(cards) == {"tiny", "ft"} and cards["tiny"].model_extra["parent"] is None
     assert cards["ft"].model_extra["parent"] == "tiny" and cards["ft"].model_extra["root"] == str(adapter)
     want = {"ft": reference(model_dir, adapter), "tiny": reference(model_dir, None)}
     for model in ("ft", "tiny", "ft"):

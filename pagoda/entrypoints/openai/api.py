@@ -210,6 +210,7 @@ def _v1_routes(state: ServerState) -> APIRouter:
             "owned_by": "pagoda",
             # as vLLM's: the model it loaded (a .gguf file itself, not the folder Pagoda converts it to)
             "root": state.engine.config.model.gguf_file or state.engine.config.model.path,
+            "parent": None,  # vLLM's: an adapter's card names the model it adapts
             "max_model_len": state.limits.max_model_len,
             # batch-invariant kernels: equal requests get bitwise-equal logprobs (docs/determinism.md)
             "deterministic": state.engine.config.deterministic,

@@ -70,7 +70,6 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--limit-mm-per-prompt": "text only: no multimodal inputs",
     "--swap-space": "a preempted request recomputes its KV cache; nothing swaps to CPU memory",
     "--no-enable-chunked-prefill": "prompts are always prefilled in chunks (their size: --max-num-batched-tokens)",
-    "--lora-dtype": "adapters run in the model's dtype",
     "--fully-sharded-loras": _ONE_DEVICE,
     "--lora-target-modules": "an adapter's updates apply to every projection its file holds",
     "--max-lora-extra-vocab-size": "adapters add no tokens: they share the base model's vocabulary",
@@ -279,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=PATH",
         help="LoRA adapters served as model names (with --enable-lora): NAME=PATH, or vLLM's JSON "
         '\'{"name": NAME, "path": PATH, "base_model_name": BASE}\' (default: none)',
+    )
+    p.add_argument(
+        "--lora-dtype",
+        choices=["auto"],
+        default="auto",
+        help="accepted for vLLM's command lines: adapters run in the model's dtype (default: %(default)s)",
     )
     for flag in ("--max-loras", "--max-cpu-loras"):
         p.add_argument(
