@@ -136,7 +136,7 @@ class ProjectionShapes:
         )  # fmt: skip
 
     def parts(self, projection: str) -> dict[str | None, tuple[int, int]]:
-        """Each part's (first output row, rows) of a projection of ours, and its input features."""
+        """Each part's (first output row, rows) of a projection of ours (None: it has one part)."""
         q, kv, inter = self.q_size, self.kv_size, self.intermediate
         return {
             "self_attn.qkv_proj": {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)},
@@ -157,7 +157,9 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
     folder = Path(request.lora_path)
     config = _read_config(folder)
     if not (folder / WEIGHTS_FILE).is_file():
-        raise LoRAError(f"LoRA adapter {request.lora_name!r}: no {WEIGHTS_FILE} in {folder}")
+        pickled = " (it has adapter_model.bin: save the adapter as safetensors, PEFT's default)"
+        found = pickled if (folder / "adapter_model.bin").is_file() else ""
+        raise LoRAError(f"LoRA adapter {request.lora_name!r}: no {WEIGHTS_FILE} in {folder}{found}")
     try:
         tensors = load_file(folder / WEIGHTS_FILE)
     except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds for a bad file
@@ -165,7 +167,16 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.fullmatch(key)
-        if match is None or match[2] not in PROJECTIONS or int(match[1]) >= shapes.num_layers:
+        if "lm_head" in key or "embed_tokens" in key:
+            raise LoRAError(
+                f"LoRA adapter {request.lora_name!r} changes the LM head or the embeddings ({key}): not supported"
+            )
+        if match is not None and int(match[1]) >= shapes.num_layers:
+            raise LoRAError(
+                f"LoRA adapter {request.lora_name!r} has a weight of layer {match[1]} ({key}); "
+                f"the model has {shapes.num_layers} layers: an adapter of another model?"
+            )
+        if match is None or match[2] not in PROJECTIONS:
             raise LoRAError(
                 f"LoRA adapter {request.lora_name!r} has a weight Pagoda cannot apply: {key} "
                 f"(it applies LoRA to {', '.join(sorted(p.split('.')[1] for p in PROJECTIONS))} of the model's layers)"

@@ -64,6 +64,11 @@ class EngineBase:
             raise LoRAError(f"LoRA adapter {request.lora_name!r}: this engine runs none (start it with enable_lora)")
         with self._adapters_lock:
             adapter = self._adapters.get(request.lora_int_id)
+            if adapter is not None and (adapter.name, adapter.path) != (request.lora_name, str(request.lora_path)):
+                logger.warning(
+                    "LoRA adapter id %d is %r from %s: it serves %r (%s) too (forget_adapter reads an id again)",
+                    adapter.id, adapter.name, adapter.path, request.lora_name, request.lora_path,
+                )  # fmt: skip
             if adapter is None:
                 m = self.config.model
                 shapes = ProjectionShapes.of(m.hf_config)

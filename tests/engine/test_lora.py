@@ -123,6 +123,17 @@ def test_adapters_that_cannot_be_served_are_refused_by_name(setup, tmp_path):
         (folder / "adapter_model.safetensors").write_bytes((source / "adapter_model.safetensors").read_bytes())
         with pytest.raises(LoRAError, match=message):
             llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest(name, 91, str(folder)))
+    from safetensors.torch import load_file, save_file
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "adapter_config.json").write_text(json.dumps(config))
+    tensors = load_file(source / "adapter_model.safetensors")
+    save_file(
+        {**tensors, "base_model.model.lm_head.lora_A.weight": torch.zeros(8, 64)}, head / "adapter_model.safetensors"
+    )
+    with pytest.raises(LoRAError, match="changes the LM head or the embeddings"):
+        llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("head", 92, str(head)))
     small = LLM(str(model_dir), enable_lora=True, max_lora_rank=4, max_model_len=64, kv_cache_memory=0.01)
     with pytest.raises(LoRAError, match="rank 8, above max_lora_rank 4"):
         small.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("some", 1, str(source)))

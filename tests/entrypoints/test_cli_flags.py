@@ -161,13 +161,17 @@ def test_an_unknown_llm_keyword_is_a_type_error_naming_it():
         (["m", "--enable-lora", "--lora-modules", "a=/x", "--data-parallel-size", "2"], "routes only the base"),
         (["--enable-lora", "--lora-modules", "a=/x", "{dir}"], "looks like the MODEL: give it before --lora-modules"),
         (["m", "--enable-lora", "--lora-modules", '{"name": "a", "path": ""}'], "lora_path is empty"),
-        (["m", "--enable-lora", "--lora-dtype", "bfloat16"], "invalid choice: 'bfloat16' (choose from 'auto')"),
+        (["m", "--enable-lora", "--lora-dtype", "bfloat16"], "adapters run in the model's dtype (give --dtype)"),
+        (["m", "--enable-lora", "--lora-modules", "{adapter}"], "give NAME=PATH, e.g. ft={adapter}"),
     ],
 )
 def test_lora_flags_are_checked_before_the_load(argv, message, tmp_path, capsys):
+    adapter = tmp_path / "ft"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
     with pytest.raises(SystemExit):
-        serve.parse_args([arg.replace("{dir}", str(tmp_path)) for arg in argv])
-    assert message in capsys.readouterr().err
+        serve.parse_args([arg.replace("{dir}", str(tmp_path)).replace("{adapter}", str(adapter)) for arg in argv])
+    assert message.replace("{adapter}", str(adapter)) in capsys.readouterr().err
 
 
 def test_lora_modules_take_vllms_two_forms():

@@ -144,7 +144,9 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     authorized = [Depends(_require_key(config.api_keys))]
     app.include_router(_v1_routes(state), dependencies=authorized)
     app.include_router(_admin_routes(state), dependencies=authorized)
-    if config.runtime_lora_updating:
+    if config.runtime_lora_updating and not engine.config.enable_lora:
+        logger.warning("VLLM_ALLOW_RUNTIME_LORA_UPDATING is set but --enable-lora is not: no adapter routes")
+    elif config.runtime_lora_updating:
         logger.warning("LoRA adapters may be loaded and unloaded while serving (VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
         app.include_router(_lora_routes(state), dependencies=authorized)
     app.include_router(_open_routes(state))

@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--lora-dtype",
-        choices=["auto"],
+        type=_lora_dtype,
         default="auto",
         help="accepted for vLLM's command lines: adapters run in the model's dtype (default: %(default)s)",
     )
@@ -470,6 +470,12 @@ def read_generation_config(value: str) -> dict[str, Any] | None:
     return sampling_defaults(config)
 
 
+def _lora_dtype(value: str) -> str:
+    if value != "auto":
+        raise argparse.ArgumentTypeError(f"{value!r}: adapters run in the model's dtype (give --dtype); only auto")
+    return value
+
+
 def _lora_module(value: str) -> LoRARequest:
     """One --lora-modules value as a LoRARequest (its id is set by its place among them)."""
     from pagoda.lora import LoRARequest
@@ -483,6 +489,8 @@ def _lora_module(value: str) -> LoRARequest:
                 f'{value!r}: a JSON module is {{"name": ..., "path": ...}} ({exc})'
             ) from None
     name, sep, path = value.partition("=")
+    if not sep and (Path(value) / "adapter_config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{value!r}: give NAME=PATH, e.g. {Path(value).name}={value}")
     if not sep and _names_a_model(value):
         raise argparse.ArgumentTypeError(f"{value!r} looks like the MODEL: give it before --lora-modules")
     if not sep or not name or not path:
