@@ -155,11 +155,7 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
     from safetensors.torch import load_file
 
     folder = Path(request.lora_path)
-    config = _read_config(folder)
-    if not (folder / WEIGHTS_FILE).is_file():
-        pickled = " (it has adapter_model.bin: save the adapter as safetensors, PEFT's default)"
-        found = pickled if (folder / "adapter_model.bin").is_file() else ""
-        raise LoRAError(f"LoRA adapter {request.lora_name!r}: no {WEIGHTS_FILE} in {folder}{found}")
+    config = read_adapter_config(request)
     try:
         tensors = load_file(folder / WEIGHTS_FILE)
     except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds for a bad file
@@ -201,6 +197,18 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
             "(raise --max-lora-rank)"
         )
     return LoRAAdapter(request.lora_name, request.lora_int_id, str(folder), rank, weights)
+
+
+def read_adapter_config(request: LoRARequest) -> dict:
+    """The adapter's adapter_config.json, checked for what no model could serve and for its weights
+    file: what can be known of an adapter before the model loads (LoRAError naming it)."""
+    folder = Path(request.lora_path)
+    config = _read_config(folder)
+    if not (folder / WEIGHTS_FILE).is_file():
+        pickled = " (it has adapter_model.bin: save the adapter as safetensors, PEFT's default)"
+        found = pickled if (folder / "adapter_model.bin").is_file() else ""
+        raise LoRAError(f"LoRA adapter {request.lora_name!r}: no {WEIGHTS_FILE} in {folder}{found}")
+    return config
 
 
 def _read_config(folder: Path) -> dict:

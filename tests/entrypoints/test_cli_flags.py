@@ -190,3 +190,13 @@ def test_lora_modules_take_vllms_two_forms():
     )
     config = serve.server_config(args)
     assert [(m.lora_name, m.lora_int_id, m.lora_path) for m in config.lora_modules] == [("a", 1, "/x"), ("b", 2, "/y")]
+
+
+def test_an_adapter_no_model_could_serve_stops_serve_before_the_load(tmp_path, capsys):
+    """Its files are read before the port is taken and the model loaded (a typo costs no load)."""
+    (tmp_path / "dora").mkdir()
+    (tmp_path / "dora" / "adapter_config.json").write_text('{"use_dora": true}')
+    (tmp_path / "dora" / "adapter_model.safetensors").write_bytes(b"")
+    for folder, message in [(tmp_path, "no LoRA adapter at"), (tmp_path / "dora", "use_dora True is not supported")]:
+        assert serve.main(["no-such-model", "--enable-lora", "--lora-modules", f"a={folder}"]) == 1
+        assert message in capsys.readouterr().err

@@ -503,6 +503,7 @@ def main(argv: list[str]) -> int:
     from pagoda.engine.args import EngineArgs
     from pagoda.entrypoints.openai.startup import bind_socket
     from pagoda.errors import ConfigError
+    from pagoda.lora import read_adapter_config
 
     configure_logging(args)
     if args.trust_remote_code:
@@ -513,6 +514,8 @@ def main(argv: list[str]) -> int:
     try:
         args.reports = read_reports_dir(args.reports)  # a flag's folder, checked before the port and the load
         EngineArgs.from_cli_args(args).thread_config()  # likewise the thread flags and variables
+        for module in args.lora_modules:  # and each adapter's files, as far as they can be without the model
+            read_adapter_config(module)
         sock = bind_socket(args.host, args.port)  # first: a busy port fails before the long load
     except ConfigError as exc:
         print(f"pagoda serve: {exc}", file=sys.stderr)
