@@ -34,7 +34,7 @@ class RequestGrammar:
     token of `think_start`; once that is taken, the rest of `think_start` is forced (with no
     constraint, nothing is: an output that leaves the tag answers). A `budget` bounds the thinking:
     once it has taken that many tokens (the start tag not counted) without ending, the tokens of
-    `think_end` are forced, one a step (vLLM's thinking_token_budget).
+    `think_end` are forced, one after another (vLLM's thinking_token_budget).
     """
 
     def __init__(

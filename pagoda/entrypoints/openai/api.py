@@ -222,13 +222,13 @@ def _v1_routes(state: ServerState) -> APIRouter:
         """An adapter's card, as vLLM lists one: its folder as `root`, the model it adapts as `parent`."""
         module = next((m for m in state.config.lora_modules if m.lora_name == name), None)
         base = module.base_model_name if module is not None else None
-        parent = base if base in (state.model_name, *state.config.served_names) else state.model_name  # as vLLM's
+        parent = base if base in state.served_names else state.model_name  # as vLLM's
         return {**card(name), "root": state.adapters[name].path, "parent": parent}
 
     @router.get("/models")
     async def models() -> dict:
-        names = (state.model_name, *state.config.served_names)  # every --served-model-name, as vLLM lists them
-        return {"object": "list", "data": [card(name) for name in names] + [adapter_card(n) for n in state.adapters]}
+        cards = [card(name) for name in state.served_names] + [adapter_card(name) for name in state.adapters]
+        return {"object": "list", "data": cards}
 
     @router.get("/models/{model:path}")  # OpenAI's retrieve (a name may hold slashes)
     async def model_card(model: str) -> dict:
@@ -289,12 +289,12 @@ def _admin_routes(state: ServerState) -> APIRouter:
 def _lora_routes(state: ServerState) -> APIRouter:
     """vLLM's runtime adapter routes: an adapter loaded becomes a model name, one unloaded stops
     being one (requests running it finish with it) and its weights leave the model. Every load
-    takes a new adapter id, so the prefix cache never serves one adapter's KV to another (a
-    reload under a name too, where vLLM keeps the id and warns)."""
+    takes a new adapter id (the engine reads an id's folder once), and each read of an adapter is
+    its own prefix cache namespace, so a reload under a name never meets its earlier weights' KV
+    (vLLM keeps it and warns)."""
     router = APIRouter()
     lock = asyncio.Lock()
     ids = itertools.count(len(state.config.lora_modules) + 1)
-    base_names = {state.model_name, *state.config.served_names, state.config.model_argument}
 
     @router.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
@@ -302,7 +302,7 @@ def _lora_routes(state: ServerState) -> APIRouter:
         if not name or not body.lora_path:
             missing = "lora_name" if not name else "lora_path"
             raise bad_request("Both 'lora_name' and 'lora_path' must be provided.", missing)
-        if name in base_names:
+        if name in state.base_names:
             raise bad_request(f"The lora adapter '{name}' conflicts with a served base model name.", "lora_name")
         async with lock:
             previous = state.adapters.get(name)

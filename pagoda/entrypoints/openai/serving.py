@@ -127,13 +127,23 @@ class ServerState:
             as_ids = self.config.return_tokens_as_token_ids
         return TokenIdTexts(self.token_texts) if as_ids else self.token_texts
 
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """The base model's names /v1/models lists: every --served-model-name, as vLLM lists them."""
+        return (self.model_name, *self.config.served_names)
+
+    @property
+    def base_names(self) -> tuple[str | None, ...]:
+        """The names a request's `model` may give the base model: the served ones, and the model
+        argument as given (taken, not listed; None with --served-model-name)."""
+        return (*self.served_names, self.config.model_argument)
+
     def answering_model(self, model: str | None) -> str:
         """The model an answer names: the adapter a request asked for, else the served model."""
         return model if model in self.adapters else self.model_name
 
     def check_model(self, model: str | None) -> None:
-        taken = (self.model_name, *self.config.served_names, self.config.model_argument, *self.adapters)
-        if model and model not in taken:  # none or "": the served model (vLLM's rule)
+        if model and model not in (*self.base_names, *self.adapters):  # none or "": the served model (vLLM's rule)
             names = ", ".join(f"`{name}`" for name in self.adapters)
             adapters = f" and the LoRA adapters {names}" if names else ""
             raise APIError(
@@ -207,7 +217,7 @@ class ServerState:
             logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
         recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params.n, body)
         engine_ids = [Generation.engine_id(name) for name in request_ids]
-        lora = self.adapters.get(model) if model else None
+        lora = self.adapters.get(model)
         generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, lora, recorder)
         await cancel_on_disconnect(http, generation.start())
         return generation
