@@ -177,6 +177,9 @@ class EngineConfig:
     deterministic: bool = False
     enable_lora: bool = False  # requests may run LoRA adapters (pagoda/lora.py)
     max_lora_rank: int = 16  # the largest rank an adapter may have
+    # adapters held read at once, the least recently used dropped past it (read again at its next
+    # use); None: every adapter read stays
+    max_cpu_loras: int | None = None
 
     @property
     def use_cuda_graphs(self) -> bool:

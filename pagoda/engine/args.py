@@ -201,6 +201,12 @@ class EngineArgs:
         "LLM.generate(..., lora_request=LoRARequest(...)) offline; see docs/lora.md",
     )
     max_lora_rank: int = option(16, "the largest rank a LoRA adapter may have")
+    max_cpu_loras: int | None = option(
+        None,
+        "LoRA adapters held in memory at once: past it the least recently used is dropped, and read again from "
+        "its folder at its next use",
+        default_text="every adapter read stays",
+    )
     speculative_config: str | None = option(
         None,
         'speculative decoding, as JSON (a dict in LLM(...)): {"method": "ngram", "num_speculative_tokens": 3, '
@@ -268,6 +274,9 @@ class EngineArgs:
             raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout}")
         if isinstance(self.max_lora_rank, bool) or not isinstance(self.max_lora_rank, int) or self.max_lora_rank < 1:
             raise ConfigError(f"max_lora_rank must be a positive integer, got {self.max_lora_rank!r}")
+        bound = self.max_cpu_loras
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+            raise ConfigError(f"max_cpu_loras must be a positive integer (or unset: no bound), got {bound!r}")
         config = EngineConfig(
             model=model,
             cache=CacheConfig(
@@ -300,6 +309,7 @@ class EngineArgs:
             deterministic=deterministic,
             enable_lora=self.enable_lora,
             max_lora_rank=self.max_lora_rank,
+            max_cpu_loras=self.max_cpu_loras,
         )
         spec = self.speculative()
         return config if spec is None else replace(config, speculative=self.draft_config(spec, config))

@@ -158,8 +158,8 @@ class AsyncEngine(EngineBase):
         self._send("reset", None)
         return await answer
 
-    def _forget_in_core(self, adapter_uid: str) -> None:
-        self._send("forget_adapter", adapter_uid)  # on the engine thread, between steps
+    def _keep_in_core(self, adapter_uids: frozenset[str]) -> None:
+        self._send("keep_adapters", adapter_uids)  # on the engine thread, between steps
 
     # ---- engine thread -------------------------------------------------------------------
     def _send(self, kind: str, payload) -> None:
@@ -212,8 +212,8 @@ class AsyncEngine(EngineBase):
             elif kind == "finish":
                 engine_id, stop_string = payload
                 self.core.finish_requests([engine_id], "stop", stop_string)
-            elif kind == "forget_adapter":
-                self.core.forget_adapter(payload)
+            elif kind == "keep_adapters":
+                self.core.keep_adapters(payload)
             elif kind == "reset":
                 done = self.core.reset_prefix_cache()
                 self.stats = self.core.stats()  # before the answer: a client may read /metrics next

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from pagoda.engine.args import EngineArgs
@@ -35,7 +36,8 @@ class EngineBase:
         self.outputs = OutputProcessor(self.tokenizer)
         self._grammars: GrammarCompiler | None = None  # made at the first constrained request
         self._grammars_lock = threading.Lock()  # first constrained requests may race to make it
-        self._adapters: dict[int, LoRAAdapter] = {}  # read once per lora_int_id
+        # read once per lora_int_id, least recently used first: at most max_cpu_loras of them
+        self._adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self._adapters_lock = threading.Lock()
 
     def _make_core(self) -> EngineCore:
@@ -64,29 +66,39 @@ class EngineBase:
             raise LoRAError(f"LoRA adapter {request.lora_name!r}: this engine runs none (start it with enable_lora)")
         with self._adapters_lock:
             adapter = self._adapters.get(request.lora_int_id)
-            if adapter is not None and (adapter.name, adapter.path) != (request.lora_name, str(request.lora_path)):
-                logger.warning(
-                    "LoRA adapter id %d is %r from %s: it serves %r (%s) too (forget_adapter reads an id again)",
-                    adapter.id, adapter.name, adapter.path, request.lora_name, request.lora_path,
+            if adapter is not None:
+                if (adapter.name, adapter.path) != (request.lora_name, str(request.lora_path)):
+                    logger.warning(
+                        "LoRA adapter id %d is %r from %s: it serves %r (%s) too (forget_adapter reads an id again)",
+                        adapter.id, adapter.name, adapter.path, request.lora_name, request.lora_path,
+                    )  # fmt: skip
+                self._adapters.move_to_end(request.lora_int_id)
+                return adapter
+            m = self.config.model
+            shapes = ProjectionShapes.of(m.hf_config)
+            adapter = load_adapter(request, shapes, self.config.max_lora_rank, m.dtype)
+            self._adapters[request.lora_int_id] = adapter
+            logger.info("LoRA adapter %r (id %d, rank %d) read", adapter.name, adapter.id, adapter.rank)
+            bound = self.config.max_cpu_loras
+            while bound is not None and len(self._adapters) > bound:
+                _, dropped = self._adapters.popitem(last=False)
+                logger.info(
+                    "LoRA adapter %r (id %d) dropped: the least recently used of more than max_cpu_loras=%d",
+                    dropped.name, dropped.id, bound,
                 )  # fmt: skip
-            if adapter is None:
-                m = self.config.model
-                shapes = ProjectionShapes.of(m.hf_config)
-                adapter = load_adapter(request, shapes, self.config.max_lora_rank, m.dtype)
-                self._adapters[request.lora_int_id] = adapter
-                logger.info("LoRA adapter %r (id %d, rank %d) read", adapter.name, adapter.id, adapter.rank)
+            self._keep_in_core(frozenset(a.uid for a in self._adapters.values()))  # under the lock: in order
             return adapter
 
     def forget_adapter(self, adapter_id: int) -> None:
         """Drop an adapter read under this id: its weights leave the model (a request still running
         it keeps them until it ends), and the id's next use reads its folder again."""
         with self._adapters_lock:
-            adapter = self._adapters.pop(adapter_id, None)
-        if adapter is not None:
-            self._forget_in_core(adapter.uid)
+            if self._adapters.pop(adapter_id, None) is not None:
+                self._keep_in_core(frozenset(a.uid for a in self._adapters.values()))
 
-    def _forget_in_core(self, adapter_uid: str) -> None:
-        self.core.forget_adapter(adapter_uid)
+    def _keep_in_core(self, adapter_uids: frozenset[str]) -> None:
+        """Tell the core which adapter reads the engine holds now."""
+        self.core.keep_adapters(adapter_uids)
 
     def compile_grammar(self, constraint: StructuredOutputsParams) -> Any:
         """The compiled grammar of a structured-output constraint (cached); GrammarError if none.

@@ -41,6 +41,7 @@ class EngineCore:
         kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         proposer = make_proposer(config.speculative) if config.speculative is not None else None
         self.scheduler = Scheduler(config.scheduler, kv, proposer)
+        self._kept_adapters: frozenset[str] = frozenset()  # the LoRA adapter reads the engine holds
         logger.info(
             "KV cache: %d blocks of %d tokens, %d tokens: %.1f sequences of max_model_len=%d at once",
             num_blocks - 1,
@@ -65,7 +66,9 @@ class EngineCore:
         step = self.scheduler.schedule()
         if step.is_empty:
             return StepOutputs([], self.scheduler.stats())
-        return self.scheduler.update(step, self.runner.execute(step))
+        outputs = self.scheduler.update(step, self.runner.execute(step))
+        self._release_adapters()  # a finished request may have run the last use of a dropped adapter
+        return outputs
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
@@ -73,10 +76,21 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
 
-    def forget_adapter(self, adapter_uid: str) -> None:
-        """Drop a read of a LoRA adapter from the model (a request still running it brings it back)."""
-        if self.runner.lora is not None:
-            self.runner.lora.unregister(adapter_uid)
+    def keep_adapters(self, adapter_uids: frozenset[str]) -> None:
+        """The LoRA adapter reads the engine holds: the model keeps those it has met; any other
+        leaves it once no unfinished request runs it."""
+        self._kept_adapters = adapter_uids
+        self._release_adapters()
+
+    def _release_adapters(self) -> None:
+        lora = self.runner.lora
+        if lora is None:
+            return
+        stale = lora.registered - self._kept_adapters
+        if stale:
+            stale -= {r.lora.uid for r in self.scheduler.requests.values() if r.lora is not None}
+            for uid in stale:
+                lora.unregister(uid)
 
     def check_integrity(self) -> None:
         self.scheduler.kv.check_integrity(self.scheduler.running)

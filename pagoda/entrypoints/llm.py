@@ -103,6 +103,7 @@ VLLM_NO_OPS = {
     "tokenizer_mode": ("auto",),
     "revision": (None,),  # no hub: a model is a local folder or file
     "swap_space": None,  # any: Pagoda preempts by recomputing, it swaps nothing to CPU memory
+    "max_loras": None,  # any: a step mixes any number of LoRA adapters
 }
 
 

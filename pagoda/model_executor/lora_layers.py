@@ -87,6 +87,11 @@ class LoRAModel:
             self._projections[name].updates[adapter.uid] = self._linears(update, device)
         self._registered[adapter.uid] = adapter
 
+    @property
+    def registered(self) -> set[str]:
+        """The uids of the adapter reads that are part of the model."""
+        return set(self._registered)
+
     def unregister(self, adapter_uid: str) -> None:
         """Drop the adapter's updates (a request still running it registers them again)."""
         for projection in self._projections.values():

@@ -176,6 +176,29 @@ def test_pagoda_generate_runs_an_adapter(setup, capsys):
     assert code == 0 and printed["text"] == want.text
 
 
+def test_max_cpu_loras_holds_the_least_recently_used_adapter_out(setup):
+    """With max_cpu_loras=1 (and vLLM's max_loras keyword, accepted), adapters taken in turn are
+    each read again at their next use and still give PEFT's tokens; a batch mixing both runs both,
+    and after it the model holds one adapter's weights, not every read's."""
+    model_dir, adapters, _ = setup
+    llm = LLM(str(model_dir), enable_lora=True, max_loras=2, max_cpu_loras=1, max_model_len=256, kv_cache_memory=0.05)
+    try:
+        requests = {name: LoRARequest(name, i, str(path)) for i, (name, path) in enumerate(adapters.items(), start=1)}
+        want = {name: reference(model_dir, path) for name, path in adapters.items()}
+        lora_model = llm.engine.core.runner.lora
+        reads = []
+        for name in ("some", "all", "some"):
+            assert tokens(llm, PROMPTS, requests[name]) == want[name], name
+            reads.append(llm.engine.adapter(requests[name]).uid)
+            assert lora_model.registered == {reads[-1]}
+        assert reads[0] != reads[2]  # dropped for "all", then read again
+        batch = [requests[name] for name in ("some", "all") for _ in PROMPTS]
+        assert tokens(llm, PROMPTS * 2, batch) == want["some"] + want["all"]
+        assert len(lora_model.registered) == 1
+    finally:
+        llm.engine.close()
+
+
 def test_a_forgotten_adapter_is_read_again_and_its_old_kv_never_served(setup, tmp_path):
     """An id's adapter is read once: new files in its folder change nothing until the engine
     forgets it; then the id's next use reads them, and a prompt cached under the old weights is

@@ -1,11 +1,13 @@
 """`pagoda serve --enable-lora --lora-modules NAME=PATH`: a PEFT adapter of a tiny model served as a
 model name, through the `openai` client: listed with its parent, its answers PEFT's greedy tokens
 and named after it, the base model's unchanged beside it; adapters loaded and unloaded while
-serving (vLLM's routes, with VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+serving (vLLM's routes, with VLLM_ALLOW_RUNTIME_LORA_UPDATING), and read again from their folders
+after --max-cpu-loras dropped them."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import httpx
@@ -35,7 +37,7 @@ def lora_server(tmp_path_factory):
             "lora",
             str(model_dir),
             *("--served-model-name", "tiny", "--enable-lora", "--lora-modules", f"ft={adapter}"),
-            *("--max-loras", "2", "--kv-cache-memory", "0.05", "--max-model-len", "256"),
+            *("--max-loras", "2", "--max-cpu-loras", "1", "--kv-cache-memory", "0.05", "--max-model-len", "256"),
         )
     finally:
         del os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
@@ -98,8 +100,19 @@ def test_adapters_load_and_unload_while_serving(lora_server, tmp_path):
     )
     unloaded = http.post("/v1/unload_lora_adapter", json={"lora_name": "again"})
     assert unloaded.status_code == 200 and unloaded.text == "Success: LoRA adapter 'again' removed successfully."
-    assert complete("again").status_code == 404 and complete("ft").status_code == 200
+    assert complete("again").status_code == 404
     assert http.post("/v1/unload_lora_adapter", json={"lora_name": "again"}).status_code == 404
+    # --max-cpu-loras 1: "ft" was dropped when "again" was read; it is read again from its folder
+    assert complete("ft").json()["choices"][0]["token_ids"] == reference(model_dir, adapter)[0]
+    gone = tmp_path / "gone"
+    shutil.copytree(adapter, gone)
+    assert http.post("/v1/load_lora_adapter", json={"lora_name": "gone", "lora_path": str(gone)}).status_code == 200
+    assert complete("ft").status_code == 200  # "gone" dropped
+    shutil.rmtree(gone)
+    refused = complete("gone")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model", refused.text
+    assert "Loading LoRA adapter 'gone' failed" in refused.json()["error"]["message"]
+    assert http.post("/v1/unload_lora_adapter", json={"lora_name": "gone"}).status_code == 200
 
 
 def test_without_runtime_updating_adapters_cannot_be_loaded(server):

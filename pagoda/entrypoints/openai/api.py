@@ -64,6 +64,8 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
     model = engine.config.model
     metrics = ServerMetrics(lambda: engine.stats, model.name, model.max_model_len)
     request_log = RequestLogWriter(config.request_log) if config.request_log is not None else None
+    for module in config.lora_modules:  # each read at startup (LoRAError stops it)
+        engine.adapter(module)
     return ServerState(
         engine=engine,
         config=config,
@@ -82,7 +84,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         reasoning_counter=ReasoningTokenCounter.of(REASONING_PARSERS[config.tools.reasoning_parser], engine.tokenizer)
         if config.tools.reasoning_parser
         else None,
-        adapters={module.lora_name: engine.adapter(module) for module in config.lora_modules},
+        adapters={module.lora_name: module for module in config.lora_modules},
     )
 
 
@@ -220,10 +222,9 @@ def _v1_routes(state: ServerState) -> APIRouter:
 
     def adapter_card(name: str) -> dict:
         """An adapter's card, as vLLM lists one: its folder as `root`, the model it adapts as `parent`."""
-        module = next((m for m in state.config.lora_modules if m.lora_name == name), None)
-        base = module.base_model_name if module is not None else None
-        parent = base if base in state.served_names else state.model_name  # as vLLM's
-        return {**card(name), "root": state.adapters[name].path, "parent": parent}
+        adapter = state.adapters[name]
+        parent = adapter.base_model_name if adapter.base_model_name in state.served_names else state.model_name
+        return {**card(name), "root": adapter.lora_path, "parent": parent}  # parent: as vLLM's
 
     @router.get("/models")
     async def models() -> dict:
@@ -310,14 +311,14 @@ def _lora_routes(state: ServerState) -> APIRouter:
                 raise bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
             request = LoRARequest(name, next(ids), body.lora_path)
             try:
-                adapter = await asyncio.get_running_loop().run_in_executor(None, state.engine.adapter, request)
+                await asyncio.get_running_loop().run_in_executor(None, state.engine.adapter, request)
             except LoRANotFoundError as exc:
                 raise APIError(404, str(exc), "lora_path", "not_found") from None
             except LoRAError as exc:
                 raise bad_request(str(exc), "lora_path") from None
-            state.adapters[name] = adapter
+            state.adapters[name] = request
             if previous is not None:
-                state.engine.forget_adapter(previous.id)
+                state.engine.forget_adapter(previous.lora_int_id)
         logger.info("LoRA adapter %r loaded from %s", name, body.lora_path)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -330,7 +331,7 @@ def _lora_routes(state: ServerState) -> APIRouter:
             adapter = state.adapters.pop(name, None)
             if adapter is None:
                 raise APIError(404, f"The lora adapter '{name}' cannot be found.", "lora_name", "not_found")
-            state.engine.forget_adapter(adapter.id)
+            state.engine.forget_adapter(adapter.lora_int_id)
         logger.info("LoRA adapter %r unloaded", name)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 

@@ -285,14 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="accepted for vLLM's command lines: adapters run in the model's dtype (default: %(default)s)",
     )
-    for flag in ("--max-loras", "--max-cpu-loras"):
-        p.add_argument(
-            flag,
-            type=int,
-            default=None,
-            help="accepted for vLLM's command lines; every adapter stays loaded and a step mixes any of them "
-            "(default: none)",
-        )
+    p.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        help="accepted for vLLM's command lines; a step mixes any number of adapters (default: none)",
+    )
     p.add_argument(
         "--trust-remote-code",
         action="store_true",

@@ -26,7 +26,7 @@ from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
-from pagoda.lora import LoRAAdapter, LoRARequest
+from pagoda.lora import LoRAAdapter, LoRAError, LoRARequest
 from pagoda.sampling_params import MAX_LOGPROBS, ReasoningSpan, SamplingParams, StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError
 from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
@@ -97,7 +97,8 @@ class ServerState:
     token_texts: TokenTexts
     system_fingerprint: str | None = None  # on every chat and completion answer
     reasoning_counter: ReasoningTokenCounter | None = None  # with --reasoning-parser: usage counts reasoning tokens
-    adapters: dict[str, LoRAAdapter] = field(default_factory=dict)  # by model name: --lora-modules, read
+    # by model name: --lora-modules' and those loaded while serving (the engine holds their reads)
+    adapters: dict[str, LoRARequest] = field(default_factory=dict)
 
     @property
     def tokenizer(self):
@@ -217,10 +218,21 @@ class ServerState:
             logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
         recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params.n, body)
         engine_ids = [Generation.engine_id(name) for name in request_ids]
-        lora = self.adapters.get(model)
+        lora = await self._adapter(model)
         generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, lora, recorder)
         await cancel_on_disconnect(http, generation.start())
         return generation
+
+    async def _adapter(self, model: str | None) -> LoRAAdapter | None:
+        """The adapter the model name names, if any: the engine's read of it, or (dropped past
+        max_cpu_loras) read again from its folder."""
+        request = self.adapters.get(model)
+        if request is None:
+            return None
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self.engine.adapter, request)
+        except LoRAError as exc:  # its folder changed since it was loaded
+            raise bad_request(f"Loading LoRA adapter {request.lora_name!r} failed: {exc}", "model") from None
 
     async def collect(self, http: Request, generation: Generation) -> list[list[SequenceOutput]]:
         try:
