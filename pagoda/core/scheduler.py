@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 
 from pagoda.config import SchedulerConfig
 from pagoda.core.kv_cache_manager import KVCacheManager
@@ -68,6 +69,7 @@ class Scheduler:
         self._generation_tokens = 0  # tokens sampled
         self._prefix_queries = 0
         self._prefix_hits = 0
+        self._lora_requests = 0  # unfinished requests that run a LoRA adapter
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -84,6 +86,7 @@ class Scheduler:
             raise QueueFullError(f"the waiting queue is full ({self.config.max_queue} requests)")
         self.waiting.append(request)
         self.requests[request.request_id] = request
+        self._lora_requests += request.lora is not None
 
     def finish_requests(self, request_ids: list[str], reason: str, stop_reason: int | str | None = None) -> None:
         """End requests from outside the step: "abort" (the client went away) or "stop" (a stop
@@ -123,7 +126,15 @@ class Scheduler:
             spec_num_draft_tokens=self._spec.num_draft_tokens,
             spec_num_accepted_tokens=self._spec.num_accepted_tokens,
             spec_accepted_per_position=tuple(self._spec.accepted_per_position),
+            running_lora_adapters=self._adapter_names(self.running),
+            waiting_lora_adapters=self._adapter_names(self.waiting),
         )
+
+    def _adapter_names(self, requests: Iterable[Request]) -> tuple[str, ...]:
+        """The LoRA adapters the requests run, each once, in the requests' order."""
+        if not self._lora_requests:
+            return ()
+        return tuple(dict.fromkeys(r.lora.name for r in requests if r.lora is not None))
 
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -365,6 +376,7 @@ class Scheduler:
         self.kv.free(request)
         request.block_ids = []
         del self.requests[request.request_id]
+        self._lora_requests -= request.lora is not None
         self._finished_ids.append(request.request_id)
 
 

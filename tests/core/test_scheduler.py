@@ -672,3 +672,21 @@ def test_stats_count_computed_prompt_tokens_and_sampled_tokens() -> None:
     hit = s.stats().prefix_cache_hits
     assert hit > 0 and s.stats().prompt_tokens == 25 + 25 - hit  # cached prompt tokens are not computed
     assert s.stats().generation_tokens == 5
+
+
+def test_stats_name_the_lora_adapters_of_running_and_waiting_requests() -> None:
+    from pagoda.lora import LoRAAdapter
+
+    s = make_scheduler(64, BS, max_num_seqs=2)
+    engine = FakeEngine(s, sample=constant(7))
+    ft, other = (LoRAAdapter(name, i, f"/{name}", 8, {}) for i, name in enumerate(("ft", "other"), start=1))
+    for request_id, lora in [("a", ft), ("b", None), ("c", ft), ("d", other)]:
+        request = make_request(request_id, tokens(3), max_tokens=2)
+        request.lora = lora
+        s.add_request(request)
+    assert (s.stats().running_lora_adapters, s.stats().waiting_lora_adapters) == ((), ("ft", "other"))
+    engine.step()  # a and b run (two at most)
+    assert (s.stats().running_lora_adapters, s.stats().waiting_lora_adapters) == (("ft",), ("ft", "other"))
+    while s.num_unfinished:
+        engine.step()
+    assert (s.stats().running_lora_adapters, s.stats().waiting_lora_adapters) == ((), ())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 
 import pytest
 
@@ -124,6 +125,21 @@ def test_metrics_have_each_finish_reason_from_the_start_and_no_created_series():
     for reason in ("stop", "length", "abort"):  # at 0 before any request ends so, as vLLM's
         assert metric(text, "pagoda:request_success_total", finished_reason=reason) == 0
     assert "_created" not in text
+
+
+def test_lora_requests_info_is_one_series_naming_the_adapters_as_vllms():
+    from pagoda.core.outputs import SchedulerStats
+    from pagoda.entrypoints.openai.metrics import ServerMetrics
+
+    stats = SchedulerStats(running_lora_adapters=("a", "b"), waiting_lora_adapters=("c",))
+    before = time.time()
+    text = ServerMetrics(lambda: stats, "m", 2048, lambda: 3).render().decode()
+    series = [line for line in text.splitlines() if line.startswith("pagoda:lora_requests_info")]
+    assert len(series) == 1, series
+    labels, _, value = series[0].rpartition(" ")
+    assert labels == 'pagoda:lora_requests_info{max_lora="3",running_lora_adapters="a,b",waiting_lora_adapters="c"}'
+    assert before <= float(value) <= time.time()  # when: a gateway reads the latest series
+    assert "lora_requests_info" not in ServerMetrics(SchedulerStats, "m", 2048).render().decode()  # LoRA off
 
 
 def test_accepted_connections_send_small_writes_at_once():

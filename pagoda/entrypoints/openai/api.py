@@ -62,10 +62,12 @@ RESET_POLL_S = 0.05
 
 def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
     model = engine.config.model
-    metrics = ServerMetrics(lambda: engine.stats, model.name, model.max_model_len)
-    request_log = RequestLogWriter(config.request_log) if config.request_log is not None else None
+    adapters = {module.lora_name: module for module in config.lora_modules}
     for module in config.lora_modules:  # each read at startup (LoRAError stops it)
         engine.adapter(module)
+    lora_slots = (lambda: len(adapters)) if engine.config.enable_lora else None
+    metrics = ServerMetrics(lambda: engine.stats, model.name, model.max_model_len, lora_slots)
+    request_log = RequestLogWriter(config.request_log) if config.request_log is not None else None
     return ServerState(
         engine=engine,
         config=config,
@@ -84,7 +86,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         reasoning_counter=ReasoningTokenCounter.of(REASONING_PARSERS[config.tools.reasoning_parser], engine.tokenizer)
         if config.tools.reasoning_parser
         else None,
-        adapters={module.lora_name: module for module in config.lora_modules},
+        adapters=adapters,
     )
 
 

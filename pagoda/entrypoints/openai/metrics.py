@@ -8,6 +8,7 @@ by the request handlers as sequences finish. One sequence (one of n) counts as o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
@@ -102,9 +103,12 @@ def token_buckets(max_model_len: int) -> tuple[int, ...]:
 
 
 class _EngineStatsCollector(Collector):
-    def __init__(self, stats: Callable[[], SchedulerStats], model_name: str) -> None:
+    def __init__(
+        self, stats: Callable[[], SchedulerStats], model_name: str, lora_slots: Callable[[], int] | None
+    ) -> None:
         self.stats = stats
         self.model_name = model_name
+        self.lora_slots = lora_slots
 
     def collect(self) -> Iterator:
         s = self.stats()
@@ -151,15 +155,34 @@ class _EngineStatsCollector(Collector):
             for position, value in enumerate(s.spec_accepted_per_position):
                 family.add_metric([self.model_name, str(position)], value)
             yield family
+        if self.lora_slots is not None:
+            # vLLM's info gauge (what LoRA-aware gateways read): its labels say which adapters run
+            # and wait, its value when (the scrape's time: this one series is always the latest)
+            family = GaugeMetricFamily(
+                "pagoda:lora_requests_info",
+                "Running stats on LoRA requests.",
+                labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+            )
+            labels = [str(self.lora_slots()), ",".join(s.waiting_lora_adapters), ",".join(s.running_lora_adapters)]
+            family.add_metric(labels, time.time())
+            yield family
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], SchedulerStats], model_name: str, max_model_len: int) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], SchedulerStats],
+        model_name: str,
+        max_model_len: int,
+        lora_slots: Callable[[], int] | None = None,
+    ) -> None:
+        """`lora_slots`: with LoRA, how many adapters may run at once (the server's adapters: a
+        step mixes any number), vLLM's `max_lora` label."""
         # no `*_created` series beside each counter and histogram (vLLM turns them off too); the switch
         # is prometheus_client's, for the process, which serves one model's metrics
         disable_created_metrics()
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineStatsCollector(stats, model_name))
+        self.registry.register(_EngineStatsCollector(stats, model_name, lora_slots))
         self.model_name = model_name
         labels = ["model_name"]
 
