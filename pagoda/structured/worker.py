@@ -29,6 +29,16 @@ COMPILE_OPTIONS = f"any_whitespace=False separators={SEPARATORS} strict_mode=Tru
 # /project/cpp/json_schema_converter.cc:1199: Warning: format combined with minLength/maxLength
 # is not supported; ignoring minLength/maxLength"
 LIBRARY_WARNING = re.compile(r"Warning: (.*)")
+# the one warning that weakens nothing: an escaped character that is not a letter or digit matches
+# itself, as in Python's re (re.escape writes "\ ", "\#", a backslash before a newline); an
+# unknown escaped letter (\q) stays refused, as Python's re refuses it
+LITERAL_ESCAPE = re.compile(r"Escape sequence '\\(.+)' is not recognized\. The character itself will be matched")
+
+
+def weakens(warning: str) -> bool:
+    """Whether xgrammar's warning means its grammar enforces less than the constraint asks."""
+    literal = LITERAL_ESCAPE.search(warning)
+    return literal is None or literal.group(1)[0].isalnum()
 
 
 def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:
@@ -88,8 +98,9 @@ def serve(conn: Connection) -> None:
         except Exception as exc:  # noqa: BLE001 - every library error is the client's to read
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
             continue
-        if warnings:  # the library would enforce less than asked: outputs could break the constraint
-            conn.send(("error", f"structured outputs cannot enforce this {kind} constraint as given: {warnings[0]}"))
+        weakening = [warning for warning in warnings if weakens(warning)]
+        if weakening:  # the library would enforce less than asked: outputs could break the constraint
+            conn.send(("error", f"structured outputs cannot enforce this {kind} constraint as given: {weakening[0]}"))
         else:
             conn.send(("ok", compiled.serialize_json()))
 

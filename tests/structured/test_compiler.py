@@ -150,6 +150,26 @@ def test_what_xgrammar_would_enforce_less_of_is_refused(tokenizer, tmp_path, sch
         grammars.close()
 
 
+def test_regexes_written_by_re_escape_compile_and_mean_what_python_means(tokenizer, tmp_path) -> None:
+    """xgrammar warns that an escaped space, '#' or newline matches itself, which is what Python's re
+    means by it: such regexes compile (vLLM serves them too) and match the text escaped; an unknown
+    escaped letter, which Python refuses, stays refused."""
+    import xgrammar
+
+    grammars = compiler(tokenizer, tmp_path)
+    try:
+        text = "a b#c\nd"
+        compiled = grammars.compile(StructuredOutputsParams(regex=re.escape(text)))
+        for candidate, whole in [(text, True), ("a b#c", False)]:
+            matcher = xgrammar.GrammarMatcher(compiled)
+            assert matcher.accept_string(candidate)
+            assert matcher.accept_token(tokenizer.eos_token_id) == whole  # the end only after all of it
+        with pytest.raises(GrammarError, match=r"Escape sequence '\\q' is not recognized"):
+            grammars.compile(StructuredOutputsParams(regex=r"a\qb"))
+    finally:
+        grammars.close()
+
+
 PETS = {  # what pydantic writes for `pet: Cat | Dog = Field(discriminator="pet_type")`
     "$defs": {
         "Cat": {
