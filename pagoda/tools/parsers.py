@@ -59,14 +59,32 @@ class ToolCallDelta:
     arguments: str  # a fragment of the arguments text ("" allowed on the first delta)
 
 
+# What a streamer settles, in the order of the text: stretches of content and events of calls (text after a call
+# comes after it, so that a Responses answer's items and a stream's deltas keep the model's order)
+Piece = str | ToolCallDelta
+
+
+def content_of(pieces: list[Piece]) -> str:
+    return "".join(piece for piece in pieces if isinstance(piece, str))
+
+
+def calls_of(pieces: list[Piece]) -> list[ToolCallDelta]:
+    return [piece for piece in pieces if isinstance(piece, ToolCallDelta)]
+
+
+def _settled(*pieces: Piece) -> list[Piece]:
+    """The pieces without empty stretches of content."""
+    return [piece for piece in pieces if piece != ""]
+
+
 class ToolStreamer:
     """One per sequence: fed the text deltas as they are generated."""
 
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        """The content delta and tool-call deltas that `delta` settles."""
+    def feed(self, delta: str) -> list[Piece]:
+        """The content and tool-call deltas that `delta` settles, in order."""
         raise NotImplementedError
 
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+    def finish(self) -> list[Piece]:
         """Flush at the end of the sequence: whatever was held back is settled now."""
         raise NotImplementedError
 
@@ -100,9 +118,8 @@ class ToolParser:
 
     def parse(self, text: str, known: Known = _any_name) -> ParsedOutput:
         streamer = self.new_streamer(known)
-        content, deltas = streamer.feed(text)
-        tail, more = streamer.finish()
-        return ParsedOutput(content + tail, assemble(deltas + more), streamer.calls_whole())
+        pieces = streamer.feed(text) + streamer.finish()
+        return ParsedOutput(content_of(pieces), assemble(calls_of(pieces)), streamer.calls_whole())
 
 
 def assemble(deltas: list[ToolCallDelta]) -> list[ToolCall]:
@@ -209,35 +226,41 @@ class _Output:
     the first, or after the last) that is only whitespace is held back, and dropped if a call borders it."""
 
     def __init__(self) -> None:
-        self._content: list[str] = []
-        self._deltas: list[ToolCallDelta] = []
+        self._pieces: list[Piece] = []
         self._run = ""  # the current run while it is only whitespace
         self._run_shown = False  # the current run had other text, so it passes through
         self._calls = 0
 
     def text(self, text: str) -> None:
         if self._run_shown:
-            self._content.append(text)
+            self._content(text)
             return
         self._run += text
         if self._run and not self._run.isspace():
-            self._content.append(self._run)
+            self._content(self._run)
             self._run, self._run_shown = "", True
 
     def call(self, call: ToolCall) -> None:
         self._run, self._run_shown = "", False
-        self._deltas.append(ToolCallDelta(self._calls, call.name, call.arguments))
+        self._pieces.append(ToolCallDelta(self._calls, call.name, call.arguments))
         self._calls += 1
 
     def close(self) -> None:
         if self._calls == 0:
-            self._content.append(self._run)
+            self._content(self._run)
         self._run = ""
 
-    def take(self) -> tuple[str, list[ToolCallDelta]]:
-        content, deltas = "".join(self._content), self._deltas
-        self._content, self._deltas = [], []
-        return content, deltas
+    def take(self) -> list[Piece]:
+        pieces, self._pieces = self._pieces, []
+        return pieces
+
+    def _content(self, text: str) -> None:
+        if not text:
+            return
+        if self._pieces and isinstance(self._pieces[-1], str):
+            self._pieces[-1] += text
+        else:
+            self._pieces.append(text)
 
 
 class _EndTag:
@@ -310,12 +333,12 @@ class _TaggedStreamer(ToolStreamer):
         self._call: _Extent | None = None  # set while inside a call that opened at _pos
         self._out = _Output()
 
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+    def feed(self, delta: str) -> list[Piece]:
         self._text += delta
         self._advance(final=False)
         return self._out.take()
 
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+    def finish(self) -> list[Piece]:
         self._advance(final=True)
         self._out.close()
         return self._out.take()
@@ -400,18 +423,18 @@ class _HeldStreamer(ToolStreamer):
     _text: str
     _content: bool
 
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+    def feed(self, delta: str) -> list[Piece]:
         self._text += delta
         if self._content:
-            return delta, []
+            return _settled(delta)
         return self._advance(final=False)
 
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+    def finish(self) -> list[Piece]:
         if self._content:
-            return "", []
+            return []
         return self._advance(final=True)
 
-    def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
+    def _advance(self, final: bool) -> list[Piece]:
         raise NotImplementedError
 
 
@@ -433,18 +456,18 @@ class _WholeStreamer(_HeldStreamer):
         self._calls_end = 0  # where the text after the calls read so far begins (past a separator that follows them)
         self._content = False  # decided: the rest of the output is content
 
-    def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
-        """Steps until the text runs out; then all content, all calls, or (before the end) nothing yet."""
+    def _advance(self, final: bool) -> list[Piece]:
+        """Steps until the text runs out; then the calls and any content after them, or (before the end) nothing."""
         verdict = None
         while verdict is None:
             verdict = self._state(final)
         if verdict == "wait":
-            return "", []
+            return []
         deltas = [ToolCallDelta(i, call.name, call.arguments) for i, call in enumerate(self._calls)]
         if verdict == "calls":
-            return "", deltas
+            return list(deltas)
         self._content = True
-        return self._text[self._calls_end :], deltas
+        return _settled(*deltas, self._text[self._calls_end :])
 
     # Each state reads from _pos and returns None to go on, "wait" (more text could decide), "content" or "calls".
 
@@ -661,32 +684,32 @@ class _PythonicStreamer(_HeldStreamer):
         self._end: int | None = None  # just past the list, once it has closed
         self._content = False  # decided: the rest of the output is content
 
-    def _advance(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
+    def _advance(self, final: bool) -> list[Piece]:
         if self._list is None:
             self._pos = _skip_space(self._text, self._pos)
             opening = _PYTHONIC_OPENING.match(self._text, self._pos)
             if opening is None or opening.group(1) is None:  # no `[`, or not (yet) a name and its `(`
                 undecided = self._pos == len(self._text) or (opening is not None and opening.end() == len(self._text))
-                return ("", []) if undecided and not final else self._release()
+                return [] if undecided and not final else self._release()
             self._list = _PythonExtent(self._pos)
         if self._end is None:
             self._end = self._list.end(self._text)
             if self._end is None:
-                return self._release() if final else ("", [])
+                return self._release() if final else []
         text_after = _skip_space(self._text, self._end) < len(self._text)
         if not (text_after or final):
-            return "", []
+            return []
         calls = self._read(self._list.source(self._text, self._end))
         if calls is None:
             return self._release()
         self._content = True  # the calls, then any text after them as content, passed through from here on
         deltas = [ToolCallDelta(i, call.name, call.arguments) for i, call in enumerate(calls)]
-        return (self._text[self._end :] if text_after else ""), deltas
+        return _settled(*deltas, self._text[self._end :] if text_after else "")
 
-    def _release(self) -> tuple[str, list[ToolCallDelta]]:
+    def _release(self) -> list[Piece]:
         """Everything so far is content (nothing was sent before), and so is the rest."""
         self._content = True
-        return self._text, []
+        return _settled(self._text)
 
 
 def _pythonic_streamer(known: Known) -> ToolStreamer:
@@ -719,17 +742,17 @@ class _ForcedStreamer(ToolStreamer):
         self._arguments: _JsonExtent | None = None  # the arguments object being sent
         self._calls = 0
 
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+    def feed(self, delta: str) -> list[Piece]:
         self._text += delta
-        deltas: list[ToolCallDelta] = []
+        deltas: list[Piece] = []
         while True:
             if self._arguments is None:
                 head = (_FIRST_CALL if self._calls == 0 else _NEXT_CALL).match(self._text, self._pos)
                 if head is None:
-                    return "", deltas
+                    return deltas
                 name = _loads(head.group(1))
                 if not isinstance(name, str):
-                    return "", deltas
+                    return deltas
                 deltas.append(ToolCallDelta(self._calls, name, ""))
                 self._pos = head.end()
                 self._arguments = _JsonExtent(self._pos)
@@ -739,13 +762,13 @@ class _ForcedStreamer(ToolStreamer):
                 deltas.append(ToolCallDelta(self._calls, None, self._text[self._pos : upto]))
                 self._pos = upto
             if end is None:
-                return "", deltas
+                return deltas
             self._arguments = None
             self._calls += 1
 
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+    def finish(self) -> list[Piece]:
         started = self._calls > 0 or self._arguments is not None
-        return ("" if started else self._text), []
+        return [] if started else _settled(self._text)
 
     def calls_whole(self) -> bool:
         return self._arguments is None and _CLOSING.fullmatch(self._text, self._pos) is not None

@@ -246,6 +246,43 @@ def test_items_keep_the_order_the_model_wrote_them_in():
     assert [(i["type"], i["arguments"], i["status"]) for i in cut.items] == [("function_call", '{"a"', "incomplete")]
 
 
+CALL_THEN_TEXT = (
+    r'\{"tool_calls": \[\{"name": "get_weather", "arguments": \{"city": "Rome", "unit": "celsius"\}\}\]\}'
+    r" Done\."
+)
+
+
+def test_text_after_a_call_is_an_item_after_it_whole_and_streamed(client, http):
+    """The model writes a call, then text (forced here by a regex under tool_choice auto): the
+    function call is the first item and the text one message after it, streamed or not; a chat
+    stream sends the call's delta before the text's."""
+    body = {"input": ASK, "tools": [WEATHER], "temperature": 0, "max_output_tokens": 60}
+    extra = {"structured_outputs": {"regex": CALL_THEN_TEXT}}
+    whole = client.responses.create(model=MODEL, **body, extra_body=extra)
+    with client.responses.stream(model=MODEL, **body, extra_body=extra) as stream:
+        streamed = stream.get_final_response()
+    for response in (whole, streamed):
+        assert [item.type for item in response.output] == ["function_call", "message"], response.output
+        assert response.output[1].content[0].text == " Done."
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": ASK}],
+        "tools": [{"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}],
+        "tool_choice": "auto",
+        "temperature": 0,
+        "max_tokens": 60,
+        "stream": True,
+        **extra,
+    }
+    kinds = []
+    with http.stream("POST", "/v1/chat/completions", json=chat) as events:
+        for line in events.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                kinds += [kind for kind in ("tool_calls", "content") if delta.get(kind)]
+    assert kinds[0] == "tool_calls" and set(kinds[1:]) == {"content"}, kinds
+
+
 def test_langchain_in_responses_mode(server):
     langchain_openai = pytest.importorskip("langchain_openai")
 

@@ -20,7 +20,7 @@ from pagoda.tools import (
     detect_parser,
     get_parser,
 )
-from pagoda.tools.parsers import assemble
+from pagoda.tools.parsers import assemble, calls_of, content_of
 
 from .cases import CASES, PIECES
 
@@ -36,15 +36,9 @@ def split(text: str, cuts: set[int]) -> list[str]:
 def stream(parser_name: str, chunks: list[str]) -> ParsedOutput:
     """Feeds the chunks to a streamer, checks the deltas are well formed, and puts them together."""
     streamer = get_parser(parser_name).streamer()
-    content: list[str] = []
-    deltas: list[ToolCallDelta] = []
-    for chunk in chunks:
-        content_delta, call_deltas = streamer.feed(chunk)
-        content.append(content_delta)
-        deltas += call_deltas
-    content_delta, call_deltas = streamer.finish()
-    content.append(content_delta)
-    deltas += call_deltas
+    pieces = [piece for chunk in chunks for piece in streamer.feed(chunk)] + streamer.finish()
+    assert "" not in pieces, pieces
+    content, deltas = [content_of(pieces)], calls_of(pieces)
     calls: list[ToolCall] = []
     for delta in deltas:
         if delta.index == len(calls):
@@ -108,21 +102,21 @@ def test_long_streamed_call_is_scanned_once():
 def test_content_streams_before_the_end():
     """Content is held back only while it may be part of a call."""
     streamer = get_parser("hermes").streamer()
-    assert streamer.feed("Let me check <tool_") == ("Let me check ", [])
-    assert streamer.feed("ca") == ("", [])
-    assert streamer.feed('ll>{"name": "f"}</tool_call') == ("", [])
-    assert streamer.feed(">") == ("", [ToolCallDelta(0, "f", "{}")])
-    assert streamer.finish() == ("", [])
+    assert streamer.feed("Let me check <tool_") == ["Let me check "]
+    assert streamer.feed("ca") == []
+    assert streamer.feed('ll>{"name": "f"}</tool_call') == []
+    assert streamer.feed(">") == [ToolCallDelta(0, "f", "{}")]
+    assert streamer.finish() == []
     streamer = get_parser("llama3_json").streamer()
-    assert streamer.feed(" <|python") == ("", [])
-    assert streamer.feed("ic") == (" <|pythonic", [])
-    assert streamer.feed(" more") == (" more", [])
+    assert streamer.feed(" <|python") == []
+    assert streamer.feed("ic") == [" <|pythonic"]
+    assert streamer.feed(" more") == [" more"]
     streamer = get_parser("generic").streamer()
-    assert streamer.feed('{"answer": ') == ("", [])
-    assert streamer.feed("4} ") == ('{"answer": 4} ', [])
+    assert streamer.feed('{"answer": ') == []
+    assert streamer.feed("4} ") == ['{"answer": 4} ']
     streamer = get_parser("pythonic").streamer()  # held only while it may open a list of calls
-    assert streamer.feed(" [Don") == ("", [])
-    assert streamer.feed("'t worry]") == (" [Don't worry]", [])
+    assert streamer.feed(" [Don") == []
+    assert streamer.feed("'t worry]") == [" [Don't worry]"]
 
 
 def test_get_parser_names_the_choices():
@@ -181,10 +175,10 @@ def test_forced_calls_stream_their_arguments_as_they_come(text):
     assert all(call.arguments in text for call in parsed.tool_calls)  # the model's text, not re-serialized
     for cut in range(len(text) + 1):
         streamer = FORCED_CALLS.streamer()
-        deltas = streamer.feed(text[:cut])[1] + streamer.feed(text[cut:])[1] + streamer.finish()[1]
+        deltas = calls_of(streamer.feed(text[:cut]) + streamer.feed(text[cut:]) + streamer.finish())
         assert assemble(deltas) == parsed.tool_calls, cut
     streamer = FORCED_CALLS.streamer()
-    deltas = [delta for char in text for delta in streamer.feed(char)[1]]
+    deltas = [delta for char in text for delta in calls_of(streamer.feed(char))]
     firsts = [delta for delta in deltas if delta.name is not None]
     assert [(d.name, d.arguments) for d in firsts] == [(name, "") for name, _ in expected]
     pieces = [delta for delta in deltas if delta.name is None]
@@ -201,3 +195,32 @@ def test_a_forced_call_cut_short():
     for cut in range(len(whole)):  # every cut of a text is not whole; the text itself is
         assert not FORCED_CALLS.parse(whole[:cut]).calls_whole, cut
     assert FORCED_CALLS.parse(whole).calls_whole
+
+
+@pytest.mark.parametrize(
+    "parser_name, text, want",
+    [
+        (
+            "hermes",
+            'Checking.<tool_call>{"name": "f", "arguments": {}}</tool_call> Done.',
+            ["Checking.", "f", " Done."],
+        ),  # noqa: E501
+        ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {}}] Done.', ["f", " Done."]),
+        ("generic", '{"tool_calls": [{"name": "f", "arguments": {}}]} Done.', ["f", " Done."]),
+        ("llama3_json", '{"name": "f", "parameters": {}} Done.', ["f", " Done."]),
+        ("pythonic", "[f()] Done.", ["f", " Done."]),
+    ],
+)
+def test_content_and_calls_come_in_the_order_of_the_text(parser_name, text, want) -> None:
+    """Text after a call is settled after the call, however the text is split (a Responses answer's items
+    and a stream's deltas follow the pieces' order)."""
+    for cut in range(len(text) + 1):
+        streamer = get_parser(parser_name).streamer()
+        pieces = streamer.feed(text[:cut]) + streamer.feed(text[cut:]) + streamer.finish()
+        order: list[str | ToolCallDelta] = []  # text merged across feeds, each call by its first delta
+        for piece in pieces:
+            if isinstance(piece, str) and order and isinstance(order[-1], str):
+                order[-1] += piece
+            elif isinstance(piece, str) or piece.name is not None:
+                order.append(piece)
+        assert [p if isinstance(p, str) else p.name for p in order] == want, (cut, pieces)

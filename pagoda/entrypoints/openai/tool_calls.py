@@ -23,7 +23,7 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.model_files import template_supports_tools
 from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError, check_json_schema, check_supported
-from pagoda.tools.parsers import FORCED_CALLS, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
+from pagoda.tools.parsers import FORCED_CALLS, Piece, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
 from pagoda.tools.reasoning import REASONING_PARSERS
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
@@ -107,40 +107,42 @@ class MessageStreamer:
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         reasoning, content = self._reasoning.feed(text) if self._reasoning is not None else ("", text)
-        return self._deltas(reasoning, *(self._tools.feed(content) if self._tools is not None else (content, [])))
+        return self._deltas(reasoning, self._tools.feed(content) if self._tools is not None else [content])
 
     def finish(self) -> list[dict[str, Any]]:
         reasoning, content = self._reasoning.finish() if self._reasoning is not None else ("", "")
-        deltas = self._tools.feed(content) if self._tools is not None else (content, [])
-        flushed = self._tools.finish() if self._tools is not None else ("", [])
-        return self._deltas(reasoning, deltas[0] + flushed[0], deltas[1] + flushed[1])
+        pieces = self._tools.feed(content) + self._tools.finish() if self._tools is not None else [content]
+        return self._deltas(reasoning, pieces)
 
     @property
     def called(self) -> bool:
         """After finish(): it sent calls, each whole (see ToolPlan.finish_reason)."""
         return self._sent_calls and (self._tools is None or self._tools.calls_whole())
 
-    def _deltas(self, reasoning: str, content: str, calls: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    def _deltas(self, reasoning: str, pieces: list[Piece]) -> list[dict[str, Any]]:
+        """OpenAI delta objects in the order of the text: reasoning, then content and calls as they came."""
         out: list[dict[str, Any]] = []
         if reasoning and self.plan.show_reasoning:
             out.append({"reasoning": reasoning, "reasoning_content": reasoning})
-        if content:
-            out.append({"content": content})
-        for call in calls:
-            if self.plan.max_calls is not None and call.index >= self.plan.max_calls:
-                continue  # a call past the first where parallel calls are off: dropped, as in the whole answer
-            self._sent_calls = True
-            entry: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
-            if call.name is not None:
-                self._ids[call.index] = _call_id()
-                entry = {
-                    "index": call.index,
-                    "id": self._ids[call.index],
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-            out.append({"tool_calls": [entry]})
+        for piece in pieces:
+            if isinstance(piece, str):
+                if piece:
+                    out.append({"content": piece})
+            elif self.plan.max_calls is None or piece.index < self.plan.max_calls:  # past it: dropped, as whole
+                out.append({"tool_calls": [self._call_entry(piece)]})
         return out
+
+    def _call_entry(self, call: ToolCallDelta) -> dict[str, Any]:
+        self._sent_calls = True
+        if call.name is None:
+            return {"index": call.index, "function": {"arguments": call.arguments}}
+        self._ids[call.index] = _call_id()
+        return {
+            "index": call.index,
+            "id": self._ids[call.index],
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
 
 
 def plan_tools(
