@@ -5,10 +5,12 @@ The "generic" format, which the generic parser of pagoda.tools.parsers reads bac
   instruction: to call tools, answer with only `{"tool_calls": [{"name": ..., "arguments": {...}}]}`;
   otherwise answer normally. An existing system message follows that text; without one, the
   tools are a new first message.
-- An earlier assistant turn that called tools becomes its text (if any), then that same JSON
-  object on its own line, so the model sees its own calls written as it is told to write them.
-- A run of tool messages becomes one user message of "Result of <name>:" blocks, since templates
-  without tool support know no `tool` role.
+- An earlier assistant turn that called tools becomes that same JSON object, then its text (if
+  any) on the next line, so the model sees its own calls written as it is told to write them and
+  as the generic parser reads them back (calls first; text after them is content).
+- A run of tool messages becomes one user message of "Result of <name>(<arguments>):" blocks, since
+  templates without tool support know no `tool` role; the call's arguments tell apart the results
+  of several calls of one tool, in whatever order the client sends them.
 
 Messages come from chat.parse_messages (roles system, user, assistant, tool; call arguments
 already parsed); tools are OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`.
@@ -97,17 +99,16 @@ def _first_type(schema: object) -> str | None:
 
 
 def _tool_turns_as_text(messages: list[dict]) -> list[dict]:
-    names: dict[str, str] = {}  # tool call id -> function name, for results that do not name theirs
+    calls: dict[str, dict] = {}  # tool call id -> its function ({"name", "arguments"}), to label its result
     out: list[dict] = []
     for i, message in enumerate(messages):
         if message["role"] == "assistant" and message.get("tool_calls"):
-            calls = [call["function"] for call in message["tool_calls"]]
-            names.update((call["id"], call["function"]["name"]) for call in message["tool_calls"])
-            content = "\n".join(text for text in (message["content"], calls_text(calls)) if text)
+            functions = [call["function"] for call in message["tool_calls"]]
+            calls.update((call["id"], call["function"]) for call in message["tool_calls"])
+            content = "\n".join(text for text in (calls_text(functions), message["content"]) if text)
             out.append({"role": "assistant", "content": content})
         elif message["role"] == "tool":
-            name = message.get("name") or names.get(message["tool_call_id"], "the tool")
-            block = f"Result of {name}:\n{message['content']}"
+            block = f"Result of {_result_label(message, calls.get(message['tool_call_id']))}:\n{message['content']}"
             if i > 0 and messages[i - 1]["role"] == "tool":
                 out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{block}"}
             else:
@@ -115,3 +116,9 @@ def _tool_turns_as_text(messages: list[dict]) -> list[dict]:
         else:
             out.append({"role": message["role"], "content": message["content"]})
     return out
+
+
+def _result_label(result: dict, call: dict | None) -> str:
+    """The tool a result answers (its own `name`, else its call's) and that call's arguments."""
+    name = result.get("name") or (call["name"] if call is not None else "the tool")
+    return name if call is None else f"{name}({json.dumps(call['arguments'], ensure_ascii=False)})"

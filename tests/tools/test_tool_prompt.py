@@ -62,12 +62,45 @@ def test_earlier_calls_and_results_become_text_in_the_same_format():
     assert with_tools_in_system_prompt(messages, None) == [
         messages[0],
         {"role": "assistant", "content": calls_text(calls)},
-        {"role": "user", "content": 'Result of get_weather:\n{"temp": 21}\n\nResult of clock:\nnoon'},
-        {"role": "assistant", "content": "Looking again.\n" + calls_text(calls[:1])},
-        {"role": "user", "content": "Result of get_weather:\nrain"},
+        {
+            "role": "user",
+            "content": 'Result of get_weather({"city": "Paris"}):\n{"temp": 21}\n\nResult of clock({}):\nnoon',
+        },
+        {"role": "assistant", "content": calls_text(calls[:1]) + "\nLooking again."},
+        {"role": "user", "content": 'Result of get_weather({"city": "Paris"}):\nrain'},
         messages[-1],
     ]
     assert calls_text(calls[:1]) == '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+
+
+def test_results_of_parallel_calls_of_one_tool_are_told_apart_by_their_arguments():
+    """Two calls of get_weather answered in the other order: each result names its call's arguments."""
+    rome = {"type": "function", "id": "call_9", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+    messages = [
+        {"role": "user", "content": "Paris and Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL, rome]},
+        {"role": "tool", "content": "rainy", "tool_call_id": "call_9"},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        {"role": "tool", "content": "late", "tool_call_id": "call_unknown"},
+    ]
+    assert with_tools_in_system_prompt(messages, None)[-1]["content"] == (
+        'Result of get_weather({"city": "Rome"}):\nrainy\n\n'
+        'Result of get_weather({"city": "Paris"}):\nsunny\n\n'
+        "Result of the tool:\nlate"
+    )
+
+
+def test_an_earlier_turn_of_text_and_calls_reads_back_as_both():
+    """Written calls first, then the text: the layout the generic parser reads as those calls and
+    that content, so the history shows the model a form its answers are read in."""
+    from pagoda.tools.parsers import get_parser
+
+    messages = [{"role": "assistant", "content": "Looking it up.", "tool_calls": [CALL]}]
+    written = with_tools_in_system_prompt(messages, None)[0]["content"]
+    parsed = get_parser("generic").parse(written)
+    calls = [(call.name, json.loads(call.arguments)) for call in parsed.tool_calls]
+    assert calls == [("get_weather", {"city": "Paris"})]
+    assert parsed.content.strip() == "Looking it up."
 
 
 def test_the_schema_shown_has_no_title_annotations():
