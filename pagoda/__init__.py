@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "__version__"]
+__all__ = ["LLM", "BeamSearchParams", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -13,6 +13,10 @@ def __getattr__(name: str):
         from pagoda.entrypoints.llm import LLM
 
         return LLM
+    if name == "BeamSearchParams":
+        from pagoda.beam_search import BeamSearchParams
+
+        return BeamSearchParams
     if name == "LoRARequest":
         from pagoda.lora import LoRARequest
 

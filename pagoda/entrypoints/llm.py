@@ -14,6 +14,7 @@ from functools import lru_cache
 import jinja2
 from tqdm import tqdm
 
+from pagoda.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.engine.outputs import SequenceOutput
@@ -149,11 +150,7 @@ class LLM:
             )
         if not all(isinstance(sp, SamplingParams) for sp in params_list):
             raise TypeError(f"sampling_params must hold SamplingParams only, got {params_list!r:.120}")
-        loras = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(prompt_list)
-        if len(loras) != len(prompt_list):
-            raise ValueError(
-                f"give one lora_request, or one per prompt: {len(prompt_list)} prompt(s), {len(loras)} given"
-            )
+        loras = _per_prompt(lora_request, len(prompt_list))
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
         ids: list[str] = []
         try:
@@ -178,6 +175,41 @@ class LLM:
             )
             for rid, prompt, ids_, sp, lora in zip(ids, prompt_list, prompt_ids, params_list, loras)
         ]
+
+    def beam_search(
+        self,
+        prompts: Sequence[Prompt],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's: each prompt's best params.beam_width sequences by beam search (pagoda/beam_search.py),
+        each holding the prompt's tokens and its own, `text` their text. `concurrency_limit`: the
+        prompts searched at once (all where None); `use_tqdm` is accepted and shows nothing."""
+        if isinstance(prompts, (str, dict)) or not prompts or isinstance(prompts[0], int):
+            raise TypeError("prompts must be a non-empty list of prompts (strings, token id lists or prompt dicts)")
+        prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in map(_unwrapped, prompts)]
+        loras = _per_prompt(lora_request, len(prompt_ids))
+        eos = frozenset(self.engine.config.model.eos_token_ids)
+        searches = [BeamSearch(ids, params, eos) for ids in prompt_ids]
+        step = params.step_params()
+        limit = concurrency_limit or len(searches)
+        for start in range(0, len(searches), limit):
+            batch = list(zip(searches[start : start + limit], loras[start : start + limit]))
+            while running := [(search, lora) for search, lora in batch if not search.done]:
+                beams = [(search, beam, lora) for search, lora in running for beam in search.beams]
+                outs = self.generate([beam.tokens for _, beam, _ in beams], step, False, [lora for *_, lora in beams])
+                for search, _ in running:
+                    candidates = [_candidates(out) for out, (owner, _, _) in zip(outs, beams) if owner is search]
+                    search.advance(candidates)
+        outputs = []
+        for search in searches:
+            best = search.best()
+            for beam in best:
+                beam.text = self.tokenizer.decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
+            outputs.append(BeamSearchOutput(best))
+        return outputs
 
     def get_tokenizer(self):
         """The model's tokenizer (vLLM's name for `tokenizer`)."""
@@ -252,3 +284,17 @@ class LLM:
         results = self.generate(prompts, sampling_params, use_tqdm, lora_request)
         # as vLLM's: .prompt is the rendered conversation
         return [replace(r, prompt=self.tokenizer.decode(r.prompt_token_ids)) for r in results]
+
+
+def _per_prompt(lora_request: LoRARequest | Sequence[LoRARequest | None] | None, prompts: int) -> list:
+    """The adapter of each prompt: one for all, or one each."""
+    loras = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * prompts
+    if len(loras) != prompts:
+        raise ValueError(f"give one lora_request, or one per prompt: {prompts} prompt(s), {len(loras)} given")
+    return loras
+
+
+def _candidates(out: RequestOutput) -> dict[int, float]:
+    """A beam's next tokens and their logprobs, from its one-token request."""
+    position = out.outputs[0].logprobs[0]  # type: ignore[index]: the step asks for logprobs
+    return {token: logprob.logprob for token, logprob in position.items()}

@@ -296,3 +296,26 @@ def test_async_client_completions(aclient, greedy):
             return result.choices[0].text, "".join([c.choices[0].text async for c in stream if c.choices])
 
     assert asyncio.run(both()) == (greedy[PROMPTS[0]], greedy[PROMPTS[0]])
+
+
+def test_beam_search_gives_n_beams_best_first(http, client, greedy):
+    """vLLM's use_beam_search: n beams as the n choices, each with its tokens' logprobs, ranked by
+    cumulative logprob over length; one beam is greedy decoding; chat takes it too."""
+    body = {"model": MODEL, "prompt": PROMPTS[0], "use_beam_search": True, **GREEDY}
+    one = http.post("/v1/completions", json={**body, "n": 1}).json()
+    assert one["choices"][0]["text"] == greedy[PROMPTS[0]]
+    answer = http.post("/v1/completions", json={**body, "n": 3, "logprobs": 2, "ignore_eos": True}).json()
+    choices = answer["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2] and len({c["text"] for c in choices}) == 3
+    prompt_tokens = answer["usage"]["prompt_tokens"]
+    scores = [sum(c["logprobs"]["token_logprobs"]) / (prompt_tokens + 6) for c in choices]  # 6 tokens each
+    assert all(c["finish_reason"] == "length" for c in choices) and scores == sorted(scores, reverse=True)
+    assert answer["usage"]["completion_tokens"] == 18
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name a color."}],
+        n=2,
+        max_tokens=5,
+        extra_body={"use_beam_search": True},
+    )
+    assert len(chat.choices) == 2 and chat.choices[0].message.content != chat.choices[1].message.content

@@ -66,7 +66,6 @@ def test_unknown_route_is_an_openai_404(http):
         # vLLM's, which this server cannot honour (vLLM itself refuses a request's chat_template
         # unless started with --trust-request-chat-template)
         ("chat_template", "{{ messages[0].content }}"),
-        ("use_beam_search", True),
         ("logprob_token_ids", [42]),
         ("repetition_detection", {"max_pattern_size": 8}),
     ],
@@ -78,10 +77,26 @@ def test_unsupported_chat_fields_are_400(http, field, value):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("suffix", "tail"), ("best_of", 3), ("prompt_embeds", "AAAA"), ("use_beam_search", True)],
+    [("suffix", "tail"), ("best_of", 3), ("prompt_embeds", "AAAA")],
 )
 def test_unsupported_completion_fields_are_400(http, field, value):
     assert error_of(http.post("/v1/completions", json={**COMPLETION, field: value}), 400)["param"] == field
+
+
+@pytest.mark.parametrize(
+    "path, extra, param",
+    [
+        ("/v1/completions", {"stream": True}, "stream"),
+        ("/v1/completions", {"echo": True}, "echo"),
+        ("/v1/completions", {"prompt_logprobs": 1}, "prompt_logprobs"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("/v1/chat/completions", {"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs"),
+    ],
+)
+def test_what_beam_search_cannot_serve_is_400(http, path, extra, param):
+    body = {**(COMPLETION if path == "/v1/completions" else CHAT), "use_beam_search": True, "n": 2, **extra}
+    error = error_of(http.post(path, json=body), 400)
+    assert error["param"] == param and "use_beam_search" in error["message"]
 
 
 @pytest.mark.parametrize("salt", ["", "a/b", "tenant@a", "back\\slash", "nul\0", "x" * 129, 7])

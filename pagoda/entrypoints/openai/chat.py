@@ -18,7 +18,16 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
-from pagoda.entrypoints.openai.serving import DONE, ServerState, answer_id, chunk_usage, event_stream, sse, usage
+from pagoda.entrypoints.openai.serving import (
+    DONE,
+    ServerState,
+    answer_id,
+    beam_search_params,
+    chunk_usage,
+    event_stream,
+    sse,
+    usage,
+)
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from pagoda.model_files import apply_chat_template, template_supports_tools
@@ -270,11 +279,17 @@ def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:
     chat = await prepare(state, body)
     request_id = answer_id(http, "chatcmpl-", body.request_id)
+    head = state.answer_head(request_id, "chat.completion", body.model)
+    reply = (chat.role, chat.echoed)
+    if body.use_beam_search:
+        search = beam_search_params(body, chat.params)
+        beams = await state.beam_search(
+            http, ENDPOINT, request_id, [chat.prompt_ids], search, body.cache_salt, body.model
+        )
+        return JSONResponse(_response(state, body, chat.plan, head, chat.prompt_ids, beams[0], reply))
     generation = await state.launch(
         http, ENDPOINT, request_id, [chat.prompt_ids], chat.params, body.cache_salt, body.model
     )
-    head = state.answer_head(request_id, "chat.completion", body.model)
-    reply = (chat.role, chat.echoed)
     if body.stream:
         return event_stream(_chunks(state, body, chat.plan, generation, head, chat.prompt_ids, reply), generation)
     outputs = (await state.collect(http, generation))[0]

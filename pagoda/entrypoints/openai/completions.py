@@ -16,7 +16,16 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import CompletionRequest, TruncationSide
-from pagoda.entrypoints.openai.serving import DONE, ServerState, answer_id, chunk_usage, event_stream, sse, usage
+from pagoda.entrypoints.openai.serving import (
+    DONE,
+    ServerState,
+    answer_id,
+    beam_search_params,
+    chunk_usage,
+    event_stream,
+    sse,
+    usage,
+)
 from pagoda.entrypoints.openai.streams import Generation
 
 ENDPOINT = "/v1/completions"
@@ -69,11 +78,15 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     await state.check_constraint(body, params)
     request_id = answer_id(http, "cmpl-", body.request_id)
     prompt_ids = [p.ids for p in prompts]
-    generation = await state.launch(http, ENDPOINT, request_id, prompt_ids, params, body.cache_salt, body.model)
     head = state.answer_head(request_id, "text_completion", body.model)
-    if body.stream:
-        return event_stream(_chunks(state, body, prompts, generation, head), generation)
-    outputs = [[_shown(body, out) for out in outs] for outs in await state.collect(http, generation)]
+    if body.use_beam_search:
+        search = beam_search_params(body, params)
+        outputs = await state.beam_search(http, ENDPOINT, request_id, prompt_ids, search, body.cache_salt, body.model)
+    else:
+        generation = await state.launch(http, ENDPOINT, request_id, prompt_ids, params, body.cache_salt, body.model)
+        if body.stream:
+            return event_stream(_chunks(state, body, prompts, generation, head), generation)
+        outputs = [[_shown(body, out) for out in outs] for outs in await state.collect(http, generation)]
     choices = [
         _choice(state, body, i, prompt, out, _prompt_logprobs(outs))
         for i, (prompt, outs) in enumerate(zip(prompts, outputs))

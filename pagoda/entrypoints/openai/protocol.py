@@ -168,9 +168,12 @@ class _SamplingFields(_Body):
     user: str | None = None
     cache_salt: CacheSalt = None
     request_id: RequestId = None  # the answer's id is "chatcmpl-" or "cmpl-" and this (serving.answer_id)
-    # vLLM's, refused where set (see unsupported_fields): beam search, logprobs of chosen token ids,
-    # a thinking budget, repetition detection
+    # vLLM's beam search: n beams (pagoda/beam_search.py), ranked by cumulative logprob over
+    # length ** length_penalty
     use_beam_search: bool = False
+    length_penalty: float = 1.0
+    # vLLM's, refused where set (see unsupported_fields): logprobs of chosen token ids, repetition
+    # detection
     logprob_token_ids: list[int] | None = None
     thinking_token_budget: Any = None
     repetition_detection: Any = None
@@ -335,8 +338,6 @@ class UnloadLoRAAdapterRequest(_Body):  # vLLM's /v1/unload_lora_adapter
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> str | None:
     """The first field set to something Pagoda cannot do, or None."""
-    if request.use_beam_search:
-        return "use_beam_search"
     if request.logprob_token_ids not in (None, []):
         return "logprob_token_ids"
     detection = request.repetition_detection

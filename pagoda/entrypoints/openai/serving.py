@@ -4,6 +4,7 @@ launching a Generation, waiting for it while watching for a disconnect, and SSE 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -16,6 +17,8 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from pagoda.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence
+from pagoda.core.outputs import RequestMetrics
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
@@ -27,6 +30,7 @@ from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
 from pagoda.lora import LoRAAdapter, LoRAError, LoRARequest
+from pagoda.request import TokenLogprob
 from pagoda.sampling_params import MAX_LOGPROBS, ReasoningSpan, SamplingParams, StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError
 from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
@@ -223,6 +227,53 @@ class ServerState:
         await cancel_on_disconnect(http, generation.start())
         return generation
 
+    async def beam_search(
+        self,
+        http: Request,
+        endpoint: str,
+        request_id: str,
+        prompts: list[list[int]],
+        params: BeamSearchParams,
+        cache_salt: str | None,
+        model: str | None,
+    ) -> list[list[SequenceOutput]]:
+        """Each prompt's best params.beam_width beams (pagoda/beam_search.py), best first, as its
+        sequences: every step one engine request per running beam of every prompt."""
+        searches = [BeamSearch(ids, params, frozenset(self.engine.config.model.eos_token_ids)) for ids in prompts]
+        step = params.step_params()
+        for number in itertools.count():
+            running = [search for search in searches if not search.done]
+            if not running:
+                break
+            beams = [(search, beam) for search in running for beam in search.beams]
+            step_id, step_prompts = f"{request_id}-beam{number}", [beam.tokens for _, beam in beams]
+            generation = await self.launch(http, endpoint, step_id, step_prompts, step, cache_salt, model)
+            outs = await self.collect(http, generation)
+            for search in running:
+                search.advance([_candidates(out[0]) for out, (owner, _) in zip(outs, beams) if owner is search])
+        return [
+            [self._beam_output(request_id, index, search, beam) for index, beam in enumerate(search.best())]
+            for search in searches
+        ]
+
+    def _beam_output(self, request_id: str, index: int, search: BeamSearch, beam: BeamSearchSequence) -> SequenceOutput:
+        tokens = search.new_tokens(beam)
+        logprobs = []
+        for token, candidates in zip(tokens, beam.logprobs):  # a chosen token is one of its step's candidates
+            rank = 1 + sum(value > candidates[token] for value in candidates.values())
+            logprobs.append(TokenLogprob(token, candidates[token], rank, candidates))
+        skip = search.params.skip_special_tokens
+        return SequenceOutput(
+            request_id,
+            index,
+            text=self.tokenizer.decode(tokens, skip_special_tokens=skip),
+            token_ids=tokens,
+            logprobs=logprobs,
+            finish_reason=beam.finish_reason,
+            stop_reason=beam.stop_reason,
+            metrics=RequestMetrics(num_prompt_tokens=search.prompt_len),
+        )
+
     async def _adapter(self, model: str | None) -> LoRAAdapter | None:
         """The adapter the model name names, if any: the engine's read of it, or (dropped past
         max_cpu_loras) read again from its folder."""
@@ -335,3 +386,34 @@ def usage(outputs: list[list[SequenceOutput]], reasoning_counter: ReasoningToken
         thought = sum(reasoning_counter.count(out.token_ids, out.text) for outs in outputs for out in outs)
         counts["completion_tokens_details"] = {"reasoning_tokens": thought}
     return counts
+
+
+def beam_search_params(body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> BeamSearchParams:
+    """vLLM's beam search of a request with use_beam_search (its n beams, the sampling values it
+    takes); a 400 naming the field for what a search cannot serve: a stream, echo, prompt logprobs,
+    an output constraint. The other sampling fields change nothing, as in vLLM."""
+    for name, refused in [
+        ("stream", body.stream),
+        ("echo", getattr(body, "echo", False)),
+        ("prompt_logprobs", body.prompt_logprobs is not None),
+    ]:
+        if refused:
+            raise bad_request(f"use_beam_search does not take {name}", name)
+    if params.structured_outputs is not None:
+        field = constraint_field(body) or "tool_choice"  # else a forced tool call's grammar
+        raise bad_request("use_beam_search cannot keep to an output constraint", field)
+    return BeamSearchParams(
+        beam_width=body.n,
+        max_tokens=params.max_tokens,
+        ignore_eos=body.ignore_eos,
+        temperature=params.temperature,
+        length_penalty=body.length_penalty,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+    )
+
+
+def _candidates(step: SequenceOutput) -> dict[int, float]:
+    """A beam's next tokens and their logprobs, most likely first, from its one-token request."""
+    chosen = step.logprobs[0]
+    return {**chosen.top, chosen.token_id: chosen.logprob}
