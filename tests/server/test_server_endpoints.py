@@ -117,7 +117,7 @@ def test_repeated_prompt_hits_the_prefix_cache_and_metrics_count_it(client, http
         "time_to_first_token_seconds",
         "e2e_request_latency_seconds",
         "request_queue_time_seconds",
-        "time_per_output_token_seconds",
+        "request_time_per_output_token_seconds",
         "request_prefill_time_seconds",
         "request_decode_time_seconds",
         "request_inference_time_seconds",

@@ -127,6 +127,21 @@ def test_metrics_have_each_finish_reason_from_the_start_and_no_created_series():
     assert "_created" not in text
 
 
+def test_metrics_prefix_vllm_gives_vllms_own_names():
+    """--metrics-prefix vllm: the names dashboards and autoscalers built for vLLM 0.32 read."""
+    from pagoda.core.outputs import SchedulerStats
+    from pagoda.entrypoints.openai.metrics import ServerMetrics
+
+    metrics = ServerMetrics(lambda: SchedulerStats(num_waiting=3), "m", 2048, prefix="vllm")
+    metrics.tpot.observe(0.02)
+    text = metrics.render().decode()
+    assert 'vllm:num_requests_waiting{model_name="m"} 3.0' in text
+    for name in ("vllm:kv_cache_usage_perc", "vllm:request_success_total", "vllm:time_to_first_token_seconds_count"):
+        assert name in text, name
+    assert 'vllm:request_time_per_output_token_seconds_count{model_name="m"} 1.0' in text
+    assert "pagoda:" not in text
+
+
 def test_lora_requests_info_is_one_series_naming_the_adapters_as_vllms():
     from pagoda.core.outputs import SchedulerStats
     from pagoda.entrypoints.openai.metrics import ServerMetrics

@@ -1,4 +1,5 @@
-"""Prometheus metrics with vLLM's meanings under a `pagoda:` prefix, in a registry of the app's
+"""Prometheus metrics with vLLM's names and meanings under a `pagoda:` prefix (`vllm:` with
+--metrics-prefix vllm, for dashboards and autoscalers built for vLLM), in a registry of the app's
 own (never prometheus_client's global one, so several apps can live in one process).
 
 Engine state (running, waiting, KV usage, prefix-cache counters, preemptions) is read from the
@@ -104,11 +105,12 @@ def token_buckets(max_model_len: int) -> tuple[int, ...]:
 
 class _EngineStatsCollector(Collector):
     def __init__(
-        self, stats: Callable[[], SchedulerStats], model_name: str, lora_slots: Callable[[], int] | None
+        self, stats: Callable[[], SchedulerStats], model_name: str, lora_slots: Callable[[], int] | None, prefix: str
     ) -> None:
         self.stats = stats
         self.model_name = model_name
         self.lora_slots = lora_slots
+        self.prefix = prefix
 
     def collect(self) -> Iterator:
         s = self.stats()
@@ -139,16 +141,16 @@ class _EngineStatsCollector(Collector):
             ),
         ]
         for name, help_, value in gauges:
-            family = GaugeMetricFamily(f"pagoda:{name}", help_, labels=["model_name"])
+            family = GaugeMetricFamily(f"{self.prefix}:{name}", help_, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
         for name, help_, value in counters:
-            family = CounterMetricFamily(f"pagoda:{name}", help_, labels=["model_name"])
+            family = CounterMetricFamily(f"{self.prefix}:{name}", help_, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
         if s.spec_accepted_per_position:
             family = CounterMetricFamily(
-                "pagoda:spec_decode_num_accepted_tokens_per_pos",
+                f"{self.prefix}:spec_decode_num_accepted_tokens_per_pos",
                 "Speculative decoding: drafts accepted at each draft position (0: the first).",
                 labels=["model_name", "position"],
             )
@@ -159,7 +161,7 @@ class _EngineStatsCollector(Collector):
             # vLLM's info gauge (what LoRA-aware gateways read): its labels say which adapters run
             # and wait, its value when (the scrape's time: this one series is always the latest)
             family = GaugeMetricFamily(
-                "pagoda:lora_requests_info",
+                f"{self.prefix}:lora_requests_info",
                 "Running stats on LoRA requests.",
                 labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
             )
@@ -175,22 +177,23 @@ class ServerMetrics:
         model_name: str,
         max_model_len: int,
         lora_slots: Callable[[], int] | None = None,
+        prefix: str = "pagoda",
     ) -> None:
         """`lora_slots`: with LoRA, how many adapters may run at once (the server's adapters: a
-        step mixes any number), vLLM's `max_lora` label."""
-        # no `*_created` series beside each counter and histogram (vLLM turns them off too); the switch
-        # is prometheus_client's, for the process, which serves one model's metrics
+        step mixes any number), vLLM's `max_lora` label; `prefix`: the names' (pagoda or vllm)."""
+        # no `*_created` series beside each counter and histogram (vLLM 0.32 sends them; dashboards do
+        # not read them); the switch is prometheus_client's, for the process, which serves one model's
         disable_created_metrics()
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineStatsCollector(stats, model_name, lora_slots))
+        self.registry.register(_EngineStatsCollector(stats, model_name, lora_slots, prefix))
         self.model_name = model_name
         labels = ["model_name"]
 
         def counter(name: str, help_: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter(f"pagoda:{name}", help_, labels + list(extra), registry=self.registry)
+            return Counter(f"{prefix}:{name}", help_, labels + list(extra), registry=self.registry)
 
         def histogram(name: str, help_: str, buckets: tuple[float, ...]):
-            return Histogram(f"pagoda:{name}", help_, labels, buckets=buckets, registry=self.registry).labels(
+            return Histogram(f"{prefix}:{name}", help_, labels, buckets=buckets, registry=self.registry).labels(
                 model_name
             )
 
@@ -204,7 +207,9 @@ class ServerMetrics:
             self._success.labels(model_name, reason)
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS)
         self.tpot = histogram(
-            "time_per_output_token_seconds", "Mean time per output token after the first, per sequence.", TPOT_BUCKETS
+            "request_time_per_output_token_seconds",  # vLLM 0.32's name (time_per_output_token_seconds before)
+            "Mean time per output token after the first, per sequence.",
+            TPOT_BUCKETS,
         )
         self.itl = histogram(
             "inter_token_latency_seconds", "Time between a sequence's successive token outputs.", TPOT_BUCKETS

@@ -208,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="no periodic engine statistics line in the log (default: %(default)s)",
     )
     p.add_argument(
+        "--metrics-prefix",
+        choices=("pagoda", "vllm"),
+        default="pagoda",
+        help="the prefix of /metrics' names: vllm gives vLLM's own names (vllm:num_requests_waiting, ..), which "
+        "dashboards and autoscalers built for vLLM read (default: %(default)s)",
+    )
+    p.add_argument(
         "--access-log",
         action="store_true",
         help="one log line per HTTP request: client, method, path, status (default: %(default)s)",
@@ -570,6 +577,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         fingerprint_value=args.fingerprint_value,
         lora_modules=tuple(replace(module, lora_int_id=i) for i, module in enumerate(args.lora_modules, start=1)),
         runtime_lora_updating=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"),
+        metrics_prefix=args.metrics_prefix,
     )
 
 
