@@ -132,7 +132,9 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
                 await asyncio.to_thread(state.sinks.request_log.close)
 
     docs = {} if config.api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
-    app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan, **docs)
+    # root_path on the app (as vLLM sets it), not uvicorn's: a path with the prefix and one a proxy
+    # stripped of it both find their route
+    app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan, root_path=config.root_path, **docs)
     cors = config.cors
     # outermost: a preflight is answered before the key check, and errors carry the CORS headers too
     app.add_middleware(

@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--root-path",
         default="",
-        help="the path prefix under which a reverse proxy serves the server and which it strips, e.g. "
-        "/pagoda (ASGI's root_path; the web console's links are relative, so it works there) (default: none)",
+        help="the path prefix under which a reverse proxy serves the server, e.g. /pagoda: every route answers "
+        "with it and without it (a proxy that strips it or not), as vLLM's; the web console's links are relative, "
+        "so it works there (default: none)",
     )
     p.add_argument(
         "--request-log",
@@ -578,6 +579,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         lora_modules=tuple(replace(module, lora_int_id=i) for i, module in enumerate(args.lora_modules, start=1)),
         runtime_lora_updating=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"),
         metrics_prefix=args.metrics_prefix,
+        root_path=args.root_path or "",
     )
 
 
@@ -679,7 +681,6 @@ async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) 
             # the server's own abort (_abort_after_grace) ends what still runs at --shutdown-timeout;
             # uvicorn cancels a handler only if it has not answered ABORT_ANSWER_S after that
             timeout_graceful_shutdown=args.shutdown_timeout + ABORT_ANSWER_S,
-            root_path=args.root_path,
             lifespan="on",
         )
     )

@@ -84,6 +84,7 @@ class ServerConfig:
     # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter
     runtime_lora_updating: bool = False
     metrics_prefix: str = "pagoda"  # /metrics' names: pagoda:* or vllm:* (--metrics-prefix)
+    root_path: str = ""  # a reverse proxy's path prefix (--root-path): routes answer with it and without it
 
     def sampling_defaults(self, model_defaults: dict) -> dict:
         """What a request's unset sampling values take: the model's generation_config.json values
