@@ -216,3 +216,18 @@ def test_reset_prefix_cache_waits_for_requests_that_are_finishing(http, server):
     assert reset.status_code == 200
     assert "data: [DONE]" in rest  # it ran to the end
     assert metric(wait_idle(server.base_url), "pagoda:prefix_cache_blocks") == 0
+
+
+def test_sagemakers_invocations_route_serves_chat_and_completions_by_the_body(http, server):
+    """vLLM's /invocations: `messages` is a chat completion, `prompt` a completion; anything else,
+    or a bad field, a 400; the API key is asked as on /v1 (vLLM leaves the route open)."""
+    chat = http.post("/invocations", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    text = http.post("/invocations", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0})
+    direct = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0})
+    assert text.json()["object"] == "text_completion"
+    assert text.json()["choices"][0]["text"] == direct.json()["choices"][0]["text"]
+    for body, param in [({"input": "Hi"}, None), ({"prompt": "Hi", "n": 0}, "n")]:
+        refused = http.post("/invocations", json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    assert httpx.post(f"{server.base_url}/invocations", json={"prompt": "Hi"}).status_code == 401

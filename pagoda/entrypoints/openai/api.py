@@ -19,10 +19,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers, MutableHeaders
 
 from pagoda import __version__
@@ -150,6 +153,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     authorized = [Depends(_require_key(config.api_keys))]
     app.include_router(_v1_routes(state), dependencies=authorized)
     app.include_router(_admin_routes(state), dependencies=authorized)
+    app.include_router(_invocation_routes(state), dependencies=authorized)
     if config.runtime_lora_updating and not engine.config.enable_lora:
         logger.warning("VLLM_ALLOW_RUNTIME_LORA_UPDATING is set but --enable-lora is not: no adapter routes")
     elif config.runtime_lora_updating:
@@ -271,6 +275,37 @@ def _v1_routes(state: ServerState) -> APIRouter:
         raise responses.not_stored(response_id)
 
     return router
+
+
+def _invocation_routes(state: ServerState) -> APIRouter:
+    """SageMaker's inference route, as vLLM serves it (with /ping): the body's kind picks the
+    endpoint. Unlike vLLM's, it takes the API key as /v1 does."""
+    router = APIRouter()
+
+    @router.post("/invocations")
+    async def invocations(http: Request) -> Response:
+        try:
+            body = await http.json()
+        except ValueError as exc:
+            raise bad_request(f"JSON decode error: {exc}") from None
+        if isinstance(body, dict) and "messages" in body:
+            return await chat.create_chat_completion(state, _validated(ChatCompletionRequest, body), http)
+        if isinstance(body, dict) and "prompt" in body:
+            return await completions.create_completion(state, _validated(CompletionRequest, body), http)
+        raise bad_request(
+            "Cannot find suitable handler for request. Expected one of: ChatCompletionRequest (messages), "
+            "CompletionRequest (prompt)"
+        )
+
+    return router
+
+
+def _validated(kind: type[BaseModel], body: dict) -> Any:
+    """The body as `kind`; its errors as the 400 a /v1 route gives for them."""
+    try:
+        return kind.model_validate(body)
+    except ValidationError as exc:
+        raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]) from None
 
 
 def _admin_routes(state: ServerState) -> APIRouter:
