@@ -200,3 +200,9 @@ def test_an_adapter_no_model_could_serve_stops_serve_before_the_load(tmp_path, c
     for folder, message in [(tmp_path, "no LoRA adapter at"), (tmp_path / "dora", "use_dora True is not supported")]:
         assert serve.main(["no-such-model", "--enable-lora", "--lora-modules", f"a={folder}"]) == 1
         assert message in capsys.readouterr().err
+
+
+def test_vllms_usage_flags_are_taken():
+    args = serve.parse_args(["m", "--enable-force-include-usage", "--enable-prompt-tokens-details"])
+    assert serve.server_config(args).force_include_usage
+    assert not serve.server_config(serve.parse_args(["m"])).force_include_usage

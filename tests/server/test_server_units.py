@@ -127,6 +127,18 @@ def test_metrics_have_each_finish_reason_from_the_start_and_no_created_series():
     assert "_created" not in text
 
 
+def test_force_include_usage_gives_every_stream_its_usage_as_vllms_flag():
+    from pagoda.entrypoints.openai.serving import chunk_usage
+
+    plain = CompletionRequest(prompt="x", stream=True)
+    assert chunk_usage(plain) is None  # no usage field at all
+    forced = chunk_usage(plain, forced=True)
+    assert forced is not None and forced(3, None) is None  # usage: null on chunks, the totals at the end
+    options = {"include_usage": False, "continuous_usage_stats": True}
+    continuous = chunk_usage(CompletionRequest(prompt="x", stream=True, stream_options=options), forced=True)
+    assert continuous(3, None) == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+
+
 def test_metrics_prefix_vllm_gives_vllms_own_names():
     """--metrics-prefix vllm: the names dashboards and autoscalers built for vLLM 0.32 read."""
     from pagoda.core.outputs import SchedulerStats

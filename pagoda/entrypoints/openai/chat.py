@@ -348,7 +348,7 @@ async def _chunks(
     its arguments), a chunk with only finish_reason; then the usage chunk (choices []) when asked,
     then [DONE]."""
     role, echoed = reply
-    usage_of = chunk_usage(body, state.reasoning_counter)
+    usage_of = chunk_usage(body, state.reasoning_counter, state.config.force_include_usage)
     base = {**head, "object": "chat.completion.chunk"}
     logprobs_shown, ids_shown = plan.shows_per_token(body.logprobs), plan.shows_per_token(body.return_token_ids)
     prompt_tokens = len(prompt_token_ids)

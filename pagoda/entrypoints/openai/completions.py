@@ -170,7 +170,7 @@ async def _chunks(
     choice carries its finish_reason. Then the usage chunk when asked, then [DONE].
     Updates that bring no token (a prefill chunk's prompt logprobs) send nothing; by a choice's
     first token its prompt's logprobs are complete, so the echo goes out then."""
-    usage_of = chunk_usage(body)
+    usage_of = chunk_usage(body, forced=state.config.force_include_usage)
 
     def chunk(choice: dict, prompt: int, update: SequenceOutput | None, token_ids: list[int], first: bool) -> str:
         shown = {} if usage_of is None else {"usage": usage_of(len(prompts[prompt].ids), update)}

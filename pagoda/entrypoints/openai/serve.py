@@ -244,6 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--fingerprint-value", help="the system_fingerprint with --fingerprint-mode custom (default: %(default)s)"
     )
     p.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="every stream ends with a usage chunk, as if it asked stream_options.include_usage (vLLM's flag) "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="accepted for vLLM's command lines: usage always has prompt_tokens_details.cached_tokens "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--enable-request-id-headers",
         action="store_true",
         help="every response carries an X-Request-Id header: the request's own, else a new random id "
@@ -580,6 +592,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         runtime_lora_updating=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"),
         metrics_prefix=args.metrics_prefix,
         root_path=args.root_path or "",
+        force_include_usage=args.enable_force_include_usage,
     )
 
 

@@ -84,6 +84,7 @@ class ServerConfig:
     # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter
     runtime_lora_updating: bool = False
     metrics_prefix: str = "pagoda"  # /metrics' names: pagoda:* or vllm:* (--metrics-prefix)
+    force_include_usage: bool = False  # every stream ends with its usage (vLLM's --enable-force-include-usage)
     root_path: str = ""  # a reverse proxy's path prefix (--root-path): routes answer with it and without it
 
     def sampling_defaults(self, model_defaults: dict) -> dict:
@@ -349,16 +350,19 @@ def event_stream(events: AsyncIterator[str], generation: Generation) -> Streamin
 
 
 def chunk_usage(
-    body: CompletionRequest | ChatCompletionRequest, reasoning_counter: ReasoningTokenCounter | None = None
+    body: CompletionRequest | ChatCompletionRequest,
+    reasoning_counter: ReasoningTokenCounter | None = None,
+    forced: bool = False,
 ) -> Callable[[int, SequenceOutput | None], dict | None] | None:
     """What a stream's chunks carry as `usage` given a choice's prompt tokens and its latest update
     (None before it has one): None without include_usage (no field); with it, null, or with vLLM's
     continuous_usage_stats the counts so far, the reasoning tokens too with a `reasoning_counter`
-    (as the last chunk's usage)."""
+    (as the last chunk's usage). `forced` (vLLM's --enable-force-include-usage): include_usage on
+    every stream."""
     options = body.stream_options
-    if options is None or not options.include_usage:
+    if not (forced or (options is not None and options.include_usage)):
         return None
-    if not options.continuous_usage_stats:
+    if options is None or not options.continuous_usage_stats:
         return lambda prompt, update: None
 
     def counts(prompt: int, update: SequenceOutput | None) -> dict:
