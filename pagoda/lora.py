@@ -219,6 +219,8 @@ def _read_config(folder: Path) -> dict:
         config = json.loads(path.read_text())
     except ValueError as exc:
         raise LoRAError(f"{path} is not valid JSON: {exc}") from None
+    except OSError as exc:  # gone or unreadable since the check above
+        raise LoRAError(f"cannot read {path}: {exc}") from None
     init = config.get("init_lora_weights", True)
     refused = {  # vLLM refuses these too: each changes what the adapter computes beyond x A^T B^T
         "peft_type": config.get("peft_type", "LORA") != "LORA",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ class EngineBase:
         self._grammars_lock = threading.Lock()  # first constrained requests may race to make it
         # read once per lora_int_id, least recently used first: at most max_cpu_loras of them
         self._adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()
+        # every read a request (or the model) still refers to, dropped or not
+        self._in_use: weakref.WeakValueDictionary[int, LoRAAdapter] = weakref.WeakValueDictionary()
         self._adapters_lock = threading.Lock()
 
     def _make_core(self) -> EngineCore:
@@ -59,40 +62,61 @@ class EngineBase:
 
     def adapter(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter a LoRARequest names, read on its id's first use (LoRAError where it cannot
-        be served). Blocks while it is read."""
+        be served). Blocks while it is read (not holding the adapters' lock)."""
         from pagoda.lora import LoRAError, ProjectionShapes, load_adapter
 
         if not self.config.enable_lora:
             raise LoRAError(f"LoRA adapter {request.lora_name!r}: this engine runs none (start it with enable_lora)")
+        held = self.held_adapter(request)
+        if held is not None:
+            return held
+        m = self.config.model
+        read = load_adapter(request, ProjectionShapes.of(m.hf_config), self.config.max_lora_rank, m.dtype)
         with self._adapters_lock:
-            adapter = self._adapters.get(request.lora_int_id)
-            if adapter is not None:
-                if (adapter.name, adapter.path) != (request.lora_name, str(request.lora_path)):
-                    logger.warning(
-                        "LoRA adapter id %d is %r from %s: it serves %r (%s) too (forget_adapter reads an id again)",
-                        adapter.id, adapter.name, adapter.path, request.lora_name, request.lora_path,
-                    )  # fmt: skip
-                self._adapters.move_to_end(request.lora_int_id)
-                return adapter
-            m = self.config.model
-            shapes = ProjectionShapes.of(m.hf_config)
-            adapter = load_adapter(request, shapes, self.config.max_lora_rank, m.dtype)
-            self._adapters[request.lora_int_id] = adapter
-            logger.info("LoRA adapter %r (id %d, rank %d) read", adapter.name, adapter.id, adapter.rank)
-            bound = self.config.max_cpu_loras
-            while bound is not None and len(self._adapters) > bound:
-                _, dropped = self._adapters.popitem(last=False)
-                logger.info(
-                    "LoRA adapter %r (id %d) dropped: the least recently used of more than max_cpu_loras=%d",
-                    dropped.name, dropped.id, bound,
-                )  # fmt: skip
-            self._keep_in_core(frozenset(a.uid for a in self._adapters.values()))  # under the lock: in order
+            adapter = self._adapters.get(request.lora_int_id)  # read meanwhile by another caller: that one
+            if adapter is None:
+                adapter = self._adapters[request.lora_int_id] = read
+                self._in_use[request.lora_int_id] = read
+                logger.info("LoRA adapter %r (id %d, rank %d) read", read.name, read.id, read.rank)
+                self._bound_held()
             return adapter
+
+    def held_adapter(self, request: LoRARequest) -> LoRAAdapter | None:
+        """The read of the request's adapter the engine holds, or None (adapter() reads it): the
+        most recently used, or one a request still runs (taken back rather than read again, so
+        that past max_cpu_loras an adapter in use keeps one read and one copy in the model)."""
+        with self._adapters_lock:
+            adapter = self._adapters.get(request.lora_int_id) or self._in_use.get(request.lora_int_id)
+            if adapter is None:
+                return None
+            if (adapter.name, adapter.path) != (request.lora_name, str(request.lora_path)):
+                logger.warning(
+                    "LoRA adapter id %d is %r from %s: it serves %r (%s) too (forget_adapter reads an id again)",
+                    adapter.id, adapter.name, adapter.path, request.lora_name, request.lora_path,
+                )  # fmt: skip
+            if request.lora_int_id not in self._adapters:
+                self._adapters[request.lora_int_id] = adapter
+                self._bound_held()
+            self._adapters.move_to_end(request.lora_int_id)
+            return adapter
+
+    def _bound_held(self) -> None:
+        """Past max_cpu_loras, the least recently used leave; the core hears what is held (under the
+        adapters' lock: in the order of the changes)."""
+        bound = self.config.max_cpu_loras
+        while bound is not None and len(self._adapters) > bound:
+            _, dropped = self._adapters.popitem(last=False)
+            logger.info(
+                "LoRA adapter %r (id %d) dropped: the least recently used of more than max_cpu_loras=%d",
+                dropped.name, dropped.id, bound,
+            )  # fmt: skip
+        self._keep_in_core(frozenset(a.uid for a in self._adapters.values()))
 
     def forget_adapter(self, adapter_id: int) -> None:
         """Drop an adapter read under this id: its weights leave the model (a request still running
         it keeps them until it ends), and the id's next use reads its folder again."""
         with self._adapters_lock:
+            self._in_use.pop(adapter_id, None)
             if self._adapters.pop(adapter_id, None) is not None:
                 self._keep_in_core(frozenset(a.uid for a in self._adapters.values()))
 

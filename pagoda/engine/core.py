@@ -57,6 +57,7 @@ class EngineCore:
     def finish_requests(self, request_ids: list[str], reason: str, stop_reason: int | str | None = None) -> None:
         """End requests from outside a step: "abort", or "stop" with the stop string that matched."""
         self.scheduler.finish_requests(request_ids, reason, stop_reason)
+        self._release_adapters()  # one may have run the last use of a dropped adapter
 
     @property
     def has_unfinished(self) -> bool:

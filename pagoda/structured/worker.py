@@ -29,16 +29,22 @@ COMPILE_OPTIONS = f"any_whitespace=False separators={SEPARATORS} strict_mode=Tru
 # /project/cpp/json_schema_converter.cc:1199: Warning: format combined with minLength/maxLength
 # is not supported; ignoring minLength/maxLength"
 LIBRARY_WARNING = re.compile(r"Warning: (.*)")
-# the one warning that weakens nothing: an escaped character that is not a letter or digit matches
-# itself, as in Python's re (re.escape writes "\ ", "\#", a backslash before a newline); an
-# unknown escaped letter (\q) stays refused, as Python's re refuses it
-LITERAL_ESCAPE = re.compile(r"Escape sequence '\\(.+)' is not recognized\. The character itself will be matched")
+# the one warning that weakens nothing: an escaped character that is not an ASCII letter or digit
+# matches itself, as in Python's re (re.escape writes "\ ", "\#", a backslash before a newline).
+# The whole warning must be this one (a warning that quotes a pattern could hold its words); the
+# character is shown as itself, or escaped where it is not printable ASCII ('\\n', '\\xe9'). An
+# unknown escaped ASCII letter or digit (\q) stays refused, as Python's re refuses it.
+LITERAL_ESCAPE = re.compile(
+    r"Regex parsing warning at position \d+: Escape sequence "
+    r"'\\(?P<char>[^\\]|\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|[ntrfv0]))' "
+    r"is not recognized\. The character itself will be matched"
+)
 
 
 def weakens(warning: str) -> bool:
     """Whether xgrammar's warning means its grammar enforces less than the constraint asks."""
-    literal = LITERAL_ESCAPE.search(warning)
-    return literal is None or literal.group(1)[0].isalnum()
+    literal = LITERAL_ESCAPE.fullmatch(warning)
+    return literal is None or (literal["char"].isascii() and literal["char"].isalnum())
 
 
 def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:

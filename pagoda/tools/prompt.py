@@ -8,9 +8,10 @@ The "generic" format, which the generic parser of pagoda.tools.parsers reads bac
 - An earlier assistant turn that called tools becomes that same JSON object, then its text (if
   any) on the next line, so the model sees its own calls written as it is told to write them and
   as the generic parser reads them back (calls first; text after them is content).
-- A run of tool messages becomes one user message of "Result of <name>(<arguments>):" blocks, since
-  templates without tool support know no `tool` role; the call's arguments tell apart the results
-  of several calls of one tool, in whatever order the client sends them.
+- A run of tool messages becomes one user message of "Result of <name>:" blocks, since templates
+  without tool support know no `tool` role; where the turn called that tool more than once, each
+  block names its call's arguments, "Result of <name>(<arguments>):", to tell the results apart in
+  whatever order the client sends them.
 
 Messages come from chat.parse_messages (roles system, user, assistant, tool; call arguments
 already parsed); tools are OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`.
@@ -52,7 +53,7 @@ def tool_instructions(tools: list[dict]) -> str:
 
 def calls_text(calls: list[dict]) -> str:
     """Calls (`{"name", "arguments"}`) as the model is told to write them."""
-    return json.dumps({"tool_calls": calls})
+    return json.dumps({"tool_calls": calls}, ensure_ascii=False)
 
 
 def _describe(function: dict) -> str:
@@ -100,15 +101,19 @@ def _first_type(schema: object) -> str | None:
 
 def _tool_turns_as_text(messages: list[dict]) -> list[dict]:
     calls: dict[str, dict] = {}  # tool call id -> its function ({"name", "arguments"}), to label its result
+    repeated: set[str] = set()  # the tools the latest calling turn called more than once
     out: list[dict] = []
     for i, message in enumerate(messages):
         if message["role"] == "assistant" and message.get("tool_calls"):
             functions = [call["function"] for call in message["tool_calls"]]
             calls.update((call["id"], call["function"]) for call in message["tool_calls"])
+            names = [function["name"] for function in functions]
+            repeated = {name for name in names if names.count(name) > 1}
             content = "\n".join(text for text in (calls_text(functions), message["content"]) if text)
             out.append({"role": "assistant", "content": content})
         elif message["role"] == "tool":
-            block = f"Result of {_result_label(message, calls.get(message['tool_call_id']))}:\n{message['content']}"
+            label = _result_label(message, calls.get(message["tool_call_id"]), repeated)
+            block = f"Result of {label}:\n{message['content']}"
             if i > 0 and messages[i - 1]["role"] == "tool":
                 out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{block}"}
             else:
@@ -118,7 +123,10 @@ def _tool_turns_as_text(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _result_label(result: dict, call: dict | None) -> str:
-    """The tool a result answers (its own `name`, else its call's) and that call's arguments."""
+def _result_label(result: dict, call: dict | None, repeated: set[str]) -> str:
+    """The tool a result answers (its own `name`, else its call's), and its call's arguments where
+    the turn called that tool more than once."""
     name = result.get("name") or (call["name"] if call is not None else "the tool")
-    return name if call is None else f"{name}({json.dumps(call['arguments'], ensure_ascii=False)})"
+    if call is None or call["name"] not in repeated:
+        return name
+    return f"{name}({json.dumps(call['arguments'], ensure_ascii=False)})"

@@ -5,6 +5,7 @@ the prefix cache kept apart per adapter; adapters that cannot be served refused 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -176,9 +177,10 @@ def test_pagoda_generate_runs_an_adapter(setup, capsys):
     assert code == 0 and printed["text"] == want.text
 
 
-def test_max_cpu_loras_holds_the_least_recently_used_adapter_out(setup):
+def test_max_cpu_loras_holds_the_least_recently_used_adapter_out(setup, caplog):
     """With max_cpu_loras=1 (and vLLM's max_loras keyword, accepted), adapters taken in turn are
-    each read again at their next use and still give PEFT's tokens; a batch mixing both runs both,
+    each read again at their next use and still give PEFT's tokens; a batch alternating both runs
+    both, reading each at most once (a read a request still runs is taken back, not read again),
     and after it the model holds one adapter's weights, not every read's."""
     model_dir, adapters, _ = setup
     llm = LLM(str(model_dir), enable_lora=True, max_loras=2, max_cpu_loras=1, max_model_len=256, kv_cache_memory=0.05)
@@ -192,8 +194,12 @@ def test_max_cpu_loras_holds_the_least_recently_used_adapter_out(setup):
             reads.append(llm.engine.adapter(requests[name]).uid)
             assert lora_model.registered == {reads[-1]}
         assert reads[0] != reads[2]  # dropped for "all", then read again
-        batch = [requests[name] for name in ("some", "all") for _ in PROMPTS]
-        assert tokens(llm, PROMPTS * 2, batch) == want["some"] + want["all"]
+        batch = [requests[name] for _ in PROMPTS for name in ("some", "all")]  # alternating
+        with caplog.at_level(logging.INFO, logger="pagoda.engine.base"):
+            out = tokens(llm, [p for p in PROMPTS for _ in range(2)], batch)
+        assert out == [w for pair in zip(want["some"], want["all"]) for w in pair]
+        reads = [r.getMessage() for r in caplog.records if r.getMessage().endswith(") read")]
+        assert len(reads) == 1 and "'all'" in reads[0], reads  # "some" was held; "all" read once
         assert len(lora_model.registered) == 1
     finally:
         llm.engine.close()

@@ -189,7 +189,7 @@ def test_an_agent_history_renders_without_tools_in_the_request(http):
     assert response.json()["usage"]["prompt_tokens"] == len(prompt)
     text = http.post("/detokenize", json={"tokens": prompt}).json()["prompt"]
     assert '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}' in text
-    assert "Result of get_weather(" in text
+    assert "Result of get_weather:" in text
 
 
 def test_developer_messages_are_system_messages(http):

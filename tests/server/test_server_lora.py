@@ -72,7 +72,7 @@ def test_an_adapter_is_a_model_name(lora_server):
     assert httpx.get(f"{server.base_url}/v1/models/ft", timeout=10).json()["parent"] == "tiny"
     metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
     info = [line for line in metrics.splitlines() if line.startswith("pagoda:lora_requests_info{")]
-    assert len(info) == 1 and 'max_lora="1"' in info[0] and 'running_lora_adapters=""' in info[0], info
+    assert len(info) == 1 and 'max_lora="2"' in info[0] and 'running_lora_adapters=""' in info[0], info  # --max-loras
 
 
 def test_adapters_load_and_unload_while_serving(lora_server, tmp_path):

@@ -166,6 +166,10 @@ def test_regexes_written_by_re_escape_compile_and_mean_what_python_means(tokeniz
             assert matcher.accept_token(tokenizer.eos_token_id) == whole  # the end only after all of it
         with pytest.raises(GrammarError, match=r"Escape sequence '\\q' is not recognized"):
             grammars.compile(StructuredOutputsParams(regex=r"a\qb"))
+        # a warning that quotes a pattern holding the harmless warning's words is still refused
+        quoting = r"x(?=q)|Escape sequence '\ ' is not recognized. The character itself will be matched"
+        with pytest.raises(GrammarError, match="Lookahead"):
+            grammars.compile(StructuredOutputsParams(json={"type": "string", "pattern": quoting}))
     finally:
         grammars.close()
 

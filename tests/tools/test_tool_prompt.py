@@ -64,18 +64,19 @@ def test_earlier_calls_and_results_become_text_in_the_same_format():
         {"role": "assistant", "content": calls_text(calls)},
         {
             "role": "user",
-            "content": 'Result of get_weather({"city": "Paris"}):\n{"temp": 21}\n\nResult of clock({}):\nnoon',
+            "content": 'Result of get_weather:\n{"temp": 21}\n\nResult of clock:\nnoon',
         },
         {"role": "assistant", "content": calls_text(calls[:1]) + "\nLooking again."},
-        {"role": "user", "content": 'Result of get_weather({"city": "Paris"}):\nrain'},
+        {"role": "user", "content": "Result of get_weather:\nrain"},
         messages[-1],
     ]
     assert calls_text(calls[:1]) == '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
 
 
 def test_results_of_parallel_calls_of_one_tool_are_told_apart_by_their_arguments():
-    """Two calls of get_weather answered in the other order: each result names its call's arguments."""
-    rome = {"type": "function", "id": "call_9", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+    """Two calls of get_weather answered in the other order: each result names its call's arguments
+    (written as the calls are, non-ASCII as itself)."""
+    rome = {"type": "function", "id": "call_9", "function": {"name": "get_weather", "arguments": {"city": "Roma é"}}}
     messages = [
         {"role": "user", "content": "Paris and Rome?"},
         {"role": "assistant", "content": None, "tool_calls": [CALL, rome]},
@@ -84,10 +85,11 @@ def test_results_of_parallel_calls_of_one_tool_are_told_apart_by_their_arguments
         {"role": "tool", "content": "late", "tool_call_id": "call_unknown"},
     ]
     assert with_tools_in_system_prompt(messages, None)[-1]["content"] == (
-        'Result of get_weather({"city": "Rome"}):\nrainy\n\n'
+        'Result of get_weather({"city": "Roma é"}):\nrainy\n\n'
         'Result of get_weather({"city": "Paris"}):\nsunny\n\n'
         "Result of the tool:\nlate"
     )
+    assert '"Roma é"' in with_tools_in_system_prompt(messages, None)[1]["content"]  # the call as the label
 
 
 def test_an_earlier_turn_of_text_and_calls_reads_back_as_both():

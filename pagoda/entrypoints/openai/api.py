@@ -68,7 +68,8 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
     adapters = {module.lora_name: module for module in config.lora_modules}
     for module in config.lora_modules:  # each read at startup (LoRAError stops it)
         engine.adapter(module)
-    lora_slots = (lambda: len(adapters)) if engine.config.enable_lora else None
+    # vLLM's max_lora label: --max-loras where given, else the adapters served (a step mixes any number)
+    lora_slots = (lambda: config.max_loras or len(adapters)) if engine.config.enable_lora else None
     metrics = ServerMetrics(lambda: engine.stats, model.name, model.max_model_len, lora_slots, config.metrics_prefix)
     request_log = RequestLogWriter(config.request_log) if config.request_log is not None else None
     return ServerState(

@@ -593,6 +593,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         metrics_prefix=args.metrics_prefix,
         root_path=args.root_path or "",
         force_include_usage=args.enable_force_include_usage,
+        max_loras=args.max_loras,
     )
 
 

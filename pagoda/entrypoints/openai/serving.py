@@ -85,6 +85,7 @@ class ServerConfig:
     runtime_lora_updating: bool = False
     metrics_prefix: str = "pagoda"  # /metrics' names: pagoda:* or vllm:* (--metrics-prefix)
     force_include_usage: bool = False  # every stream ends with its usage (vLLM's --enable-force-include-usage)
+    max_loras: int | None = None  # vLLM's --max-loras: only the lora metric's max_lora (a step mixes any number)
     root_path: str = ""  # a reverse proxy's path prefix (--root-path): routes answer with it and without it
 
     def sampling_defaults(self, model_defaults: dict) -> dict:
@@ -283,10 +284,16 @@ class ServerState:
         request = self.adapters.get(model)
         if request is None:
             return None
+        held = self.engine.held_adapter(request)  # no file read: on the loop
+        if held is not None:
+            return held
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.engine.adapter, request)
+            adapter = await asyncio.get_running_loop().run_in_executor(None, self.engine.adapter, request)
         except LoRAError as exc:  # its folder changed since it was loaded
             raise bad_request(f"Loading LoRA adapter {request.lora_name!r} failed: {exc}", "model") from None
+        if self.adapters.get(model) is not request:  # unloaded or replaced while it was read
+            self.engine.forget_adapter(request.lora_int_id)  # it serves this request, then leaves
+        return adapter
 
     async def collect(self, http: Request, generation: Generation) -> list[list[SequenceOutput]]:
         try:
