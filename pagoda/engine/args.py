@@ -33,6 +33,8 @@ CPU_PREFILL_WITH_DECODES = 256
 # Off by default on a GPU, where a step with a few more decode rows takes hardly longer.
 CPU_PREFILL_ALONE_THRESHOLD = 64
 
+DEFAULT_KV_CACHE_GIB = 2.0  # the CPU KV pool without --kv-cache-memory or VLLM_CPU_KVCACHE_SPACE
+
 # Whether a model that can be served deterministically is, unless told otherwise (--deterministic /
 # --no-deterministic): on where the mode costs at most 10% of throughput at concurrency 1, 8 and 32
 # (benchmarks/determinism.sh measures it).
@@ -112,8 +114,10 @@ class EngineArgs:
     )
     max_num_seqs: int = option(256, "requests running at once")
     max_num_batched_tokens: int = option(1024, "tokens per step: decodes plus prefill chunks")
-    kv_cache_memory: float = option(
-        2.0, "KV pool size in GiB on CPU; must hold at least one max_model_len sequence; a GPU ignores it"
+    kv_cache_memory: float | None = option(
+        None,
+        "KV pool size in GiB on CPU; must hold at least one max_model_len sequence; a GPU ignores it",
+        default_text="2, or vLLM's VLLM_CPU_KVCACHE_SPACE (GiB) where it is set",
     )
     kv_cache_dtype: str = option(
         "auto",
@@ -281,7 +285,7 @@ class EngineArgs:
             model=model,
             cache=CacheConfig(
                 self.block_size,
-                self.kv_cache_memory,
+                self.resolve_kv_cache_memory(),
                 self.enable_prefix_caching,
                 self.gpu_memory_utilization,
                 kv_cache_dtype=self.resolve_kv_cache_dtype(model, backend),
@@ -313,6 +317,19 @@ class EngineArgs:
         )
         spec = self.speculative()
         return config if spec is None else replace(config, speculative=self.draft_config(spec, config))
+
+    def resolve_kv_cache_memory(self) -> float:
+        """kv_cache_memory, or where unset vLLM's VLLM_CPU_KVCACHE_SPACE (whole GiB, as vLLM reads
+        it), else 2 GiB."""
+        if self.kv_cache_memory is not None:
+            return self.kv_cache_memory
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+        if not space:
+            return DEFAULT_KV_CACHE_GIB
+        try:
+            return float(int(space))
+        except ValueError:
+            raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE must be a whole number of GiB, got {space!r}") from None
 
     def speculative(self) -> SpeculativeConfig | None:
         """The speculative_config option (a JSON string or a dict) as a validated config."""

@@ -456,3 +456,15 @@ def test_fingerprint_modes_are_vllms(capsys):
     assert system_fingerprint(engine(True), "none", None) is None
     assert "custom needs it" in parse_error(["m", "--fingerprint-mode", "custom"], capsys)
     assert "--fingerprint-value goes with" in parse_error(["m", "--fingerprint-value", "v1"], capsys)
+
+
+def test_vllms_cpu_kv_cache_space_sizes_the_pool_where_the_flag_is_not_given(monkeypatch):
+    """VLLM_CPU_KVCACHE_SPACE (whole GiB, as vLLM reads it) where --kv-cache-memory is unset."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert EngineArgs().resolve_kv_cache_memory() == 2.0
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "6")
+    assert EngineArgs().resolve_kv_cache_memory() == 6.0
+    assert EngineArgs(kv_cache_memory=0.5).resolve_kv_cache_memory() == 0.5  # the flag wins
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1.5")
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE must be a whole number"):
+        EngineArgs().resolve_kv_cache_memory()
