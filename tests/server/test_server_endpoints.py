@@ -231,3 +231,11 @@ def test_sagemakers_invocations_route_serves_chat_and_completions_by_the_body(ht
         refused = http.post("/invocations", json=body)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
     assert httpx.post(f"{server.base_url}/invocations", json={"prompt": "Hi"}).status_code == 401
+
+
+def test_openapi_names_each_operation_once(server):
+    """FastAPI warns on stderr of an operation id given twice (a route of two methods did)."""
+    paths = httpx.get(f"{server.base_url}/openapi.json", timeout=10).json()["paths"]
+    ids = [op["operationId"] for methods in paths.values() for op in methods.values()]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    assert {"get", "post"} <= set(paths["/ping"])

@@ -395,7 +395,8 @@ def _open_routes(state: ServerState) -> APIRouter:
     router = APIRouter()
 
     @router.get("/health")
-    @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's health check)
+    @router.get("/ping")  # vLLM's (SageMaker's health check), both methods
+    @router.post("/ping")  # (one route of two methods would give /openapi.json one operation id twice)
     async def health() -> Response:
         return Response(status_code=200 if state.engine.is_alive else 503)
 
