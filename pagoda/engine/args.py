@@ -15,6 +15,7 @@ import os
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig, ThreadConfig, parse_cores
 from pagoda.errors import ConfigError
@@ -271,6 +272,9 @@ class EngineArgs:
             gguf_path(self.model),
         )
         if self.tokenizer is not None:
+            given = Path(self.tokenizer)
+            if not (given.is_dir() or (given.is_file() and given.suffix == ".gguf")):
+                raise ConfigError(f"tokenizer {self.tokenizer!r}: no such folder or .gguf file")
             model = replace(model, tokenizer=self.tokenizer)
         backend = select_backend(self.attention_backend, device, model.dtype, model.head_dim)
         deterministic = self.resolve_deterministic(device, model, backend)

@@ -468,3 +468,8 @@ def test_vllms_cpu_kv_cache_space_sizes_the_pool_where_the_flag_is_not_given(mon
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1.5")
     with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE must be a whole number"):
         EngineArgs().resolve_kv_cache_memory()
+
+
+def test_a_tokenizer_path_that_is_not_there_is_named_as_the_tokenizer(tmp_path):
+    with pytest.raises(ValueError, match="tokenizer '.*nowhere': no such folder or .gguf file"):
+        EngineArgs(tokenizer=str(tmp_path / "nowhere")).create_config()
