@@ -64,6 +64,7 @@ def test_a_quiet_load_step_is_reported_while_it_runs(caplog):
     async def run() -> None:
         async with LoadProgress(quiet_s=0.2).reporting("pagoda.test_load"):
             logging.getLogger("pagoda.test_load.loader").info("Packing linear weights")
+            logging.getLogger("pagoda.test_load.loader").warning("a warning on the way is not a step")
             await asyncio.sleep(0.6)
 
     with caplog.at_level(logging.INFO):

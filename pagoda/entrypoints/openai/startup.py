@@ -122,7 +122,7 @@ class LoadProgress(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.last_line = time.monotonic()
-        if not getattr(record, "heartbeat", False):
+        if record.levelno == logging.INFO and not getattr(record, "heartbeat", False):  # a step, not a warning
             self.step = record.getMessage()
 
     async def watch(self) -> None:
