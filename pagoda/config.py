@@ -82,7 +82,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 1024
     max_model_len: int = 2048
-    policy: Literal["fcfs", "lpm"] = "fcfs"
+    policy: Literal["fcfs", "lpm", "priority"] = "fcfs"
     max_queue: int | None = None  # waiting requests beyond this are refused (server: 503)
     # while any running request decodes, a step takes at most this many prompt tokens, so a long
     # prefill chunk does not stall every decode in the step; None: only max_num_batched_tokens
@@ -101,8 +101,8 @@ class SchedulerConfig:
             raise ConfigError(f"max_prefill_with_decodes must be >= 1, got {self.max_prefill_with_decodes}")
         if self.prefill_alone_threshold is not None and self.prefill_alone_threshold < 1:
             raise ConfigError(f"prefill_alone_threshold must be >= 1, got {self.prefill_alone_threshold}")
-        if self.policy not in ("fcfs", "lpm"):
-            raise ConfigError(f"scheduling policy must be 'fcfs' or 'lpm', got {self.policy!r}")
+        if self.policy not in ("fcfs", "lpm", "priority"):
+            raise ConfigError(f"scheduling policy must be 'fcfs', 'lpm' or 'priority', got {self.policy!r}")
 
 
 # Speculation is off for a step whose running batch is larger than its method's limit: verifying

@@ -64,6 +64,7 @@ class Request:
     # vLLM's cache_salt: only requests with the same salt share KV
     cache_salt: str | None = None
     lora: LoRAAdapter | None = None  # the adapter it runs, if any
+    priority: int = 0  # vLLM's: under the priority policy, lower is served first
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)  # prompt, then outputs

@@ -4,7 +4,10 @@ There is no prefill phase: every step, running requests get their next tokens (o
 a chunk for a prefill) in arrival order, then waiting requests are admitted while the budget,
 `max_num_seqs` and the KV pool allow. When a running request cannot grow, the newest running
 request is preempted by recompute: its blocks are released (what it computed stays in the prefix
-cache) and it waits at the head of the queue, its output so far kept.
+cache) and it waits at the head of the queue, its output so far kept. Under the priority policy
+(vLLM's) waiting requests are admitted lowest `priority` first (then earliest), and the running
+request preempted is the one of the highest priority value (then the latest) among those not yet
+given tokens this step.
 
 One exception to mixing (`prefill_alone_threshold`): while requests decode, a prompt with few
 tokens left to compute (a short prompt, or a prefix-cache hit's remainder) runs in a step of its
@@ -169,9 +172,10 @@ class Scheduler:
                     num_new -= len(draft)
                     draft = []
                     continue
-                self._preempt(self.running.pop())
+                victim = self.running.pop(self._victim(index))
+                self._preempt(victim)
                 preempted = True
-                if index >= len(self.running):
+                if victim is request:
                     break
             else:
                 request.block_ids += blocks
@@ -345,12 +349,23 @@ class Scheduler:
         shareable = min(parent.num_computed_tokens, request.num_prompt_tokens - 1) // self.kv.block_size
         return PrefixMatch(tuple(parent.block_ids[:shareable]))
 
+    def _victim(self, index: int) -> int:
+        """Where the running request to preempt for running[index] (itself among them) is: of those
+        not given tokens this step, the newest, or under the priority policy the one of the highest
+        priority value, then the latest."""
+        if self.config.policy != "priority":
+            return len(self.running) - 1
+        candidates = range(index, len(self.running))
+        return max(candidates, key=lambda i: (self.running[i].priority, self.running[i].arrival_time))
+
     def _next_waiting(self) -> tuple[Request | None, list[Request]]:
         """The request to admit next, and the earlier arrivals it would pass over (whose skips
         count only if it is in fact admitted)."""
         ready = [r for r in self.waiting if _ready(r)]
         if not ready:
             return None, []
+        if self.config.policy == "priority":
+            return min(ready, key=lambda r: (r.priority, r.arrival_time)), []
         if self.config.policy == "fcfs" or ready[0].num_skips >= LPM_MAX_SKIPS:
             return ready[0], []
         window = ready[:LPM_WINDOW]

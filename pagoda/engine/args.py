@@ -148,8 +148,10 @@ class EngineArgs:
     enable_prefix_caching: bool = option(True, "the radix prefix cache")
     scheduling_policy: str = option(
         "fcfs",
-        "lpm: longest cached prefix first, no request passed over more than 16 times",
-        choices=["fcfs", "lpm"],
+        "lpm: longest cached prefix first, no request passed over more than 16 times; priority: vLLM's, the "
+        "lowest request priority first (then the earliest), and a request short of KV blocks preempts the "
+        "running request of the highest priority value (then the latest)",
+        choices=["fcfs", "lpm", "priority"],
     )
     max_queue: int | None = option(
         None, "waiting requests beyond this are refused; the server answers 503", default_text="unbounded"

@@ -103,11 +103,13 @@ class AsyncEngine(EngineBase):
         params: SamplingParams,
         cache_salt: str | None = None,
         lora: LoRAAdapter | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[SequenceOutput]:
         """Updates of all n sequences of one request until each has finished. Closing the
         iterator early (a client went away) aborts whatever is still running. `cache_salt`: the
         request's prefix cache namespace (only requests with the same salt share cached KV);
-        `lora`: the adapter it runs (`adapter()` reads one)."""
+        `lora`: the adapter it runs (`adapter()` reads one); `priority`: lower first under the
+        priority policy."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
         constraint = params.structured_outputs
@@ -116,7 +118,7 @@ class AsyncEngine(EngineBase):
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
         if request_id in self._queues:  # checked and registered with no await between
             raise ValueError(f"request id {request_id!r} is already in flight")
-        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, lora)
+        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, lora, priority)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._engine_ids[request_id] = [r.request_id for r in requests]

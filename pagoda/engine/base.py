@@ -144,10 +144,14 @@ class EngineBase:
         grammar: Any = None,
         cache_salt: str | None = None,
         lora: LoRAAdapter | None = None,
+        priority: int = 0,
     ) -> list[Request]:
         """The engine requests of one caller request, one per sequence of n; `grammar`: the
         compiled grammar of its constraint, if it has one (a thinking budget is kept by the same
-        state); `cache_salt`: its prefix cache namespace; `lora`: the adapter it runs."""
+        state); `cache_salt`: its prefix cache namespace; `lora`: the adapter it runs; `priority`:
+        vLLM's (lower first, under the priority policy)."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise SamplingParamsError("priority", f"priority must be an integer, got {priority!r}")
         m = self.config.model
         check_token_ids(prompt_ids, m.vocab_size, "prompt")
         check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
@@ -178,6 +182,7 @@ class EngineBase:
             bad_words_ids,
             cache_salt,
             lora,
+            priority,
         )
 
     def _word_token_ids(self, word: str) -> list[tuple[int, ...]]:

@@ -30,9 +30,11 @@ class LLMEngine(EngineBase):
         request_id: str | None = None,
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue one prompt; returns its request id. `cache_salt` (vLLM's): only requests with the
-        same salt share prefix-cache blocks; `lora_request`: the adapter it runs (vLLM's)."""
+        same salt share prefix-cache blocks; `lora_request`: the adapter it runs; `priority`: lower
+        first under the priority policy (vLLM's)."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
@@ -40,7 +42,7 @@ class LLMEngine(EngineBase):
         adapter = None if lora_request is None else self.adapter(lora_request)
         constraint = params.structured_outputs
         grammar = self.compile_grammar(constraint) if constraint is not None else None
-        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, adapter)
+        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, adapter, priority)
         for request in requests:
             self.core.add_request(request)
         self.outputs.add(request_id, requests)

@@ -28,6 +28,7 @@ def make_requests(
     bad_words_ids: tuple[tuple[int, ...], ...] = (),
     cache_salt: str | None = None,
     lora: LoRAAdapter | None = None,
+    priority: int = 0,
 ) -> list[Request]:
     """The engine requests of one caller request: one per sequence; siblings of n > 1 share the
     prompt through the first one, seeded siblings get consecutive seeds, and a constrained
@@ -47,6 +48,7 @@ def make_requests(
                 bad_words_ids=bad_words_ids,
                 cache_salt=cache_salt,
                 lora=lora,
+                priority=priority,
             )
         )
     return requests

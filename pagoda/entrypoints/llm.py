@@ -129,10 +129,12 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order; without `sampling_params`, the model's defaults
         (get_default_sampling_params). `use_tqdm`: a progress bar and a throughput line on stderr.
-        `lora_request` (vLLM's, with enable_lora): the adapter every prompt runs, or one per prompt."""
+        `lora_request` (vLLM's, with enable_lora): the adapter every prompt runs, or one per prompt;
+        `priority` (vLLM's): one per prompt, lower first under scheduling_policy="priority"."""
         if not isinstance(prompts, (str, dict, Sequence)):
             raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
         if not prompts and not isinstance(prompts, str):  # "": the engine refuses an empty prompt by name
@@ -151,11 +153,14 @@ class LLM:
         if not all(isinstance(sp, SamplingParams) for sp in params_list):
             raise TypeError(f"sampling_params must hold SamplingParams only, got {params_list!r:.120}")
         loras = _per_prompt(lora_request, len(prompt_list))
+        priorities = [0] * len(prompt_list) if priority is None else list(priority)
+        if len(priorities) != len(prompt_list):
+            raise ValueError(f"give one priority per prompt: {len(prompt_list)} prompt(s), {len(priorities)} given")
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
         ids: list[str] = []
         try:
-            for prompt, sp, salt, lora in zip(prompt_ids, params_list, salts, loras):
-                ids.append(self.engine.add_request(prompt, sp, cache_salt=salt, lora_request=lora))
+            for prompt, sp, salt, lora, rank in zip(prompt_ids, params_list, salts, loras, priorities):
+                ids.append(self.engine.add_request(prompt, sp, cache_salt=salt, lora_request=lora, priority=rank))
             progress = Progress(len(ids), sum(map(len, prompt_ids)), sum(sp.n for sp in params_list), use_tqdm)
             done = self._run(ids, progress)
         except BaseException:  # a refused prompt or a Ctrl-C: this call's requests leave the engine

@@ -690,3 +690,31 @@ def test_stats_name_the_lora_adapters_of_running_and_waiting_requests() -> None:
     while s.num_unfinished:
         engine.step()
     assert (s.stats().running_lora_adapters, s.stats().waiting_lora_adapters) == ((), ())
+
+
+def test_priority_policy_admits_the_lowest_priority_then_the_earliest() -> None:
+    s = make_scheduler(64, BS, policy="priority", max_num_seqs=1)
+    engine = FakeEngine(s, sample=constant(7))
+    for request_id, priority in [("a", 5), ("b", 1), ("c", 1), ("d", -2)]:
+        add(s, request_id, tokens(3), max_tokens=1).priority = priority
+    order = [request.request_id for _ in range(4) for request, _ in engine.step().scheduled]
+    assert order == ["d", "b", "c", "a"]
+
+
+def test_priority_policy_preempts_the_highest_priority_value_not_the_newest() -> None:
+    # As test_the_newest_request_is_preempted_and_resumes, but a (the oldest) has the highest value
+    s = make_scheduler(5, BS, False, max_model_len=16, policy="priority")
+    engine = FakeEngine(s)
+    a = add(s, "a", tokens(6), ignore_eos=True, max_tokens=6)
+    b = add(s, "b", tokens(6, start=20), ignore_eos=True, max_tokens=6)
+    a.priority = 3
+    for _ in range(3):
+        engine.step()
+    out = engine.step()  # position 8 needs a third block each: a goes, not b
+    assert ids(out) == [("b", 1)] and a.num_preemptions == 1 and b.num_preemptions == 0
+    assert list(s.waiting) == [a] and s.running == [b]
+    engine.run_until_done()
+    for request in (a, b):
+        expected = reference_output(request.prompt_token_ids, request.sampling_params, frozenset(), 16)[0]
+        assert request.output_token_ids == expected
+    engine.check_all_released()

@@ -339,3 +339,22 @@ def test_ctrl_c_on_generate_is_one_line_and_exit_130(tiny_llm):
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert "Traceback" not in err and err.rstrip().endswith("pagoda generate: interrupted")
+
+
+def test_priority_scheduling_runs_the_lowest_priority_first_with_the_same_outputs(tiny_llm, tmp_path):
+    """vLLM's scheduling_policy="priority" and generate(priority=[...]): one request at a time,
+    the lowest priority value is scheduled first; each output is as under first come, first served."""
+    path = tiny_llm.engine.config.model.path
+    prompts = [[5, 6, 7], [9, 10, 11], [12, 13], [14, 15, 16, 17]]
+    ranked = LLM(path, kv_cache_memory=0.01, max_model_len=128, scheduling_policy="priority", max_num_seqs=1)
+    try:
+        outs = ranked.generate(prompts, GREEDY, use_tqdm=False, priority=[2, -1, 2, 0])
+    finally:
+        ranked.engine.close()
+    started = sorted(range(4), key=lambda i: outs[i].metrics.first_scheduled_time)
+    assert started == [1, 3, 0, 2]  # -1, 0, then the 2s in arrival order
+    assert [o.outputs[0].token_ids for o in outs] == [
+        o.outputs[0].token_ids for o in tiny_llm.generate(prompts, GREEDY, use_tqdm=False)
+    ]
+    with pytest.raises(ValueError, match="one priority per prompt"):
+        tiny_llm.generate(prompts, GREEDY, use_tqdm=False, priority=[1])

@@ -304,3 +304,11 @@ def test_a_prompt_plus_max_tokens_past_the_context_ends_at_the_context(http):
 def test_the_engine_still_serves_after_bad_input(http, server):
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert http.post("/v1/completions", json=COMPLETION).json()["usage"]["completion_tokens"] == 2
+
+
+def test_priority_is_taken_and_checked(http):
+    """vLLM's priority field: taken on every generation endpoint (it orders requests only under
+    --scheduling-policy priority), refused by name when it is not an integer."""
+    assert http.post("/v1/chat/completions", json={**CHAT, "priority": -3}).status_code == 200
+    assert http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1, "priority": 2}).status_code == 200
+    assert error_of(http.post("/v1/completions", json={**COMPLETION, "priority": "high"}), 400)["param"] == "priority"

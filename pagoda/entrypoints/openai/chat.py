@@ -288,7 +288,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         )
         return JSONResponse(_response(state, body, chat.plan, head, chat.prompt_ids, beams[0], reply))
     generation = await state.launch(
-        http, ENDPOINT, request_id, [chat.prompt_ids], chat.params, body.cache_salt, body.model
+        http, ENDPOINT, request_id, [chat.prompt_ids], chat.params, body.cache_salt, body.model, body.priority
     )
     if body.stream:
         return event_stream(_chunks(state, body, chat.plan, generation, head, chat.prompt_ids, reply), generation)

@@ -83,7 +83,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
         search = beam_search_params(body, params)
         outputs = await state.beam_search(http, ENDPOINT, request_id, prompt_ids, search, body.cache_salt, body.model)
     else:
-        generation = await state.launch(http, ENDPOINT, request_id, prompt_ids, params, body.cache_salt, body.model)
+        generation = await state.launch(
+            http, ENDPOINT, request_id, prompt_ids, params, body.cache_salt, body.model, body.priority
+        )
         if body.stream:
             return event_stream(_chunks(state, body, prompts, generation, head), generation)
         outputs = [[_shown(body, out) for out in outs] for outs in await state.collect(http, generation)]

@@ -168,6 +168,7 @@ class _SamplingFields(_Body):
     user: str | None = None
     cache_salt: CacheSalt = None
     request_id: RequestId = None  # the answer's id is "chatcmpl-" or "cmpl-" and this (serving.answer_id)
+    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)  # vLLM's: lower first under --scheduling-policy priority
     # vLLM's beam search: n beams (pagoda/beam_search.py), ranked by cumulative logprob over
     # length ** length_penalty
     use_beam_search: bool = False
@@ -242,6 +243,7 @@ class VllmResponsesFields(_Body):
     structured_outputs: StructuredOutputsBody | None = None
     include_reasoning: bool | None = None
     cache_salt: CacheSalt = None
+    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)  # lower first under --scheduling-policy priority
 
 
 class ResponsesRequest(VllmResponsesFields):

@@ -64,7 +64,14 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     logprobs = _logprobs(state, request, prepared.plan)
     response_id = body.request_id or f"resp_{uuid.uuid4().hex}"
     generation = await state.launch(
-        http, ENDPOINT, response_id, [prepared.prompt_ids], prepared.params, request.cache_salt, request.model
+        http,
+        ENDPOINT,
+        response_id,
+        [prepared.prompt_ids],
+        prepared.params,
+        request.cache_salt,
+        request.model,
+        request.priority,
     )
     head = _head(state, body, request, prepared, response_id)
     if body.stream:

@@ -217,9 +217,11 @@ class ServerState:
         params: SamplingParams,
         cache_salt: str | None,
         model: str | None,
+        priority: int = 0,
     ) -> Generation:
         """Submit the prompts (in the prefix cache namespace `cache_salt`, with the adapter `model`
-        names, if it names one); returns once the engine has accepted all of them."""
+        names, if it names one, at vLLM's `priority`); returns once the engine has accepted all of
+        them."""
         body = await http.json() if self.sinks.request_log is not None else None
         request_ids = Generation.prompt_request_ids(request_id, len(prompts))
         if self.config.log_requests:
@@ -227,7 +229,7 @@ class ServerState:
         recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params.n, body)
         engine_ids = [Generation.engine_id(name) for name in request_ids]
         lora = await self._adapter(model)
-        generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, lora, recorder)
+        generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, lora, recorder, priority)
         await cancel_on_disconnect(http, generation.start())
         return generation
 

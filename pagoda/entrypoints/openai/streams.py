@@ -52,6 +52,7 @@ class Generation:
         cache_salt: str | None,
         lora: LoRAAdapter | None,
         observer: Observer,
+        priority: int = 0,
     ) -> None:
         self.engine = engine
         self.engine_ids = engine_ids
@@ -59,6 +60,7 @@ class Generation:
         self.params = params
         self.cache_salt = cache_salt
         self.lora = lora
+        self.priority = priority
         self.observer = observer
         self._queue: asyncio.Queue[tuple[int, SequenceOutput | Exception]] = asyncio.Queue()
         self._buffer: deque[tuple[int, SequenceOutput]] = deque()
@@ -116,7 +118,9 @@ class Generation:
     async def _pump(self, i: int) -> None:
         latest: dict[int, SequenceOutput] = {}
         try:
-            updates = self.engine.generate(self.engine_ids[i], self.prompts[i], self.params, self.cache_salt, self.lora)
+            updates = self.engine.generate(
+                self.engine_ids[i], self.prompts[i], self.params, self.cache_salt, self.lora, self.priority
+            )
             async for update in updates:
                 latest[update.index] = update
                 self.observer.on_update(i, update)
