@@ -4,7 +4,8 @@
   "auto" enabled and a --reports folder for the console; most tests.
 - `small_server`: two sequences at a time and a waiting queue of one (so 503 is reachable), prompt
   text in its log lines, a short shutdown grace (SMALL_GRACE_S), a --tool-call-parser its template
-  cannot use, --reasoning-parser qwen3; the SIGTERM test ends it, so it runs last.
+  cannot use, --reasoning-parser qwen3, vLLM's Responses store (VLLM_ENABLE_RESPONSES_API_STORE);
+  the SIGTERM test ends it, so it runs last.
 Both are launched together on first use (their model loads overlap) and killed at the end.
 """
 
@@ -64,6 +65,7 @@ def _launch(
     api_key: str | None = None,
     request_log: Path | None = None,
     reports: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Server:
     port = free_port()
     log_path = folder / f"{name}.log"
@@ -85,7 +87,7 @@ def _launch(
     if reports:
         reports.mkdir()
         command += ["--reports", str(reports)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     env.pop("PAGODA_API_KEY", None)
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -127,6 +129,7 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
             *("--reasoning-parser", "qwen3"),
             "--shutdown-timeout",
             str(SMALL_GRACE_S),
+            env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"},  # vLLM's: the Responses API keeps its responses
         ),
     }
     yield servers

@@ -380,3 +380,47 @@ def test_a_stream_that_fails_ends_with_openais_failure_events():
     assert [(item["type"], item["status"], item["content"][0]["text"]) for item in failed["output"]] == [
         ("message", "incomplete", "Hello <thi")
     ]
+
+
+def test_with_vllms_store_previous_response_id_continues_a_conversation(small_server):
+    """VLLM_ENABLE_RESPONSES_API_STORE=1: a stored response is found by id, a later request's
+    previous_response_id puts its input and output before the new input (not its instructions), a
+    call's output answers it across turns, and DELETE forgets it; store false stores nothing."""
+    client = openai.OpenAI(base_url=f"{small_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    http = client._client  # the same connection, for the raw routes
+    first = client.responses.create(model=MODEL, input="My name is Ada.", instructions="Be brief.", max_output_tokens=8)
+    assert first.store and client.responses.retrieve(first.id).output[0].content[0].text == first.output_text
+    second = client.responses.create(
+        model=MODEL, input="What is my name?", previous_response_id=first.id, max_output_tokens=4
+    )
+    assert second.previous_response_id == first.id
+    turns = [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    rendered = http.post(f"{small_server.base_url}/tokenize", json={"messages": turns}).json()["count"]
+    assert second.usage.input_tokens == rendered  # the first turn's instructions are not carried over
+    items = http.get(f"{small_server.base_url}/v1/responses/{second.id}/input_items").json()["data"]
+    assert [item.get("role", item.get("type")) for item in items] == ["user", "assistant", "user"]
+    called = client.responses.create(
+        model=MODEL, input=ASK, tools=[WEATHER], tool_choice="required", max_output_tokens=60
+    )
+    call = called.output[0]
+    answered = client.responses.create(
+        model=MODEL,
+        previous_response_id=called.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"temp": 21}'}],
+        max_output_tokens=4,
+    )
+    assert answered.status in ("completed", "incomplete") and answered.output
+    assert http.delete(f"{small_server.base_url}/v1/responses/{first.id}").json()["deleted"] is True
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.responses.create(model=MODEL, input="hi", previous_response_id=first.id, max_output_tokens=1)
+    assert unknown.value.body["param"] == "previous_response_id"
+    unstored = client.responses.create(model=MODEL, input="hi", store=False, max_output_tokens=1)
+    assert not unstored.store
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)

@@ -52,6 +52,7 @@ from pagoda.entrypoints.openai.protocol import (
 )
 from pagoda.entrypoints.openai.recording import RecordSinks
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
+from pagoda.entrypoints.openai.response_store import ResponseStore, StoredResponse
 from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
 from pagoda.entrypoints.openai.stats_log import log_stats
 from pagoda.entrypoints.openai.tool_calls import check_tools
@@ -91,6 +92,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         if config.tools.reasoning_parser
         else None,
         adapters=adapters,
+        response_store=ResponseStore() if config.store_responses else None,
     )
 
 
@@ -267,13 +269,33 @@ def _v1_routes(state: ServerState) -> APIRouter:
     async def count_message_tokens(body: AnthropicCountTokensRequest, http: Request) -> Response:
         return await messages.count_tokens(state, body, http)
 
-    # a stored response's routes: nothing is stored, so every id is unknown (vLLM's 404 without its store)
+    # a stored response's routes; without the store every id is unknown (vLLM's 404 without its store)
+    def stored(response_id: str) -> StoredResponse:
+        found = state.response_store.get(response_id) if state.response_store is not None else None
+        if found is None:
+            raise responses.not_stored(response_id)
+        return found
+
     @router.get("/responses/{response_id}")
+    async def get_response(response_id: str) -> dict:
+        return stored(response_id).response
+
     @router.delete("/responses/{response_id}")
-    @router.post("/responses/{response_id}/cancel")
+    async def delete_response(response_id: str) -> dict:
+        stored(response_id)
+        state.response_store.delete(response_id)  # type: ignore[union-attr]: stored() found it there
+        return {"id": response_id, "object": "response", "deleted": True}
+
     @router.get("/responses/{response_id}/input_items")
-    async def stored_response(response_id: str) -> Response:
-        raise responses.not_stored(response_id)
+    async def response_input_items(response_id: str) -> dict:
+        items = stored(response_id).input_items
+        ids = [item.get("id") for item in items]
+        return {"object": "list", "data": items, "first_id": ids[0], "last_id": ids[-1], "has_more": False}
+
+    @router.post("/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> dict:
+        stored(response_id)
+        raise bad_request("Only background responses can be cancelled; this server runs none", "response_id")
 
     return router
 

@@ -267,7 +267,7 @@ class ResponsesRequest(VllmResponsesFields):
     parallel_tool_calls: bool = True
     text: dict[str, Any] | None = None
     stream: bool = False
-    store: bool = True  # nothing is stored (see responses.py), whatever it says
+    store: bool = True  # kept only with the server's response store (VLLM_ENABLE_RESPONSES_API_STORE)
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: str | None = None

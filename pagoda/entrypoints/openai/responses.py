@@ -4,8 +4,11 @@ items tool messages), its function tools and text.format the chat's tools and re
 chat.prepare checks and renders them as for /v1/chat/completions, and the chat message the model
 writes comes back as output items: reasoning, message, function_call.
 
-Nothing is stored (as vLLM without its response store): previous_response_id, conversation and
-background are refused, and a client sends the whole conversation each turn."""
+By default nothing is stored (as vLLM without its response store): previous_response_id is refused,
+and a client sends the whole conversation each turn. With vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1
+the server keeps its latest responses (response_store.py): previous_response_id continues one (its
+input items and output items, then the new input; not its instructions, as OpenAI's), and the
+GET, DELETE and input_items routes find them. Conversations and background runs are refused."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from pagoda.entrypoints.openai.protocol import (
     ResponsesRequest,
     VllmResponsesFields,
 )
+from pagoda.entrypoints.openai.response_store import ResponseStore
 from pagoda.entrypoints.openai.serving import ServerState, event_stream, usage
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan
@@ -41,7 +45,8 @@ INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
 # what Pagoda cannot do, refused where the request sets it (None and False are unset)
 NOT_SERVED = {
-    "previous_response_id": "this server stores no responses: send the whole conversation as input",
+    "previous_response_id": "this server stores no responses (start it with VLLM_ENABLE_RESPONSES_API_STORE=1): "
+    "send the whole conversation as input",
     "conversation": "this server stores no conversations: send the whole conversation as input",
     "background": "responses run in the foreground only",
     "prompt": "no stored prompt templates: send the instructions and input",
@@ -56,8 +61,12 @@ RENAMES = (
 
 
 async def create_response(state: ServerState, body: ResponsesRequest, http: Request) -> Response:
+    store = state.response_store
+    conversation = _conversation(store, body)  # what the response answers, as input items
+    keep = (lambda response: store.put(response, conversation)) if store is not None and body.store else None
+    served = body if store is None else body.model_copy(update={"input": conversation, "previous_response_id": None})
     try:
-        request = chat_request(body, state.config.tools.enable_auto_tool_choice, state.limits.max_model_len)
+        request = chat_request(served, state.config.tools.enable_auto_tool_choice, state.limits.max_model_len)
         prepared = await chat.prepare(state, request)
     except APIError as exc:
         raise _renamed(exc) from None
@@ -73,9 +82,10 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
         request.model,
         request.priority,
     )
-    head = _head(state, body, request, prepared, response_id)
+    head = _head(state, body, request, prepared, response_id, stored=keep is not None)
     if body.stream:
-        return event_stream(_events(prepared.plan, generation, head, logprobs, state.reasoning_counter), generation)
+        events = _events(prepared.plan, generation, head, logprobs, state.reasoning_counter, keep)
+        return event_stream(events, generation)
     out = (await state.collect(http, generation))[0][0]
     # the items as a stream of the whole text builds them: one owner of their order and shapes
     items, streamer = _Items(), prepared.plan.streamer()
@@ -84,16 +94,26 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
         items.feed(delta)
     incomplete = out.finish_reason == "length" and not streamer.called
     items.finish(incomplete)
-    return JSONResponse(_finished(head, items.items, incomplete, usage([[out]], state.reasoning_counter)))
+    response = _finished(head, items.items, incomplete, usage([[out]], state.reasoning_counter))
+    if keep is not None:
+        keep(response)
+    return JSONResponse(response)
 
 
-def not_stored(response_id: str) -> APIError:
-    return APIError(
-        404,
-        f"Response with id {response_id!r:.100} not found: this server stores no responses",
-        "response_id",
-        "response_not_found",
-    )
+def _conversation(store: ResponseStore | None, body: ResponsesRequest) -> list[dict]:
+    """The input items the response answers: with a store, the conversation of the response
+    `previous_response_id` names (404 where it holds none), then the input's items."""
+    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    if store is None or body.previous_response_id is None:
+        return list(items)
+    earlier = store.get(body.previous_response_id)
+    if earlier is None:
+        raise not_stored(body.previous_response_id, "previous_response_id")
+    return earlier.conversation + list(items)
+
+
+def not_stored(response_id: str, param: str = "response_id") -> APIError:
+    return APIError(404, f"Response with id {response_id!r:.100} not found", param, "response_not_found")
 
 
 def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -> ChatCompletionRequest:
@@ -302,6 +322,7 @@ def _head(
     request: ChatCompletionRequest,
     prepared: chat.PreparedChat,
     response_id: str,
+    stored: bool,
 ) -> dict:
     """The response object's fields that do not depend on the output."""
     return {
@@ -319,9 +340,9 @@ def _head(
         "model": state.answering_model(body.model),
         "output": [],
         "parallel_tool_calls": body.parallel_tool_calls,
-        "previous_response_id": None,
+        "previous_response_id": body.previous_response_id,
         "reasoning": body.reasoning,
-        "store": False,
+        "store": stored,
         "temperature": prepared.params.temperature,
         "text": body.text or {"format": {"type": "text"}},
         "tool_choice": _served_choice(body, request),
@@ -498,10 +519,12 @@ async def _events(
     head: dict,
     logprobs: Callable[[Sequence[Any] | None], list[dict]],
     reasoning_counter: ReasoningTokenCounter | None,
+    keep: Callable[[dict], None] | None = None,
 ) -> AsyncIterator[str]:
     """OpenAI's stream of response events: created, in_progress, each output item's events, then
     completed with the whole response (or, where the generation fails, error and failed).
-    `reasoning_counter` counts the usage's reasoning tokens (a server with a reasoning parser)."""
+    `reasoning_counter` counts the usage's reasoning tokens (a server with a reasoning parser);
+    `keep` stores the whole response (a failed one is not stored)."""
     items, streamer = _Items(), plan.streamer()
     yield items.event("response.created", response=head)
     yield items.event("response.in_progress", response=head)
@@ -535,6 +558,8 @@ async def _events(
         yield event
     counts = usage([[final]] if final is not None else [], reasoning_counter)
     response = _finished(head, items.items, incomplete, counts)
+    if keep is not None:
+        keep(response)
     # response.completed however it ended (its status says incomplete), as vLLM sends it: the
     # openai client's stream helper takes its final response from that event only
     yield items.event("response.completed", response=response)

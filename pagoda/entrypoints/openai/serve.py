@@ -591,6 +591,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         lora_modules=tuple(replace(module, lora_int_id=i) for i, module in enumerate(args.lora_modules, start=1)),
         runtime_lora_updating=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"),
         metrics_prefix=args.metrics_prefix,
+        store_responses=os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "").strip() not in ("", "0"),
         root_path=args.root_path or "",
         force_include_usage=args.enable_force_include_usage,
         max_loras=args.max_loras,

@@ -26,6 +26,7 @@ from pagoda.entrypoints.openai.logprobs import TokenIdTexts, TokenNames, TokenTe
 from pagoda.entrypoints.openai.params import ModelLimits, constraint_field
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
+from pagoda.entrypoints.openai.response_store import ResponseStore
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
@@ -84,6 +85,7 @@ class ServerConfig:
     # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter
     runtime_lora_updating: bool = False
     metrics_prefix: str = "pagoda"  # /metrics' names: pagoda:* or vllm:* (--metrics-prefix)
+    store_responses: bool = False  # vLLM's VLLM_ENABLE_RESPONSES_API_STORE: the Responses API keeps responses
     force_include_usage: bool = False  # every stream ends with its usage (vLLM's --enable-force-include-usage)
     max_loras: int | None = None  # vLLM's --max-loras: only the lora metric's max_lora (a step mixes any number)
     root_path: str = ""  # a reverse proxy's path prefix (--root-path): routes answer with it and without it
@@ -107,6 +109,7 @@ class ServerState:
     reasoning_counter: ReasoningTokenCounter | None = None  # with --reasoning-parser: usage counts reasoning tokens
     # by model name: --lora-modules' and those loaded while serving (the engine holds their reads)
     adapters: dict[str, LoRARequest] = field(default_factory=dict)
+    response_store: ResponseStore | None = None  # the Responses API's (VLLM_ENABLE_RESPONSES_API_STORE)
 
     @property
     def tokenizer(self):
