@@ -298,9 +298,10 @@ def test_async_client_completions(aclient, greedy):
     assert asyncio.run(both()) == (greedy[PROMPTS[0]], greedy[PROMPTS[0]])
 
 
-def test_beam_search_gives_n_beams_best_first(http, client, greedy):
+def test_beam_search_gives_n_beams_best_first(http, client, greedy, server):
     """vLLM's use_beam_search: n beams as the n choices, each with its tokens' logprobs, ranked by
-    cumulative logprob over length; one beam is greedy decoding; chat takes it too."""
+    cumulative logprob over length; one beam is greedy decoding; chat takes it too. The search has
+    one log line, not one per step's request."""
     body = {"model": MODEL, "prompt": PROMPTS[0], "use_beam_search": True, **GREEDY}
     one = http.post("/v1/completions", json={**body, "n": 1}).json()
     assert one["choices"][0]["text"] == greedy[PROMPTS[0]]
@@ -311,6 +312,9 @@ def test_beam_search_gives_n_beams_best_first(http, client, greedy):
     scores = [sum(c["logprobs"]["token_logprobs"]) / (prompt_tokens + 6) for c in choices]  # 6 tokens each
     assert all(c["finish_reason"] == "length" for c in choices) and scores == sorted(scores, reverse=True)
     assert answer["usage"]["completion_tokens"] == 18
+    log = server.log()
+    assert f"{answer['id']} /v1/completions: beam search of 1 prompt(s), 3 beams, 6 steps" in log
+    assert f"{answer['id']}-beam0" not in log
     chat = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Name a color."}],

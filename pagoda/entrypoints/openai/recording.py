@@ -40,8 +40,12 @@ class RequestRecorder:
         prompts: list[list[int]],
         n: int,
         body: dict | None,
+        logged: bool = True,
     ) -> None:
+        """`logged`: each prompt, once done, has its log line, its console row and its request log
+        record (a beam search's steps have none: the search is logged as one)."""
         self.sinks = sinks
+        self.logged = logged
         self.endpoint = endpoint
         self.request_ids = request_ids  # each prompt's, as the client's answer names it
         self.prompts = prompts
@@ -75,6 +79,8 @@ class RequestRecorder:
                     self.sinks.metrics.count_finished("abort")
                 elif not out.finished:
                     self.sinks.metrics.finished(out, "abort", now)
+        if not self.logged:
+            return
         outs = [latest[k] for k in sorted(latest)]
         reasons = sorted({out.finish_reason or "abort" for out in outs}) or ["abort"]
         summary = _Summary.of(outs, now)

@@ -221,15 +221,16 @@ class ServerState:
         cache_salt: str | None,
         model: str | None,
         priority: int = 0,
+        logged: bool = True,
     ) -> Generation:
         """Submit the prompts (in the prefix cache namespace `cache_salt`, with the adapter `model`
         names, if it names one, at vLLM's `priority`); returns once the engine has accepted all of
-        them."""
+        them. `logged`: each prompt has its log line and request log record when done."""
         body = await http.json() if self.sinks.request_log is not None else None
         request_ids = Generation.prompt_request_ids(request_id, len(prompts))
         if self.config.log_requests:
             logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
-        recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params.n, body)
+        recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params.n, body, logged)
         engine_ids = [Generation.engine_id(name) for name in request_ids]
         lora = await self._adapter(model)
         generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, lora, recorder, priority)
@@ -247,19 +248,24 @@ class ServerState:
         model: str | None,
     ) -> list[list[SequenceOutput]]:
         """Each prompt's best params.beam_width beams (pagoda/beam_search.py), best first, as its
-        sequences: every step one engine request per running beam of every prompt."""
+        sequences: every step one engine request per running beam of every prompt (each counted in
+        the metrics, as vLLM's; the search has one log line)."""
         searches = [BeamSearch(ids, params, frozenset(self.engine.config.model.eos_token_ids)) for ids in prompts]
-        step = params.step_params()
+        step, started = params.step_params(), time.monotonic()
         for number in itertools.count():
             running = [search for search in searches if not search.done]
             if not running:
                 break
             beams = [(search, beam) for search in running for beam in search.beams]
             step_id, step_prompts = f"{request_id}-beam{number}", [beam.tokens for _, beam in beams]
-            generation = await self.launch(http, endpoint, step_id, step_prompts, step, cache_salt, model)
+            generation = await self.launch(http, endpoint, step_id, step_prompts, step, cache_salt, model, logged=False)
             outs = await self.collect(http, generation)
             for search in running:
                 search.advance([_candidates(out[0]) for out, (owner, _) in zip(outs, beams) if owner is search])
+        logger.info(
+            "%s %s: beam search of %d prompt(s), %d beams, %d steps, e2e=%.3fs",
+            request_id, endpoint, len(prompts), params.beam_width, number, time.monotonic() - started,
+        )  # fmt: skip
         return [
             [self._beam_output(request_id, index, search, beam) for index, beam in enumerate(search.best())]
             for search in searches
