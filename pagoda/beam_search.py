@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagoda.sampling_params import SamplingParams
+from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,11 @@ class BeamSearchParams:
                 raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+        if 2 * self.beam_width > MAX_LOGPROBS:  # vLLM's bound too, by its default max_logprobs
+            raise ValueError(
+                f"beam_width must be at most {MAX_LOGPROBS // 2} (each step asks the logprobs of 2 x beam_width "
+                f"tokens, at most {MAX_LOGPROBS}), got {self.beam_width}"
+            )
 
     def step_params(self) -> SamplingParams:
         """One step of every beam: one token and its 2 x beam_width most likely alternatives."""

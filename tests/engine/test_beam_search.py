@@ -50,6 +50,8 @@ def test_params_are_checked():
     for bad in ({"beam_width": 0, "max_tokens": 1}, {"beam_width": 1, "max_tokens": 0}):
         with pytest.raises(ValueError, match="at least 1"):
             BeamSearchParams(**bad)
+    with pytest.raises(ValueError, match="beam_width must be at most 10"):
+        BeamSearchParams(beam_width=11, max_tokens=1)  # its steps would ask 22 logprobs
 
 
 PROMPTS = ["The capital of France is", [1, 520, 3000, 44, 901]]

@@ -91,6 +91,7 @@ def test_unsupported_completion_fields_are_400(http, field, value):
         ("/v1/completions", {"prompt_logprobs": 1}, "prompt_logprobs"),
         ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/chat/completions", {"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs"),
+        ("/v1/completions", {"n": 11}, "n"),
     ],
 )
 def test_what_beam_search_cannot_serve_is_400(http, path, extra, param):

@@ -426,6 +426,8 @@ def beam_search_params(body: CompletionRequest | ChatCompletionRequest, params: 
     if params.structured_outputs is not None:
         field = constraint_field(body) or "tool_choice"  # else a forced tool call's grammar
         raise bad_request("use_beam_search cannot keep to an output constraint", field)
+    if 2 * body.n > MAX_LOGPROBS:
+        raise bad_request(f"use_beam_search takes at most {MAX_LOGPROBS // 2} beams (n), got {body.n}", "n")
     return BeamSearchParams(
         beam_width=body.n,
         max_tokens=params.max_tokens,
