@@ -112,7 +112,7 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model, tmp_
         _, log = process.communicate(timeout=EXIT_TIMEOUT_S)
     assert process.returncode == 0
     steps = ["Reading the model config", "Loading the tokenizer", "Reading weights: file 1 of 1"]
-    steps += ["Allocating the KV cache", "loaded llama", "ready: serving llama"]
+    steps += ["Allocating the KV cache", "loaded llama", "ready: serving llama", "listening on this machine only"]
     positions = [log.index(step) for step in steps]
     assert positions == sorted(positions), log
     # --access-log: each request at the path it came with

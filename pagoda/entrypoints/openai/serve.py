@@ -752,6 +752,8 @@ async def _announce_ready(server, model_name: str, url: str, started: float) -> 
     while not server.started:
         await asyncio.sleep(0.05)
     logger.info("ready: serving %s at %s (started in %.1f s)", model_name, url, time.monotonic() - started)
+    if url.startswith(("http://127.", "http://localhost:")):  # vLLM listens on every interface by default
+        logger.info("listening on this machine only: give --host 0.0.0.0 to serve others (or a container's host)")
 
 
 @contextlib.contextmanager
