@@ -3,6 +3,7 @@ returning vLLM-shaped `RequestOutput`s (pagoda.outputs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -190,14 +191,16 @@ class LLM:
         concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
         """vLLM's: each prompt's best params.beam_width sequences by beam search (pagoda/beam_search.py),
-        each holding the prompt's tokens and its own, `text` their text. `concurrency_limit`: the
+        each holding the prompt's tokens and its own (a finished beam's end-of-sequence token too, as
+        vLLM's offline beams keep it), `text` their text. `concurrency_limit`: the
         prompts searched at once (all where None); `use_tqdm` is accepted and shows nothing."""
         if isinstance(prompts, (str, dict)) or not prompts or isinstance(prompts[0], int):
             raise TypeError("prompts must be a non-empty list of prompts (strings, token id lists or prompt dicts)")
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in map(_unwrapped, prompts)]
         loras = _per_prompt(lora_request, len(prompt_ids))
         eos = frozenset(self.engine.config.model.eos_token_ids)
-        searches = [BeamSearch(ids, params, eos) for ids in prompt_ids]
+        kept = dataclasses.replace(params, include_stop_str_in_output=True)  # vLLM's offline beams keep their end token
+        searches = [BeamSearch(ids, kept, eos) for ids in prompt_ids]
         step = params.step_params()
         limit = concurrency_limit or len(searches)
         for start in range(0, len(searches), limit):
