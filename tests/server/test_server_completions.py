@@ -308,6 +308,8 @@ def test_beam_search_gives_n_beams_best_first(http, client, greedy, server):
     answer = http.post("/v1/completions", json={**body, "n": 3, "logprobs": 2, "ignore_eos": True}).json()
     choices = answer["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2] and len({c["text"] for c in choices}) == 3
+    for top in choices[0]["logprobs"]["top_logprobs"]:  # the chosen token and logprobs=2 alternatives
+        assert 2 <= len(top) <= 3, top
     prompt_tokens = answer["usage"]["prompt_tokens"]
     scores = [sum(c["logprobs"]["token_logprobs"]) / (prompt_tokens + 6) for c in choices]  # 6 tokens each
     assert all(c["finish_reason"] == "length" for c in choices) and scores == sorted(scores, reverse=True)

@@ -284,7 +284,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     if body.use_beam_search:
         search = beam_search_params(body, chat.params)
         beams = await state.beam_search(
-            http, ENDPOINT, request_id, [chat.prompt_ids], search, body.cache_salt, body.model
+            http, ENDPOINT, request_id, [chat.prompt_ids], search, body.cache_salt, body.model, body.top_logprobs or 0
         )
         return JSONResponse(_response(state, body, chat.plan, head, chat.prompt_ids, beams[0], reply))
     generation = await state.launch(

@@ -81,7 +81,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     head = state.answer_head(request_id, "text_completion", body.model)
     if body.use_beam_search:
         search = beam_search_params(body, params)
-        outputs = await state.beam_search(http, ENDPOINT, request_id, prompt_ids, search, body.cache_salt, body.model)
+        outputs = await state.beam_search(
+            http, ENDPOINT, request_id, prompt_ids, search, body.cache_salt, body.model, body.logprobs or 0
+        )
     else:
         generation = await state.launch(
             http, ENDPOINT, request_id, prompt_ids, params, body.cache_salt, body.model, body.priority

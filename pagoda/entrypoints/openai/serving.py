@@ -246,10 +246,12 @@ class ServerState:
         params: BeamSearchParams,
         cache_salt: str | None,
         model: str | None,
+        top_logprobs: int = 0,
     ) -> list[list[SequenceOutput]]:
         """Each prompt's best params.beam_width beams (pagoda/beam_search.py), best first, as its
-        sequences: every step one engine request per running beam of every prompt (each counted in
-        the metrics, as vLLM's; the search has one log line)."""
+        sequences, each token's logprob with its `top_logprobs` likeliest alternatives: every step
+        one engine request per running beam of every prompt (each counted in the metrics, as vLLM's;
+        the search has one log line)."""
         searches = [BeamSearch(ids, params, frozenset(self.engine.config.model.eos_token_ids)) for ids in prompts]
         step, started = params.step_params(), time.monotonic()
         for number in itertools.count():
@@ -267,16 +269,19 @@ class ServerState:
             request_id, endpoint, len(prompts), params.beam_width, number, time.monotonic() - started,
         )  # fmt: skip
         return [
-            [self._beam_output(request_id, index, search, beam) for index, beam in enumerate(search.best())]
+            [self._beam_output(request_id, i, search, beam, top_logprobs) for i, beam in enumerate(search.best())]
             for search in searches
         ]
 
-    def _beam_output(self, request_id: str, index: int, search: BeamSearch, beam: BeamSearchSequence) -> SequenceOutput:
+    def _beam_output(
+        self, request_id: str, index: int, search: BeamSearch, beam: BeamSearchSequence, top_logprobs: int
+    ) -> SequenceOutput:
         tokens = search.new_tokens(beam)
         logprobs = []
         for token, candidates in zip(tokens, beam.logprobs):  # a chosen token is one of its step's candidates
+            ranked = sorted(candidates.items(), key=lambda item: item[1], reverse=True)  # most likely first
             rank = 1 + sum(value > candidates[token] for value in candidates.values())
-            logprobs.append(TokenLogprob(token, candidates[token], rank, candidates))
+            logprobs.append(TokenLogprob(token, candidates[token], rank, dict(ranked[:top_logprobs])))
         skip = search.params.skip_special_tokens
         return SequenceOutput(
             request_id,
