@@ -401,8 +401,15 @@ def test_with_vllms_store_previous_response_id_continues_a_conversation(small_se
     ]
     rendered = http.post(f"{small_server.base_url}/tokenize", json={"messages": turns}).json()["count"]
     assert second.usage.input_tokens == rendered  # the first turn's instructions are not carried over
-    items = http.get(f"{small_server.base_url}/v1/responses/{second.id}/input_items").json()["data"]
-    assert [item.get("role", item.get("type")) for item in items] == ["user", "assistant", "user"]
+    listed = client.responses.input_items.list(second.id, order="asc")  # OpenAI's shapes, ids and parts
+    assert [(item.role, item.content[0].type) for item in listed.data] == [
+        ("user", "input_text"),
+        ("assistant", "output_text"),
+        ("user", "input_text"),
+    ]
+    assert all(item.id for item in listed.data) and listed.first_id == listed.data[0].id
+    newest = client.responses.input_items.list(second.id, limit=1)  # newest first by default
+    assert newest.data[0].content[0].text == "What is my name?" and newest.has_more
     called = client.responses.create(
         model=MODEL, input=ASK, tools=[WEATHER], tool_choice="required", max_output_tokens=60
     )

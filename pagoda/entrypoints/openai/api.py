@@ -19,9 +19,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -287,10 +287,18 @@ def _v1_routes(state: ServerState) -> APIRouter:
         return {"id": response_id, "object": "response", "deleted": True}
 
     @router.get("/responses/{response_id}/input_items")
-    async def response_input_items(response_id: str) -> dict:
+    async def response_input_items(
+        response_id: str, order: Literal["asc", "desc"] = "desc", limit: int = Query(20, ge=1, le=100), after: str = ""
+    ) -> dict:
+        """OpenAI's list: `limit` items in `order` (newest first by default), from after the item `after`."""
         items = stored(response_id).input_items
-        ids = [item.get("id") for item in items]
-        return {"object": "list", "data": items, "first_id": ids[0], "last_id": ids[-1], "has_more": False}
+        items = items[::-1] if order == "desc" else items
+        ids = [item["id"] for item in items]
+        start = ids.index(after) + 1 if after in ids else 0
+        page = items[start : start + limit]
+        more = start + limit < len(items)
+        first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
+        return {"object": "list", "data": page, "first_id": first, "last_id": last, "has_more": more}
 
     @router.post("/responses/{response_id}/cancel")
     async def cancel_response(response_id: str) -> dict:

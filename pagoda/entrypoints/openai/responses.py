@@ -63,7 +63,11 @@ RENAMES = (
 async def create_response(state: ServerState, body: ResponsesRequest, http: Request) -> Response:
     store = state.response_store
     conversation = _conversation(store, body)  # what the response answers, as input items
-    keep = (lambda response: store.put(response, conversation)) if store is not None and body.store else None
+    keep = None
+    if store is not None and body.store:
+        earlier = len(conversation) - (1 if isinstance(body.input, str) else len(body.input))
+        kept = conversation[:earlier] + [_stored_item(item) for item in conversation[earlier:]]
+        keep = lambda response: store.put(response, kept)  # noqa: E731 - called once the response is whole
     served = body if store is None else body.model_copy(update={"input": conversation, "previous_response_id": None})
     try:
         request = chat_request(served, state.config.tools.enable_auto_tool_choice, state.limits.max_model_len)
@@ -110,6 +114,20 @@ def _conversation(store: ResponseStore | None, body: ResponsesRequest) -> list[d
     if earlier is None:
         raise not_stored(body.previous_response_id, "previous_response_id")
     return earlier.conversation + list(items)
+
+
+def _stored_item(item: dict) -> dict:
+    """An input item as OpenAI lists a stored response's input items: with an id, and a message's
+    text as a list of parts (input_text, or output_text for an assistant's)."""
+    kind = item.get("type", "message")
+    prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}[kind]
+    stored = {**item, "id": item.get("id") or _item_id(prefix), "type": kind}
+    if kind == "message" and isinstance(item.get("content"), str):
+        part = "output_text" if item.get("role") == "assistant" else "input_text"
+        stored["content"] = [{"type": part, "text": item["content"]}]
+    if kind != "reasoning":
+        stored.setdefault("status", "completed")
+    return stored
 
 
 def not_stored(response_id: str, param: str = "response_id") -> APIError:
