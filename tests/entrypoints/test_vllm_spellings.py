@@ -82,9 +82,11 @@ def test_server_flags_become_the_server_config(tmp_path):
 def test_tokenizer_flag_names_the_tokenizer_the_engine_loads(tmp_path):
     from pagoda.engine.args import EngineArgs
 
-    args = EngineArgs.from_cli_args(serve.parse_args(["--tokenizer", "tok-dir"]))
-    assert args == EngineArgs(tokenizer="tok-dir")
-    assert args.create_config().model.tokenizer == "tok-dir"
+    folder = tmp_path / "tok-dir"
+    folder.mkdir()
+    args = EngineArgs.from_cli_args(serve.parse_args(["--tokenizer", str(folder)]))
+    assert args == EngineArgs(tokenizer=str(folder))
+    assert args.create_config().model.tokenizer == str(folder)
     assert EngineArgs().create_config().model.tokenizer is None  # the model's own
 
 

@@ -325,3 +325,15 @@ def test_beam_search_gives_n_beams_best_first(http, client, greedy, server):
         extra_body={"use_beam_search": True},
     )
     assert len(chat.choices) == 2 and chat.choices[0].message.content != chat.choices[1].message.content
+    streamed = ["", ""]  # a chat stream sends the finished beams, as vLLM's
+    for chunk in client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name a color."}],
+        n=2,
+        max_tokens=5,
+        stream=True,
+        extra_body={"use_beam_search": True},
+    ):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert streamed == [choice.message.content for choice in chat.choices]

@@ -20,6 +20,7 @@ from pagoda.entrypoints.openai.params import check_context, sampling_params, tru
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
 from pagoda.entrypoints.openai.serving import (
     DONE,
+    FinishedGeneration,
     ServerState,
     answer_id,
     beam_search_params,
@@ -286,6 +287,9 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         beams = await state.beam_search(
             http, ENDPOINT, request_id, [chat.prompt_ids], search, body.cache_salt, body.model, body.top_logprobs or 0
         )
+        if body.stream:  # the finished beams, as vLLM streams them
+            whole = FinishedGeneration(beams)
+            return event_stream(_chunks(state, body, chat.plan, whole, head, chat.prompt_ids, reply), whole)
         return JSONResponse(_response(state, body, chat.plan, head, chat.prompt_ids, beams[0], reply))
     generation = await state.launch(
         http, ENDPOINT, request_id, [chat.prompt_ids], chat.params, body.cache_salt, body.model, body.priority
@@ -338,7 +342,7 @@ async def _chunks(
     state: ServerState,
     body: ChatCompletionRequest,
     plan: ToolPlan,
-    generation: Generation,
+    generation: Generation | FinishedGeneration,
     head: dict,
     prompt_token_ids: list[int],
     reply: tuple[str, str],

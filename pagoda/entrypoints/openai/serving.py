@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -353,7 +353,7 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def event_stream(events: AsyncIterator[str], generation: Generation) -> StreamingResponse:
+def event_stream(events: AsyncIterator[str], generation: Generation | FinishedGeneration) -> StreamingResponse:
     """An SSE response. An error after the stream began is sent as an error event; however the
     stream ends (finished, failed, or cancelled by a disconnect), the generation is closed."""
 
@@ -419,10 +419,11 @@ def usage(outputs: list[list[SequenceOutput]], reasoning_counter: ReasoningToken
 
 def beam_search_params(body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> BeamSearchParams:
     """vLLM's beam search of a request with use_beam_search (its n beams, the sampling values it
-    takes); a 400 naming the field for what a search cannot serve: a stream, echo, prompt logprobs,
-    an output constraint. The other sampling fields change nothing, as in vLLM."""
+    takes); a 400 naming the field for what a search cannot serve: a completion's stream (a chat's
+    streams the finished beams, as vLLM's), echo, prompt logprobs, an output constraint. The other
+    sampling fields change nothing, as in vLLM."""
     for name, refused in [
-        ("stream", body.stream),
+        ("stream", body.stream and isinstance(body, CompletionRequest)),
         ("echo", getattr(body, "echo", False)),
         ("prompt_logprobs", body.prompt_logprobs is not None),
     ]:
@@ -442,6 +443,21 @@ def beam_search_params(body: CompletionRequest | ChatCompletionRequest, params: 
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
     )
+
+
+class FinishedGeneration:
+    """Sequences already whole (a beam search's) as a Generation's updates: each in one update."""
+
+    def __init__(self, outputs: list[list[SequenceOutput]]) -> None:
+        self.outputs = outputs
+
+    async def updates(self) -> AsyncIterator[tuple[int, SequenceOutput]]:
+        for i, outs in enumerate(self.outputs):
+            for out in outs:
+                yield i, replace(out, text_delta=out.text, token_ids_delta=out.token_ids, logprobs_delta=out.logprobs)
+
+    def close(self) -> None:
+        pass
 
 
 def _candidates(step: SequenceOutput) -> dict[int, float]:
