@@ -427,6 +427,9 @@ def test_with_vllms_store_previous_response_id_continues_a_conversation(small_se
     with pytest.raises(openai.NotFoundError) as unknown:
         client.responses.create(model=MODEL, input="hi", previous_response_id=first.id, max_output_tokens=1)
     assert unknown.value.body["param"] == "previous_response_id"
+    bad = {"model": MODEL, "input": [{"type": "input_image", "image_url": "http://x"}], "max_output_tokens": 1}
+    refused = http.post(f"{small_server.base_url}/v1/responses", json=bad)  # checked before it is kept
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[0].type", refused.text
     unstored = client.responses.create(model=MODEL, input="hi", store=False, max_output_tokens=1)
     assert not unstored.store
     with pytest.raises(openai.NotFoundError):

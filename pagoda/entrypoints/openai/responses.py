@@ -65,9 +65,11 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     conversation = _conversation(store, body)  # what the response answers, as input items
     keep = None
     if store is not None and body.store:
-        earlier = len(conversation) - (1 if isinstance(body.input, str) else len(body.input))
-        kept = conversation[:earlier] + [_stored_item(item) for item in conversation[earlier:]]
-        keep = lambda response: store.put(response, kept)  # noqa: E731 - called once the response is whole
+        new = len(conversation) - (1 if isinstance(body.input, str) else len(body.input))
+
+        def keep(response: dict) -> None:  # once the response is whole: its input items were checked
+            store.put(response, conversation[:new] + [_stored_item(item) for item in conversation[new:]])
+
     served = body if store is None else body.model_copy(update={"input": conversation, "previous_response_id": None})
     try:
         request = chat_request(served, state.config.tools.enable_auto_tool_choice, state.limits.max_model_len)
