@@ -10,7 +10,8 @@ beams are the answer, ranked by cumulative logprob / length ** length_penalty, t
 the prompt (vLLM's and transformers' score).
 
 `BeamSearch` is one prompt's search, driven by `LLM.beam_search` offline and by the server for
-`use_beam_search` requests: both ask it for the beams to extend and hand it their candidates.
+`use_beam_search` requests: each step both ask `step_beams` for the beams to extend, run them, and
+hand `advance` their candidates.
 """
 
 from __future__ import annotations
@@ -119,3 +120,22 @@ class BeamSearch:
     def _score(self, beam: BeamSearchSequence) -> float:
         length = len(beam.tokens) - (beam.tokens[-1] in self._eos)  # an end token kept does not count
         return beam.cum_logprob / max(length, 1) ** self.params.length_penalty
+
+
+Beams = list[tuple[BeamSearch, BeamSearchSequence]]
+
+
+def step_beams(searches: list[BeamSearch]) -> Beams:
+    """The beams one step extends: every beam of each search not done, search by search (none: the
+    searches are over)."""
+    return [(search, beam) for search in searches if not search.done for beam in search.beams]
+
+
+def advance(beams: Beams, candidates: list[dict[int, float]]) -> None:
+    """One step of each search in `beams` (step_beams'): `candidates[i]` beam i's next tokens and
+    their logprobs."""
+    by_search: dict[int, tuple[BeamSearch, list[dict[int, float]]]] = {}
+    for (search, _), options in zip(beams, candidates, strict=True):
+        by_search.setdefault(id(search), (search, []))[1].append(options)
+    for search, options in by_search.values():
+        search.advance(options)

@@ -15,7 +15,7 @@ from functools import lru_cache
 import jinja2
 from tqdm import tqdm
 
-from pagoda.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from pagoda.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, advance, step_beams
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.engine.outputs import SequenceOutput
@@ -203,14 +203,12 @@ class LLM:
         searches = [BeamSearch(ids, kept, eos) for ids in prompt_ids]
         step = params.step_params()
         limit = concurrency_limit or len(searches)
+        lora_of = {id(search): lora for search, lora in zip(searches, loras)}
         for start in range(0, len(searches), limit):
-            batch = list(zip(searches[start : start + limit], loras[start : start + limit]))
-            while running := [(search, lora) for search, lora in batch if not search.done]:
-                beams = [(search, beam, lora) for search, lora in running for beam in search.beams]
-                outs = self.generate([beam.tokens for _, beam, _ in beams], step, False, [lora for *_, lora in beams])
-                for search, _ in running:
-                    candidates = [_candidates(out) for out, (owner, _, _) in zip(outs, beams) if owner is search]
-                    search.advance(candidates)
+            while beams := step_beams(searches[start : start + limit]):
+                loras_now = [lora_of[id(search)] for search, _ in beams]
+                outs = self.generate([beam.tokens for _, beam in beams], step, False, loras_now)
+                advance(beams, [_candidates(out) for out in outs])
         outputs = []
         for search in searches:
             best = search.best()

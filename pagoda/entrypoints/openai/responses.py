@@ -62,13 +62,13 @@ RENAMES = (
 
 async def create_response(state: ServerState, body: ResponsesRequest, http: Request) -> Response:
     store = state.response_store
-    conversation = _conversation(store, body)  # what the response answers, as input items
+    earlier, given = _conversation(store, body)  # what the response answers: earlier turns' items, then its input's
+    conversation = earlier + given
     keep = None
     if store is not None and body.store:
-        new = len(conversation) - (1 if isinstance(body.input, str) else len(body.input))
 
         def keep(response: dict) -> None:  # once the response is whole: its input items were checked
-            store.put(response, conversation[:new] + [_stored_item(item) for item in conversation[new:]])
+            store.put(response, earlier + [_stored_item(item) for item in given])
 
     served = body if store is None else body.model_copy(update={"input": conversation, "previous_response_id": None})
     try:
@@ -106,16 +106,16 @@ async def create_response(state: ServerState, body: ResponsesRequest, http: Requ
     return JSONResponse(response)
 
 
-def _conversation(store: ResponseStore | None, body: ResponsesRequest) -> list[dict]:
+def _conversation(store: ResponseStore | None, body: ResponsesRequest) -> tuple[list[dict], list[dict]]:
     """The input items the response answers: with a store, the conversation of the response
-    `previous_response_id` names (404 where it holds none), then the input's items."""
+    `previous_response_id` names (404 where it holds none); and the input's own items."""
     items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
     if store is None or body.previous_response_id is None:
-        return list(items)
+        return [], list(items)
     earlier = store.get(body.previous_response_id)
     if earlier is None:
         raise not_stored(body.previous_response_id, "previous_response_id")
-    return earlier.conversation + list(items)
+    return earlier.conversation, list(items)
 
 
 def _stored_item(item: dict) -> dict:

@@ -17,7 +17,7 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from pagoda.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence
+from pagoda.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, advance, step_beams
 from pagoda.core.outputs import RequestMetrics
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.engine.outputs import SequenceOutput
@@ -255,15 +255,12 @@ class ServerState:
         searches = [BeamSearch(ids, params, frozenset(self.engine.config.model.eos_token_ids)) for ids in prompts]
         step, started = params.step_params(), time.monotonic()
         for number in itertools.count():
-            running = [search for search in searches if not search.done]
-            if not running:
+            beams = step_beams(searches)
+            if not beams:
                 break
-            beams = [(search, beam) for search in running for beam in search.beams]
             step_id, step_prompts = f"{request_id}-beam{number}", [beam.tokens for _, beam in beams]
             generation = await self.launch(http, endpoint, step_id, step_prompts, step, cache_salt, model, logged=False)
-            outs = await self.collect(http, generation)
-            for search in running:
-                search.advance([_candidates(out[0]) for out, (owner, _) in zip(outs, beams) if owner is search])
+            advance(beams, [_candidates(outs[0]) for outs in await self.collect(http, generation)])
         logger.info(
             "%s %s: beam search of %d prompt(s), %d beams, %d steps, e2e=%.3fs",
             request_id, endpoint, len(prompts), params.beam_width, number, time.monotonic() - started,
@@ -432,17 +429,18 @@ def beam_search_params(body: CompletionRequest | ChatCompletionRequest, params: 
     if params.structured_outputs is not None:
         field = constraint_field(body) or "tool_choice"  # else a forced tool call's grammar
         raise bad_request("use_beam_search cannot keep to an output constraint", field)
-    if 2 * body.n > MAX_LOGPROBS:
-        raise bad_request(f"use_beam_search takes at most {MAX_LOGPROBS // 2} beams (n), got {body.n}", "n")
-    return BeamSearchParams(
-        beam_width=body.n,
-        max_tokens=params.max_tokens,
-        ignore_eos=body.ignore_eos,
-        temperature=params.temperature,
-        length_penalty=body.length_penalty,
-        include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=body.skip_special_tokens,
-    )
+    try:
+        return BeamSearchParams(
+            beam_width=body.n,
+            max_tokens=params.max_tokens,
+            ignore_eos=body.ignore_eos,
+            temperature=params.temperature,
+            length_penalty=body.length_penalty,
+            include_stop_str_in_output=body.include_stop_str_in_output,
+            skip_special_tokens=body.skip_special_tokens,
+        )
+    except ValueError as exc:  # the beam width is the one value not checked as a sampling value already
+        raise bad_request(f"use_beam_search with n={body.n}: {exc}", "n") from None
 
 
 class FinishedGeneration:
