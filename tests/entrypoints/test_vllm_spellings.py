@@ -57,6 +57,8 @@ def test_log_flags_become_the_server_config(capsys):
     assert serve.parse_args(["--disable-log-stats"]).disable_log_stats
     assert ServerConfig().log_stats and not ServerConfig().log_requests
     assert serve.parse_args(["--uvicorn-log-level", "trace"]).uvicorn_log_level == "trace"
+    assert serve.parse_args(["--log-config-file", "logging.json"]).log_config_file == "logging.json"
+    assert serve.parse_args(["--enable-server-load-tracking"]).enable_server_load_tracking  # /load always counts
 
 
 def test_server_flags_become_the_server_config(tmp_path):

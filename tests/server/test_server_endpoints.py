@@ -233,6 +233,29 @@ def test_sagemakers_invocations_route_serves_chat_and_completions_by_the_body(ht
     assert httpx.post(f"{server.base_url}/invocations", json={"prompt": "Hi"}).status_code == 401
 
 
+def test_load_counts_generation_requests_until_their_answer_ends(http, server):
+    """vLLM's GET /load (open, as /metrics): a stream counts from its arrival until its last chunk is
+    sent; a refused request does not stay counted."""
+
+    def load() -> int:
+        return httpx.get(f"{server.base_url}/load", timeout=10).json()["server_load"]
+
+    before = load()
+    assert http.post("/v1/completions", json={"prompt": "Hi", "n": 0}).status_code == 400
+    body = {"prompt": "Count to fifty:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as stream:
+        lines = stream.iter_lines()
+        first = next(lines)
+        assert first.startswith("data: {"), first
+        assert load() == before + 1
+        for _ in lines:
+            pass
+    deadline = time.monotonic() + 10
+    while load() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert load() == before
+
+
 def test_openapi_names_each_operation_once(server):
     """FastAPI warns on stderr of an operation id given twice (a route of two methods did)."""
     paths = httpx.get(f"{server.base_url}/openapi.json", timeout=10).json()["paths"]

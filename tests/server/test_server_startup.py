@@ -4,6 +4,7 @@ loads, progress in the log, and a load that fails ends the process with one line
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -30,9 +31,9 @@ def tiny_model(tmp_path_factory) -> str:
     return str(write_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama", load_tokenizer(None)))
 
 
-def start(port: int, *args: str) -> subprocess.Popen:
+def start(port: int, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     command = [sys.executable, "-m", "pagoda.entrypoints.cli", "serve", "--port", str(port), *args]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -118,6 +119,55 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model, tmp_
     # --access-log: each request at the path it came with
     assert '"GET /v1/models HTTP/1.1" 200' in log and '"GET /pagoda/v1/models HTTP/1.1" 200' in log
     assert f"deterministic {'on' if DETERMINISTIC_BY_DEFAULT else 'off'})" in log  # the mode, in the load line
+
+
+def test_a_log_config_file_is_the_logging_uvicorns_loggers_included(tiny_model, tmp_path):
+    """--log-config-file (vLLM's): its dictConfig replaces the default handler and format."""
+    written = tmp_path / "server.log"
+    config = {
+        "version": 1,
+        "formatters": {"mine": {"format": "MINE %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(written), "formatter": "mine"}},
+        "loggers": {name: {"handlers": ["file"], "level": "INFO"} for name in ("pagoda", "uvicorn.access")},
+    }
+    (tmp_path / "logging.json").write_text(json.dumps(config))
+    port = free_port()
+    flags = ("--kv-cache-memory", "0.01", "--access-log", "--log-config-file", str(tmp_path / "logging.json"))
+    process = start(port, tiny_model, *flags)
+    try:
+        poll(f"http://127.0.0.1:{port}/health", 200)
+        deadline = time.monotonic() + EXIT_TIMEOUT_S
+        while "ready: serving" not in written.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 0
+    lines = written.read_text()
+    assert "MINE INFO pagoda.serve: ready: serving llama" in lines
+    assert '"GET /health HTTP/1.1" 200' in lines  # uvicorn's access log through the file's handler
+    assert "ready: serving" not in stderr  # the default handler is not installed
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [(None, "No such file"), ("{", "Expecting property name"), ("{}", "dictionary doesn't specify a version")],
+)
+@pytest.mark.parametrize("by_variable", [False, True])
+def test_a_log_config_that_cannot_be_applied_ends_the_process_with_one_line_and_exit_1(
+    tiny_model, tmp_path, content, why, by_variable
+):
+    path = tmp_path / "logging.json"
+    if content is not None:
+        path.write_text(content)
+    if by_variable:  # vLLM's variable for the same file
+        process = start(free_port(), tiny_model, env={"VLLM_LOGGING_CONFIG_PATH": str(path)})
+    else:
+        process = start(free_port(), tiny_model, "--log-config-file", str(path))
+    _, stderr = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 1
+    [line] = stderr.strip().splitlines()
+    assert line.startswith(f"pagoda serve: --log-config-file {path}: ") and why in line, line
 
 
 def test_a_load_failure_ends_the_process_with_one_line_and_exit_1(tiny_model):

@@ -3,7 +3,7 @@ the route closures; nothing is global, so tests can build several apps in one pr
 
 Auth (--api-key): every /v1 route and the admin routes need `Authorization: Bearer KEY` (or,
 as Anthropic's clients send it, `X-Api-Key: KEY`);
-/health, /version, /metrics, /tokenize, /detokenize and the gateway's load and info routes
+/health, /load, /version, /metrics, /tokenize, /detokenize and the gateway's load and info routes
 (gateway.py) stay open (as in vLLM and SGLang). The web console (console/) serves its page
 openly and its data under the same key as /v1.
 """
@@ -53,7 +53,7 @@ from pagoda.entrypoints.openai.protocol import (
 from pagoda.entrypoints.openai.recording import RecordSinks
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.entrypoints.openai.response_store import ResponseStore, StoredResponse
-from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
+from pagoda.entrypoints.openai.serving import InFlight, ServerConfig, ServerState
 from pagoda.entrypoints.openai.stats_log import log_stats
 from pagoda.entrypoints.openai.tool_calls import check_tools
 from pagoda.lora import LoRAError, LoRANotFoundError, LoRARequest
@@ -152,6 +152,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     )
     if config.request_id_headers:  # outside CORS: a preflight's answer carries it too
         app.add_middleware(RequestIdHeader)
+    app.add_middleware(GenerationLoad, load=state.load)
     install_handlers(app)
     authorized = [Depends(_require_key(config.api_keys))]
     app.include_router(_v1_routes(state), dependencies=authorized)
@@ -192,6 +193,35 @@ class RequestIdHeader:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+# the routes whose requests vLLM counts as its server load (GET /load)
+GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/invocations"}
+)
+
+
+class GenerationLoad:
+    """ASGI middleware: counts the generation requests in flight into `load`, each from its arrival
+    until its answer's last byte is sent or its client has gone (a stream's handler returns only
+    then), refused ones included while they are answered, as vLLM counts them."""
+
+    def __init__(self, app, load: InFlight) -> None:
+        self.app = app
+        self.load = load
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root + "/"):
+            path = path[len(root) :]
+        if scope["type"] != "http" or scope["method"] != "POST" or path not in GENERATION_PATHS:
+            return await self.app(scope, receive, send)
+        self.load.count += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.load.count -= 1
 
 
 def _require_key(api_keys: tuple[str, ...]):
@@ -429,6 +459,10 @@ def _open_routes(state: ServerState) -> APIRouter:
     @router.post("/ping")  # (one route of two methods would give /openapi.json one operation id twice)
     async def health() -> Response:
         return Response(status_code=200 if state.engine.is_alive else 503)
+
+    @router.get("/load")
+    async def load() -> dict:  # vLLM's
+        return {"server_load": state.load.count}
 
     @router.get("/version")
     async def version() -> dict:

@@ -216,6 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
         "dashboards and autoscalers built for vLLM read (default: %(default)s)",
     )
     p.add_argument(
+        "--log-config-file",
+        default=None,
+        metavar="JSON",
+        help="Python logging's dictConfig as a JSON file, in place of the default handler, format and --log-level "
+        "(vLLM's; also read from VLLM_LOGGING_CONFIG_PATH) (default: none)",
+    )
+    p.add_argument(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="accepted for vLLM's command lines: GET /load always counts the generation requests in flight "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--access-log",
         action="store_true",
         help="one log line per HTTP request: client, method, path, status (default: %(default)s)",
@@ -523,7 +536,11 @@ def main(argv: list[str]) -> int:
     from pagoda.errors import ConfigError
     from pagoda.lora import read_adapter_config
 
-    configure_logging(args)
+    try:
+        configure_logging(args)
+    except ConfigError as exc:
+        print(f"pagoda serve: {exc}", file=sys.stderr)
+        return 1
     if args.trust_remote_code:
         logger.warning("--trust-remote-code has no effect: Pagoda runs no code from model folders")
     if args.data_parallel_size > 1:
@@ -605,9 +622,30 @@ def _names_a_model(value: str) -> bool:
 
 
 def configure_logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    """The default (one stream handler, LOG_FORMAT, --log-level), or --log-config-file's (else
+    VLLM_LOGGING_CONFIG_PATH's) dictConfig in its place, as vLLM applies one; ConfigError where that
+    file cannot be read or applied."""
+    path = log_config_file(args)
+    if path is None:
+        logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    else:
+        from logging.config import dictConfig
+
+        from pagoda.errors import ConfigError
+
+        try:
+            config = json.loads(Path(path).read_text(encoding="utf-8"))
+            if not isinstance(config, dict):
+                raise ValueError("not a JSON object")
+            dictConfig(config)
+        except (OSError, ValueError, TypeError, AttributeError, ImportError) as exc:
+            raise ConfigError(f"--log-config-file {path}: {exc}") from None
     if args.disable_log_requests:  # no line per request at all: arrivals, refusals, finishes
         logging.getLogger("pagoda.requests").setLevel(logging.WARNING)
+
+
+def log_config_file(args: argparse.Namespace) -> str | None:
+    return args.log_config_file or os.environ.get("VLLM_LOGGING_CONFIG_PATH") or None
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -692,7 +730,8 @@ async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) 
             starting,
             log_config=None,
             access_log=args.access_log,
-            log_level=args.uvicorn_log_level or args.log_level,
+            # a --log-config-file sets uvicorn's levels too, unless --uvicorn-log-level is given
+            log_level=args.uvicorn_log_level or (None if log_config_file(args) else args.log_level),
             # the server's own abort (_abort_after_grace) ends what still runs at --shutdown-timeout;
             # uvicorn cancels a handler only if it has not answered ABORT_ANSWER_S after that
             timeout_graceful_shutdown=args.shutdown_timeout + ABORT_ANSWER_S,

@@ -97,6 +97,13 @@ class ServerConfig:
         return {**chosen, **self.generation_overrides}
 
 
+@dataclass
+class InFlight:
+    """How many generation requests are in flight (vLLM's server load)."""
+
+    count: int = 0
+
+
 @dataclass(frozen=True)
 class ServerState:
     engine: AsyncEngine
@@ -110,6 +117,7 @@ class ServerState:
     # by model name: --lora-modules' and those loaded while serving (the engine holds their reads)
     adapters: dict[str, LoRARequest] = field(default_factory=dict)
     response_store: ResponseStore | None = None  # the Responses API's (VLLM_ENABLE_RESPONSES_API_STORE)
+    load: InFlight = field(default_factory=lambda: InFlight())  # GET /load's: counted by api.GenerationLoad
 
     @property
     def tokenizer(self):
