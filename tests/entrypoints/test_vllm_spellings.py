@@ -377,6 +377,10 @@ def test_vllm_flags_it_does_not_take_say_why(capsys):
     assert "did you mean" not in parse_error(["m", "--swap-space", "4"], capsys)
     assert "always prefilled in chunks" in parse_error(["m", "--no-enable-chunked-prefill"], capsys)
     assert "did you mean --max-model-len" in parse_error(["m", "--max-model-length", "9"], capsys)  # a typo
+    assert "no sleep mode" in parse_error(["m", "--enable-sleep-mode"], capsys)
+    assert "no OpenTelemetry traces" in parse_error(["m", "--otlp-traces-endpoint", "http://otel:4317"], capsys)
+    assert "scale out with --data-parallel-size" in parse_error(["m", "--api-server-count", "2"], capsys)
+    assert serve.parse_args(["m", "-asc", "1"]).api_server_count == 1
     serve.parse_args(["m", "--enable-chunked-prefill", "--disable-uvicorn-access-log"])
     assert "--max-log-len must be at least 0" in parse_error(["m", "--max-log-len", "-1"], capsys)
 

@@ -74,6 +74,10 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--lora-target-modules": "an adapter's updates apply to every projection its file holds",
     "--max-lora-extra-vocab-size": "adapters add no tokens: they share the base model's vocabulary",
     "--lora-extra-vocab-size": "adapters add no tokens: they share the base model's vocabulary",
+    "--enable-sleep-mode": "no sleep mode: a server holds its weights until it stops; stop it and start it "
+    "again (a cold start takes seconds)",
+    "--otlp-traces-endpoint": "no OpenTelemetry traces: each request's timings are in --request-log's lines "
+    "and /metrics",
 }
 
 
@@ -303,6 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="accepted for vLLM's command lines; only 1 (Pagoda has no tensor parallelism) (default: %(default)s)",
     )
     p.add_argument(
+        "--api-server-count",
+        "-asc",
+        type=int,
+        default=1,
+        help="accepted for vLLM's command lines; only 1 (one API server process serves each replica; scale out "
+        "with --data-parallel-size) (default: %(default)s)",
+    )
+    p.add_argument(
         "--lora-modules",
         nargs="+",
         action="extend",
@@ -399,6 +411,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(
             f"--tensor-parallel-size {args.tensor_parallel_size}: Pagoda has no tensor parallelism yet; "
             "a model runs on one device (leave it at 1)"
+        )
+    if args.api_server_count != 1:
+        parser.error(
+            f"--api-server-count {args.api_server_count}: one API server process serves each replica; "
+            "scale out with --data-parallel-size N (N replicas behind a gateway)"
         )
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in [0, 65535], got {args.port}")
