@@ -52,6 +52,12 @@ class RequestMetrics:
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    num_preemptions: int = 0  # times it was preempted (its KV recomputed after)
+
+
+# The bounds of the histogram of tokens a step computes for prompts and samples (vLLM's
+# iteration_tokens_total buckets): a step of n tokens counts in the first bucket whose bound is >= n.
+STEP_TOKEN_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,9 @@ class SchedulerStats:
     num_steps: int = 0
     prompt_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits are not computed)
     generation_tokens: int = 0  # tokens sampled so far
+    # steps by their prompt tokens computed plus tokens sampled: counts per STEP_TOKEN_BOUNDS bucket
+    # (not cumulative; the last entry: steps above every bound); their sum is the two counters above
+    step_token_counts: tuple[int, ...] = (0,) * (len(STEP_TOKEN_BOUNDS) + 1)
     # speculative decoding, cumulative (pagoda/core/spec_decode.py): requests that speculated in a
     # step, drafts proposed, drafts accepted, and acceptances per draft position
     spec_num_drafts: int = 0

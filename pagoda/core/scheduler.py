@@ -25,6 +25,7 @@ manager hands it blocks and the model runner reads the step it is given.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from collections.abc import Iterable
 from pagoda.config import SchedulerConfig
 from pagoda.core.kv_cache_manager import KVCacheManager
 from pagoda.core.outputs import (
+    STEP_TOKEN_BOUNDS,
     CoreOutput,
     ModelRunnerOutput,
     RequestMetrics,
@@ -70,6 +72,7 @@ class Scheduler:
         self._num_steps = 0
         self._prompt_tokens = 0  # prompt tokens computed (prefix-cache hits are not computed)
         self._generation_tokens = 0  # tokens sampled
+        self._step_token_counts = [0] * (len(STEP_TOKEN_BOUNDS) + 1)  # SchedulerStats.step_token_counts
         self._prefix_queries = 0
         self._prefix_hits = 0
         self._lora_requests = 0  # unfinished requests that run a LoRA adapter
@@ -125,6 +128,7 @@ class Scheduler:
             num_steps=self._num_steps,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
+            step_token_counts=tuple(self._step_token_counts),
             spec_num_drafts=self._spec.num_drafts,
             spec_num_draft_tokens=self._spec.num_draft_tokens,
             spec_num_accepted_tokens=self._spec.num_accepted_tokens,
@@ -241,6 +245,7 @@ class Scheduler:
         in the step's order, with the counters after the step."""
         now = time.monotonic()
         outputs = []
+        tokens_before = self._prompt_tokens + self._generation_tokens
         for i, ((request, num_new), token, logprob, prompt_logprobs) in enumerate(
             zip(step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs)
         ):
@@ -265,6 +270,8 @@ class Scheduler:
             if new_tokens or prompt_logprobs is not None or request.is_finished:
                 outputs.append(_core_output(request, new_tokens, new_logprobs, prompt_logprobs))
         self._num_steps += 1
+        step_tokens = self._prompt_tokens + self._generation_tokens - tokens_before
+        self._step_token_counts[bisect.bisect_left(STEP_TOKEN_BOUNDS, step_tokens)] += 1
         return StepOutputs(outputs, self.stats())
 
     def _append(
@@ -413,6 +420,7 @@ def _core_output(
             arrival_time=request.arrival_time,
             first_scheduled_time=request.first_scheduled_time,
             first_token_time=request.first_token_time,
+            num_preemptions=request.num_preemptions,
         ),
         prompt_logprobs=prompt_logprobs,
     )

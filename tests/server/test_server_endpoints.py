@@ -135,6 +135,37 @@ def test_repeated_prompt_hits_the_prefix_cache_and_metrics_count_it(client, http
     assert grew("pagoda:request_prompt_tokens_bucket", le=f"{below:.1f}") == 0
     assert metric(after, "pagoda:prefix_cache_blocks") >= cached // 16
     assert metric(after, "pagoda:num_preemptions_total") >= 0
+    # vLLM's per-prompt series: the longest sequence's tokens, n, max_tokens; per sequence the prompt
+    # tokens computed and the preemptions
+    for histogram, total in [
+        ("request_max_num_generation_tokens", 4),
+        ("request_params_n", 2),
+        ("request_params_max_tokens", 4),
+        ("request_prefill_kv_computed_tokens", 2 * prompt_tokens - cached),
+        ("request_num_preemptions", 0),
+    ]:
+        assert (grew(f"pagoda:{histogram}_count"), grew(f"pagoda:{histogram}_sum")) == (2, total), histogram
+    # each step's prompt tokens computed and tokens sampled (vLLM's iteration_tokens_total)
+    assert grew("pagoda:iteration_tokens_total_sum") == 2 * prompt_tokens - cached + 4
+    assert grew("pagoda:iteration_tokens_total_count") >= 4  # a prompt's step, a decode's, for each
+    assert grew("pagoda:iteration_tokens_total_bucket", le="+Inf") == grew("pagoda:iteration_tokens_total_count")
+    # the HTTP series vLLM's /metrics has (prometheus-fastapi-instrumentator's), and the process's
+    assert grew("http_requests_total", handler="/v1/completions", method="POST", status="2xx") == 2
+    assert metric(after, "process_resident_memory_bytes") > 100e6
+
+
+def test_time_to_first_token_is_recorded_as_the_first_token_comes(http, server):
+    """Not at the sequence's end: a running request's TTFT is on /metrics already (as vLLM's)."""
+    count = "pagoda:time_to_first_token_seconds_count"
+    before = metric(wait_idle(server.base_url), count)
+    body = {"prompt": "Count to fifty:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as stream:
+        lines = stream.iter_lines()
+        next(lines)
+        assert metric(httpx.get(f"{server.base_url}/metrics").text, count) == before + 1
+        for _ in lines:
+            pass
+    assert metric(wait_idle(server.base_url), count) == before + 1
 
 
 def test_a_cache_salt_shares_the_prefix_cache_only_within_its_namespace(client, http):

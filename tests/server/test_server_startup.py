@@ -89,6 +89,8 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model, tmp_
         "0.01",
         "--root-path",
         "/pagoda",
+        "--metrics-prefix",
+        "vllm",
         "--generation-config",
         str(tmp_path),
     )
@@ -108,6 +110,9 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model, tmp_
         ask = {"model": tiny_model, "messages": [{"role": "user", "content": "Hi"}], "ignore_eos": True}
         chat = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=ask, timeout=60).json()
         assert chat["usage"]["completion_tokens"] == 3, chat
+        # under vLLM's metric names, vLLM's model_name: the MODEL argument as given
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert f'vllm:generation_tokens_total{{model_name="{tiny_model}"}} 3.0' in metrics
     finally:
         process.send_signal(signal.SIGTERM)
         _, log = process.communicate(timeout=EXIT_TIMEOUT_S)

@@ -25,6 +25,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_fastapi_instrumentator import Instrumentator
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers, MutableHeaders
 
@@ -71,7 +72,11 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
         engine.adapter(module)
     # vLLM's max_lora label: --max-loras where given, else the adapters served (a step mixes any number)
     lora_slots = (lambda: config.max_loras or len(adapters)) if engine.config.enable_lora else None
-    metrics = ServerMetrics(lambda: engine.stats, model.name, model.max_model_len, lora_slots, config.metrics_prefix)
+    # under vLLM's names, vLLM's model_name label too: the MODEL argument as given where no
+    # --served-model-name is (dashboards and alerts name the model as vLLM labelled it)
+    vllm_label = config.metrics_prefix == "vllm" and config.model_argument
+    metrics_model = config.model_argument if vllm_label else model.name
+    metrics = ServerMetrics(lambda: engine.stats, metrics_model, model.max_model_len, lora_slots, config.metrics_prefix)
     request_log = RequestLogWriter(config.request_log) if config.request_log is not None else None
     return ServerState(
         engine=engine,
@@ -153,6 +158,9 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     if config.request_id_headers:  # outside CORS: a preflight's answer carries it too
         app.add_middleware(RequestIdHeader)
     app.add_middleware(GenerationLoad, load=state.load)
+    # vLLM's HTTP series on /metrics (http_requests_total{handler,method,status}, durations, sizes),
+    # by the library vLLM uses, with the routes it leaves out
+    Instrumentator(excluded_handlers=UNCOUNTED_HTTP_ROUTES, registry=state.sinks.metrics.registry).instrument(app)
     install_handlers(app)
     authorized = [Depends(_require_key(config.api_keys))]
     app.include_router(_v1_routes(state), dependencies=authorized)
@@ -195,6 +203,8 @@ class RequestIdHeader:
         await self.app(scope, receive, send_with_id)
 
 
+# the routes whose requests vLLM's /metrics leaves out of its HTTP series (regular expressions)
+UNCOUNTED_HTTP_ROUTES = ["/metrics", "/health", "/load", "/ping", "/version", "/server_info"]
 # the routes whose requests vLLM counts as its server load (GET /load)
 GENERATION_PATHS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/invocations"}

@@ -9,14 +9,24 @@ by the request handlers as sequences finish. One sequence (one of n) counts as o
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from pagoda.core.outputs import SchedulerStats
+from pagoda.core.outputs import STEP_TOKEN_BOUNDS, SchedulerStats
 from pagoda.engine.outputs import SequenceOutput
 
 # vLLM's buckets, so dashboards built for it read the same
@@ -90,6 +100,8 @@ LATENCY_BUCKETS = (
 )
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINISH_REASONS = ("stop", "length", "abort")  # the engine's (a tool call finishes as "stop" there)
+N_BUCKETS = (1, 2, 5, 10, 20)  # vLLM's, for request_params_n
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)  # vLLM's, for request_num_preemptions
 
 
 def token_buckets(max_model_len: int) -> tuple[int, ...]:
@@ -148,6 +160,20 @@ class _EngineStatsCollector(Collector):
             family = CounterMetricFamily(f"{self.prefix}:{name}", help_, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
+        # vLLM's name, _total and all, for a histogram (its series: iteration_tokens_total_bucket, ..)
+        family = HistogramMetricFamily(
+            f"{self.prefix}:iteration_tokens_total",
+            "Tokens per engine step: prompt tokens computed plus tokens sampled.",
+            labels=["model_name"],
+        )
+        cumulative = itertools.accumulate(s.step_token_counts)
+        buckets = [(str(float(bound)), count) for bound, count in zip(STEP_TOKEN_BOUNDS, cumulative)]
+        family.add_metric(
+            [self.model_name],
+            buckets + [("+Inf", sum(s.step_token_counts))],
+            s.prompt_tokens + s.generation_tokens,
+        )
+        yield family
         if s.spec_accepted_per_position:
             family = CounterMetricFamily(
                 f"{self.prefix}:spec_decode_num_accepted_tokens_per_pos",
@@ -186,6 +212,10 @@ class ServerMetrics:
         disable_created_metrics()
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(stats, model_name, lora_slots, prefix))
+        # the process's (memory, CPU seconds, open files), Python's and its collector's, as vLLM's
+        # /metrics has them from prometheus_client's global registry
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
         self.model_name = model_name
         labels = ["model_name"]
 
@@ -224,6 +254,35 @@ class ServerMetrics:
         self.request_generation_tokens = histogram(
             "request_generation_tokens", "Generated tokens per sequence.", tokens
         )
+        self.request_max_generation_tokens = histogram(
+            "request_max_num_generation_tokens",  # vLLM's name; what it counts, as vLLM's: tokens generated
+            "Generated tokens of a prompt's longest sequence (of n), per prompt.",
+            tokens,
+        )
+        self.request_params_n = histogram("request_params_n", "The n of each prompt.", N_BUCKETS)
+        self.request_params_max_tokens = histogram(
+            "request_params_max_tokens", "The max_tokens of each prompt that has one.", tokens
+        )
+        self.request_computed_prompt_tokens = histogram(
+            "request_prefill_kv_computed_tokens",
+            "Prompt tokens computed per sequence (not taken from the prefix cache).",
+            tokens,
+        )
+        self.request_preemptions = histogram(
+            "request_num_preemptions", "Times a sequence was preempted.", PREEMPTION_BUCKETS
+        )
+
+    def first_token(self, out: SequenceOutput, now: float) -> None:
+        """Record a sequence's time to first token as its first token arrives (not at its end)."""
+        first = out.metrics.first_token_time
+        self.ttft.observe((now if first is None else first) - out.metrics.arrival_time)
+
+    def prompt_done(self, outs: list[SequenceOutput], n: int, max_tokens: int | None) -> None:
+        """Record a prompt once all its n sequences have ended (`outs`: those that began)."""
+        self.request_max_generation_tokens.observe(max((len(out.token_ids) for out in outs), default=0))
+        self.request_params_n.observe(n)
+        if max_tokens is not None:
+            self.request_params_max_tokens.observe(max_tokens)
 
     def count_finished(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()
@@ -234,12 +293,13 @@ class ServerMetrics:
         m = out.metrics
         self.request_prompt_tokens.observe(m.num_prompt_tokens)
         self.request_generation_tokens.observe(len(out.token_ids))
+        self.request_computed_prompt_tokens.observe(m.num_prompt_tokens - m.num_cached_tokens)
+        self.request_preemptions.observe(m.num_preemptions)
         if m.first_scheduled_time is not None:
             self.queue.observe(m.first_scheduled_time - m.arrival_time)
         if m.first_token_time is None:
             return
         self.e2e.observe(now - m.arrival_time)
-        self.ttft.observe(m.first_token_time - m.arrival_time)
         self.decode.observe(now - m.first_token_time)
         if m.first_scheduled_time is not None:
             self.prefill.observe(m.first_token_time - m.first_scheduled_time)

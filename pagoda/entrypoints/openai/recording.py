@@ -13,6 +13,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.console.feed import RecentRequests
 from pagoda.entrypoints.openai.metrics import ServerMetrics
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
+from pagoda.sampling_params import SamplingParams
 
 logger = logging.getLogger("pagoda.requests")
 
@@ -38,7 +39,7 @@ class RequestRecorder:
         endpoint: str,
         request_ids: list[str],
         prompts: list[list[int]],
-        n: int,
+        params: SamplingParams,
         body: dict | None,
         logged: bool = True,
     ) -> None:
@@ -49,7 +50,8 @@ class RequestRecorder:
         self.endpoint = endpoint
         self.request_ids = request_ids  # each prompt's, as the client's answer names it
         self.prompts = prompts
-        self.n = n
+        self.n = params.n
+        self.max_tokens = params.max_tokens
         self.body = body  # the request as sent; kept only when the request log is on
         self._admitted: set[int] = set()
         self._last_tokens: dict[tuple[int, int], float] = {}  # (prompt, sequence): when its last tokens came
@@ -66,6 +68,8 @@ class RequestRecorder:
             sequence = (prompt, update.index)
             if sequence in self._last_tokens:
                 metrics.itl.observe(now - self._last_tokens[sequence])
+            else:
+                metrics.first_token(update, now)
             self._last_tokens[sequence] = now
         if update.finished:
             metrics.finished(update, update.finish_reason, now)
@@ -79,9 +83,10 @@ class RequestRecorder:
                     self.sinks.metrics.count_finished("abort")
                 elif not out.finished:
                     self.sinks.metrics.finished(out, "abort", now)
+        outs = [latest[k] for k in sorted(latest)]
+        self.sinks.metrics.prompt_done(outs, self.n, self.max_tokens)
         if not self.logged:
             return
-        outs = [latest[k] for k in sorted(latest)]
         reasons = sorted({out.finish_reason or "abort" for out in outs}) or ["abort"]
         summary = _Summary.of(outs, now)
         text = None

@@ -238,7 +238,7 @@ class ServerState:
         request_ids = Generation.prompt_request_ids(request_id, len(prompts))
         if self.config.log_requests:
             logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
-        recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params.n, body, logged)
+        recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params, body, logged)
         engine_ids = [Generation.engine_id(name) for name in request_ids]
         lora = await self._adapter(model)
         generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, lora, recorder, priority)
