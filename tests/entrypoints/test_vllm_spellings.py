@@ -233,7 +233,7 @@ def test_enable_log_requests_logs_ids_and_params_on_arrival(caplog):
     from pagoda.sampling_params import SamplingParams
 
     for enabled in (True, False):
-        sinks = SimpleNamespace(request_log=None)
+        sinks = SimpleNamespace(request_log=None, tracer=None)
         state = ServerState(None, ServerConfig(log_requests=enabled), "m", LIMITS, sinks, None)  # type: ignore[arg-type]
         caplog.clear()
         with caplog.at_level(logging.INFO, "pagoda.requests"), pytest.raises(APIError):
@@ -378,7 +378,7 @@ def test_vllm_flags_it_does_not_take_say_why(capsys):
     assert "always prefilled in chunks" in parse_error(["m", "--no-enable-chunked-prefill"], capsys)
     assert "did you mean --max-model-len" in parse_error(["m", "--max-model-length", "9"], capsys)  # a typo
     assert "no sleep mode" in parse_error(["m", "--enable-sleep-mode"], capsys)
-    assert "no OpenTelemetry traces" in parse_error(["m", "--otlp-traces-endpoint", "http://otel:4317"], capsys)
+    assert "not each step's model" in parse_error(["m", "--collect-detailed-traces", "all"], capsys)
     assert "scale out with --data-parallel-size" in parse_error(["m", "--api-server-count", "2"], capsys)
     assert serve.parse_args(["m", "-asc", "1"]).api_server_count == 1
     serve.parse_args(["m", "--enable-chunked-prefill", "--disable-uvicorn-access-log"])

@@ -175,6 +175,113 @@ def test_a_log_config_that_cannot_be_applied_ends_the_process_with_one_line_and_
     assert line.startswith(f"pagoda serve: --log-config-file {path}: ") and why in line, line
 
 
+class SpanCollector:
+    """An OTLP trace collector on a free loopback port, over gRPC or HTTP: the spans it received."""
+
+    def __init__(self, protocol: str) -> None:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        self.requests: list = []
+        if protocol == "grpc":
+            from concurrent import futures
+
+            import grpc
+            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+            requests = self.requests
+
+            class Service(trace_service_pb2_grpc.TraceServiceServicer):
+                def Export(self, request, context):
+                    requests.append(request)
+                    return trace_service_pb2.ExportTraceServiceResponse()
+
+            self._grpc = grpc.server(futures.ThreadPoolExecutor(2))
+            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self._grpc)
+            self.endpoint = f"http://127.0.0.1:{self._grpc.add_insecure_port('127.0.0.1:0')}"
+            self._grpc.start()
+            self.close = lambda: self._grpc.stop(0)
+        else:
+            import http.server
+            import threading
+
+            requests = self.requests
+
+            class Handler(http.server.BaseHTTPRequestHandler):
+                def do_POST(self):
+                    body = self.rfile.read(int(self.headers["Content-Length"]))
+                    requests.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.end_headers()
+                    self.wfile.write(trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
+
+                def log_message(self, *args):
+                    pass
+
+            self._http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            threading.Thread(target=self._http.serve_forever, daemon=True).start()
+            self.endpoint = f"http://127.0.0.1:{self._http.server_address[1]}/v1/traces"
+            self.close = self._http.shutdown
+
+    def spans(self) -> list:
+        return [
+            span
+            for request in list(self.requests)
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+            for span in scope.spans
+        ]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_span_per_request_goes_to_the_otlp_collector_in_the_callers_trace(tiny_model, protocol):
+    """--otlp-traces-endpoint (vLLM's): an llm_request span per finished prompt, a child of the
+    span its HTTP request's traceparent names, with vLLM's gen_ai.* attributes."""
+    collector = SpanCollector(protocol)
+    port = free_port()
+    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    flags = ("--kv-cache-memory", "0.01", "--otlp-traces-endpoint", collector.endpoint)
+    process = start(port, tiny_model, *flags, env=env)
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    try:
+        poll(f"http://127.0.0.1:{port}/health", 200)
+        body = {"prompt": "Hi", "max_tokens": 3, "ignore_eos": True, "temperature": 0.5, "top_p": 0.9}
+        headers = {"traceparent": f"00-{trace_id}-{parent_id}-01"}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, headers=headers, timeout=60)
+        assert answer.status_code == 200, answer.text
+        deadline = time.monotonic() + 30
+        while not collector.spans() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=EXIT_TIMEOUT_S)
+        collector.close()
+    [span] = collector.spans()
+    assert (span.name, span.kind) == ("llm_request", 2)  # SPAN_KIND_SERVER
+    assert (span.trace_id.hex(), span.parent_span_id.hex()) == (trace_id, parent_id)
+    value = {a.key: a.value for a in span.attributes}
+    assert value["gen_ai.request.id"].string_value == answer.json()["id"]
+    assert value["gen_ai.response.model"].string_value == "llama"
+    counts = {key: value[f"gen_ai.{key}"].int_value for key in ("usage.completion_tokens", "request.max_tokens")}
+    assert counts == {"usage.completion_tokens": 3, "request.max_tokens": 3}
+    assert value["gen_ai.request.n"].int_value == 1
+    assert value["gen_ai.usage.prompt_tokens"].int_value == answer.json()["usage"]["prompt_tokens"]
+    assert value["gen_ai.request.temperature"].double_value == 0.5
+    e2e = value["gen_ai.latency.e2e"].double_value
+    assert 0 < value["gen_ai.latency.time_to_first_token"].double_value <= e2e
+    assert abs((span.end_time_unix_nano - span.start_time_unix_nano) / 1e9 - e2e) < 1e-3
+
+
+def test_an_otlp_protocol_it_cannot_send_ends_the_process_with_one_line_and_exit_1(tiny_model):
+    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}
+    process = start(free_port(), tiny_model, "--otlp-traces-endpoint", "http://127.0.0.1:4317", env=env)
+    _, stderr = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert process.returncode == 1
+    assert stderr.strip().splitlines() == [
+        "pagoda serve: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/json': OTLP traces go over grpc or http/protobuf"
+    ]
+
+
 def test_a_load_failure_ends_the_process_with_one_line_and_exit_1(tiny_model):
     port = free_port()
     process = start(port, tiny_model, "--kv-cache-memory", "0.000001")

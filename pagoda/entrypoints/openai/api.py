@@ -57,6 +57,7 @@ from pagoda.entrypoints.openai.response_store import ResponseStore, StoredRespon
 from pagoda.entrypoints.openai.serving import InFlight, ServerConfig, ServerState
 from pagoda.entrypoints.openai.stats_log import log_stats
 from pagoda.entrypoints.openai.tool_calls import check_tools
+from pagoda.entrypoints.openai.tracing import RequestTracer
 from pagoda.lora import LoRAError, LoRANotFoundError, LoRARequest
 from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
 
@@ -89,7 +90,13 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
             config.max_logprobs,
         ),
         sinks=RecordSinks(
-            metrics, request_log, config.log_prompts, engine.tokenizer, RecentRequests(), config.max_log_len
+            metrics,
+            request_log,
+            config.log_prompts,
+            engine.tokenizer,
+            RecentRequests(),
+            config.max_log_len,
+            RequestTracer(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None,
         ),
         token_texts=TokenTexts(engine.tokenizer),
         system_fingerprint=system_fingerprint(engine.config, config.fingerprint_mode, config.fingerprint_value),
@@ -141,6 +148,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
             await asyncio.to_thread(engine.shutdown)
             if state.sinks.request_log is not None:
                 await asyncio.to_thread(state.sinks.request_log.close)
+            if state.sinks.tracer is not None:  # the spans still queued go out
+                await asyncio.to_thread(state.sinks.tracer.shutdown)
 
     docs = {} if config.api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
     # root_path on the app (as vLLM sets it), not uvicorn's: a path with the prefix and one a proxy

@@ -13,6 +13,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.console.feed import RecentRequests
 from pagoda.entrypoints.openai.metrics import ServerMetrics
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
+from pagoda.entrypoints.openai.tracing import RequestTracer
 from pagoda.sampling_params import SamplingParams
 
 logger = logging.getLogger("pagoda.requests")
@@ -28,6 +29,7 @@ class RecordSinks:
     tokenizer: object
     recent: RecentRequests  # the console's table and percentiles
     max_log_len: int | None = None  # prompt characters the log line and the console show (None: all)
+    tracer: RequestTracer | None = None  # --otlp-traces-endpoint's: a span per finished prompt
 
 
 class RequestRecorder:
@@ -42,17 +44,20 @@ class RequestRecorder:
         params: SamplingParams,
         body: dict | None,
         logged: bool = True,
+        trace: TraceContext | None = None,
     ) -> None:
-        """`logged`: each prompt, once done, has its log line, its console row and its request log
-        record (a beam search's steps have none: the search is logged as one)."""
+        """`logged`: each prompt, once done, has its log line, its console row, its request log
+        record and its span (a beam search's steps have none: the search is logged as one);
+        `trace`: where its span goes, with --otlp-traces-endpoint."""
         self.sinks = sinks
         self.logged = logged
         self.endpoint = endpoint
         self.request_ids = request_ids  # each prompt's, as the client's answer names it
         self.prompts = prompts
+        self.params = params
         self.n = params.n
-        self.max_tokens = params.max_tokens
         self.body = body  # the request as sent; kept only when the request log is on
+        self.trace = trace
         self._admitted: set[int] = set()
         self._last_tokens: dict[tuple[int, int], float] = {}  # (prompt, sequence): when its last tokens came
 
@@ -84,7 +89,7 @@ class RequestRecorder:
                 elif not out.finished:
                     self.sinks.metrics.finished(out, "abort", now)
         outs = [latest[k] for k in sorted(latest)]
-        self.sinks.metrics.prompt_done(outs, self.n, self.max_tokens)
+        self.sinks.metrics.prompt_done(outs, self.n, self.params.max_tokens)
         if not self.logged:
             return
         reasons = sorted({out.finish_reason or "abort" for out in outs}) or ["abort"]
@@ -96,6 +101,9 @@ class RequestRecorder:
         self.sinks.recent.add(self._row(prompt, summary, ",".join(reasons), text), now)
         if self.sinks.request_log is not None:
             self.sinks.request_log.write(self._record(prompt, outs, summary, ",".join(reasons)))
+        if self.sinks.tracer is not None and self.trace is not None:
+            t = self.trace
+            self.sinks.tracer.request_span(t.headers, self.request_ids[prompt], t.model, outs, self.params, now)
 
     def _log_line(self, prompt: int, s: _Summary, reasons: str, prompt_text: str | None) -> None:
         text = "" if prompt_text is None else f" prompt={prompt_text!r}"
@@ -143,6 +151,15 @@ class RequestRecorder:
             "ttft_s": s.ttft_s,
             "latency_s": s.latency_s,
         }
+
+
+@dataclass(frozen=True)
+class TraceContext:
+    """What a request's spans carry from its HTTP request: the W3C trace headers (their parent)
+    and the model that answers it."""
+
+    headers: dict[str, str]
+    model: str
 
 
 @dataclass(frozen=True)

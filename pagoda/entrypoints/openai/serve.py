@@ -76,8 +76,8 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--lora-extra-vocab-size": "adapters add no tokens: they share the base model's vocabulary",
     "--enable-sleep-mode": "no sleep mode: a server holds its weights until it stops; stop it and start it "
     "again (a cold start takes seconds)",
-    "--otlp-traces-endpoint": "no OpenTelemetry traces: each request's timings are in --request-log's lines "
-    "and /metrics",
+    "--collect-detailed-traces": "a request's span has its queue, prefill and decode times, not each step's "
+    "model and worker timings",
 }
 
 
@@ -225,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="Python logging's dictConfig as a JSON file, in place of the default handler, format and --log-level "
         "(vLLM's; also read from VLLM_LOGGING_CONFIG_PATH) (default: none)",
+    )
+    p.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        metavar="URL",
+        help="send an OpenTelemetry span per finished request to this OTLP collector (gRPC; HTTP with "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf), as vLLM's; needs pip install 'pagoda[tracing]' "
+        "(default: off)",
     )
     p.add_argument(
         "--enable-server-load-tracking",
@@ -565,6 +573,10 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     try:
         args.reports = read_reports_dir(args.reports)  # a flag's folder, checked before the port and the load
+        if args.otlp_traces_endpoint:  # likewise the tracing install
+            from pagoda.entrypoints.openai.tracing import check_setup
+
+            check_setup()
         EngineArgs.from_cli_args(args).thread_config()  # likewise the thread flags and variables
         for module in args.lora_modules:  # and each adapter's files, as far as they can be without the model
             read_adapter_config(module)
@@ -628,6 +640,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         store_responses=os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "").strip() not in ("", "0"),
         root_path=args.root_path or "",
         force_include_usage=args.enable_force_include_usage,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
         max_loras=args.max_loras,
     )
 

@@ -25,11 +25,12 @@ from pagoda.entrypoints.openai.errors import APIError, ClientDisconnected, bad_r
 from pagoda.entrypoints.openai.logprobs import TokenIdTexts, TokenNames, TokenTexts
 from pagoda.entrypoints.openai.params import ModelLimits, constraint_field
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
-from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder
+from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder, TraceContext
 from pagoda.entrypoints.openai.response_store import ResponseStore
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
+from pagoda.entrypoints.openai.tracing import trace_headers
 from pagoda.lora import LoRAAdapter, LoRAError, LoRARequest
 from pagoda.request import TokenLogprob
 from pagoda.sampling_params import MAX_LOGPROBS, ReasoningSpan, SamplingParams, StructuredOutputsParams
@@ -76,6 +77,7 @@ class ServerConfig:
     # its clients send; taken, not listed)
     served_names: tuple[str, ...] = ()
     model_argument: str | None = None
+    otlp_traces_endpoint: str | None = None  # a span per finished prompt goes there (tracing.py)
     return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N" where a request does not say
     response_role: str = "assistant"  # a reply's role after a generation prompt (vLLM's --response-role)
     request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
@@ -238,7 +240,10 @@ class ServerState:
         request_ids = Generation.prompt_request_ids(request_id, len(prompts))
         if self.config.log_requests:
             logger.info("received %s %s: %d prompt(s), %r", request_id, endpoint, len(prompts), params)
-        recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params, body, logged)
+        trace = None
+        if self.sinks.tracer is not None:
+            trace = TraceContext(trace_headers(http.headers), self.answering_model(model))
+        recorder = RequestRecorder(self.sinks, endpoint, request_ids, prompts, params, body, logged, trace)
         engine_ids = [Generation.engine_id(name) for name in request_ids]
         lora = await self._adapter(model)
         generation = Generation(self.engine, engine_ids, prompts, params, cache_salt, lora, recorder, priority)
