@@ -4,7 +4,8 @@ the console's Reports page (`pagoda serve --reports DIR`) render it the same way
 Only the markdown report.py writes is read: `#` headings, `- ` lists (two spaces nest one level),
 `| ... |` tables with a `---` row, paragraphs, and inline `code`, **bold** and ![alt](image). Every
 piece of text is escaped; an image that is a file of the report folder is inlined as a data URI,
-so the HTML needs nothing beside it and works offline, wherever it is copied.
+so the HTML needs nothing beside it and works offline, wherever it is copied; any other image is
+shown as its alt text and address, never fetched.
 """
 
 from __future__ import annotations
@@ -111,7 +112,11 @@ def _inline(text: str, folder: Path) -> str:
         parts.append(html.escape(text[end : match.start()]))
         alt, src, code, bold = match.groups()
         if src is not None:
-            parts.append(f'<img alt="{html.escape(alt)}" src="{_image_source(src, folder)}">')
+            inlined = _inlined_image(src, folder)
+            if inlined is None:  # not a file of the folder: nothing is fetched from elsewhere
+                parts.append(f'<span class="image">[image: {html.escape(alt)}] {html.escape(src)}</span>')
+            else:
+                parts.append(f'<img alt="{html.escape(alt)}" src="{inlined}">')
         elif code is not None:
             parts.append(f"<code>{html.escape(code)}</code>")
         else:
@@ -121,10 +126,10 @@ def _inline(text: str, folder: Path) -> str:
     return "".join(parts)
 
 
-def _image_source(src: str, folder: Path) -> str:
-    """A data URI for a plain file name of the report folder; anything else is left as written."""
+def _inlined_image(src: str, folder: Path) -> str | None:
+    """A data URI for a plain file name of the report folder; None for anything else."""
     kind = IMAGE_TYPES.get(Path(src).suffix.lower())
     path = folder / src
     if kind is None or "/" in src or "\\" in src or src.startswith(".") or not path.is_file():
-        return html.escape(src)
+        return None
     return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode()}"

@@ -25,6 +25,7 @@ Command: `pagoda bench --api-key ***`
 
 ![throughput](plot.png)
 ![elsewhere](../secret.png)
+![remote](http://tracker.example/pixel.png)
 """
 
 
@@ -39,7 +40,10 @@ def test_markdown_becomes_escaped_html_with_its_plots_inlined(tmp_path):
     assert "<th>metric</th><th>c=1</th>" in html and "<td>1,234.5</td>" in html and "---" not in html
     inlined = base64.b64encode(b"\x89PNG fake").decode()
     assert f'<img alt="throughput" src="data:image/png;base64,{inlined}">' in html
-    assert '<img alt="elsewhere" src="../secret.png">' in html  # only the folder's own files are read
+    # only the folder's own files are read, and nothing is fetched from elsewhere
+    assert '<span class="image">[image: elsewhere] ../secret.png</span>' in html
+    assert '<span class="image">[image: remote] http://tracker.example/pixel.png</span>' in html
+    assert html.count("<img") == 1
 
 
 def test_write_report_html_is_a_whole_document(tmp_path):

@@ -34,6 +34,9 @@ def test_the_page_is_open_and_its_data_needs_the_key(server, http):
         assert http.get(route).status_code == 200, route
     info = http.get("/console/api/info").json()
     assert (info["model"], info["device"], info["dtype"], info["reports"]) == (MODEL, "cpu", "float32", True)
+    # the engine card's switches (the test server: tool_choice auto on, no speculation, no LoRA)
+    assert (info["auto_tool_choice"], info["speculative"], info["lora_adapters"]) == (True, None, None)
+    assert isinstance(info["deterministic"], bool)
     paths = httpx.get(f"{server.base_url}/openapi.json", timeout=10).json()["paths"]
     assert not [path for path in paths if path == "/" or path.startswith("/console")]  # the page's, not the API
 
@@ -85,10 +88,18 @@ def test_reports_outside_the_listing_are_not_found(server, http):
     (server.reports / "by-hand").mkdir(exist_ok=True)
     (server.reports / "by-hand" / "report.md").write_text("# by hand\n\n| a | b |\n|---|---|\n| <b>1</b> | 2 |\n")
     assert "by-hand" in http.get("/console/api/reports").json()["reports"]
-    html = http.get("/console/api/reports/by-hand").json()["html"]
+    html = http.get("/console/api/report", params={"name": "by-hand"}).json()["html"]
     assert "<td>&lt;b&gt;1&lt;/b&gt;</td>" in html  # text is escaped
-    for name in ("../requests.jsonl", "..", "by-hand/../..", "%2e%2e/%2e%2e/etc/passwd", "nothing"):
-        assert http.get(f"/console/api/reports/{name}").status_code == 404, name
+    for name in ("../requests.jsonl", "..", "by-hand/../..", "../../etc/passwd", "nothing", ""):
+        assert http.get("/console/api/report", params={"name": name}).status_code == 404, name
+    # the folder itself, ".": a name no URL path keeps, asked as a query parameter
+    root = server.reports / "report.md"
+    root.write_text("# at the root\n")
+    try:
+        assert "." in http.get("/console/api/reports").json()["reports"]
+        assert "<h1>at the root</h1>" in http.get("/console/api/report", params={"name": "."}).json()["html"]
+    finally:
+        root.unlink()
 
 
 def test_report_folders_lists_only_folders_with_a_report(tmp_path):

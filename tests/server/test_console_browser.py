@@ -276,6 +276,90 @@ def test_a_refused_turn_is_left_out_of_the_conversation(page_of):
     assert all("400" in error for error in console.errors), console.errors  # the refusal's fetch only
 
 
+def _chat_bodies(page) -> list[dict]:
+    """The bodies of the chat requests the page sends from now on."""
+    sent: list[dict] = []
+    page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/chat/completions") else None)
+    return sent
+
+
+def test_clear_while_an_answer_streams_starts_a_conversation_without_it(page_of):
+    console = page_of()
+    page = console.open("playground")
+    sent = _chat_bodies(page)
+    page.fill("#max_tokens", "1500")
+    page.fill("#prompt", "Write a very long story about the sea.")
+    page.click("#send")
+    page.wait_for_function("document.querySelector('.msg.assistant .text').innerText.length > 0", timeout=60_000)
+    page.click("#clear")
+    page.fill("#max_tokens", "4")
+    page.fill("#prompt", "Hi")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant[data-state='done']", timeout=60_000)
+    assert sent[-1]["messages"] == [{"role": "user", "content": "Hi"}]
+    assert page.locator(".msg").count() == 2  # the new chat's question and answer only
+    assert console.errors == []
+
+
+def test_a_tool_call_is_answered_with_its_result_and_the_model_goes_on(page_of):
+    console = page_of()
+    page = console.open("playground")
+    sent = _chat_bodies(page)
+    page.click("details summary")
+    page.fill("#max_tokens", "40")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    page.fill("#tools", json.dumps([tool]))
+    page.select_option("#tool-choice", "required")
+    page.fill("#prompt", "What is the weather in Paris?")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant[data-state='done'] pre.calls", timeout=60_000)
+    assert page.get_attribute("#prompt", "placeholder").startswith("Result of get_weather(")
+    page.select_option("#tool-choice", "none")
+    page.fill("#prompt", '{"temperature": 21}')
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant:nth-of-type(4)[data-state='done']", timeout=60_000)
+    question, call, result = sent[-1]["messages"]
+    [tool_call] = call["tool_calls"]  # the call goes back as the model made it, with its id
+    assert call["role"] == "assistant" and tool_call["function"]["name"] == "get_weather" and tool_call["id"]
+    assert result == {"role": "tool", "tool_call_id": tool_call["id"], "content": '{"temperature": 21}'}
+    assert page.get_attribute("#prompt", "placeholder").startswith("Message")
+    assert console.errors == []
+
+
+def test_input_the_page_must_not_send(page_of):
+    """A key refused on send puts the message back; a malformed number and an input method's Enter
+    send nothing."""
+    console = page_of()
+    page = console.open("playground")
+    sent = _chat_bodies(page)
+    page.wait_for_function(f"document.querySelector('#model-name').innerText === {MODEL!r}")
+    page.evaluate("api.key = 'a-stale-key'")  # as after a restart with another key
+    page.fill("#max_tokens", "4")
+    page.fill("#prompt", "Hello there")
+    page.click("#send")
+    page.wait_for_selector("#key-prompt", state="visible")
+    assert page.input_value("#prompt") == "Hello there" and page.locator(".msg").count() == 0
+    page.fill("#key-input", API_KEY)
+    page.click("#key-form button")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant[data-state='done']", timeout=60_000)
+    assert sent[-1]["messages"] == [{"role": "user", "content": "Hello there"}]
+    count = len(sent)
+    page.click("#temperature")
+    page.keyboard.type("1e")  # not a number: the box's value is "" and the field would be left out
+    page.fill("#prompt", "Again")
+    page.click("#send")
+    assert page.inner_text("#settings-error") == "temperature: not a number"
+    page.fill("#temperature", "")
+    page.evaluate(
+        "document.querySelector('#prompt').dispatchEvent("
+        "new KeyboardEvent('keydown', {key: 'Enter', isComposing: true, bubbles: true}))"
+    )
+    page.wait_for_timeout(300)
+    assert len(sent) == count and page.input_value("#prompt") == "Again"
+    assert all("401" in error for error in console.errors), console.errors  # the stale key's refusal
+
+
 def test_the_dashboard_reads_afresh_when_the_server_restarts(page_of):
     """A restarted server's feed counts from 1 again: its new instance makes the page drop what it
     holds and read the feed from the start (here a route stands in for the new server's answers)."""

@@ -96,6 +96,11 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model, tmp_
     )
     process = start(port, tiny_model, *flags)
     try:
+        # while the model loads, the console page's files are served (the page waits for the engine)
+        loading = poll(f"http://127.0.0.1:{port}/pagoda/console/console.js", 200)[-1]
+        assert loading.headers["content-type"].startswith("text/javascript")
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 503, "loaded too soon to see the page load"
+        assert "<title>Pagoda</title>" in httpx.get(f"http://127.0.0.1:{port}/").text
         answers = poll(f"http://127.0.0.1:{port}/v1/models", 200)
         assert answers[0].status_code == 503  # the port answered before the model had loaded
         for response in answers[:-1]:

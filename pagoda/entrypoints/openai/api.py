@@ -152,9 +152,10 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
                 await asyncio.to_thread(state.sinks.tracer.shutdown)
 
     docs = {} if config.api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
-    # root_path on the app (as vLLM sets it), not uvicorn's: a path with the prefix and one a proxy
-    # stripped of it both find their route
-    app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan, root_path=config.root_path, **docs)
+    app = FastAPI(title="Pagoda", version=__version__, lifespan=lifespan, **docs)
+    # the root path on the app (as vLLM sets it), not uvicorn's: a path with the prefix and one a
+    # proxy stripped of it both find their route (set after: FastAPI's argument is deprecated)
+    app.root_path = config.root_path
     cors = config.cors
     # outermost: a preflight is answered before the key check, and errors carry the CORS headers too
     app.add_middleware(

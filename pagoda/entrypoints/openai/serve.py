@@ -754,7 +754,7 @@ async def _serve(sock: socket.socket, args: argparse.Namespace, started: float) 
 
     from pagoda.entrypoints.openai.startup import LoadProgress, StartingApp, in_daemon_thread
 
-    starting = StartingApp()
+    starting = StartingApp(args.root_path or "")
     server = uvicorn.Server(
         uvicorn.Config(
             starting,

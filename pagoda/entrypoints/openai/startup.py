@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from pagoda.entrypoints.openai.console.page import NO_STORE, page_file
 from pagoda.entrypoints.openai.errors import RETRY_AFTER_S, APIError, error_response
 from pagoda.errors import ConfigError
 
@@ -56,11 +57,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 class StartingApp:
     """An ASGI app that answers every HTTP request with 503 until `serve(app)` hands it the loaded
-    app, and forwards everything to that app after. It owns the lifespan: uvicorn starts it at
-    once, and at shutdown it ends the served app's lifespan (which stops the engine)."""
+    app, and forwards everything to that app after; only the console page's own files are served
+    meanwhile (the page waits for the engine). It owns the lifespan: uvicorn starts it at once,
+    and at shutdown it ends the served app's lifespan (which stops the engine)."""
 
-    def __init__(self) -> None:
+    def __init__(self, root_path: str = "") -> None:
         self._app: ASGIApp | None = None
+        self._root_path = root_path.rstrip("/")
         self._lifespans = contextlib.AsyncExitStack()
 
     async def serve(self, app: Any) -> None:
@@ -74,7 +77,19 @@ class StartingApp:
         elif self._app is not None:
             await self._app(scope, receive, send)
         elif scope["type"] == "http":
-            await loading_response()(scope, receive, send)
+            await self._while_loading(scope)(scope, receive, send)
+
+    def _while_loading(self, scope: Scope) -> ASGIApp:
+        """A console page file (GET, with the root path or without, as the app routes them), else 503."""
+        path = scope["path"]
+        if self._root_path and path.startswith(self._root_path + "/"):
+            path = path[len(self._root_path) :]
+        found = page_file(path) if scope["method"] in ("GET", "HEAD") else None
+        if found is None:
+            return loading_response()
+        from starlette.responses import FileResponse
+
+        return FileResponse(found[0], media_type=found[1], headers=NO_STORE)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while (await receive())["type"] != "lifespan.shutdown":

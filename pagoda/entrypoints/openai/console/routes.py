@@ -17,13 +17,11 @@ from fastapi.responses import FileResponse, JSONResponse
 from pagoda import __version__
 from pagoda.bench.html_report import report_fragment
 from pagoda.entrypoints.openai.console.feed import EngineFeed
+from pagoda.entrypoints.openai.console.page import NO_STORE, page_file
 from pagoda.entrypoints.openai.errors import APIError
 from pagoda.entrypoints.openai.serving import ServerState
 
-STATIC = Path(__file__).parent / "static"
-PAGE_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
 REPORT_DEPTH = 2  # --reports DIR: DIR itself and the result folders up to two levels below it
-NO_STORE = {"Cache-Control": "no-store"}
 
 
 def page_routes() -> APIRouter:
@@ -31,13 +29,11 @@ def page_routes() -> APIRouter:
 
     @router.get("/")
     async def index() -> FileResponse:
-        return FileResponse(STATIC / "index.html", media_type="text/html", headers=NO_STORE)
+        return _served("/")
 
     @router.get("/console/{name}")
-    async def page_file(name: str) -> FileResponse:
-        if name not in PAGE_FILES:
-            raise APIError(404, f"The console has no file `{name}`.", "name", "not_found")
-        return FileResponse(STATIC / name, media_type=PAGE_FILES[name], headers=NO_STORE)
+    async def console_file(name: str) -> FileResponse:
+        return _served(f"/console/{name}")
 
     return router
 
@@ -58,8 +54,10 @@ def data_routes(state: ServerState, feed: EngineFeed, reports: Path | None) -> A
     async def report_list() -> dict:
         return {"reports": [] if reports is None else await asyncio.to_thread(report_folders, reports)}
 
-    @router.get("/reports/{name:path}")
+    @router.get("/report")
     async def report(name: str) -> dict:
+        """The report of a listed folder, by its name as the list gives it (a query parameter: the
+        folder itself, ".", would not survive a URL's path)."""
         folder = None if reports is None else await asyncio.to_thread(find_report, reports, name)
         if folder is None:
             raise APIError(404, f"No report `{name}` under --reports.", "name", "not_found")
@@ -67,6 +65,13 @@ def data_routes(state: ServerState, feed: EngineFeed, reports: Path | None) -> A
         return {"name": name, "html": await asyncio.to_thread(report_fragment, text, folder)}
 
     return router
+
+
+def _served(path: str) -> FileResponse:
+    found = page_file(path)
+    if found is None:
+        raise APIError(404, f"The console has no file `{path.removeprefix('/console/')}`.", "name", "not_found")
+    return FileResponse(found[0], media_type=found[1], headers=NO_STORE)
 
 
 def engine_info(state: ServerState, reports: Path | None) -> dict:
@@ -89,6 +94,9 @@ def engine_info(state: ServerState, reports: Path | None) -> dict:
         "prefix_caching": c.cache.enable_prefix_caching,
         "kv_cache_memory_gib": c.cache.kv_cache_memory_gib if c.device.type == "cpu" else None,
         "gpu_memory_utilization": c.cache.gpu_memory_utilization if c.device.type == "cuda" else None,
+        "deterministic": c.deterministic,
+        "speculative": c.speculative and f"{c.speculative.method}, {c.speculative.num_speculative_tokens} tokens",
+        "lora_adapters": sorted(state.adapters) if c.enable_lora else None,
         "auto_tool_choice": state.config.tools.enable_auto_tool_choice,
         "prompts_shown": state.config.log_prompts,
         "reports": reports is not None,

@@ -75,6 +75,9 @@ const fmt = {
   time: (unix) => new Date(unix * 1000).toLocaleTimeString([], { hour12: false }),
 };
 
+// the last `n` characters of a text, "…" before them where it is longer
+const tail = (text, n) => (text.length > n ? `…${text.slice(-n)}` : text);
+
 // "chatcmpl-a41b9b6d4d73…": the prefix and enough of the id to tell rows apart
 const shortId = (id) => (id.length > 22 ? `${id.slice(0, 21)}…` : id);
 
@@ -98,6 +101,11 @@ function showTab() {
   tabHooks[name]?.();
 }
 window.addEventListener("hashchange", showTab);
+document.querySelectorAll(".tabs a").forEach((a) =>
+  a.addEventListener("click", () => {
+    if (location.hash === a.hash) showTab(); // no hashchange: read the tab afresh all the same
+  }),
+);
 
 // ---- dashboard ---------------------------------------------------------------------------------
 // Each tile: a headline value, a line under it, and the last ten minutes of one or more series.
@@ -105,7 +113,7 @@ const TILES = [
   {
     id: "requests", label: "Requests running / waiting",
     value: (s) => `${s.running} / ${s.waiting}`,
-    series: [["running", "running"], ["waiting", "waiting"]],
+    series: [["running", "running"], ["waiting", "waiting"]], counts: true,
   },
   {
     id: "throughput", label: "Output tokens/s",
@@ -124,7 +132,7 @@ const TILES = [
   {
     id: "preemptions", label: "Preemptions since start", value: (s) => fmt.int(s.preemptions),
     sub: (s, samples) => `last minute: ${fmt.int(s.preemptions - valueAgo(samples, "preemptions", 60))}`,
-    series: [["preemptions", "since start"]],
+    series: [["preemptions", "since start"]], counts: true,
   },
   {
     id: "ttft", label: "TTFT p50, last minute", value: (s) => fmt.ms(s.ttft_p50),
@@ -138,7 +146,7 @@ const TILES = [
   },
   {
     id: "finished", label: "Requests finished, last minute", value: (s) => fmt.int(s.finished_minute),
-    series: [["finished_minute", "finished"]],
+    series: [["finished_minute", "finished"]], counts: true,
   },
 ];
 const COLORS = ["var(--s1)", "var(--s2)", "var(--s3)"];
@@ -177,7 +185,8 @@ function plot(tile, samples) {
   const svg = $(`plot-${tile.id}`);
   const now = samples.length ? samples[samples.length - 1].time : Date.now() / 1000;
   const values = tile.series.flatMap(([key]) => samples.map((s) => s[key]).filter((v) => v != null));
-  const top = tile.max || Math.max(...values, 0) * 1.1 || 1;
+  const highest = Math.max(...values, 0) * 1.1;
+  const top = tile.max || (tile.counts ? Math.ceil(highest) : highest) || 1;
   const parts = ['<line class="axis" x1="0" y1="63.5" x2="600" y2="63.5"/>'];
   tile.series.forEach(([key], i) => {
     let points = [];
@@ -194,7 +203,7 @@ function plot(tile, samples) {
     flush();
   });
   svg.innerHTML = parts.join("");
-  $(`max-${tile.id}`).textContent = `top ${(tile.scale || fmt.rate)(top)}`;
+  $(`max-${tile.id}`).textContent = `top ${(tile.scale || (tile.counts ? fmt.int : fmt.rate))(top)}`;
 }
 
 function renderDashboard() {
@@ -219,14 +228,19 @@ function renderDashboard() {
         el("td", {}, fmt.ms(r.ttft_s)),
         el("td", {}, fmt.ms(r.tpot_s)),
         el("td", {}, r.finish_reason));
-      if (r.prompt != null) row.append(el("td", { class: "prompt" }, r.prompt.slice(0, 200)));
+      if (r.prompt != null) row.append(el("td", { class: "prompt", title: r.prompt }, tail(r.prompt, 200)));
       return row;
     }),
   );
   $("requests-note").textContent = feed.rows.length ? `last ${feed.rows.length}` : "none yet";
 }
 
+let serverInfo = null; // the latest /console/api/info: the server's settings, read again after a restart
+
+const onOff = (flag) => (flag ? "on" : "off");
+
 function renderInfo(info) {
+  serverInfo = info;
   $("model-name").textContent = info.model;
   document.title = `Pagoda · ${info.model}`;
   const rows = [
@@ -235,18 +249,27 @@ function renderInfo(info) {
     ["CUDA graphs", info.cuda_graphs ? "on" : "off"], ["max_model_len", fmt.int(info.max_model_len)],
     ["max_num_seqs", info.max_num_seqs], ["max_num_batched_tokens", fmt.int(info.max_num_batched_tokens)],
     ["scheduling", info.scheduling_policy], ["block_size", info.block_size],
-    ["prefix caching", info.prefix_caching ? "on" : "off"],
+    ["prefix caching", onOff(info.prefix_caching)],
+    ["deterministic", onOff(info.deterministic)],
+    ["speculative decoding", info.speculative || "off"],
+    info.lora_adapters != null ? ["LoRA adapters", info.lora_adapters.join(", ") || "none"] : null,
+    ["tool_choice auto", onOff(info.auto_tool_choice)],
+    ["prompts logged", onOff(info.prompts_shown)],
     info.kv_cache_memory_gib != null ? ["KV cache memory", `${info.kv_cache_memory_gib} GiB`] : null,
     info.gpu_memory_utilization != null ? ["GPU memory use", fmt.pct(info.gpu_memory_utilization)] : null,
     ["pagoda", info.version],
   ].filter(Boolean);
   $("engine-info").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
   $("prompt-col")?.remove(); // renderInfo runs again after a restart
-  if (info.prompts_shown) $("requests").tHead.rows[0].append(el("th", { id: "prompt-col" }, "prompt"));
+  if (info.prompts_shown) $("requests").tHead.rows[0].append(el("th", { id: "prompt-col" }, "prompt text"));
+  // without --enable-auto-tool-choice the server refuses "auto": offer it only where it is served
+  const auto = $("tool-choice").querySelector("option[value='auto']");
+  auto.disabled = !info.auto_tool_choice;
+  auto.textContent = info.auto_tool_choice ? "auto" : "auto (needs --enable-auto-tool-choice)";
+  if (auto.disabled && $("tool-choice").value === "auto") $("tool-choice").value = "required";
 }
 
 async function poll() {
-  const conn = $("conn");
   try {
     if (!document.hidden) {
       const path = `console/api/feed?after=${feed.afterSample}&after_request=${feed.afterRequest}`;
@@ -269,27 +292,56 @@ async function poll() {
         feed.afterRequest = data.requests[data.requests.length - 1].seq;
       }
       renderDashboard();
-      conn.className = "conn live";
-      conn.title = "live: updated every second";
+      showLive();
     }
   } catch (error) {
-    conn.className = "conn down";
-    conn.title = `feed: ${error.message}`;
+    showDown(error.message);
   }
   setTimeout(poll, POLL_MS);
 }
 
+function showLive() {
+  $("conn").className = "conn live";
+  $("conn").title = "live: updated every second";
+  $("conn-note").hidden = true;
+  document.body.classList.remove("stale");
+}
+
+// Not live: the dot turns red and a note says why; the dashboard's figures stay, dimmed, as of
+// the last sample read.
+function showDown(reason) {
+  const latest = feed.samples[feed.samples.length - 1];
+  const since = latest ? ` · showing ${fmt.time(latest.time)}` : "";
+  $("conn").className = "conn down";
+  $("conn").title = `feed: ${reason}`;
+  $("conn-note").textContent = `${/loading/i.test(reason) ? "loading the model" : `not live: ${reason}`}${since}`;
+  $("conn-note").hidden = false;
+  document.body.classList.add("stale");
+}
+
 // ---- playground --------------------------------------------------------------------------------
-const chat = { history: [], controller: null };
+// The conversation as the next request sends it. `pending`: the model's last tool calls that have
+// no result yet (the composer sends each one's result in turn; the model answers once all have);
+// `round`: the messages sent since the model's last answer (a refused request takes them back),
+// `roundNodes` their bubbles; `epoch` counts Clears, so that a stream cleared away adds nothing to
+// the new conversation.
+const chat = { history: [], pending: [], round: [], roundNodes: [], controller: null, epoch: 0 };
 
 function number(id) {
-  const text = $(id).value.trim();
+  const input = $(id);
+  if (input.validity.badInput) throw new Error(`${id}: not a number`);
+  const text = input.value.trim();
   return text === "" ? undefined : Number(text);
 }
 
-// The request body from the settings; throws with the field's name when a JSON box does not parse.
+// The request body from the settings; throws with the field's name when a box does not parse.
 function chatRequest(messages) {
-  const body = { model: $("model-name").textContent, messages, stream: true, stream_options: { include_usage: true } };
+  const body = {
+    model: $("model-name").textContent,
+    messages,
+    stream: true,
+    stream_options: { include_usage: true, continuous_usage_stats: true }, // a stopped answer's count too
+  };
   for (const id of ["temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty"]) {
     const value = number(id);
     if (value !== undefined) body[id] = value;
@@ -312,6 +364,12 @@ function parseJSON(text, what) {
   } catch (error) {
     throw new Error(`${what}: not valid JSON (${error.message})`);
   }
+}
+
+// Follows a growing answer only while the view is at the bottom (a reader who scrolled up stays put).
+function atBottom() {
+  const box = $("messages");
+  return box.scrollHeight - box.scrollTop - box.clientHeight < 40;
 }
 
 function addMessage(role, text) {
@@ -345,10 +403,27 @@ async function readEvents(response, onEvent) {
   }
 }
 
+const callText = (call) => `${call.name}(${call.arguments})`;
+
+// The composer asks for what the conversation waits for: a message, or a tool call's result.
+function updateComposer() {
+  const call = chat.pending[0];
+  $("prompt").placeholder = call
+    ? `Result of ${callText(call)} (Enter sends)`
+    : "Message (Enter sends, Shift+Enter: new line)";
+}
+
+// What sending `text` adds: the user's message, or the result of the first call that has none.
+function outgoing(text) {
+  const call = chat.pending[0];
+  return call ? { role: "tool", tool_call_id: call.id, content: text } : { role: "user", content: text };
+}
+
 async function send(text) {
   $("settings-error").hidden = true;
+  const message = outgoing(text);
   const system = $("system").value.trim();
-  const messages = [...(system ? [{ role: "system", content: system }] : []), ...chat.history, { role: "user", content: text }];
+  const messages = [...(system ? [{ role: "system", content: system }] : []), ...chat.history, message];
   let body;
   try {
     body = chatRequest(messages);
@@ -358,17 +433,25 @@ async function send(text) {
     return; // the message stays in the box, to send once the settings are fixed
   }
   $("prompt").value = "";
-  chat.history.push({ role: "user", content: text });
-  addMessage("user", text);
+  chat.history.push(message);
+  chat.round.push(message);
+  const call = message.role === "tool" ? chat.pending.shift() : null;
+  chat.roundNodes.push(addMessage(message.role, call ? `${callText(call)} → ${text}` : text));
+  updateComposer();
+  if (chat.pending.length) return; // the model answers once every call has its result
   const node = addMessage("assistant", "");
   node.dataset.state = "streaming";
+  const thinking = el("div", { class: "thinking", hidden: "" });
+  node.prepend(thinking);
   const out = node.querySelector(".text");
   const stats = el("div", { class: "stats" });
   node.append(stats);
+  const epoch = chat.epoch;
   chat.controller = new AbortController();
   setBusy(true);
   const started = performance.now();
-  let first = null;
+  let first = null; // the first text or call the answer shows (its TTFT)
+  let firstChunk = null; // the first chunk of the answer: tokens come at the decode's rate from here
   let usage = null;
   let finish = null;
   const calls = [];
@@ -380,10 +463,10 @@ async function send(text) {
       signal: chat.controller.signal,
     });
     if (response.status === 401) {
-      chat.history.pop();
       node.remove();
+      takeBack(true, text);
       await askForKey(true);
-      return;
+      return; // the message is back in the box, to send with the key
     }
     if (!response.ok) throw new Error(await errorText(response));
     await readEvents(response, (chunk) => {
@@ -391,18 +474,28 @@ async function send(text) {
       if (chunk.usage) usage = chunk.usage;
       const choice = chunk.choices?.[0];
       if (!choice) return;
+      firstChunk ??= performance.now();
+      const follow = atBottom();
       const delta = choice.delta || {};
+      const reasoning = delta.reasoning_content ?? delta.reasoning;
+      if (reasoning) {
+        first ??= performance.now();
+        thinking.hidden = false;
+        thinking.textContent += reasoning;
+      }
       if (delta.content) {
         first ??= performance.now();
         out.textContent += delta.content;
       }
       for (const call of delta.tool_calls || []) {
         first ??= performance.now();
-        const entry = (calls[call.index] ??= { name: "", arguments: "" });
+        const entry = (calls[call.index] ??= { id: "", name: "", arguments: "" });
+        entry.id ||= call.id || "";
         entry.name += call.function?.name || "";
         entry.arguments += call.function?.arguments || "";
       }
       if (choice.finish_reason) finish = choice.finish_reason;
+      if (follow) node.scrollIntoView({ block: "end" });
     });
     node.dataset.state = "done";
   } catch (error) {
@@ -414,30 +507,58 @@ async function send(text) {
       node.append(el("div", { class: "error" }, `${error.message} (this turn is left out of the conversation)`));
     }
   } finally {
-    chat.controller = null;
-    setBusy(false);
+    if (chat.epoch === epoch) {
+      chat.controller = null;
+      setBusy(false);
+    }
   }
-  if (calls.length) {
-    node.append(el("pre", { class: "calls" }, calls.map((c) => `${c.name}(${c.arguments})`).join("\n")));
-  }
+  if (chat.epoch !== epoch) return; // cleared while it ran: the new conversation does not hold it
+  const done = node.dataset.state === "done";
+  if (calls.length) node.append(el("pre", { class: "calls" }, calls.map(callText).join("\n")));
   if (node.dataset.state === "error") {
-    chat.history.pop(); // the user's message: a refused or failed turn is not sent again with the next one
+    takeBack(false, text); // a refused or failed turn is not sent again with the next one
   } else {
-    chat.history.push({ role: "assistant", content: out.textContent });
+    const answer = { role: "assistant", content: out.textContent };
+    // a stopped answer's calls are cut short: it keeps its text only
+    if (done && calls.length) {
+      answer.tool_calls = calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
+    }
+    chat.history.push(answer);
+    chat.round = [];
+    chat.roundNodes = [];
+    chat.pending = done ? calls.slice() : [];
+    updateComposer();
   }
-  stats.textContent = messageStats(usage, started, first, performance.now(), finish);
-  node.scrollIntoView({ block: "end" });
+  stats.textContent = messageStats(usage, started, first, firstChunk, performance.now(), finish);
+  if (atBottom()) node.scrollIntoView({ block: "end" });
 }
 
-function messageStats(usage, started, first, ended, finish) {
+// Takes the round (the messages sent since the model's last answer) out of the conversation: the
+// calls it answered wait for their results again, `text` goes back into an empty box, and (with
+// `unsent`: the request never reached the model) the round's bubbles go.
+function takeBack(unsent, text) {
+  const answered = new Set(chat.round.filter((m) => m.role === "tool").map((m) => m.tool_call_id));
+  const previous = chat.history[chat.history.length - chat.round.length - 1];
+  chat.history.splice(chat.history.length - chat.round.length);
+  chat.round = [];
+  chat.pending = (previous?.tool_calls || [])
+    .filter((c) => answered.has(c.id))
+    .map((c) => ({ id: c.id, name: c.function.name, arguments: c.function.arguments }));
+  if (unsent) chat.roundNodes.forEach((node) => node.remove());
+  chat.roundNodes = [];
+  if (!$("prompt").value) $("prompt").value = text;
+  updateComposer();
+}
+
+function messageStats(usage, started, first, firstChunk, ended, finish) {
   const parts = [];
   if (usage) {
     parts.push(`prompt ${usage.prompt_tokens} tokens`, `cached ${usage.prompt_tokens_details?.cached_tokens ?? 0}`);
     parts.push(`output ${usage.completion_tokens}`);
   }
   if (first != null) parts.push(`TTFT ${fmt.ms((first - started) / 1000)}`);
-  if (usage && first != null && usage.completion_tokens > 1 && ended > first) {
-    parts.push(`${((usage.completion_tokens - 1) / ((ended - first) / 1000)).toFixed(1)} tokens/s`);
+  if (usage && firstChunk != null && usage.completion_tokens > 1 && ended > firstChunk) {
+    parts.push(`${((usage.completion_tokens - 1) / ((ended - firstChunk) / 1000)).toFixed(1)} tokens/s`);
   }
   if (finish) parts.push(`finish: ${finish}`);
   return parts.join(" · ");
@@ -455,21 +576,27 @@ $("composer").addEventListener("submit", (event) => {
   send(text);
 });
 $("prompt").addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && !event.shiftKey) {
+  // Enter that ends an input method's composition (Chinese, Japanese, ..) picks the text; it sends nothing
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
     event.preventDefault();
     $("composer").requestSubmit();
   }
 });
 $("stop").addEventListener("click", () => chat.controller?.abort());
 $("clear").addEventListener("click", () => {
+  chat.epoch += 1;
   chat.controller?.abort();
-  chat.history = [];
+  chat.controller = null;
+  setBusy(false);
+  Object.assign(chat, { history: [], pending: [], round: [], roundNodes: [] });
+  updateComposer();
   $("messages").replaceChildren(el("p", { class: "muted empty" }, "Send a message to start a chat."));
 });
 
 // ---- reports -----------------------------------------------------------------------------------
 async function loadReports(info) {
   const note = $("reports-note");
+  $("report-select").hidden = $("report").hidden = false;
   if (!info.reports) {
     note.textContent = "Start the server with --reports DIR to see the pagoda bench / bakeoff result folders in DIR here.";
     $("report-select").hidden = true;
@@ -481,6 +608,7 @@ async function loadReports(info) {
   const current = select.value;
   select.replaceChildren(...reports.map((name) => el("option", { value: name }, name === "." ? "(the folder itself)" : name)));
   note.textContent = reports.length ? `${reports.length} in the --reports folder, newest first` : "No report.md under the --reports folder yet.";
+  select.hidden = $("report").hidden = !reports.length;
   if (reports.includes(current)) select.value = current;
   if (reports.length) await showReport(select.value);
 }
@@ -488,7 +616,7 @@ async function loadReports(info) {
 async function showReport(name) {
   const report = $("report");
   try {
-    const data = await authorized(() => api.get(`console/api/reports/${name.split("/").map(encodeURIComponent).join("/")}`));
+    const data = await authorized(() => api.get(`console/api/report?name=${encodeURIComponent(name)}`));
     report.innerHTML = data.html; // built by the server from report.md with every text escaped
   } catch (error) {
     report.replaceChildren(el("p", { class: "error" }, error.message));
@@ -498,15 +626,22 @@ async function showReport(name) {
 // ---- start -------------------------------------------------------------------------------------
 async function start() {
   buildTiles();
-  const info = await authorized(() => api.get("console/api/info"));
-  renderInfo(info);
   $("report-select").addEventListener("change", (event) => showReport(event.target.value));
-  tabHooks.reports = () => loadReports(info).catch((error) => ($("reports-note").textContent = error.message));
+  tabHooks.reports = () =>
+    serverInfo && loadReports(serverInfo).catch((error) => ($("reports-note").textContent = error.message));
+  showTab();
+  // the page may open before the engine has loaded (or while the server restarts): ask until it answers
+  for (;;) {
+    try {
+      renderInfo(await authorized(() => api.get("console/api/info")));
+      break;
+    } catch (error) {
+      showDown(error.message);
+      await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+    }
+  }
   showTab();
   poll();
 }
 
-start().catch((error) => {
-  $("conn").className = "conn down";
-  $("conn").title = error.message;
-});
+start();
