@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="JSON",
         help="Python logging's dictConfig as a JSON file, in place of the default handler, format and --log-level "
-        "(vLLM's; also read from VLLM_LOGGING_CONFIG_PATH) (default: none)",
+        "(vLLM's) (default: env VLLM_LOGGING_CONFIG_PATH, else none)",
     )
     p.add_argument(
         "--otlp-traces-endpoint",
