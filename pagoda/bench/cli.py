@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from urllib.parse import urlsplit
 
 from pagoda.bench.datasets import load_workload
@@ -10,6 +11,7 @@ from pagoda.bench.errors import BenchError
 from pagoda.bench.report import prepare_output, run_warnings, terminal_table, write_results
 from pagoda.bench.run import EngineResult, execute
 from pagoda.bench.settings import UsageError, build_parser, parse_settings
+from pagoda.bench.vllm_results import write_vllm_results
 
 PROG = "pagoda bench"
 
@@ -30,9 +32,16 @@ def main(argv: list[str]) -> int:
         return 2
     result = execute(settings, workload, urlsplit(settings.base_url).netloc)
     report(result, PROG)
+    if settings.vllm_results is not None and result.levels:
+        try:
+            written = write_vllm_results(settings, result, datetime.now())
+        except OSError as exc:
+            print(f"{PROG}: error: cannot write the result JSON: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {', '.join(str(path) for path in written)}")
     if settings.output is not None:
         try:
-            written = write_results(settings.output, PROG, [PROG, *argv], settings, [result], settings.results_file)
+            written = write_results(settings.output, PROG, [PROG, *argv], settings, [result])
         except OSError as exc:
             print(f"{PROG}: error: cannot write results to {settings.output}: {exc}", file=sys.stderr)
             return 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,11 +86,15 @@ def headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def make_client(max_connections: int, timeout_s: float) -> httpx.AsyncClient:
+def make_client(
+    max_connections: int, timeout_s: float, extra_headers: Sequence[tuple[str, str]] = ()
+) -> httpx.AsyncClient:
+    """`extra_headers` go with every request (--header)."""
     # trust_env=False: a proxy from the environment must not sit between client and server.
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_connections),
+        headers=list(extra_headers),
         trust_env=False,
     )
 

@@ -3,7 +3,7 @@
 A workload yields `Session`s. A single-turn request is a session of one turn; a multi-turn
 session sends its follow-ups one after another, each resending the history plus the server's
 previous reply. Synthetic streams (random, shared-prefix, multi-turn) never end; file-based ones
-(replay, ShareGPT) end with the file. Files are parsed once, up front, so a malformed line stops
+(replay, ShareGPT, vLLM's custom) end with the file. Files are parsed once, up front, so a malformed line stops
 the run before any server is started. A prompt whose body asks for a JSON schema, made here or
 replayed, has its answer graded against it (see schemas.py); one that must call a tool has its
 calls graded against the tools it offers (see tool_calls.py).
@@ -26,7 +26,7 @@ from pagoda.bench.tokens import Tokenizer
 
 Endpoint = Literal["chat", "completions"]
 ENDPOINT_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt", "structured", "tools")
+KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt", "custom", "structured", "tools")
 DEFAULT_OUTPUT_LEN = 64
 STRUCTURED_OUTPUT_LEN = 128  # room for the longest of schemas.TASKS' documents
 TOOLS_OUTPUT_LEN = 200  # room for a call of any of tool_calls.TOOLS, in any server's format
@@ -130,15 +130,25 @@ class WorkloadSpec:
     think_time_s: float
     dataset: Path | None
     tool_choice: str = "required"  # the tools workload's: one of tool_calls.TOOL_CHOICES
+    prefix_len: int = 0  # random: tokens every prompt of a level opens with (vLLM's --random-prefix-len)
+    # custom (vLLM's custom dataset): every request's max_tokens, -1 for each line's output_tokens;
+    # whether a completions prompt goes as it is rather than in the chat template
+    custom_output_len: int = 256
+    skip_chat_template: bool = False
+    shuffle: bool = True  # sharegpt and custom: the file's entries in a seeded order, as vLLM's
 
     @property
     def needs_tokenizer(self) -> bool:
-        """Whether prompts are made of tokens; replayed, structured and tools ones are text as they are."""
+        """Whether prompts are made of tokens; replayed, structured and tools ones are text as they
+        are, and a custom file's prompts too unless they go into the chat template."""
+        if self.kind == "custom":
+            return self.endpoint == "completions" and not self.skip_chat_template
         return self.kind not in ("replay", "structured", "tools")
 
     def default_num_prompts(self) -> int | None:
-        """None for replay: the whole file."""
-        return {"shared-prefix": self.groups * self.prompts_per_group, "replay": None}.get(self.kind, 100)
+        """None for replay and custom: the whole file."""
+        default = {"shared-prefix": self.groups * self.prompts_per_group, "replay": None, "custom": None}
+        return default.get(self.kind, 100)
 
     def output(self) -> LengthDist:
         default = {"structured": STRUCTURED_OUTPUT_LEN, "tools": TOOLS_OUTPUT_LEN}.get(self.kind, DEFAULT_OUTPUT_LEN)
@@ -153,7 +163,7 @@ class Workload:
 
     def requests_per_level(self, num_prompts: int | None) -> int | None:
         """How many requests a level sends at most; None: unbounded (a duration stops it)."""
-        if self.spec.kind in ("replay", "sharegpt"):
+        if self.spec.kind in ("replay", "sharegpt", "custom"):
             return min(num_prompts or len(self.entries), len(self.entries))
         return num_prompts
 
@@ -163,6 +173,8 @@ def load_workload(spec: WorkloadSpec) -> Workload:
         return Workload(spec, tuple(load_replay(_dataset(spec), spec.endpoint)))
     if spec.kind == "sharegpt":
         return Workload(spec, tuple(load_sharegpt(_dataset(spec))))
+    if spec.kind == "custom":
+        return Workload(spec, tuple(load_custom(_dataset(spec), spec.custom_output_len == -1)))
     return Workload(spec)
 
 
@@ -188,6 +200,8 @@ def sessions(workload: Workload, tokenizer: Tokenizer | None, seed: int, label: 
         return _structured_sessions(spec, rng)
     if spec.kind == "tools":
         return _tools_sessions(spec, rng)
+    if spec.kind == "custom":
+        return _custom_sessions(workload, tokenizer, seed)
     assert tokenizer is not None, "every workload but replay needs a tokenizer"
     if spec.kind == "sharegpt":
         return _sharegpt_sessions(workload, tokenizer, rng)
@@ -243,8 +257,9 @@ def next_turn(prompt: Prompt, reply: str, follow_up: FollowUp) -> Prompt:
 
 
 def _random_sessions(spec: WorkloadSpec, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
+    prefix = tok.random_text(rng, spec.prefix_len) if spec.prefix_len else ""
     while True:
-        text = tok.random_text(rng, spec.input_len.sample(rng))
+        text = prefix + tok.random_text(rng, spec.input_len.sample(rng))
         yield Session(make_prompt(spec.endpoint, tok, None, text, spec.output().sample(rng)))
 
 
@@ -306,8 +321,9 @@ def _tools_sessions(spec: WorkloadSpec, rng: random.Random) -> Iterator[Session]
 
 def _sharegpt_sessions(workload: Workload, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
     order = list(range(len(workload.entries)))
-    rng.shuffle(order)
     spec = workload.spec
+    if spec.shuffle:
+        rng.shuffle(order)
     for index in order:
         prompt, reply = workload.entries[index]
         prompt_len, reply_len = len(tok.encode(prompt)), len(tok.encode(reply))
@@ -317,6 +333,50 @@ def _sharegpt_sessions(workload: Workload, tok: Tokenizer, rng: random.Random) -
             continue
         max_tokens = spec.output_len.sample(rng) if spec.output_len else reply_len
         yield Session(make_prompt(spec.endpoint, tok, None, prompt, max_tokens))
+
+
+def _custom_sessions(workload: Workload, tok: Tokenizer | None, seed: int) -> Iterator[Session]:
+    """vLLM's custom dataset: the file's prompts in the order vLLM's `--seed` shuffles them into
+    (every level the same), each one's max_tokens --custom-output-len or its line's output_tokens;
+    to the completions endpoint in the chat template, as vLLM sends them, unless
+    --skip-chat-template; to the chat endpoint as the user's message."""
+    spec = workload.spec
+    entries = list(workload.entries)
+    if spec.shuffle:
+        random.Random(seed).shuffle(entries)
+    for text, output_tokens in entries:
+        max_tokens = output_tokens if spec.custom_output_len == -1 else spec.custom_output_len
+        if spec.endpoint == "chat":
+            yield Session(Prompt("chat", prompt_body("chat", None, text, max_tokens)))
+        elif spec.skip_chat_template:
+            yield Session(Prompt("completions", prompt_body("completions", None, text, max_tokens)))
+        else:
+            assert tok is not None, "the chat template needs the tokenizer"
+            yield Session(Prompt("completions", prompt_body("completions", None, tok.chat_text(text), max_tokens)))
+
+
+def load_custom(path: Path, needs_output_tokens: bool) -> list[tuple[str, int | None]]:
+    """vLLM's custom dataset: JSONL lines of {"prompt": TEXT} with an optional "output_tokens",
+    which every line needs when `needs_output_tokens` (--custom-output-len -1)."""
+    entries = []
+    with path.open("rb") as lines:
+        for number, raw in jsonl.numbered_lines(lines):
+            where = f"{path}:{number}"
+            try:
+                obj = jsonl.json_object(jsonl.decode(raw))
+            except jsonl.BadLine as exc:
+                raise BenchError(f"{where}: {exc}") from None
+            if not isinstance(obj.get("prompt"), str):
+                raise BenchError(f"{where}: a custom dataset line needs a text 'prompt'")
+            output_tokens = obj.get("output_tokens")
+            if output_tokens is None and needs_output_tokens:
+                raise BenchError(f"{where}: no 'output_tokens', which --custom-output-len -1 takes from each line")
+            if output_tokens is not None and not (type(output_tokens) is int and output_tokens >= 1):
+                raise BenchError(f"{where}: 'output_tokens' must be a positive integer")
+            entries.append((obj["prompt"], output_tokens))
+    if not entries:
+        raise BenchError(f"{path}: no prompts in the file")
+    return entries
 
 
 def load_replay(path: Path, endpoint: Endpoint) -> list[Prompt]:
@@ -443,6 +503,15 @@ def describe(spec: WorkloadSpec) -> str:
             f"think time {spec.think_time_s:g} s; each turn resends the history and the replies"
         ),
         "replay": f"replay of {spec.dataset}",
+        "custom": (
+            f"vLLM's custom dataset {spec.dataset}"
+            + (
+                ", each line's output_tokens"
+                if spec.custom_output_len == -1
+                else f", output {spec.custom_output_len} tokens"
+            )
+            + (", in the chat template" if spec.needs_tokenizer else "")
+        ),
         "sharegpt": f"ShareGPT conversations from {spec.dataset}, {out}",
         "structured": (
             f"structured: {len(schemas.TASKS)} JSON schemas taken in turn (nested objects, arrays, enums, "

@@ -257,15 +257,14 @@ def write_results(
     argv: Sequence[str],
     settings: Any,
     results: Sequence[EngineResult],
-    json_name: str = "results.json",
 ) -> list[Path]:
-    """Write results.json (or `json_name`), results.csv, report.md, the plots and report.html (the
+    """Write results.json, results.csv, report.md, the plots and report.html (the
     markdown and plots in one file, html_report.py); returns the files written."""
     from pagoda.bench.html_report import write_report_html
     from pagoda.bench.plots import write_plots
 
     folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / json_name, folder / "results.csv", folder / "report.md"]
+    paths = [folder / "results.json", folder / "results.csv", folder / "report.md"]
     data = _neutral(results_json(tool, argv, settings, results), folder)
     paths[0].write_text(json.dumps(data, indent=1) + "\n")
     with paths[1].open("w", newline="") as handle:

@@ -39,6 +39,7 @@ from pagoda.bench.settings import BenchSettings
 from pagoda.bench.tokens import LazyTokenizer, Tokenizer, resolve_source
 
 PROBE_TOKENS = 8
+READY_POLL_S = 1.0  # --ready-check-timeout-sec: between two asks
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,11 @@ def execute(settings: BenchSettings, workload: Workload, name: str) -> EngineRes
 async def _bench(
     settings: BenchSettings, workload: Workload, result: EngineResult, launched_at: float | None, ready_s: float | None
 ) -> None:
-    async with make_client(max(settings.concurrency) + settings.warmup, settings.request_timeout_s) as http:
+    async with make_client(
+        max(settings.concurrency) + settings.warmup, settings.request_timeout_s, settings.headers
+    ) as http:
+        if settings.ready_timeout_s:
+            await _wait_until_answering(http, settings)
         target = await _target(http, settings)
         result.model = target.model
         if launched_at is not None and ready_s is not None:
@@ -134,6 +139,21 @@ async def _bench(
                 resets = await _reset_prefix_cache(http, settings)
             await _level(http, target, settings, workload, lazy, result, index, concurrency)
             result.peak_load_average = max(result.peak_load_average or 0.0, _load_average())
+
+
+async def _wait_until_answering(http: httpx.AsyncClient, settings: BenchSettings) -> None:
+    """vLLM's --ready-check-timeout-sec: asks GET /v1/models until the server answers it (a server
+    still starting refuses the connection or answers 503), at most that long."""
+    deadline = time.monotonic() + settings.ready_timeout_s
+    _status(f"waiting up to {settings.ready_timeout_s:g} s for {settings.base_url}")
+    while True:
+        try:
+            await list_models(http, settings.base_url, settings.api_key)
+            return
+        except BenchError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(READY_POLL_S)
 
 
 async def _target(http: httpx.AsyncClient, settings: BenchSettings) -> Target:

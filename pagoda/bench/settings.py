@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pagoda.bench.client import root_url
-from pagoda.bench.datasets import KINDS, LengthDist, WorkloadSpec
+from pagoda.bench.datasets import DEFAULT_OUTPUT_LEN, KINDS, LengthDist, WorkloadSpec
 from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import LaunchSpec, parse_command
 from pagoda.bench.metrics import SLO
@@ -27,8 +27,28 @@ from pagoda.entrypoints.parsing import Parser, with_suggestions
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 # vLLM's `bench serve` names, in Pagoda's terms.
 BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat"}
-DATASET_NAMES = {"random": "random", "sharegpt": "sharegpt", "prefix_repetition": "shared-prefix", "custom": "replay"}
+ENDPOINTS = {
+    "chat": "chat",
+    "completions": "completions",
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+}
+DATASET_NAMES = {"random": "random", "sharegpt": "sharegpt", "prefix_repetition": "shared-prefix", "custom": "custom"}
 GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
+UNBOUNDED_IN_FLIGHT = 10_000  # "no bound" on the requests in flight, for a run of no fixed size
+# the request fields vLLM's sampling flags set (--top-p 0.9: "top_p": 0.9)
+SAMPLING_FLAGS = ("top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+_RAMP_UP = "no ramp-up: sweep fixed rates or concurrency levels, one level each (--request-rate, --concurrency 1,8,32)"
+# `vllm bench serve` flags `pagoda bench` does not take, with why
+VLLM_FLAGS_NOT_TAKEN = {
+    "--ramp-up-strategy": _RAMP_UP,
+    "--ramp-up-start-rps": _RAMP_UP,
+    "--ramp-up-end-rps": _RAMP_UP,
+    "--lora-modules": "adapters are model names: give one with --model",
+    "--profile": "no server profiling from the client",
+    "--plot-timeline": "report.md and report.html (--output DIR) have the plots",
+}
 T = TypeVar("T")
 
 
@@ -52,7 +72,7 @@ class _OneSpelling(argparse._StoreAction):
 
 class _Parser(Parser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, foreign=VLLM_FLAGS_NOT_TAKEN, **kwargs)
         self.register("action", None, _OneSpelling)
         self.register("action", "store", _OneSpelling)
 
@@ -85,16 +105,46 @@ class BenchSettings:
     output: Path | None
     progress: bool
     reset_prefix_cache: bool = False  # POST /reset_prefix_cache before each level
-    results_file: str = "results.json"  # its name in `output`
+    in_flight_bound: bool = True  # False: the levels bound nothing (a request rate without --concurrency)
+    ready_timeout_s: float = 0.0  # wait this long for the server to answer before the run (0: fail at once)
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every request, beside the API key's
+    vllm_results: VllmResults | None = None  # vLLM's result JSON (--save-result), none without it
+
+
+@dataclass(frozen=True)
+class VllmResults:
+    """What `vllm bench serve --save-result` writes, as it writes it (vllm_results.py)."""
+
+    folder: Path
+    filename: str | None  # None: vLLM's own name (backend, rate, concurrency, model, time)
+    backend: str  # vLLM's name for the endpoint: openai or openai-chat
+    label: str | None
+    metadata: tuple[tuple[str, str], ...]
+    percentile_metrics: tuple[str, ...]
+    percentiles: tuple[float, ...]
+    detailed: bool  # per-request lists too (--save-detailed)
+    append: bool  # add a line to the file instead of writing it (--append-result)
 
 
 def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Benchmark any OpenAI-compatible server, always streaming.")
     target = parser.add_argument_group("target")
-    target.add_argument("--base-url", default=DEFAULT_BASE_URL, help="server root (a trailing /v1 is fine)")
+    target.add_argument(
+        "--base-url", help=f"server root (a trailing /v1 is fine) (default: {DEFAULT_BASE_URL}, or --host and --port)"
+    )
+    target.add_argument("--host", help="vLLM's: the server's host, without --base-url (default: 127.0.0.1)")
+    target.add_argument("--port", type=int, help="vLLM's: the server's port, without --base-url (default: 8000)")
     target.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
     target.add_argument(
-        "--endpoint", choices=("chat", "completions"), help="default: chat for structured and tools, else completions"
+        "--served-model-name",
+        help="vLLM's: the model name to send, where --model names the tokenizer's model (default: --model)",
+    )
+    target.add_argument(
+        "--endpoint",
+        type=_endpoint,
+        metavar="{chat,completions}",
+        help="chat or completions, or vLLM's /v1/chat/completions or /v1/completions (default: chat for "
+        "structured and tools, else completions)",
     )
     target.add_argument(
         "--backend",
@@ -113,6 +163,24 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
         help="send ignore_eos so outputs reach max_tokens (default: on for random, as vLLM does)",
     )
     target.add_argument("--extra-body", default="{}", metavar="JSON", help="fields added to every request body")
+    for field_name in SAMPLING_FLAGS:
+        target.add_argument(
+            f"--{field_name.replace('_', '-')}",
+            type=float,
+            help=f"vLLM's: sent as {field_name} in every request (default: none, the server's)",
+        )
+    target.add_argument(
+        "--header", nargs="+", default=[], metavar="KEY=VALUE", help="HTTP headers sent with every request"
+    )
+    target.add_argument(
+        "--ready-check-timeout-sec",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="vLLM's: wait up to S seconds for the server to answer before the run (default: 0, fail at once)",
+    )
+    target.add_argument("--trust-remote-code", action="store_true", help="accepted for vLLM's command lines: no effect")
+    target.add_argument("--tokenizer-mode", help="accepted for vLLM's command lines: no effect (default: none)")
 
     work = parser.add_argument_group("workload (seeded: equal seeds send equal prompts)")
     work.add_argument("--workload", choices=KINDS, help="default: random, or replay/sharegpt from --dataset's suffix")
@@ -161,10 +229,51 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     work.add_argument(
         "--think-time", type=float, default=1.0, metavar="S", help="multi-turn: between turns (default 1)"
     )
+    work.add_argument(
+        "--random-prefix-len",
+        type=int,
+        default=0,
+        metavar="N",
+        help="vLLM's: random: every prompt opens with the same N random tokens (default: 0)",
+    )
+    work.add_argument(
+        "--custom-output-len",
+        type=int,
+        default=256,
+        metavar="N",
+        help="vLLM's: custom: every request's max_tokens; -1: each line's output_tokens (default: 256)",
+    )
+    work.add_argument(
+        "--skip-chat-template",
+        action="store_true",
+        help="vLLM's: custom, to the completions endpoint: the prompt as it is, not in the chat template",
+    )
+    work.add_argument(
+        "--disable-shuffle", action="store_true", help="vLLM's: sharegpt and custom: the file's order, not shuffled"
+    )
+    work.add_argument(
+        "--no-oversample",
+        action="store_true",
+        help="accepted for vLLM's command lines: a file's prompts are never sent twice to make up --num-prompts",
+    )
+    # vLLM's names for the shared-prefix settings and a ShareGPT run's output length
+    for flag, dest in (
+        ("--sharegpt-output-len", "output_len"),
+        ("--prefix-repetition-prefix-len", "system_prompt_len"),
+        ("--prefix-repetition-suffix-len", "question_len"),
+        ("--prefix-repetition-num-prefixes", "groups"),
+        ("--prefix-repetition-output-len", "output_len"),
+    ):
+        work.add_argument(
+            flag, dest=dest, type=str if dest == "output_len" else int, help=f"vLLM's: --{dest.replace('_', '-')}"
+        )
 
     load = parser.add_argument_group("load")
     load.add_argument(
-        "--concurrency", "--max-concurrency", default="1", metavar="N[,N...]", help="levels of the sweep (default 1)"
+        "--concurrency",
+        "--max-concurrency",
+        metavar="N[,N...]",
+        help="levels of the sweep: requests in flight at most (default: 1; with --request-rate, no bound)",
     )
     load.add_argument(
         "--request-rate", type=float, default=math.inf, metavar="R", help="sessions/s, Poisson (default inf)"
@@ -216,39 +325,64 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
         help="write results.json, results.csv, report.md, plots (default: none)",
     )
     out.add_argument(
-        "--save-result", action="store_true", help="vLLM's: write the results; to the current folder without --output"
+        "--save-result",
+        action="store_true",
+        help="vLLM's: write vLLM's result JSON, one a level, in --output (default: the current folder)",
     )
     out.add_argument(
         "--result-filename",
         metavar="NAME",
-        help="vLLM's: the results JSON's file name; to the current folder without --output (default: results.json)",
+        help="vLLM's: the result JSON's file name (-cN before its suffix for each level of several) "
+        "(default: vLLM's, BACKEND-RATEqps[-concurrencyN]-MODEL-TIME.json)",
     )
-    out.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
+    out.add_argument(
+        "--save-detailed", action="store_true", help="vLLM's: the result JSON has each request's lengths and times"
+    )
+    out.add_argument("--append-result", action="store_true", help="vLLM's: add the result JSON as a line to its file")
+    out.add_argument("--label", help="vLLM's: the result JSON's label and file-name prefix (default: the backend)")
+    out.add_argument("--metadata", nargs="+", default=[], metavar="KEY=VALUE", help="vLLM's: fields of the result JSON")
+    out.add_argument(
+        "--percentile-metrics",
+        default="ttft,tpot,itl",
+        metavar="NAMES",
+        help="vLLM's: the result JSON's metrics with percentiles, of ttft, tpot, itl, e2el (default: %(default)s)",
+    )
+    out.add_argument(
+        "--metric-percentiles",
+        default="99",
+        metavar="P[,P...]",
+        help="vLLM's: their percentiles in the result JSON (default: %(default)s)",
+    )
+    out.add_argument("--no-progress", "--disable-tqdm", action="store_true", help="no progress bar (default: off)")
     return parser
 
 
 def parse_settings(argv: Sequence[str]) -> BenchSettings:
     args = build_parser().parse_args(list(argv))
-    base_url = root_url(args.base_url)
+    given_url = args.base_url or f"http://{args.host or '127.0.0.1'}:{args.port or 8000}"
+    base_url = root_url(given_url)
     if not base_url.startswith(("http://", "https://")):
-        raise UsageError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
+        raise UsageError(f"--base-url must start with http:// or https://, got {given_url!r}")
     if args.launch and args.server_pid:
         raise UsageError("--launch and --server-pid exclude each other: a launched server's pid is known")
     workload = _workload(args)
+    num_prompts = _num_prompts(args, workload)
+    request_rate = _positive(args.request_rate, "--request-rate")
     return BenchSettings(
         base_url=base_url,
-        model=args.model,
+        model=args.served_model_name or args.model,
         api_key=args.api_key,
         request_timeout_s=_positive(args.request_timeout, "--request-timeout"),
         temperature=args.temperature,
         ignore_eos=args.ignore_eos if args.ignore_eos is not None else workload.kind == "random",
-        extra_body=_json_object(args.extra_body),
+        extra_body=_json_object(args.extra_body) | _sampling_fields(args),
         workload=workload,
-        tokenizer=args.tokenizer,
-        concurrency=_levels(args.concurrency),
-        request_rate=_positive(args.request_rate, "--request-rate"),
+        # vLLM's --model names the tokenizer's model where --served-model-name names the one to send
+        tokenizer=args.tokenizer or (args.model if args.served_model_name else None),
+        concurrency=_concurrency(args.concurrency, request_rate, num_prompts),
+        request_rate=request_rate,
         burstiness=_positive(args.burstiness, "--burstiness"),
-        num_prompts=_num_prompts(args, workload),
+        num_prompts=num_prompts,
         duration_s=None if args.duration is None else _positive(args.duration, "--duration"),
         warmup=_at_least(args.warmup, 0, "--warmup"),
         seed=args.seed,
@@ -256,10 +390,13 @@ def parse_settings(argv: Sequence[str]) -> BenchSettings:
         server_pid=args.server_pid,
         metrics_url=args.metrics_url or f"{base_url}/metrics",
         launch=_launch(args),
-        output=_output(args),
+        output=args.output,
         progress=not args.no_progress,
         reset_prefix_cache=args.reset_prefix_cache,
-        results_file=args.result_filename or "results.json",
+        in_flight_bound=args.concurrency is not None or not math.isfinite(request_rate),
+        ready_timeout_s=max(0.0, args.ready_check_timeout_sec),
+        headers=tuple(_pairs(args.header, "--header")),
+        vllm_results=_vllm_results(args, workload),
     )
 
 
@@ -270,9 +407,14 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         kind = (
             {".jsonl": "replay", ".json": "sharegpt"}.get(args.dataset.suffix, "replay") if args.dataset else "random"
         )
-    if args.dataset is not None and kind not in ("replay", "sharegpt"):
-        raise UsageError(f"--dataset is for the replay and sharegpt workloads, not {kind}")
+    if args.dataset is not None and kind not in ("replay", "sharegpt", "custom"):
+        raise UsageError(f"--dataset is for the replay, sharegpt and custom workloads, not {kind}")
     ratios = _range_ratios(args.random_range_ratio)
+    output_len = args.output_len
+    if output_len is None and kind == "random" and ratios["output"]:  # vLLM widens its default length too
+        output_len = str(DEFAULT_OUTPUT_LEN)
+    if args.random_prefix_len and kind != "random":
+        raise UsageError(f"--random-prefix-len is for the random workload, not {kind}")
     if args.tool_choice is not None and kind != "tools":
         raise UsageError(f"--tool-choice is for the tools workload, not {kind}")
     if kind == "tools" and endpoint == "completions":
@@ -281,8 +423,8 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         kind=kind,
         endpoint=endpoint or ("chat" if kind in ("structured", "tools") else "completions"),
         input_len=_option(LengthDist.parse, _ranged(args.input_len, ratios["input"]), "--input-len"),
-        output_len=_option(LengthDist.parse, _ranged(args.output_len, ratios["output"]), "--output-len")
-        if args.output_len
+        output_len=_option(LengthDist.parse, _ranged(output_len, ratios["output"]), "--output-len")
+        if output_len
         else None,
         groups=_at_least(args.groups, 1, "--groups"),
         prompts_per_group=_at_least(args.prompts_per_group, 1, "--prompts-per-group"),
@@ -292,7 +434,17 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         think_time_s=max(0.0, args.think_time),
         dataset=args.dataset,
         tool_choice=args.tool_choice or "required",
+        prefix_len=_at_least(args.random_prefix_len, 0, "--random-prefix-len"),
+        custom_output_len=_custom_output_len(args.custom_output_len),
+        skip_chat_template=args.skip_chat_template,
+        shuffle=not args.disable_shuffle,
     )
+
+
+def _custom_output_len(value: int) -> int:
+    if value != -1 and value < 1:
+        raise UsageError(f"--custom-output-len must be >= 1, or -1 for each line's output_tokens; got {value}")
+    return value
 
 
 def _same(name: str, value: str | None, alias: str, alias_value: str | None) -> str | None:
@@ -341,11 +493,66 @@ def _slo(args: argparse.Namespace) -> SLO | None:
     return _option(SLO.parse, text, "--goodput" if args.goodput else "--slo") if text else None
 
 
-def _output(args: argparse.Namespace) -> Path | None:
-    """The results folder: --output, else the current folder when vLLM's flags ask for results."""
-    if args.output is None and (args.save_result or args.result_filename):
-        return Path(".")
-    return args.output
+def _endpoint(text: str) -> str:
+    """--endpoint: Pagoda's name, or vLLM's path for it."""
+    if text not in ENDPOINTS:
+        raise argparse.ArgumentTypeError(f"{text!r}: chat or completions (or /v1/chat/completions, /v1/completions)")
+    return ENDPOINTS[text]
+
+
+def _sampling_fields(args: argparse.Namespace) -> dict[str, Any]:
+    fields = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
+    if "top_k" in fields:
+        fields["top_k"] = int(fields["top_k"])
+    return fields
+
+
+def _pairs(items: Sequence[str], flag: str) -> list[tuple[str, str]]:
+    """KEY=VALUE items, in order."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"{flag} wants KEY=VALUE, got {item!r}")
+        pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def _concurrency(text: str | None, request_rate: float, num_prompts: int | None) -> tuple[int, ...]:
+    """The levels given; else one: 1, or with a request rate no bound (vLLM's default), as many as
+    the level sends (UNBOUNDED_IN_FLIGHT for a --duration run)."""
+    if text is not None:
+        return _levels(text)
+    return (num_prompts or UNBOUNDED_IN_FLIGHT,) if math.isfinite(request_rate) else (1,)
+
+
+def _vllm_results(args: argparse.Namespace, workload: WorkloadSpec) -> VllmResults | None:
+    if not (args.save_result or args.result_filename or args.append_result):
+        return None
+    metrics = tuple(name.strip() for name in args.percentile_metrics.split(",") if name.strip())
+    if not metrics or set(metrics) - set(PERCENTILE_METRICS):
+        raise UsageError(
+            f"--percentile-metrics names some of {','.join(PERCENTILE_METRICS)}, got {args.percentile_metrics!r}"
+        )
+    try:
+        percentiles = tuple(float(p) for p in args.metric_percentiles.split(",") if p.strip())
+    except ValueError:
+        percentiles = ()
+    if not percentiles or not all(0 < p < 100 for p in percentiles):
+        raise UsageError(
+            f"--metric-percentiles wants numbers in (0, 100), like 50,90,99, got {args.metric_percentiles!r}"
+        )
+    return VllmResults(
+        folder=args.output or Path("."),
+        filename=args.result_filename,
+        backend=args.backend or ("openai-chat" if workload.endpoint == "chat" else "openai"),
+        label=args.label,
+        metadata=tuple(_pairs(args.metadata, "--metadata")),
+        percentile_metrics=metrics,
+        percentiles=percentiles,
+        detailed=args.save_detailed,
+        append=args.append_result,
+    )
 
 
 def _num_prompts(args: argparse.Namespace, workload: WorkloadSpec) -> int | None:

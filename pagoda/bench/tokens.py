@@ -49,6 +49,13 @@ class Tokenizer:
             ids = encoded[:n] if len(encoded) > n else encoded + self.random_ids(rng, n - len(encoded))
         return self.decode(ids)
 
+    def chat_text(self, user: str) -> str:
+        """`user` as the one message of a chat, in the model's chat template with the generation
+        prompt, as text (vLLM's custom dataset sends its prompts so to the completions endpoint)."""
+        return self._hf.apply_chat_template(
+            [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=False
+        )
+
     def prompt_ids(self, body: dict[str, Any]) -> list[int]:
         """The ids a server would see for a chat or completions request body."""
         if "messages" in body:

@@ -60,7 +60,7 @@ def test_malformed_dataset_stops_before_sending(tmp_path: Path, capsys) -> None:
         (["--extra-body", "[1]"], "--extra-body must be a JSON object"),
         (["--launch", "x", "--server-pid", "1"], "exclude each other"),
         (["--base-url", "localhost:8000"], "must start with http://"),
-        (["--workload", "random", "--dataset", "x.jsonl"], "--dataset is for the replay and sharegpt"),
+        (["--workload", "random", "--dataset", "x.jsonl"], "--dataset is for the replay, sharegpt and custom"),
         (["--bogus"], "unrecognized arguments: --bogus"),
         # both spellings of an option, differently (the same value twice is fine)
         (["--input-len", "32", "--random-input-len", "16"], "--input-len 32 and --random-input-len 16 disagree"),

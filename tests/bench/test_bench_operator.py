@@ -3,7 +3,9 @@ at once, the prefix cache reset between levels, and warnings about figures not t
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import re
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import pytest
 from bench_helpers import run_bench, write_jsonl
 
 from pagoda.bench import cli
+from pagoda.bench.datasets import load_workload
+from pagoda.bench.errors import BenchError
 from pagoda.bench.report import run_warnings
 from pagoda.bench.run import EngineResult
 from pagoda.bench.settings import UsageError, parse_settings
@@ -27,7 +31,29 @@ TOKENIZER = ("--tokenizer", "default")  # the stub serves no model a tokenizer c
         (["--backend", "vllm"], ["--endpoint", "completions"]),
         (["--dataset-name", "prefix_repetition"], ["--workload", "shared-prefix"]),
         (["--dataset-name", "random"], ["--workload", "random"]),
-        (["--dataset-name", "custom", "--dataset-path", "d.jsonl"], ["--workload", "replay", "--dataset", "d.jsonl"]),
+        (["--dataset-name", "custom", "--dataset-path", "d.jsonl"], ["--workload", "custom", "--dataset", "d.jsonl"]),
+        (["--backend", "openai-chat", "--endpoint", "/v1/chat/completions"], ["--endpoint", "chat"]),
+        (["--endpoint", "/v1/completions"], ["--endpoint", "completions"]),
+        (["--host", "10.0.0.2", "--port", "9000"], ["--base-url", "http://10.0.0.2:9000"]),
+        (["--served-model-name", "m", "--model", "org/m"], ["--model", "m", "--tokenizer", "org/m"]),
+        (
+            ["--top-p", "0.9", "--top-k", "20", "--min-p", "0.1"],
+            ["--extra-body", '{"top_p": 0.9, "top_k": 20, "min_p": 0.1}'],
+        ),
+        (["--disable-tqdm"], ["--no-progress"]),
+        (["--trust-remote-code", "--tokenizer-mode", "auto", "--no-oversample"], []),
+        (["--random-range-ratio", "0.5"], ["--input-len", "128:384", "--output-len", "32:96"]),  # the defaults too
+        (
+            ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "100"]
+            + ["--prefix-repetition-suffix-len", "10", "--prefix-repetition-num-prefixes", "3"]
+            + ["--prefix-repetition-output-len", "5"],
+            ["--workload", "shared-prefix", "--system-prompt-len", "100", "--question-len", "10", "--groups", "3"]
+            + ["--output-len", "5"],
+        ),
+        (
+            ["--dataset-name", "sharegpt", "--dataset-path", "s.json", "--sharegpt-output-len", "7"],
+            ["--workload", "sharegpt", "--dataset", "s.json", "--output-len", "7"],
+        ),
         (["--dataset-name", "sharegpt", "--dataset-path", "s.json"], ["--workload", "sharegpt", "--dataset", "s.json"]),
         (["--random-input-len", "100", "--random-output-len", "10"], ["--input-len", "100", "--output-len", "10"]),
         (
@@ -42,21 +68,86 @@ TOKENIZER = ("--tokenizer", "default")  # the stub serves no model a tokenizer c
         (["--num-warmups", "0"], ["--warmup", "0"]),
         (["--goodput", "ttft:500", "e2el:5000"], ["--slo", "ttft=500ms,e2e=5s"]),
         (["--result-dir", "out"], ["--output", "out"]),
-        (["--save-result"], ["--output", "."]),
     ],
 )
 def test_vllm_bench_names_give_the_native_settings(alias: list[str], native: list[str]) -> None:
     assert parse_settings(alias) == parse_settings(native)
 
 
-def test_result_filename_names_the_results_json(start_stub, tmp_path: Path) -> None:
-    settings = parse_settings(["--result-filename", "run1.json"])
-    assert settings.output == Path(".") and settings.results_file == "run1.json"
+def test_a_request_rate_alone_bounds_nothing_in_flight() -> None:
+    """vLLM's default: without --max-concurrency, arrivals at --request-rate are never held back."""
+    assert parse_settings([]).concurrency == (1,)
+    assert parse_settings(["--request-rate", "8", "--num-prompts", "16"]).concurrency == (16,)
+    assert not parse_settings(["--request-rate", "8"]).in_flight_bound
+    assert parse_settings(["--request-rate", "8", "--max-concurrency", "4"]).concurrency == (4,)
+
+
+def test_save_result_writes_vllms_result_json(start_stub, tmp_path: Path, monkeypatch) -> None:
+    """Named as vLLM names it, its fields as vLLM writes them, one file a level; --result-filename
+    names it (-cN for each of several levels); --append-result adds a line."""
+    stub = start_stub("--ttft", "0.02", "--itl", "0.005")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--base-url", stub.base_url, "--num-warmups", "0", "--no-progress", *TOKENIZER]
+    small = ["--random-input-len", "8", "--random-output-len", "4", "--num-prompts", "4"]
+    assert cli.main([*argv, *small, "--save-result", "--metric-percentiles", "50,99", "--metadata", "run=a"]) == 0
+    [written] = tmp_path.glob("*.json")
+    assert re.fullmatch(r"openai-infqps-concurrency1-stub-model-\d{8}-\d{6}\.json", written.name), written.name
+    data = json.loads(written.read_text())
+    assert (data["backend"], data["model_id"], data["num_prompts"], data["max_concurrency"]) == (
+        "openai",
+        "stub-model",
+        4,
+        1,
+    )
+    assert (data["completed"], data["failed"], data["total_output_tokens"], data["run"]) == (4, 0, 16, "a")
+    # vLLM's peaks: per one-second bucket from the first send (requests one after another count together)
+    assert data["request_rate"] == "inf" and 1 <= data["max_concurrent_requests"] <= 4
+    assert 4 <= data["max_output_tokens_per_s"] <= 16
+    assert 15 < data["mean_ttft_ms"] < 500 and 3 < data["median_itl_ms"] < 100 and data["p50_tpot_ms"] > 0
+    assert {"std_ttft_ms", "p99_ttft_ms", "p99_itl_ms"} <= set(data) and "mean_e2el_ms" not in data
+    assert "ttfts" not in data and not (tmp_path / "results.json").exists()  # only vLLM's file
+    # a request rate without --max-concurrency: none in the name, null in the file
+    out = tmp_path / "out"
+    rated = [*argv, *small, "--request-rate", "50", "--save-result", "--result-dir", str(out), "--save-detailed"]
+    assert cli.main(rated) == 0
+    [rate_file] = out.glob("openai-50.0qps-stub-model-*.json")
+    data = json.loads(rate_file.read_text())
+    assert data["max_concurrency"] is None and len(data["ttfts"]) == 4 and len(data["itls"][0]) == 3
+    # named, two levels, appended twice
+    named = [*argv, *small, "--concurrency", "1,2", "--result-filename", "run.json", "--append-result"]
+    assert cli.main(named) == 0 and cli.main(named) == 0
+    for level in (1, 2):
+        lines = (tmp_path / f"run-c{level}.json").read_text().splitlines()
+        assert [json.loads(line)["max_concurrency"] for line in lines] == [level, level]
+
+
+def test_vllms_custom_dataset_sends_its_prompts_as_vllm_does(start_stub, tmp_path: Path) -> None:
+    """`--dataset-name custom`: {"prompt", "output_tokens"} lines, shuffled by the seed, in the chat
+    template to the completions endpoint, max_tokens --custom-output-len or each line's."""
     stub = start_stub("--ttft", "0.01", "--itl", "0.001")
-    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "max_tokens": 2}])
-    argv = ["--base-url", stub.base_url, "--dataset", str(data), "--num-warmups", "0", "--no-progress"]
-    assert cli.main([*argv, "--result-dir", str(tmp_path / "out"), "--result-filename", "run1.json"]) == 0
-    assert (tmp_path / "out" / "run1.json").is_file() and not (tmp_path / "out" / "results.json").exists()
+    rows = [{"prompt": f"question {i}", "output_tokens": i + 1} for i in range(6)]
+    data = write_jsonl(tmp_path / "custom.jsonl", rows)
+    base = ["--dataset-name", "custom", "--dataset-path", str(data), "--tokenizer", "default"]
+    result = run_bench(stub.base_url, *base, "--custom-output-len", "-1")
+    assert result.status == "ok"
+    bodies = httpx.get(f"{stub.base_url}/stub/requests").json()
+    order = list(range(6))
+    random.Random(0).shuffle(order)  # vLLM's shuffle of the file by its --seed (0)
+    assert [b["max_tokens"] for b in bodies] == [i + 1 for i in order]
+    assert all(b["prompt"].startswith("<|im_start|>") and "output_tokens" not in b for b in bodies)  # the template
+    assert f"question {order[0]}<|im_end|>" in bodies[0]["prompt"]
+    run_bench(stub.base_url, *base, "--skip-chat-template", "--disable-shuffle", "--endpoint", "chat")
+    chat = httpx.get(f"{stub.base_url}/stub/requests").json()[6:]
+    assert [b["messages"] for b in chat] == [[{"role": "user", "content": f"question {i}"}] for i in range(6)]
+    assert {b["max_tokens"] for b in chat} == {256}  # vLLM's default --custom-output-len
+    write_jsonl(data, [{"prompt": "no length"}])
+    with pytest.raises(BenchError, match="no 'output_tokens'"):
+        load_workload(parse_settings([*base, "--custom-output-len", "-1"]).workload)
+
+
+def test_vllm_flags_it_does_not_take_say_why(capsys) -> None:
+    assert cli.main(["--ramp-up-strategy", "linear"]) == 2
+    assert "--ramp-up-strategy is a vLLM flag" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -124,3 +215,36 @@ def test_a_load_average_above_the_cores_is_a_warning() -> None:
         "with the server and the client, so the figures understate the machine"
     ]
     assert run_warnings(EngineResult("e", "http://x", peak_load_average=cores - 0.5)) == []
+
+
+def test_headers_go_with_every_request() -> None:
+    from pagoda.bench.client import make_client
+
+    settings = parse_settings(["--header", "X-Tenant=a", "X-Trace=b=c"])
+    assert settings.headers == (("X-Tenant", "a"), ("X-Trace", "b=c"))
+    client = make_client(1, 1.0, settings.headers)
+    assert (client.headers["x-tenant"], client.headers["x-trace"]) == ("a", "b=c")
+    with pytest.raises(UsageError, match="--header wants KEY=VALUE"):
+        parse_settings(["--header", "novalue"])
+
+
+def test_ready_check_waits_for_the_server_then_gives_up(start_stub) -> None:
+    """vLLM's --ready-check-timeout-sec: a server that answers is used at once; none, after S."""
+    import asyncio
+    import time
+
+    from pagoda.bench.client import make_client
+    from pagoda.bench.run import _wait_until_answering
+
+    async def wait(base_url: str, seconds: str) -> None:
+        async with make_client(1, 5.0) as http:
+            await _wait_until_answering(
+                http, parse_settings(["--base-url", base_url, "--ready-check-timeout-sec", seconds])
+            )
+
+    stub = start_stub("--ttft", "0.01", "--itl", "0.001")
+    asyncio.run(wait(stub.base_url, "5"))
+    started = time.monotonic()
+    with pytest.raises(BenchError, match="cannot reach"):
+        asyncio.run(wait("http://127.0.0.1:9", "1.5"))  # the discard port: nothing listens
+    assert time.monotonic() - started >= 1.5
