@@ -377,7 +377,10 @@ def _label(metric: Metric) -> str:
 
 
 def _ratio(metric: Metric, value: float | None, first: float | None) -> str:
-    """`value / first`, and whether that is better or worse by the metric's direction."""
+    """`value / first`, and whether that is better or worse by the metric's direction (against a
+    first of 0, which no ratio stands on, only that: 4 failed requests against none are worse)."""
+    if value is not None and first == 0 and value != 0 and metric.better is not None:
+        return "worse" if (value > 0) == (metric.better == "lower") else "better"
     if value is None or not first:
         return "-"
     ratio = value / first

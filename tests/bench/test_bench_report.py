@@ -54,6 +54,15 @@ def test_side_by_side_ratios_say_which_engine_is_better() -> None:
     assert side_by_side([engine("a", 100.0, 0.5)]) == []
 
 
+def test_against_none_failed_an_engines_failures_are_worse() -> None:
+    clean, failing = engine("a", 100.0, 0.5), engine("b", 100.0, 0.5)
+    failing.levels = [
+        dataclasses.replace(failing.levels[0], summary=dataclasses.replace(failing.levels[0].summary, failed=4))
+    ]
+    rows = [row for row in side_by_side([clean, failing]) if row.startswith("| failed requests")]
+    assert rows == ["| failed requests (lower is better) | 1 | 0 | 4 | worse |"], rows
+
+
 def test_side_by_side_marks_a_cut_level_and_compares_no_ratio_on_it() -> None:
     whole, cut = engine("a", 100.0, 0.5), engine("b", 50.0, 0.25)
     cut.levels = [dataclasses.replace(cut.levels[0], interrupted=True)]
