@@ -22,6 +22,7 @@ from pagoda.entrypoints.openai.errors import APIError
 from pagoda.entrypoints.openai.params import ModelLimits, sampling_params
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from pagoda.entrypoints.openai.serving import ServerConfig, ServerState
+from pagoda.errors import ConfigError
 
 
 def parse_error(argv: list[str], capsys) -> str:
@@ -379,6 +380,15 @@ def test_vllm_flags_it_does_not_take_say_why(capsys):
     assert "did you mean --max-model-len" in parse_error(["m", "--max-model-length", "9"], capsys)  # a typo
     assert "no sleep mode" in parse_error(["m", "--enable-sleep-mode"], capsys)
     assert "not each step's model" in parse_error(["m", "--collect-detailed-traces", "all"], capsys)
+    for flag in ("--hf-token", "--data-parallel-address", "--numa-bind", "--async-scheduling", "--uds"):
+        assert f"{flag} is a vLLM flag pagoda serve does not take" in parse_error(["m", flag, "x"], capsys), flag
+    assert "not a count of bytes" in parse_error(["m", "--kv-cache-memory-bytes", "lots"], capsys)
+    assert "a JSON object of template variables" in parse_error(["m", "--default-chat-template-kwargs", "[1]"], capsys)
+    with pytest.raises(ConfigError, match="tokenize: arguments of the renderer"):
+        serve.checked_template_defaults({"tokenize": False, "enable_thinking": False})
+    assert serve.parse_args(["m", "--max-num-queued-reqs", "5"]).max_queue == 5
+    assert serve.parse_args(["m", "--kv-cache-memory-bytes", "2147483648"]).kv_cache_memory == 2.0
+    assert serve.parse_args(["m", "--kv-cache-memory-bytes", "3G"]).kv_cache_memory == 3.0
     assert "scale out with --data-parallel-size" in parse_error(["m", "--api-server-count", "2"], capsys)
     assert serve.parse_args(["m", "-asc", "1"]).api_server_count == 1
     serve.parse_args(["m", "--enable-chunked-prefill", "--disable-uvicorn-access-log"])

@@ -180,6 +180,42 @@ def test_a_log_config_that_cannot_be_applied_ends_the_process_with_one_line_and_
     assert line.startswith(f"pagoda serve: --log-config-file {path}: ") and why in line, line
 
 
+def test_vllms_operator_flags_take_effect(tiny_model, tmp_path):
+    """--default-chat-template-kwargs (under a request's own), --enable-log-outputs,
+    --disable-access-log-for-endpoints, --max-num-queued-reqs and --kv-cache-memory-bytes."""
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}[{{ greeting }}]"
+    flags = (
+        *("--chat-template", template),
+        *("--default-chat-template-kwargs", '{"greeting": "hello"}'),
+        "--enable-log-outputs",
+        "--access-log",
+        *("--disable-access-log-for-endpoints", "/health,/v1/models"),
+        *("--max-num-queued-reqs", "7"),
+        *("--kv-cache-memory-bytes", "16M"),  # 16 MiB: 0.015625 GiB
+    )
+    port = free_port()
+    process = start(port, tiny_model, *flags)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        poll(f"{url}/health", 200)
+        tokenize = {"model": "llama", "messages": [{"role": "user", "content": "x"}]}
+        ids = httpx.post(f"{url}/tokenize", json=tokenize).json()["tokens"]
+        assert httpx.post(f"{url}/detokenize", json={"tokens": ids}).json()["prompt"].endswith("[hello]")
+        ids = httpx.post(f"{url}/tokenize", json={**tokenize, "chat_template_kwargs": {"greeting": "bye"}}).json()
+        assert httpx.post(f"{url}/detokenize", json={"tokens": ids["tokens"]}).json()["prompt"].endswith("[bye]")
+        body = {"model": "llama", "prompt": "Hi", "max_tokens": 3, "ignore_eos": True, "temperature": 0}
+        answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+        info = httpx.get(f"{url}/get_server_info").json()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, log = process.communicate(timeout=EXIT_TIMEOUT_S)
+    assert (info["scheduler"]["max_queue"], info["cache"]["kv_cache_memory_gib"]) == (7, 16 / 1024)
+    [line] = [line for line in log.splitlines() if f"{answer['id']} /v1/completions" in line]
+    assert line.endswith(f"output={answer['choices'][0]['text']!r}"), line
+    assert '"POST /v1/completions HTTP/1.1" 200' in log and '"GET /health HTTP/1.1"' not in log
+    assert "GET /v1/models" not in log and '"POST /tokenize HTTP/1.1" 200' in log
+
+
 class SpanCollector:
     """An OTLP trace collector on a free loopback port, over gRPC or HTTP: the spans it received."""
 

@@ -97,6 +97,7 @@ def build_state(engine: AsyncEngine, config: ServerConfig) -> ServerState:
             RecentRequests(),
             config.max_log_len,
             RequestTracer(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None,
+            config.log_outputs,
         ),
         token_texts=TokenTexts(engine.tokenizer),
         system_fingerprint=system_fingerprint(engine.config, config.fingerprint_mode, config.fingerprint_value),
@@ -516,7 +517,7 @@ async def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
     if body.messages is not None:
         messages = chat.parse_messages(body.messages)
         tools = check_tools(body.tools) or None
-        kwargs = chat.checked_template_kwargs(state.tokenizer, body)
+        kwargs = chat.checked_template_kwargs(state.tokenizer, body, state.config.default_template_kwargs)
         size = sum(len(m["content"]) for m in messages)
         return await state.off_loop(chat.render, state, messages, tools, kwargs, size=size)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens

@@ -138,10 +138,13 @@ def _tool_result(message: dict, i: int, call_ids: set[str]) -> dict:
     return {**result, "name": name} if name else result
 
 
-def checked_template_kwargs(tokenizer, body: ChatCompletionRequest | TokenizeRequest) -> dict:
-    """The renderer's keywords for the request: its chat_template_kwargs, whose names of the
-    renderer's own arguments (tokenize, chat_template, ...) are refused, as they would change the
-    call, not what the template sees; and vLLM's add_generation_prompt and continue_final_message."""
+def checked_template_kwargs(
+    tokenizer, body: ChatCompletionRequest | TokenizeRequest, defaults: dict | None = None
+) -> dict:
+    """The renderer's keywords for the request: its chat_template_kwargs over the server's
+    `defaults` (--default-chat-template-kwargs), whose names of the renderer's own arguments
+    (tokenize, chat_template, ...) are refused, as they would change the call, not what the
+    template sees; and vLLM's add_generation_prompt and continue_final_message."""
     kwargs = body.chat_template_kwargs or {}
     own = {"messages", "conversations", *inspect.signature(tokenizer.apply_chat_template).parameters}
     for name in kwargs:
@@ -155,6 +158,7 @@ def checked_template_kwargs(tokenizer, body: ChatCompletionRequest | TokenizeReq
             "continue_final_message",
         )
     return {
+        **(defaults or {}),
         **kwargs,
         "add_generation_prompt": body.add_generation_prompt,
         "continue_final_message": body.continue_final_message,
@@ -229,7 +233,8 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     messages = parse_messages(body.messages)
     size = sum(len(m["content"]) for m in messages)
-    kwargs = {**checked_template_kwargs(state.tokenizer, body), **_template_extras(body)}
+    defaults = state.config.default_template_kwargs
+    kwargs = {**checked_template_kwargs(state.tokenizer, body, defaults), **_template_extras(body)}
     template = state.config.chat_template or state.tokenizer.chat_template
     plan = plan_tools(
         body.tools,

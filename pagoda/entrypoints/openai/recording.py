@@ -30,6 +30,7 @@ class RecordSinks:
     recent: RecentRequests  # the console's table and percentiles
     max_log_len: int | None = None  # prompt characters the log line and the console show (None: all)
     tracer: RequestTracer | None = None  # --otlp-traces-endpoint's: a span per finished prompt
+    log_outputs: bool = False  # the log line has the output text (--enable-log-outputs), cut as prompts are
 
 
 class RequestRecorder:
@@ -97,7 +98,8 @@ class RequestRecorder:
         text = None
         if self.sinks.log_prompts:
             text = self.sinks.tokenizer.decode(self.prompts[prompt])[: self.sinks.max_log_len]
-        self._log_line(prompt, summary, ",".join(reasons), text)
+        outputs = [out.text[: self.sinks.max_log_len] for out in outs] if self.sinks.log_outputs else None
+        self._log_line(prompt, summary, ",".join(reasons), text, outputs)
         self.sinks.recent.add(self._row(prompt, summary, ",".join(reasons), text), now)
         if self.sinks.request_log is not None:
             self.sinks.request_log.write(self._record(prompt, outs, summary, ",".join(reasons)))
@@ -105,8 +107,12 @@ class RequestRecorder:
             t = self.trace
             self.sinks.tracer.request_span(t.headers, self.request_ids[prompt], t.model, outs, self.params, now)
 
-    def _log_line(self, prompt: int, s: _Summary, reasons: str, prompt_text: str | None) -> None:
+    def _log_line(
+        self, prompt: int, s: _Summary, reasons: str, prompt_text: str | None, outputs: list[str] | None
+    ) -> None:
         text = "" if prompt_text is None else f" prompt={prompt_text!r}"
+        if outputs is not None:  # one sequence's text, or the n of them
+            text += f" output={outputs[0]!r}" if len(outputs) == 1 else f" outputs={outputs!r}"
         logger.info(
             "%s %s: prompt_tokens=%d cached_tokens=%d output_tokens=%d ttft=%s e2e=%s finish_reason=%s%s",
             self.request_ids[prompt],

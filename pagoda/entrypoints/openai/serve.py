@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 _TLS = "Pagoda serves plain HTTP: put a TLS-terminating proxy (nginx, Caddy) in front"
 _NO_HUB = "Pagoda downloads nothing: the model is a local folder or .gguf file"
 _ONE_DEVICE = "a replica runs on one device; scale out with --data-parallel-size"
+_ONE_MACHINE = (
+    "--data-parallel-size N starts N replicas on this machine behind a gateway; across machines, run a server on each"
+)
+_CORES = "the compute threads are --threads (or PAGODA_NUM_THREADS, OMP_NUM_THREADS), pinned with --bind-cores"
+_GRAPH_SIZES = "CUDA graphs are captured for the batch sizes Pagoda picks (or none: --enforce-eager)"
 # vLLM serve flags Pagoda does not take, with why and what to do instead (parsing.Parser says so)
 VLLM_FLAGS_NOT_TAKEN = {
     "--ssl-keyfile": _TLS,
@@ -76,6 +81,33 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--lora-extra-vocab-size": "adapters add no tokens: they share the base model's vocabulary",
     "--enable-sleep-mode": "no sleep mode: a server holds its weights until it stops; stop it and start it "
     "again (a cold start takes seconds)",
+    "--hf-token": _NO_HUB,
+    "--tokenizer-revision": _NO_HUB,
+    "--data-parallel-rank": _ONE_MACHINE,
+    "--data-parallel-start-rank": _ONE_MACHINE,
+    "--data-parallel-size-local": _ONE_MACHINE,
+    "--data-parallel-address": _ONE_MACHINE,
+    "--data-parallel-rpc-port": _ONE_MACHINE,
+    "--data-parallel-backend": _ONE_MACHINE,
+    "--data-parallel-hybrid-lb": _ONE_MACHINE,
+    "--data-parallel-external-lb": _ONE_MACHINE,
+    "--headless": _ONE_MACHINE,
+    "--numa-bind": _CORES,
+    "--numa-bind-nodes": _CORES,
+    "--numa-bind-cpus": _CORES,
+    "--enable-prompt-embeds": "prompts are text or token ids; no embeddings",
+    "--async-scheduling": "a step is scheduled once the one before it has been read",
+    "--cudagraph-capture-sizes": _GRAPH_SIZES,
+    "--max-cudagraph-capture-size": _GRAPH_SIZES,
+    "--stream-interval": "a stream sends each step's tokens as they come",
+    "--logits-processors": "no custom logits processors: the sampler's parameters are vLLM's request fields",
+    "--runner": "generation models only: no pooling runner",
+    "--convert": "generation models only: no pooling runner",
+    "--kv-transfer-config": "no disaggregated prefill: one server prefills and decodes",
+    "--kv-offloading-size": "the KV cache lives in one pool (--kv-cache-memory); nothing is offloaded",
+    "--kv-offloading-backend": "the KV cache lives in one pool (--kv-cache-memory); nothing is offloaded",
+    "--grpc": "HTTP only: the OpenAI and Anthropic APIs",
+    "--uds": "a TCP port only (--host, --port): put a proxy in front for a unix socket",
     "--collect-detailed-traces": "a request's span has its queue, prefill and decode times, not each step's "
     "model and worker timings",
 }
@@ -315,6 +347,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="accepted for vLLM's command lines; only 1 (Pagoda has no tensor parallelism) (default: %(default)s)",
     )
     p.add_argument(
+        "--default-chat-template-kwargs",
+        type=_template_kwargs,
+        default={},
+        metavar="JSON",
+        help="template variables for every chat request, under the request's own chat_template_kwargs, e.g. "
+        "'{\"enable_thinking\": false}' (vLLM's flag) (default: none)",
+    )
+    p.add_argument(
+        "--enable-log-outputs",
+        action="store_true",
+        help="vLLM's: the per-request log line has the output text too, cut to --max-log-len (default: %(default)s)",
+    )
+    p.add_argument(
+        "--disable-access-log-for-endpoints",
+        default="",
+        metavar="PATHS",
+        help="vLLM's: no --access-log line for these comma-separated paths, e.g. /health,/metrics (default: none)",
+    )
+    p.add_argument(
+        "--max-num-queued-reqs",
+        dest="max_queue",
+        type=int,
+        help="vLLM's spelling of --max-queue (default: unbounded)",
+    )
+    p.add_argument(
+        "--kv-cache-memory-bytes",
+        dest="kv_cache_memory",
+        type=_gib_of_bytes,
+        metavar="BYTES",
+        help="vLLM's: the KV pool in bytes, in vLLM's units (4g is 4 x 10^9, 4G is 4 GiB), as --kv-cache-memory in "
+        "GiB (default: --kv-cache-memory's)",
+    )
+    p.add_argument(
         "--api-server-count",
         "-asc",
         type=int,
@@ -526,6 +591,31 @@ def read_generation_config(value: str) -> dict[str, Any] | None:
     return sampling_defaults(config)
 
 
+def _template_kwargs(value: str) -> dict:
+    """argparse's type for --default-chat-template-kwargs: a JSON object."""
+    try:
+        kwargs = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise argparse.ArgumentTypeError("a JSON object of template variables, e.g. '{\"enable_thinking\": false}'")
+    return kwargs
+
+
+def _gib_of_bytes(value: str) -> float:
+    """argparse's type for --kv-cache-memory-bytes: a count of bytes in vLLM's units (k, m, g
+    decimal; K, M, G binary: 4G is 4 GiB), as GiB."""
+    from pagoda.engine.args import token_count
+
+    try:
+        count = token_count(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"not a count of bytes: {value!r} (e.g. 4294967296, 4G, 4g)") from None
+    if count <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value!r}")
+    return count / 2**30
+
+
 def _lora_dtype(value: str) -> str:
     if value != "auto":
         raise argparse.ArgumentTypeError(f"{value!r}: adapters run in the model's dtype (give --dtype); only auto")
@@ -612,6 +702,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         chat_template=read_chat_template(args.chat_template),
         request_log=args.request_log,
         log_prompts=args.log_prompts,
+        log_outputs=args.enable_log_outputs,
+        default_template_kwargs=checked_template_defaults(args.default_chat_template_kwargs),
         max_log_len=args.max_log_len,
         api_docs=not args.disable_fastapi_docs,
         log_requests=args.enable_log_requests,
@@ -645,6 +737,23 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+def checked_template_defaults(kwargs: dict) -> dict:
+    """--default-chat-template-kwargs, refused (ConfigError) where it names an argument of the
+    renderer (tokenize, chat_template, ..) rather than a template variable, as a request's are."""
+    import inspect
+
+    from transformers import PreTrainedTokenizerBase
+
+    from pagoda.errors import ConfigError
+
+    own = {"messages", "conversation", *inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters}
+    named = sorted(own & set(kwargs))
+    if named:
+        names = ", ".join(named)
+        raise ConfigError(f"--default-chat-template-kwargs: {names}: arguments of the renderer, not template variables")
+    return kwargs
+
+
 def _names_a_model(value: str) -> bool:
     """Whether a flag's last value is a model (a folder or .gguf file): MODEL swallowed by a
     flag that takes several values."""
@@ -672,6 +781,22 @@ def configure_logging(args: argparse.Namespace) -> None:
             raise ConfigError(f"--log-config-file {path}: {exc}") from None
     if args.disable_log_requests:  # no line per request at all: arrivals, refusals, finishes
         logging.getLogger("pagoda.requests").setLevel(logging.WARNING)
+    quiet = {path.strip() for path in args.disable_access_log_for_endpoints.split(",") if path.strip()}
+    if quiet:
+        logging.getLogger("uvicorn.access").addFilter(AccessLogExcept(frozenset(quiet)))
+
+
+class AccessLogExcept(logging.Filter):
+    """Drops the access log's lines for requests to `paths` (their query string aside), as vLLM's
+    --disable-access-log-for-endpoints does; uvicorn's record args: client, method, path, version, status."""
+
+    def __init__(self, paths: frozenset[str]) -> None:
+        super().__init__()
+        self.paths = paths
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (len(args) >= 3 and str(args[2]).split("?")[0] in self.paths)
 
 
 def log_config_file(args: argparse.Namespace) -> str | None:

@@ -60,6 +60,8 @@ class ServerConfig:
     chat_template: str | None = None  # template text; None: the model's own
     request_log: Path | None = None
     log_prompts: bool = False
+    log_outputs: bool = False  # the per-request log line has the output text (vLLM's --enable-log-outputs)
+    default_template_kwargs: dict = field(default_factory=dict)  # under a chat request's chat_template_kwargs
     max_log_len: int | None = None  # --log-prompts' text cut to this many characters (None: whole)
     api_docs: bool = True  # /docs, /redoc and /openapi.json (vLLM's --disable-fastapi-docs turns them off)
     log_requests: bool = False  # a log line per arrival: id, endpoint, sampling parameters; never prompt text
