@@ -306,7 +306,7 @@ def test_a_tool_call_is_answered_with_its_result_and_the_model_goes_on(page_of):
     page = console.open("playground")
     sent = _chat_bodies(page)
     page.click("details summary")
-    page.fill("#max_tokens", "40")
+    page.fill("#max_tokens", "80")
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
     page.fill("#tools", json.dumps([tool]))
     page.select_option("#tool-choice", "required")
@@ -315,15 +315,74 @@ def test_a_tool_call_is_answered_with_its_result_and_the_model_goes_on(page_of):
     page.wait_for_selector(".msg.assistant[data-state='done'] pre.calls", timeout=60_000)
     assert page.get_attribute("#prompt", "placeholder").startswith("Result of get_weather(")
     page.select_option("#tool-choice", "none")
-    page.fill("#prompt", '{"temperature": 21}')
-    page.click("#send")
-    page.wait_for_selector(".msg.assistant:nth-of-type(4)[data-state='done']", timeout=60_000)
-    question, call, result = sent[-1]["messages"]
-    [tool_call] = call["tool_calls"]  # the call goes back as the model made it, with its id
-    assert call["role"] == "assistant" and tool_call["function"]["name"] == "get_weather" and tool_call["id"]
-    assert result == {"role": "tool", "tool_call_id": tool_call["id"], "content": '{"temperature": 21}'}
+    results = 0  # the model may call the tool more than once: a result for each call, in turn
+    while page.get_attribute("#prompt", "placeholder").startswith("Result of get_weather("):
+        page.fill("#prompt", '{"temperature": 21}')
+        page.click("#send")
+        results += 1
+    answer = f".msg.assistant:nth-of-type({results + 3})"  # after the question, the calls and the results
+    page.wait_for_selector(f"{answer}:not([data-state='streaming'])", timeout=60_000)
+    assert page.get_attribute(answer, "data-state") == "done", page.inner_text("#messages")
+    question, call, *sent_results = sent[-1]["messages"]
+    ids = [tool_call["id"] for tool_call in call["tool_calls"]]  # the calls go back as the model made them
+    assert call["role"] == "assistant" and len(ids) == results >= 1 and all(ids)
+    assert sent_results == [{"role": "tool", "tool_call_id": i, "content": '{"temperature": 21}'} for i in ids]
     assert page.get_attribute("#prompt", "placeholder").startswith("Message")
     assert console.errors == []
+
+
+def _sse(*chunks: dict) -> str:
+    return "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+
+
+def _choice(delta: dict, finish: str | None = None) -> dict:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def test_a_refused_result_in_a_round_of_two_calls_is_taken_back_alone(page_of):
+    """The server (faked here) calls two tools; the first result waits for the second; the request
+    with both is refused: only the second goes back to the box, asked for again, and the next send
+    has both results, each for its own call."""
+    console = page_of()
+    page = console.open("playground")
+    bodies: list[dict] = []
+    calls = [
+        {"index": i, "id": f"call-{name}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        for i, name in enumerate(("first", "second"))
+    ]
+
+    def server(route) -> None:
+        bodies.append(json.loads(route.request.post_data))
+        if len(bodies) == 1:
+            body = _sse(_choice({"role": "assistant", "tool_calls": calls}), _choice({}, "tool_calls"))
+        elif len(bodies) == 2:
+            error = {"error": {"message": "refused", "type": "BadRequestError", "param": None, "code": 400}}
+            return route.fulfill(status=400, json=error)
+        else:
+            body = _sse(_choice({"role": "assistant", "content": "both done"}), _choice({}, "stop"))
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=body)
+
+    page.route("**/v1/chat/completions", server)
+    page.fill("#prompt", "Do both.")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant[data-state='done'] pre.calls")
+    assert page.get_attribute("#prompt", "placeholder").startswith("Result of first(")
+    page.fill("#prompt", "one")
+    page.click("#send")
+    assert len(bodies) == 1 and page.get_attribute("#prompt", "placeholder").startswith("Result of second(")
+    page.fill("#prompt", "two")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant[data-state='error']")
+    assert page.input_value("#prompt") == "two"
+    assert page.get_attribute("#prompt", "placeholder").startswith("Result of second(")
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant[data-state='done'] >> text=both done")
+    results = [m for m in bodies[-1]["messages"] if m["role"] == "tool"]
+    assert results == [
+        {"role": "tool", "tool_call_id": "call-first", "content": "one"},
+        {"role": "tool", "tool_call_id": "call-second", "content": "two"},
+    ]
+    assert all("400" in error for error in console.errors), console.errors
 
 
 def test_input_the_page_must_not_send(page_of):

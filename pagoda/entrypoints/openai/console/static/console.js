@@ -322,10 +322,8 @@ function showDown(reason) {
 // ---- playground --------------------------------------------------------------------------------
 // The conversation as the next request sends it. `pending`: the model's last tool calls that have
 // no result yet (the composer sends each one's result in turn; the model answers once all have);
-// `round`: the messages sent since the model's last answer (a refused request takes them back),
-// `roundNodes` their bubbles; `epoch` counts Clears, so that a stream cleared away adds nothing to
-// the new conversation.
-const chat = { history: [], pending: [], round: [], roundNodes: [], controller: null, epoch: 0 };
+// `epoch` counts Clears, so that a stream cleared away adds nothing to the new conversation.
+const chat = { history: [], pending: [], controller: null, epoch: 0 };
 
 function number(id) {
   const input = $(id);
@@ -434,9 +432,8 @@ async function send(text) {
   }
   $("prompt").value = "";
   chat.history.push(message);
-  chat.round.push(message);
   const call = message.role === "tool" ? chat.pending.shift() : null;
-  chat.roundNodes.push(addMessage(message.role, call ? `${callText(call)} → ${text}` : text));
+  const bubble = addMessage(message.role, call ? `${callText(call)} → ${text}` : text);
   updateComposer();
   if (chat.pending.length) return; // the model answers once every call has its result
   const node = addMessage("assistant", "");
@@ -464,7 +461,7 @@ async function send(text) {
     });
     if (response.status === 401) {
       node.remove();
-      takeBack(true, text);
+      takeBack(call, text, bubble);
       await askForKey(true);
       return; // the message is back in the box, to send with the key
     }
@@ -516,36 +513,31 @@ async function send(text) {
   const done = node.dataset.state === "done";
   if (calls.length) node.append(el("pre", { class: "calls" }, calls.map(callText).join("\n")));
   if (node.dataset.state === "error") {
-    takeBack(false, text); // a refused or failed turn is not sent again with the next one
+    takeBack(call, text); // a refused or failed turn is not sent again with the next one
   } else {
     const answer = { role: "assistant", content: out.textContent };
-    // a stopped answer's calls are cut short: it keeps its text only
-    if (done && calls.length) {
-      answer.tool_calls = calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
+    // calls only from an answer that ended whole (one stopped or cut at max_tokens has them cut short;
+    // a named tool_choice's call ends as "stop", others as "tool_calls")
+    const whole = done && finish !== "length";
+    const called = whole ? calls.map((c, i) => ({ ...c, id: c.id || `call_${i}` })) : [];
+    if (called.length) {
+      answer.tool_calls = called.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
     }
     chat.history.push(answer);
-    chat.round = [];
-    chat.roundNodes = [];
-    chat.pending = done ? calls.slice() : [];
+    chat.pending = called;
     updateComposer();
   }
   stats.textContent = messageStats(usage, started, first, firstChunk, performance.now(), finish);
   if (atBottom()) node.scrollIntoView({ block: "end" });
 }
 
-// Takes the round (the messages sent since the model's last answer) out of the conversation: the
-// calls it answered wait for their results again, `text` goes back into an empty box, and (with
-// `unsent`: the request never reached the model) the round's bubbles go.
-function takeBack(unsent, text) {
-  const answered = new Set(chat.round.filter((m) => m.role === "tool").map((m) => m.tool_call_id));
-  const previous = chat.history[chat.history.length - chat.round.length - 1];
-  chat.history.splice(chat.history.length - chat.round.length);
-  chat.round = [];
-  chat.pending = (previous?.tool_calls || [])
-    .filter((c) => answered.has(c.id))
-    .map((c) => ({ id: c.id, name: c.function.name, arguments: c.function.arguments }));
-  if (unsent) chat.roundNodes.forEach((node) => node.remove());
-  chat.roundNodes = [];
+// Takes the message just sent (the last of the conversation) back out of it: a tool result's `call`
+// waits for its result again, first; `text` goes back into an empty box; `bubble`, where given (the
+// request never reached the model), goes. Results sent before it in the same round stay sent.
+function takeBack(call, text, bubble = null) {
+  chat.history.pop();
+  if (call) chat.pending.unshift(call);
+  bubble?.remove();
   if (!$("prompt").value) $("prompt").value = text;
   updateComposer();
 }
@@ -588,7 +580,7 @@ $("clear").addEventListener("click", () => {
   chat.controller?.abort();
   chat.controller = null;
   setBusy(false);
-  Object.assign(chat, { history: [], pending: [], round: [], roundNodes: [] });
+  Object.assign(chat, { history: [], pending: [] });
   updateComposer();
   $("messages").replaceChildren(el("p", { class: "muted empty" }, "Send a message to start a chat."));
 });
