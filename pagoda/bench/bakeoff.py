@@ -49,6 +49,15 @@ NOT_WORKLOAD = {
     "result_dir",
     "save_result",
     "result_filename",
+    "append_result",
+    "save_detailed",
+    "label",
+    "metadata",
+    "host",
+    "port",
+    "header",
+    "served_model_name",
+    "ready_check_timeout_sec",
 }
 PER_ENGINE_FIELDS = NOT_WORKLOAD | {"launch"}  # of BenchSettings, left out of the shared settings
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from pagoda.bench.datasets import Prompt
-from pagoda.bench.errors import BenchError
+from pagoda.bench.errors import BenchError, NotAnswering
 from pagoda.bench.tool_calls import Call
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -253,7 +253,7 @@ async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | Non
         response = await http.get(f"{base_url}/v1/models", headers=headers(api_key), timeout=10.0)
     except httpx.HTTPError as exc:
         detail = str(exc) or ("no answer within 10 s" if isinstance(exc, httpx.TimeoutException) else "no detail")
-        raise BenchError(
+        raise NotAnswering(
             f"cannot reach {base_url}: {type(exc).__name__}: {detail}. Is the server running there?"
         ) from None
     if response.status_code in (401, 403, 503):
@@ -262,7 +262,8 @@ async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | Non
             message = _message(response.json())
         except ValueError:
             message = response.text
-        raise BenchError(f"{base_url}/v1/models: the server {reason}: {response.status_code} {message[:300]}")
+        error = NotAnswering if response.status_code == 503 else BenchError
+        raise error(f"{base_url}/v1/models: the server {reason}: {response.status_code} {message[:300]}")
     if response.status_code != 200:
         return None
     try:

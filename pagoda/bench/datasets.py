@@ -257,9 +257,10 @@ def next_turn(prompt: Prompt, reply: str, follow_up: FollowUp) -> Prompt:
 
 
 def _random_sessions(spec: WorkloadSpec, tok: Tokenizer, rng: random.Random) -> Iterator[Session]:
-    prefix = tok.random_text(rng, spec.prefix_len) if spec.prefix_len else ""
+    # the level's prompts all open with these ids (of a text that re-encodes to them)
+    prefix = tuple(tok.encode(tok.random_text(rng, spec.prefix_len))) if spec.prefix_len else ()
     while True:
-        text = prefix + tok.random_text(rng, spec.input_len.sample(rng))
+        text = tok.random_text(rng, spec.input_len.sample(rng), prefix)
         yield Session(make_prompt(spec.endpoint, tok, None, text, spec.output().sample(rng)))
 
 

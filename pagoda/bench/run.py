@@ -29,7 +29,7 @@ from pagoda.bench.datasets import (
     take_requests,
     token_lists,
 )
-from pagoda.bench.errors import BenchError
+from pagoda.bench.errors import BenchError, NotAnswering
 from pagoda.bench.launcher import check_port_free, launched, wait_until_ready
 from pagoda.bench.memory import MemoryPeak, MemorySampler
 from pagoda.bench.metrics import RequestRecord, Summary, summarize
@@ -143,14 +143,15 @@ async def _bench(
 
 async def _wait_until_answering(http: httpx.AsyncClient, settings: BenchSettings) -> None:
     """vLLM's --ready-check-timeout-sec: asks GET /v1/models until the server answers it (a server
-    still starting refuses the connection or answers 503), at most that long."""
+    still starting refuses the connection or answers 503), at most that long; a refused key is
+    final at once."""
     deadline = time.monotonic() + settings.ready_timeout_s
     _status(f"waiting up to {settings.ready_timeout_s:g} s for {settings.base_url}")
     while True:
         try:
             await list_models(http, settings.base_url, settings.api_key)
             return
-        except BenchError:
+        except NotAnswering:
             if time.monotonic() >= deadline:
                 raise
             await asyncio.sleep(READY_POLL_S)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pagoda.bench.client import root_url
-from pagoda.bench.datasets import DEFAULT_OUTPUT_LEN, KINDS, LengthDist, WorkloadSpec
+from pagoda.bench.datasets import DEFAULT_OUTPUT_LEN, ENDPOINT_PATHS, KINDS, LengthDist, WorkloadSpec
 from pagoda.bench.errors import BenchError
 from pagoda.bench.launcher import LaunchSpec, parse_command
 from pagoda.bench.metrics import SLO
@@ -27,12 +27,7 @@ from pagoda.entrypoints.parsing import Parser, with_suggestions
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 # vLLM's `bench serve` names, in Pagoda's terms.
 BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat"}
-ENDPOINTS = {
-    "chat": "chat",
-    "completions": "completions",
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-}
+ENDPOINTS = {"chat": "chat", "completions": "completions", **ENDPOINT_PATHS}  # vLLM's --endpoint paths too
 DATASET_NAMES = {"random": "random", "sharegpt": "sharegpt", "prefix_repetition": "shared-prefix", "custom": "custom"}
 GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
 UNBOUNDED_IN_FLIGHT = 10_000  # "no bound" on the requests in flight, for a run of no fixed size
@@ -538,7 +533,7 @@ def _vllm_results(args: argparse.Namespace, workload: WorkloadSpec) -> VllmResul
         percentiles = tuple(float(p) for p in args.metric_percentiles.split(",") if p.strip())
     except ValueError:
         percentiles = ()
-    if not percentiles or not all(0 < p < 100 for p in percentiles):
+    if not percentiles or not all(0 < p <= 100 for p in percentiles):
         raise UsageError(
             f"--metric-percentiles wants numbers in (0, 100), like 50,90,99, got {args.metric_percentiles!r}"
         )

@@ -37,21 +37,26 @@ class Tokenizer:
                 ids.append(token)
         return ids
 
-    def random_text(self, rng: random.Random, n: int) -> str:
-        """Text of random vocabulary tokens that re-encodes to `n` tokens (decoding and
-        re-encoding can merge or split tokens, so the ids are adjusted a few times)."""
-        ids = self.random_ids(rng, n)
+    def random_text(self, rng: random.Random, n: int, prefix: Sequence[int] = ()) -> str:
+        """Text of the ids `prefix`, then random vocabulary tokens, that re-encodes to len(prefix) + n
+        tokens (decoding and re-encoding can merge or split tokens, so the ids are adjusted a few
+        times, the prefix's kept)."""
+        total = len(prefix) + n
+        ids = [*prefix, *self.random_ids(rng, n)]
         for _ in range(5):
             text = self.decode(ids)
             encoded = self.encode(text)
-            if len(encoded) == n:
+            if len(encoded) == total:
                 return text
-            ids = encoded[:n] if len(encoded) > n else encoded + self.random_ids(rng, n - len(encoded))
+            tail = encoded[len(prefix) : total]  # past the prefix's place: the prefix itself stays as drawn
+            ids = [*prefix, *tail, *self.random_ids(rng, n - len(tail))]
         return self.decode(ids)
 
     def chat_text(self, user: str) -> str:
         """`user` as the one message of a chat, in the model's chat template with the generation
         prompt, as text (vLLM's custom dataset sends its prompts so to the completions endpoint)."""
+        if not self._hf.chat_template:
+            raise BenchError(f"the tokenizer {self.source} has no chat template: pass --skip-chat-template")
         return self._hf.apply_chat_template(
             [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=False
         )

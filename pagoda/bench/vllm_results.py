@@ -65,6 +65,7 @@ def vllm_result(settings: BenchSettings, result: EngineResult, level: LevelResul
         "output_throughput": s.output_throughput,
         "total_token_throughput": s.total_token_throughput,
         **_peaks(done),
+        "latencies": [r.latency_s for r in done],  # vLLM keeps this list without --save-detailed too
     }
     samples = {
         "ttft": [r.ttft_s for r in done],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import typing
@@ -21,6 +22,8 @@ from pagoda.config import CacheConfig, EngineConfig, SchedulerConfig, Speculativ
 from pagoda.errors import ConfigError
 from pagoda.model_files import display_name, gguf_path, resolve_model
 from pagoda.sampling_params import INT64_MAX, INT64_MIN
+
+logger = logging.getLogger(__name__)
 
 if typing.TYPE_CHECKING:
     import torch
@@ -261,6 +264,11 @@ class EngineArgs:
             if self.device == "auto" and torch.cuda.is_available()
             else ("cpu" if self.device == "auto" else self.device)
         )
+        if device.type == "cuda" and self.kv_cache_memory is not None:
+            logger.warning(
+                "--kv-cache-memory (or --kv-cache-memory-bytes) sizes the KV pool on a CPU; on a GPU it is "
+                "--gpu-memory-utilization's share of the device's memory, so it is ignored here"
+            )
         path = resolve_model(self.model, gguf_weights=self.quantization != "gguf")
         name = self.served_model_name or display_name(self.model)
         model = load_model_config(

@@ -72,6 +72,15 @@ def test_random_prompts_have_the_asked_lengths_and_follow_the_seed(tokenizer) ->
     assert first_prompts(workload, tokenizer, 8, seed=1) != prompts
 
 
+def test_a_random_prefix_opens_every_prompt_of_a_level(tokenizer) -> None:
+    """vLLM's --random-prefix-len: the same prefix ids, then the asked number of random tokens."""
+    workload = Workload(spec(input_len=LengthDist.parse("24"), prefix_len=40))
+    prompts = first_prompts(workload, tokenizer, 6)
+    ids = [tokenizer.encode(p.body["prompt"]) for p in prompts]
+    assert all(len(i) == 64 for i in ids), [len(i) for i in ids]
+    assert len({tuple(i[:38]) for i in ids}) == 1 and len({tuple(i[40:]) for i in ids}) == 6
+
+
 def test_random_chat_prompts_count_the_template(tokenizer) -> None:
     prompt = first_prompts(Workload(spec(endpoint="chat")), tokenizer, 1)[0]
     assert prompt.body["messages"][0]["role"] == "user"

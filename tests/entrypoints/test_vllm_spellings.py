@@ -387,6 +387,9 @@ def test_vllm_flags_it_does_not_take_say_why(capsys):
     with pytest.raises(ConfigError, match="tokenize: arguments of the renderer"):
         serve.checked_template_defaults({"tokenize": False, "enable_thinking": False})
     assert serve.parse_args(["m", "--max-num-queued-reqs", "5"]).max_queue == 5
+    assert serve.parse_args(["m", "--no-async-scheduling"]).no_async_scheduling  # what Pagoda does anyway
+    both = ["m", "--enable-log-outputs", "--disable-log-requests"]
+    assert "the per-request lines --disable-log-requests turns off" in parse_error(both, capsys)
     assert serve.parse_args(["m", "--kv-cache-memory-bytes", "2147483648"]).kv_cache_memory == 2.0
     assert serve.parse_args(["m", "--kv-cache-memory-bytes", "3G"]).kv_cache_memory == 3.0
     assert "scale out with --data-parallel-size" in parse_error(["m", "--api-server-count", "2"], capsys)

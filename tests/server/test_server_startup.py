@@ -132,13 +132,15 @@ def test_503_while_loading_then_the_api_and_progress_in_the_log(tiny_model, tmp_
 
 
 def test_a_log_config_file_is_the_logging_uvicorns_loggers_included(tiny_model, tmp_path):
-    """--log-config-file (vLLM's): its dictConfig replaces the default handler and format."""
+    """--log-config-file (vLLM's): its dictConfig replaces the default handler and format; a file
+    written for vLLM, naming only its loggers, leaves Pagoda's (made before it is read) working."""
     written = tmp_path / "server.log"
     config = {
         "version": 1,
         "formatters": {"mine": {"format": "MINE %(levelname)s %(name)s: %(message)s"}},
         "handlers": {"file": {"class": "logging.FileHandler", "filename": str(written), "formatter": "mine"}},
-        "loggers": {name: {"handlers": ["file"], "level": "INFO"} for name in ("pagoda", "uvicorn.access")},
+        "root": {"handlers": ["file"], "level": "INFO"},
+        "loggers": {"vllm": {"level": "DEBUG"}},
     }
     (tmp_path / "logging.json").write_text(json.dumps(config))
     port = free_port()

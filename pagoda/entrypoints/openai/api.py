@@ -34,6 +34,7 @@ from pagoda.config import EngineConfig
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.entrypoints.openai import chat, completions, messages, responses
 from pagoda.entrypoints.openai.console.feed import EngineFeed, RecentRequests
+from pagoda.entrypoints.openai.console.page import route_path
 from pagoda.entrypoints.openai.console.routes import data_routes, page_routes
 from pagoda.entrypoints.openai.errors import APIError, bad_request, install_handlers
 from pagoda.entrypoints.openai.gateway import gateway_routes
@@ -232,10 +233,7 @@ class GenerationLoad:
         self.load = load
 
     async def __call__(self, scope, receive, send) -> None:
-        path = scope.get("path", "")
-        root = scope.get("root_path", "")
-        if root and path.startswith(root + "/"):
-            path = path[len(root) :]
+        path = route_path(scope.get("path", ""), scope.get("root_path", ""))
         if scope["type"] != "http" or scope["method"] != "POST" or path not in GENERATION_PATHS:
             return await self.app(scope, receive, send)
         self.load.count += 1

@@ -138,6 +138,12 @@ def _tool_result(message: dict, i: int, call_ids: set[str]) -> dict:
     return {**result, "name": name} if name else result
 
 
+def renderer_arguments(apply_chat_template) -> set[str]:
+    """The names a renderer call takes as its own arguments (tokenize, chat_template, tools, ..),
+    which chat template variables must not be named."""
+    return {"messages", "conversation", "conversations", *inspect.signature(apply_chat_template).parameters}
+
+
 def checked_template_kwargs(
     tokenizer, body: ChatCompletionRequest | TokenizeRequest, defaults: dict | None = None
 ) -> dict:
@@ -146,7 +152,7 @@ def checked_template_kwargs(
     (tokenize, chat_template, ...) are refused, as they would change the call, not what the
     template sees; and vLLM's add_generation_prompt and continue_final_message."""
     kwargs = body.chat_template_kwargs or {}
-    own = {"messages", "conversations", *inspect.signature(tokenizer.apply_chat_template).parameters}
+    own = renderer_arguments(tokenizer.apply_chat_template)
     for name in kwargs:
         if name in own:
             param = f"chat_template_kwargs.{name}"

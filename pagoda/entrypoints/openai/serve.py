@@ -267,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: off)",
     )
     p.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="accepted for vLLM's command lines: a step is scheduled once the one before it has been read "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--enable-server-load-tracking",
         action="store_true",
         help="accepted for vLLM's command lines: GET /load always counts the generation requests in flight "
@@ -525,6 +531,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--api-key: a key must not be empty (an empty one would let anyone in)")
     if args.data_parallel_size > 1 and args.api_key and len(args.api_key) > 1:
         parser.error("--data-parallel-size takes one --api-key (its gateway checks a single key)")
+    if args.enable_log_outputs and args.disable_log_requests:
+        parser.error("--enable-log-outputs writes outputs into the per-request lines --disable-log-requests turns off")
     if args.enable_log_requests and args.disable_log_requests:
         parser.error("--enable-log-requests and --disable-log-requests contradict each other")
     if not 0 <= args.max_logprobs <= MAX_LOGPROBS:
@@ -740,14 +748,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def checked_template_defaults(kwargs: dict) -> dict:
     """--default-chat-template-kwargs, refused (ConfigError) where it names an argument of the
     renderer (tokenize, chat_template, ..) rather than a template variable, as a request's are."""
-    import inspect
-
     from transformers import PreTrainedTokenizerBase
 
+    from pagoda.entrypoints.openai.chat import renderer_arguments
     from pagoda.errors import ConfigError
 
-    own = {"messages", "conversation", *inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters}
-    named = sorted(own & set(kwargs))
+    named = sorted(renderer_arguments(PreTrainedTokenizerBase.apply_chat_template) & set(kwargs))
     if named:
         names = ", ".join(named)
         raise ConfigError(f"--default-chat-template-kwargs: {names}: arguments of the renderer, not template variables")
@@ -776,7 +782,9 @@ def configure_logging(args: argparse.Namespace) -> None:
             config = json.loads(Path(path).read_text(encoding="utf-8"))
             if not isinstance(config, dict):
                 raise ValueError("not a JSON object")
-            dictConfig(config)
+            # Pagoda's loggers exist by now (its modules made them as they loaded): a file that names
+            # none of them, as one written for vLLM, must not silence them (dictConfig's default would)
+            dictConfig({"disable_existing_loggers": False, **config})
         except (OSError, ValueError, TypeError, AttributeError, ImportError) as exc:
             raise ConfigError(f"--log-config-file {path}: {exc}") from None
     if args.disable_log_requests:  # no line per request at all: arrivals, refusals, finishes

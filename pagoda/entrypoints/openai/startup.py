@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from pagoda.entrypoints.openai.console.page import NO_STORE, page_file
+from pagoda.entrypoints.openai.console.page import NO_STORE, page_file, route_path
 from pagoda.entrypoints.openai.errors import RETRY_AFTER_S, APIError, error_response
 from pagoda.errors import ConfigError
 
@@ -63,7 +63,7 @@ class StartingApp:
 
     def __init__(self, root_path: str = "") -> None:
         self._app: ASGIApp | None = None
-        self._root_path = root_path.rstrip("/")
+        self._root_path = root_path
         self._lifespans = contextlib.AsyncExitStack()
 
     async def serve(self, app: Any) -> None:
@@ -81,9 +81,7 @@ class StartingApp:
 
     def _while_loading(self, scope: Scope) -> ASGIApp:
         """A console page file (GET, with the root path or without, as the app routes them), else 503."""
-        path = scope["path"]
-        if self._root_path and path.startswith(self._root_path + "/"):
-            path = path[len(self._root_path) :]
+        path = route_path(scope["path"], self._root_path)
         found = page_file(path) if scope["method"] in ("GET", "HEAD") else None
         if found is None:
             return loading_response()
