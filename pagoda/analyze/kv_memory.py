@@ -20,6 +20,7 @@ GIB = 2**30
 class KVFootprint:
     model: str
     bytes_per_token: int  # keys and values over every layer
+    max_model_len: int | None = None  # the model's context, which `pagoda serve`'s pool must hold at least
 
     def gib_for(self, tokens: int) -> float:
         """The --kv-cache-memory value that holds `tokens`, rounded up to 0.01 GiB."""
@@ -37,4 +38,9 @@ def kv_footprint(model: str | None) -> KVFootprint | None:
         layers = config["num_hidden_layers"]
     except (ConfigError, OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None
-    return KVFootprint(display_name(model), 2 * layers * kv_heads * head_dim * FLOAT32_BYTES)
+    context = config.get("max_position_embeddings")
+    return KVFootprint(
+        display_name(model),
+        2 * layers * kv_heads * head_dim * FLOAT32_BYTES,
+        context if isinstance(context, int) and context > 0 else None,
+    )

@@ -1,5 +1,6 @@
 """Reading request log lines: Pagoda's own request log (`pagoda serve --request-log`), OpenAI
-request bodies (chat or completions), or `{"prompt": ...}` lines, one JSON object per line.
+request bodies (chat, completions or Responses; or an OpenAI Batch file's lines), Anthropic
+Messages bodies, or `{"prompt": ...}` lines, one JSON object per line, the file plain or gzipped.
 
 Memory does not grow with the file: lines stream through, and only a bounded window of them is
 held to put requests back in arrival order (a server writes a line when a request finishes, so
@@ -8,11 +9,13 @@ concurrent requests can appear out of order).
 
 from __future__ import annotations
 
+import gzip
 import heapq
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +25,26 @@ from pagoda.analyze.routing import request_text
 from pagoda.jsonl import BadLine, decode, json_object, numbered_lines
 
 Messages = tuple[dict, ...]  # chat messages, handed to the chat template as the server does
-Prompt = np.ndarray | Messages | str  # token ids (int32), chat messages, or completion text
+# the chat request's fields besides its messages that its rendered prompt depends on
+TEMPLATE_FIELDS = (
+    "tools",
+    "chat_template_kwargs",
+    "documents",
+    "reasoning_effort",
+    "add_generation_prompt",
+    "continue_final_message",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class ChatPrompt:
+    """A chat request as the chat template sees it: its messages and TEMPLATE_FIELDS."""
+
+    messages: Messages
+    fields: dict = field(default_factory=dict)
+
+
+Prompt = np.ndarray | ChatPrompt | str  # token ids (int32), a chat request, or completion text
 
 MAX_TOKEN_ID = 2**31 - 1
 REORDER_WINDOW = 4096
@@ -43,7 +65,9 @@ class LogEntry:
 
     line: int
     prompt: Prompt
-    timestamp: float | None = None
+    # when the request arrived: the line's timestamp less its latency_s where it has one (Pagoda's log
+    # is written as requests finish), else its timestamp
+    arrival: float | None = None
     output_ids: np.ndarray | None = None  # generated token ids, when logged
     output_tokens: int | None = None  # generated token count, when logged
     logged_cached_tokens: int | None = None  # the server's own prefix-cache hit, when logged
@@ -64,7 +88,9 @@ class Malformed:
 def read_log(path: Path, on_bytes: Callable[[int], None]) -> Iterator[LogEntry | Malformed]:
     """Entries of the log at `path` in file order; `on_bytes` hears how much has been read."""
     try:
-        handle = path.open("rb")
+        with path.open("rb") as probe:
+            gzipped = probe.read(2) == b"\x1f\x8b"
+        handle = gzip.open(path, "rb") if gzipped else path.open("rb")
     except OSError as exc:
         raise AnalyzeError(f"Cannot read {path}: {exc.strerror or exc}") from None
     with handle:
@@ -82,16 +108,16 @@ def parse_line(raw: bytes, line: int) -> list[LogEntry] | list[Malformed]:
 def in_arrival_order(
     items: Iterable[LogEntry | Malformed], window: int = REORDER_WINDOW
 ) -> Iterator[LogEntry | Malformed]:
-    """Entries sorted by timestamp within a sliding window of `window` entries; entries without a
-    timestamp keep their place (they sort with the latest timestamp seen before them). Malformed
-    lines pass straight through, in file order."""
+    """Entries sorted by arrival within a sliding window of `window` entries; entries without a
+    time keep their place (they sort with the latest arrival seen before them). Malformed lines
+    pass straight through, in file order."""
     heap: list[tuple[float, int, LogEntry]] = []
     latest = -math.inf
     for order, item in enumerate(items):
         if isinstance(item, Malformed):
             yield item
             continue
-        stamp = item.timestamp
+        stamp = item.arrival
         latest = latest if stamp is None else max(latest, stamp)
         heapq.heappush(heap, (latest if stamp is None else stamp, order, item))
         if len(heap) > window:
@@ -153,26 +179,53 @@ def _entries(obj: dict, line: int) -> list[LogEntry]:
     output_tokens = _optional_count(obj, "output_tokens")
     if output_tokens is None and output_ids is not None:
         output_tokens = len(output_ids)
+    latency = _seconds(obj, "latency_s")
+    finished = _timestamp(obj)
     common = {
         "line": line,
-        "timestamp": _timestamp(obj),
+        "arrival": finished - latency if finished is not None and latency is not None else finished,
         "output_ids": output_ids,
         "output_tokens": output_tokens,
         "logged_cached_tokens": _optional_count(obj, "cached_tokens"),
-        "latency_s": _seconds(obj, "latency_s"),
+        "latency_s": latency,
     }
-    body = obj["body"] if isinstance(obj.get("body"), dict) else obj
+    body = obj["body"] if isinstance(obj.get("body"), dict) else obj  # Pagoda's log, an OpenAI Batch line
     salt = body.get("cache_salt")
     common["cache_salt"] = salt if isinstance(salt, str) and salt else None
     if "prompt_token_ids" in obj:
         text = request_text(_messages(body["messages"])) if "messages" in body else _text_prompt(body)
         return [LogEntry(prompt=_ids(obj["prompt_token_ids"], "prompt_token_ids"), text=text, **common)]
-    if "messages" in body:
-        messages = _messages(body["messages"])
-        return [LogEntry(prompt=messages, text=request_text(messages), **common)]
+    if "messages" in body or ("input" in body and "prompt" not in body):  # chat, Messages or Responses
+        chat = _chat(body)
+        return [LogEntry(prompt=chat, text=request_text(chat.messages), **common)]
     if "prompt" in body:
         return [LogEntry(prompt=prompt, text=request_text(prompt), **common) for prompt in _prompts(body["prompt"])]
     raise BadLine('no "prompt_token_ids", "messages" or "prompt"')
+
+
+def _chat(body: dict) -> ChatPrompt:
+    """A chat request's prompt: its messages (a Messages request's `system` first; a Responses
+    request's `instructions` and `input` items as the server turns them into messages) and the
+    fields its rendering depends on."""
+    fields = {name: body[name] for name in TEMPLATE_FIELDS if body.get(name) is not None}
+    if "messages" in body:
+        messages = _messages(body["messages"])
+        system = body.get("system")  # Anthropic's Messages API keeps the system prompt apart
+        if isinstance(system, list):
+            system = "\n".join(b.get("text", "") for b in system if isinstance(b, dict))
+        if isinstance(system, str) and system:
+            messages = ({"role": "system", "content": system}, *messages)
+        return ChatPrompt(messages, fields)
+    from pagoda.entrypoints.openai.errors import APIError
+    from pagoda.entrypoints.openai.responses import input_messages
+
+    instructions = body.get("instructions")
+    try:
+        items = input_messages(body.get("input") or [])
+    except APIError as exc:
+        raise BadLine(f"the server would refuse this Responses input: {exc.message}") from None
+    system = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions else []
+    return ChatPrompt(_messages(system + items), fields)
 
 
 def _text_prompt(body: dict) -> str:
@@ -222,6 +275,11 @@ def _seconds(obj: dict, name: str) -> float | None:
     value = obj.get(name)
     if value is None:
         return None
+    if isinstance(value, str) and name == "timestamp":  # an ISO 8601 time, as many exporters write it
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise BadLine(f"timestamp must be a number or an ISO 8601 time, got {value!r}") from None
     if type(value) not in (int, float) or not math.isfinite(value):
         raise BadLine(f"{name} must be a number, got {value!r}")
     return float(value)

@@ -82,10 +82,10 @@ def _replay(
     )
     simulator.add(request)
     if routed:
-        finish = entry.timestamp
-        arrival = finish - entry.latency_s if finish is not None and entry.latency_s is not None else None
+        timed = entry.arrival is not None and entry.latency_s is not None  # in flight from arrival to finish
+        arrival = entry.arrival if timed else None
         for replay in routed:
-            replay.add(request, entry.text, arrival, finish if arrival is not None else None)
+            replay.add(request, entry.text, arrival, arrival + entry.latency_s if timed else None)  # type: ignore[operator]
     return None
 
 

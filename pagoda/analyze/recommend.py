@@ -14,6 +14,7 @@ LOW_OVERLAP = 0.20
 GRANULARITY_GAP = 0.05
 NEAR_UNLIMITED = 0.9
 MIN_REQUESTS = 20  # fewer say too little about a server's traffic to recommend on
+SERVER_BLOCK = 16  # the block the server's pool keeps aside (its null block), at the default --block-size
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,13 @@ def _pool_size(tokens: int, kv: KVFootprint | None) -> str:
         return (
             f"On Pagoda, `--kv-cache-memory` (GiB) must hold those {tokens:,} tokens (at 2 x layers x KV heads "
             "x head size x 4 bytes each) beside the running requests' KV."
+        )
+    if kv.max_model_len is not None and tokens < kv.max_model_len:  # the server starts with no less
+        return (
+            f"On Pagoda the pool must hold one sequence of the context, {kv.max_model_len:,} tokens, to start: "
+            f"`--kv-cache-memory {kv.gib_for(kv.max_model_len + SERVER_BLOCK):.2f}` (GiB) for {kv.model} "
+            f"({kv.bytes_per_token / 1024:.0f} KiB of float32 KV per token), which holds those {tokens:,} "
+            "tokens beside the running requests' KV (or lower `--max-model-len` to shrink it)."
         )
     return (
         f"On Pagoda that is `--kv-cache-memory {kv.gib_for(tokens):.2f}` (GiB) for {kv.model} "

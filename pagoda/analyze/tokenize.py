@@ -1,6 +1,7 @@
-"""Prompts to token ids, exactly as Pagoda's server makes them: chat messages read by the server's
-own `parse_messages` and rendered as it renders them (`render_ids`: the model's chat template,
-tool turns as text where the template takes no tools), completion text through
+"""Prompts to token ids, exactly as Pagoda's server makes them: a chat request read by the server's
+own `template_inputs` (its messages, its tools, its template variables) and rendered as it renders
+it (`render_ids`: the model's chat template, tools and tool turns as text where the template takes
+no tools), completion text through
 `tokenizer.encode` with the tokenizer's default special tokens, token ids as they are.
 
 The tokenizer loads on first need, so a log of token ids never imports transformers (nor torch).
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pagoda.analyze.errors import AnalyzeError
-from pagoda.analyze.logs import Prompt
+from pagoda.analyze.logs import ChatPrompt, Prompt
 
 
 class PromptError(ValueError):
@@ -32,7 +33,7 @@ class PromptTokenizer:
         tokenizer = self.load()
         if isinstance(prompt, str):
             return np.array(tokenizer.encode(prompt), dtype=np.int32)
-        return np.array(self._chat_ids(tokenizer, list(prompt)), dtype=np.int32)
+        return np.array(self._chat_ids(tokenizer, prompt), dtype=np.int32)
 
     def decode(self, ids: np.ndarray) -> str:
         return self.load().decode(ids.tolist())
@@ -60,15 +61,24 @@ class PromptTokenizer:
         except ConfigError as exc:
             raise AnalyzeError(f"Cannot load the tokenizer of {self.model or display_name(None)}: {exc}") from None
 
-    def _chat_ids(self, tokenizer, messages: list[dict]) -> list[int]:
-        from pagoda.entrypoints.openai.chat import parse_messages, render_ids
+    def _chat_ids(self, tokenizer, prompt: ChatPrompt) -> list[int]:
+        from pydantic import ValidationError
+
+        from pagoda.entrypoints.openai.chat import render_ids, template_inputs
         from pagoda.entrypoints.openai.errors import APIError
+        from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
         from pagoda.errors import ConfigError
 
         try:
-            return render_ids(tokenizer, parse_messages(messages), self.chat_template)
+            body = ChatCompletionRequest.model_validate({"messages": list(prompt.messages), **prompt.fields})
+            messages, tools, kwargs = template_inputs(tokenizer, body)
+            return render_ids(tokenizer, messages, self.chat_template, tools, kwargs)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"])
+            raise PromptError(f"the server would refuse this request: {where}: {error['msg']}") from None
         except APIError as exc:
-            raise PromptError(f"the server would refuse these messages: {exc.message}") from None
+            raise PromptError(f"the server would refuse this request: {exc.message}") from None
         except ConfigError as exc:  # no chat template: every chat line would fail alike
             raise AnalyzeError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - templates raise anything; it is this line's fault

@@ -139,7 +139,9 @@ def test_capacity_names_the_kv_flag_in_gib(busy_log, tokenizer, capsys):
     assert code == 0
     capacity = next(r for r in json.loads(out)["recommendation"]["reasons"] if r.startswith("Capacity"))
     assert "a cache of 64 tokens keeps 90%" in capacity  # SYSTEM's 2 whole blocks
-    assert f"`--kv-cache-memory {kv.gib_for(64):.2f}` (GiB) for SmolLM2-135M-Instruct (45 KiB" in capacity
+    # no less than the server needs to start: one sequence of the model's 8,192-token context
+    assert kv.max_model_len == 8192 and "must hold one sequence of the context, 8,192 tokens" in capacity
+    assert f"`--kv-cache-memory {kv.gib_for(8192 + 16):.2f}` (GiB) for SmolLM2-135M-Instruct (45 KiB" in capacity
 
 
 def test_kv_size_rounds_up_to_a_hundredth_of_a_gib():

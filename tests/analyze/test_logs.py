@@ -49,7 +49,8 @@ def test_pagoda_log_line():
     )
     assert entry.prompt.tolist() == [5, 6, 7] and entry.prompt.dtype == np.int32
     assert entry.output_ids.tolist() == [8, 9]
-    assert (entry.line, entry.timestamp, entry.output_tokens, entry.logged_cached_tokens) == (7, 1700000000.5, 2, 2)
+    # written as it finished: it arrived its latency before its timestamp
+    assert (entry.line, entry.arrival, entry.output_tokens, entry.logged_cached_tokens) == (7, 1700000000.3, 2, 2)
 
 
 def test_a_bodys_cache_salt_is_the_entrys():
@@ -98,7 +99,9 @@ def test_ids_inside_the_body_do_not_confuse_the_fast_path():
 
 def test_openai_bodies_and_prompt_lines():
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    assert only({"model": "m", "messages": chat}).prompt == tuple(chat)
+    assert only({"model": "m", "messages": chat}).prompt.messages == tuple(chat)
+    tool = {"type": "function", "function": {"name": "f"}}
+    assert only({"messages": chat, "tools": [tool], "temperature": 0}).prompt.fields == {"tools": [tool]}
     assert only({"model": "m", "prompt": "Once upon"}).prompt == "Once upon"
     assert only({"prompt": [4, 5]}).prompt.tolist() == [4, 5]
     batch = parse({"prompt": ["a", "b"]})
@@ -151,9 +154,38 @@ def test_read_log_numbers_lines_and_skips_blank_ones(tmp_path):
 
 def test_arrival_order_sorts_by_timestamp_within_the_window():
     def entry(line: int, stamp: float | None) -> LogEntry:
-        return LogEntry(line, np.array([line], dtype=np.int32), timestamp=stamp)
+        return LogEntry(line, np.array([line], dtype=np.int32), arrival=stamp)
 
     items = [entry(1, 5.0), entry(2, 3.0), Malformed(3, "bad"), entry(4, None), entry(5, 4.0), entry(6, 1.0)]
     assert [i.line for i in in_arrival_order(items)] == [3, 6, 2, 5, 1, 4]
     # A window of 2 holds back only so much: line 6 comes too late to pass lines 2 and 5.
     assert [i.line for i in in_arrival_order(items, window=2)] == [3, 2, 5, 6, 1, 4]
+
+
+def test_messages_responses_and_batch_bodies_become_the_chat_the_server_renders():
+    """Anthropic's system prompt, a Responses request's instructions and input, an OpenAI Batch line."""
+    user = {"role": "user", "content": "hi"}
+    anthropic = only({"model": "claude", "system": [{"type": "text", "text": "be brief"}], "messages": [user]})
+    assert anthropic.prompt.messages == ({"role": "system", "content": "be brief"}, user)
+    responses = only({"model": "m", "instructions": "be brief", "input": "hi"}).prompt.messages
+    assert responses[0] == {"role": "system", "content": "be brief"} and responses[1]["content"] == "hi"
+    batch = only({"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [user]}})
+    assert batch.prompt.messages == (user,)
+
+
+def test_a_finished_requests_line_is_replayed_at_its_arrival():
+    """Pagoda's log is written as requests finish: its timestamp less the latency is the arrival."""
+    assert only({"prompt_token_ids": [1], "timestamp": 100.0, "latency_s": 2.5}).arrival == 97.5
+    assert only({"prompt_token_ids": [1], "timestamp": "1970-01-01T00:01:40Z"}).arrival == 100.0
+
+
+def test_a_gzipped_log_reads_as_the_plain_one(tmp_path):
+    import gzip
+
+    lines = b'{"prompt_token_ids": [1, 2]}\n{"prompt": "x"}\n'
+    (tmp_path / "log.jsonl").write_bytes(lines)
+    (tmp_path / "log.jsonl.gz").write_bytes(gzip.compress(lines))
+    plain, packed = (
+        [str(e.prompt) for e in read_log(tmp_path / name, lambda _: None)] for name in ("log.jsonl", "log.jsonl.gz")
+    )
+    assert plain == packed and len(plain) == 2

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pagoda.analyze.errors import AnalyzeError
+from pagoda.analyze.logs import ChatPrompt
 from pagoda.analyze.tokenize import PromptError, PromptTokenizer
 
 
@@ -39,7 +40,7 @@ def test_chat_messages_are_rendered_with_the_chat_template_as_the_server_does(pr
     from pagoda.model_files import apply_chat_template
 
     messages = ({"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."})
-    ids = prompt_tokenizer.ids(messages)
+    ids = prompt_tokenizer.ids(ChatPrompt(messages))
     assert ids.tolist() == apply_chat_template(default_tokenizer, list(messages))
     text = default_tokenizer.decode(ids.tolist())
     assert text.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a colour.")
@@ -50,7 +51,7 @@ def test_chat_messages_are_rendered_with_the_chat_template_as_the_server_does(pr
 def test_a_given_chat_template_is_used(default_tokenizer):
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     tokenizer = PromptTokenizer(None, chat_template=template, tokenizer=default_tokenizer)
-    ids = tokenizer.ids(({"role": "user", "content": "hi"},))
+    ids = tokenizer.ids(ChatPrompt(({"role": "user", "content": "hi"},)))
     assert ids.tolist() == default_tokenizer.encode("[user] hi\n", add_special_tokens=False)
 
 
@@ -65,7 +66,7 @@ def test_messages_the_template_rejects_are_this_prompts_error(default_tokenizer)
     template = "{{ raise_exception('roles must alternate') }}"
     tokenizer = PromptTokenizer(None, chat_template=template, tokenizer=default_tokenizer)
     with pytest.raises(PromptError, match="roles must alternate"):
-        tokenizer.ids(({"role": "user", "content": "hi"},))
+        tokenizer.ids(ChatPrompt(({"role": "user", "content": "hi"},)))
 
 
 @pytest.mark.slow
@@ -73,7 +74,32 @@ def test_messages_are_read_as_the_server_reads_them(prompt_tokenizer, default_to
     from pagoda.model_files import apply_chat_template
 
     parts = {"role": "user", "name": "ann", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
-    ids = prompt_tokenizer.ids((parts,))
+    ids = prompt_tokenizer.ids(ChatPrompt((parts,)))
     assert ids.tolist() == apply_chat_template(default_tokenizer, [{"role": "user", "content": "a\nb"}])
-    with pytest.raises(PromptError, match="the server would refuse these messages: messages\\[0\\].role"):
-        prompt_tokenizer.ids(({"role": "robot", "content": "hi"},))
+    with pytest.raises(PromptError, match="the server would refuse this request: messages\\[0\\].role"):
+        prompt_tokenizer.ids(ChatPrompt(({"role": "robot", "content": "hi"},)))
+
+
+@pytest.mark.slow
+def test_a_chat_requests_tools_and_template_fields_are_rendered_as_the_server_renders_them(
+    prompt_tokenizer, default_tokenizer
+):
+    """The tools (in the generic format where the template shows none) and the template variables
+    are part of the prompt the server computes: left out, a log of agent traffic is misread."""
+    from pagoda.entrypoints.openai.chat import parse_messages, render_ids
+
+    messages = ({"role": "user", "content": "Weather in Paris?"},)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fields = {"tools": [tool], "add_generation_prompt": False}
+    ids = prompt_tokenizer.ids(ChatPrompt(messages, fields)).tolist()
+    served = render_ids(
+        default_tokenizer,
+        parse_messages(list(messages)),
+        None,
+        [tool],
+        {"add_generation_prompt": False, "continue_final_message": False},
+    )
+    assert ids == served and len(ids) > len(prompt_tokenizer.ids(ChatPrompt(messages)))
+    assert "get_weather" in default_tokenizer.decode(ids)
+    with pytest.raises(PromptError, match="the server would refuse this request: tools"):
+        prompt_tokenizer.ids(ChatPrompt(messages, {"tools": "not a list"}))

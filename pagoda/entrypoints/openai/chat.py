@@ -30,7 +30,7 @@ from pagoda.entrypoints.openai.serving import (
     usage,
 )
 from pagoda.entrypoints.openai.streams import Generation
-from pagoda.entrypoints.openai.tool_calls import ToolPlan, plan_tools
+from pagoda.entrypoints.openai.tool_calls import ToolPlan, check_tools, plan_tools
 from pagoda.model_files import apply_chat_template, template_supports_tools
 from pagoda.sampling_params import SamplingParams
 from pagoda.tools.prompt import with_tools_in_system_prompt
@@ -231,16 +231,24 @@ def _template_extras(body: ChatCompletionRequest) -> dict[str, Any]:
     return {name: value for name, value in extras.items() if value is not None}
 
 
+def template_inputs(
+    tokenizer, body: ChatCompletionRequest, defaults: dict | None = None
+) -> tuple[list[dict], list[dict] | None, dict]:
+    """What the chat template renders for a request: its messages parsed, its tools checked (what
+    plan_tools serves them as), its template variables over the server's `defaults`."""
+    messages = parse_messages(body.messages)
+    kwargs = {**checked_template_kwargs(tokenizer, body, defaults), **_template_extras(body)}
+    return messages, check_tools(body.tools) or None, kwargs
+
+
 async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedChat:
     """Every check of a chat request (400s name the field), its prompt rendered and its sampling
     parameters, its output constraint compiled."""
     state.check_request(body)
     if body.top_logprobs not in (None, 0) and not body.logprobs:  # 0 without logprobs: harmless, as vLLM
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    messages = parse_messages(body.messages)
+    messages, _, kwargs = template_inputs(state.tokenizer, body, state.config.default_template_kwargs)
     size = sum(len(m["content"]) for m in messages)
-    defaults = state.config.default_template_kwargs
-    kwargs = {**checked_template_kwargs(state.tokenizer, body, defaults), **_template_extras(body)}
     template = state.config.chat_template or state.tokenizer.chat_template
     plan = plan_tools(
         body.tools,
