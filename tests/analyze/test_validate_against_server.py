@@ -20,6 +20,7 @@ if importlib.util.find_spec("pagoda.entrypoints.openai.serve") is None:
 from openai import OpenAI
 
 from pagoda.analyze.cli import main
+from pagoda.analyze.logs import parse_line
 from pagoda.analyze.pipeline import analyze_log
 from pagoda.analyze.tokenize import PromptTokenizer
 from tests.server.helpers import free_port
@@ -29,6 +30,10 @@ from .conftest import STORY, SYSTEM
 pytestmark = pytest.mark.slow
 
 STARTUP_TIMEOUT_S = 300
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +80,10 @@ def replay(client: OpenAI) -> list[int]:
     other_question = [first_turn[0], {"role": "user", "content": "Where is the Colosseum?"}]
     for messages in (other_question, second_turn, first_turn):  # the last: a repeat, one token computed
         responses.append(client.chat.completions.create(messages=messages, **common))
+    # tools, shown to the model (in the generic format: the default model's template shows none)
+    responses.append(
+        client.chat.completions.create(messages=first_turn, tools=[WEATHER_TOOL], tool_choice="none", **common)
+    )
     for prompt in (STORY, STORY + " sailed without lights", STORY):
         responses.append(client.completions.create(prompt=prompt, **common))
     for salt in ("tenant-a", "tenant-a", "tenant-b"):  # each salt a cache of its own: miss, hit, miss
@@ -109,6 +118,14 @@ def test_predicted_cached_tokens_match_the_server(server, default_tokenizer, cap
         # can then reuse more on the server. Every other request must match exactly.
         assert predicted[:2] + predicted[3:] == reported[:2] + reported[3:]
         assert predicted[2] <= reported[2]
+
+    # each chat body, tokenized by the analyzer as if the log had no ids, gives the server's ids
+    tokenizer = PromptTokenizer(None, tokenizer=default_tokenizer)
+    chats = [r for r in records if "messages" in r["body"]]
+    assert any("tools" in r["body"] for r in chats)
+    for record in chats:
+        [entry] = parse_line(json.dumps({"body": record["body"]}).encode(), 1)
+        assert tokenizer.ids(entry.prompt).tolist() == record["prompt_token_ids"], record["body"]
 
     assert main([str(log), "--json"]) == 0
     check = json.loads(capsys.readouterr().out)["server_check"]
