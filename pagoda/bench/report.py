@@ -172,7 +172,8 @@ def run_warnings(result: EngineResult) -> list[str]:
 
 
 def _level_names(result: EngineResult) -> list[str]:
-    return [f"c={level.concurrency}" + (" (cut)" if level.interrupted else "") for level in result.levels]
+    bound = "c={}" if result.in_flight_bound else "no bound"
+    return [bound.format(level.concurrency) + (" (cut)" if level.interrupted else "") for level in result.levels]
 
 
 def environment() -> dict[str, Any]:

@@ -73,6 +73,7 @@ class EngineResult:
     workload_name: str = ""  # short, for plot titles
     ideal_prefix_share: float | None = None  # the hit rate an unbounded prefix cache would reach
     peak_load_average: float | None = None  # the 1-minute load average, highest seen at a level's end
+    in_flight_bound: bool = True  # False: a request rate without --concurrency (its levels bound nothing)
     cold_start: ColdStart | None = None
     memory: MemoryPeak | None = None
     levels: list[LevelResult] = field(default_factory=list)
@@ -87,6 +88,7 @@ class EngineResult:
 def execute(settings: BenchSettings, workload: Workload, name: str) -> EngineResult:
     """Run the benchmark; never raises for the failures a user can cause."""
     result = EngineResult(name, settings.base_url, shlex.join(settings.launch.command) if settings.launch else None)
+    result.in_flight_bound = settings.in_flight_bound
     sampler: MemorySampler | None = None
     try:
         with ExitStack() as stack:

@@ -110,6 +110,7 @@ def test_save_result_writes_vllms_result_json(start_stub, tmp_path: Path, monkey
     out = tmp_path / "out"
     rated = [*argv, *small, "--request-rate", "50", "--save-result", "--result-dir", str(out), "--save-detailed"]
     assert cli.main(rated) == 0
+    assert "| metric | no bound |" in (out / "report.md").read_text()  # not a concurrency of 4
     [rate_file] = out.glob("openai-50.0qps-stub-model-*.json")
     data = json.loads(rate_file.read_text())
     assert data["max_concurrency"] is None and len(data["ttfts"]) == 4 and len(data["itls"][0]) == 3
