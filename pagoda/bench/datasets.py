@@ -356,25 +356,30 @@ def _custom_sessions(workload: Workload, tok: Tokenizer | None, seed: int) -> It
             yield Session(Prompt("completions", prompt_body("completions", None, tok.chat_text(text), max_tokens)))
 
 
-def load_custom(path: Path, needs_output_tokens: bool) -> list[tuple[str, int | None]]:
-    """vLLM's custom dataset: JSONL lines of {"prompt": TEXT} with an optional "output_tokens",
-    which every line needs when `needs_output_tokens` (--custom-output-len -1)."""
-    entries = []
+def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each line's place ("FILE:N") and JSON object; a line that is not one stops the run."""
     with path.open("rb") as lines:
         for number, raw in jsonl.numbered_lines(lines):
             where = f"{path}:{number}"
             try:
-                obj = jsonl.json_object(jsonl.decode(raw))
+                yield where, jsonl.json_object(jsonl.decode(raw))
             except jsonl.BadLine as exc:
                 raise BenchError(f"{where}: {exc}") from None
-            if not isinstance(obj.get("prompt"), str):
-                raise BenchError(f"{where}: a custom dataset line needs a text 'prompt'")
-            output_tokens = obj.get("output_tokens")
-            if output_tokens is None and needs_output_tokens:
-                raise BenchError(f"{where}: no 'output_tokens', which --custom-output-len -1 takes from each line")
-            if output_tokens is not None and not (type(output_tokens) is int and output_tokens >= 1):
-                raise BenchError(f"{where}: 'output_tokens' must be a positive integer")
-            entries.append((obj["prompt"], output_tokens))
+
+
+def load_custom(path: Path, needs_output_tokens: bool) -> list[tuple[str, int | None]]:
+    """vLLM's custom dataset: JSONL lines of {"prompt": TEXT} with an optional "output_tokens",
+    which every line needs when `needs_output_tokens` (--custom-output-len -1)."""
+    entries = []
+    for where, obj in _json_lines(path):
+        if not isinstance(obj.get("prompt"), str):
+            raise BenchError(f"{where}: a custom dataset line needs a text 'prompt'")
+        output_tokens = obj.get("output_tokens")
+        if output_tokens is None and needs_output_tokens:
+            raise BenchError(f"{where}: no 'output_tokens', which --custom-output-len -1 takes from each line")
+        if output_tokens is not None and not (type(output_tokens) is int and output_tokens >= 1):
+            raise BenchError(f"{where}: 'output_tokens' must be a positive integer")
+        entries.append((obj["prompt"], output_tokens))
     if not entries:
         raise BenchError(f"{path}: no prompts in the file")
     return entries
@@ -384,15 +389,7 @@ def load_replay(path: Path, endpoint: Endpoint) -> list[Prompt]:
     """Parse a JSONL file of OpenAI request bodies, `{"prompt", "max_tokens"}` lines, or Pagoda
     request-log records; every line is checked before any is sent. Bodies keep their endpoint
     (messages: chat, prompt and model: completions); bare prompt lines take `endpoint`."""
-    prompts = []
-    with path.open("rb") as lines:
-        for number, raw in jsonl.numbered_lines(lines):
-            where = f"{path}:{number}"
-            try:
-                obj = jsonl.json_object(jsonl.decode(raw))
-            except jsonl.BadLine as exc:
-                raise BenchError(f"{where}: {exc}") from None
-            prompts.append(_replay_line(obj, endpoint, where))
+    prompts = [_replay_line(obj, endpoint, where) for where, obj in _json_lines(path)]
     if not prompts:
         raise BenchError(f"{path}: no requests in the file")
     return prompts
