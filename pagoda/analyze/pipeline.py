@@ -82,10 +82,11 @@ def _replay(
     )
     simulator.add(request)
     if routed:
-        timed = entry.arrival is not None and entry.latency_s is not None  # in flight from arrival to finish
-        arrival = entry.arrival if timed else None
+        arrival = finish = None  # in flight from arrival to finish, where the log times it
+        if entry.arrival is not None and entry.latency_s is not None:
+            arrival, finish = entry.arrival, entry.arrival + entry.latency_s
         for replay in routed:
-            replay.add(request, entry.text, arrival, arrival + entry.latency_s if timed else None)  # type: ignore[operator]
+            replay.add(request, entry.text, arrival, finish)
     return None
 
 

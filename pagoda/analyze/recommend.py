@@ -14,7 +14,6 @@ LOW_OVERLAP = 0.20
 GRANULARITY_GAP = 0.05
 NEAR_UNLIMITED = 0.9
 MIN_REQUESTS = 20  # fewer say too little about a server's traffic to recommend on
-SERVER_BLOCK = 16  # the block the server's pool keeps aside (its null block), at the default --block-size
 
 
 @dataclass(frozen=True)
@@ -146,17 +145,19 @@ def _capacity(summary: Summary, kv: KVFootprint | None) -> str | None:
         if point.block.tokens >= NEAR_UNLIMITED * best:
             return (
                 f"Capacity: a cache of {point.cache_tokens:,} tokens keeps {NEAR_UNLIMITED:.0%} of the "
-                f"unlimited reuse (LRU eviction in arrival order). {_pool_size(point.cache_tokens, kv)}"
+                f"unlimited reuse (LRU eviction in arrival order). "
+                f"{_pool_size(point.cache_tokens, kv, summary.block_size)}"
             )
     return (
         f"Capacity: none of the simulated sizes keeps {NEAR_UNLIMITED:.0%} of the unlimited reuse; an "
         f"unlimited cache ends up holding {summary.distinct_tokens:,} tokens. "
-        f"{_pool_size(summary.distinct_tokens, kv)}"
+        f"{_pool_size(summary.distinct_tokens, kv, summary.block_size)}"
     )
 
 
-def _pool_size(tokens: int, kv: KVFootprint | None) -> str:
-    """The Pagoda flag that holds `tokens` in its KV pool, in the flag's unit (GiB)."""
+def _pool_size(tokens: int, kv: KVFootprint | None, block_size: int) -> str:
+    """The Pagoda flag that holds `tokens` in its KV pool, in the flag's unit (GiB); the pool keeps
+    one block of `block_size` tokens aside (its null block)."""
     if kv is None:
         return (
             f"On Pagoda, `--kv-cache-memory` (GiB) must hold those {tokens:,} tokens (at 2 x layers x KV heads "
@@ -165,7 +166,7 @@ def _pool_size(tokens: int, kv: KVFootprint | None) -> str:
     if kv.max_model_len is not None and tokens < kv.max_model_len:  # the server starts with no less
         return (
             f"On Pagoda the pool must hold one sequence of the context, {kv.max_model_len:,} tokens, to start: "
-            f"`--kv-cache-memory {kv.gib_for(kv.max_model_len + SERVER_BLOCK):.2f}` (GiB) for {kv.model} "
+            f"`--kv-cache-memory {kv.gib_for(kv.max_model_len + block_size):.2f}` (GiB) for {kv.model} "
             f"({kv.bytes_per_token / 1024:.0f} KiB of float32 KV per token), which holds those {tokens:,} "
             "tokens beside the running requests' KV (or lower `--max-model-len` to shrink it)."
         )
