@@ -207,6 +207,15 @@ def _running(deployment: Deployment) -> dict[int, float]:
     }
 
 
+def _taken(deployment: Deployment) -> dict[int, float]:
+    """The requests each replica has taken so far: running, or finished for any reason."""
+    taken = {}
+    for rank, (_, url) in deployment.replicas.items():
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        taken[rank] = metric(text, "pagoda:num_requests_running") + metric(text, "pagoda:request_success_total")
+    return taken
+
+
 def test_a_replica_killed_mid_run_is_taken_out_and_the_survivor_serves(deployment):
     """Where the gateway sends a stream hangs on the prefix trees the earlier tests left and on the
     loads (six streams all went to one replica once), so streams start one by one until both
@@ -226,16 +235,20 @@ def test_a_replica_killed_mid_run_is_taken_out_and_the_survivor_serves(deploymen
             outcomes.append(f"error {type(exc).__name__}")
 
     threads: list[threading.Thread] = []
-    running = _running(deployment)
-    while len(threads) < 6 or min(running.values()) < 1:  # one at a time, until both replicas serve some
-        assert len(threads) < 12, f"the streams did not spread over both replicas: {running}"
+    before = _taken(deployment)
+    taken = dict.fromkeys(before, 0.0)
+    while len(threads) < 6 or min(taken.values()) < 1:  # one at a time, until both replicas took some
+        assert len(threads) < 12, f"the streams did not spread over both replicas: {taken}"
         threads.append(threading.Thread(target=long_request, args=(len(threads),)))
         threads[-1].start()
         deadline = time.monotonic() + 30
-        while sum((running := _running(deployment)).values()) < len(threads):
-            assert time.monotonic() < deadline, running
+        # a stream of the tiny model can end within a second, between two looks: count those too
+        while sum(taken.values()) < len(threads):
+            assert time.monotonic() < deadline, taken
             time.sleep(0.05)
-    victim = max(running, key=running.get)
+            taken = {rank: count - before[rank] for rank, count in _taken(deployment).items()}
+    running = _running(deployment)
+    victim = max(running, key=lambda rank: (running[rank], taken[rank]))  # serving the most, else took the most
     _kill(deployment.replicas[victim][0])
     for thread in threads:
         thread.join(timeout=90)
