@@ -127,6 +127,8 @@ def _launched(tmp_path_factory) -> Iterator[dict[str, Server]]:
             "--disable-fastapi-docs",
             *("--tool-call-parser", "hermes"),  # unused: the default model's template shows no tools
             *("--reasoning-parser", "qwen3"),
+            "--trust-request-chat-template",
+            "--exclude-tools-when-tool-choice-none",
             "--shutdown-timeout",
             str(SMALL_GRACE_S),
             env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"},  # vLLM's: the Responses API keeps its responses

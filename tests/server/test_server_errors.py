@@ -63,9 +63,7 @@ def test_unknown_route_is_an_openai_404(http):
         ("function_call", "auto"),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
-        # vLLM's, which this server cannot honour (vLLM itself refuses a request's chat_template
-        # unless started with --trust-request-chat-template)
-        ("chat_template", "{{ messages[0].content }}"),
+        # vLLM's, which this server cannot honour
         ("logprob_token_ids", [42]),
         ("repetition_detection", {"max_pattern_size": 8}),
     ],
@@ -73,6 +71,16 @@ def test_unknown_route_is_an_openai_404(http):
 def test_unsupported_chat_fields_are_400(http, field, value):
     error = error_of(http.post("/v1/chat/completions", json={**CHAT, field: value}), 400)
     assert error["param"] == field and field in error["message"]
+
+
+def test_a_requests_own_chat_template_is_400_without_trust_request_chat_template(http):
+    """As vLLM: the server renders with its own template unless started with the flag (on the small
+    server, test_server_small.py)."""
+    template = {"chat_template": "{{ messages[0].content }}"}
+    for path in ("/v1/chat/completions", "/tokenize"):
+        body = {**CHAT, **template} if path != "/tokenize" else {"messages": CHAT["messages"], **template}
+        error = error_of(http.post(path, json=body), 400)
+        assert error["param"] == "chat_template" and "--trust-request-chat-template" in error["message"], path
 
 
 @pytest.mark.parametrize(

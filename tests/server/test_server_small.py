@@ -187,6 +187,43 @@ def test_include_reasoning_false_sends_no_per_token_data_with_a_reasoning_parser
         assert bool(part["logprobs"]) is shown, answer.text
 
 
+ROLE_LINES = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+
+
+def test_a_requests_own_chat_template_with_trust_request_chat_template(small_server, server):
+    """vLLM's --trust-request-chat-template: a chat request's chat_template (and /tokenize's) is what
+    renders it; one that does not parse is a 400 naming it, and one reaching outside transformers'
+    sandbox is refused; the server goes on serving."""
+    base, tokenizer = small_server.base_url, load_tokenizer(None)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    expected = tokenizer.encode("[system] Be brief.\n[user] Hi\n", add_special_tokens=False)
+    tokens = httpx.post(f"{base}/tokenize", json={"messages": messages, "chat_template": ROLE_LINES}, timeout=60)
+    assert tokens.json()["tokens"] == expected, tokens.text
+    chat = {"messages": messages, "max_tokens": 1, "chat_template": ROLE_LINES}
+    answer = httpx.post(f"{base}/v1/chat/completions", json=chat, timeout=60)
+    assert answer.json()["usage"]["prompt_tokens"] == len(expected), answer.text
+    for template in ("{% for m in messages %}", "{{ ''.__class__.__mro__[1].__subclasses__() }}"):
+        refused = httpx.post(f"{base}/v1/chat/completions", json={**chat, "chat_template": template}, timeout=60)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "chat_template"
+    assert httpx.post(f"{base}/v1/chat/completions", json={**chat, "chat_template": None}, timeout=60).is_success
+
+
+def test_tool_choice_none_leaves_the_tools_out_with_exclude_tools_when_tool_choice_none(small_server, server):
+    """vLLM's --exclude-tools-when-tool-choice-none: tool_choice "none" renders no tools (the main
+    server, without the flag, shows them: the default model's template takes them as system text)."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+    def prompt_tokens(served, **fields) -> int:
+        body = {"messages": messages, "max_tokens": 1, **fields}
+        answer = httpx.post(f"{served.base_url}/v1/chat/completions", json=body, headers=served.headers, timeout=60)
+        return answer.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens(small_server, tools=[tool], tool_choice="none") == prompt_tokens(small_server)
+    assert prompt_tokens(server, tools=[tool], tool_choice="none") > prompt_tokens(server)
+
+
 def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server):
     """At SIGTERM two streams run: one of 2000 tokens, which cannot finish within the grace and is
     aborted, and one of 12 tokens that has just sent its first, which finishes; a non-streamed

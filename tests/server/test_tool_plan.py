@@ -57,6 +57,7 @@ def test_a_parser_whose_markers_may_be_special_tokens_keeps_them_in_the_text():
 def test_none_renders_the_tools_and_parses_nothing():
     none = plan("none")
     assert none.tools == [TOOL] and none.parser is None and none.constraint is None
+    assert plan("none", settings=ToolSettings(exclude_tools_when_none=True)).tools is None
     assert none.message('{"tool_calls": [{"name": "f", "arguments": {}}]}')[1] is False
 
 

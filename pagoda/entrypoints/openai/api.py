@@ -517,7 +517,8 @@ async def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
         tools = check_tools(body.tools) or None
         kwargs = chat.checked_template_kwargs(state.tokenizer, body, state.config.default_template_kwargs)
         size = sum(len(m["content"]) for m in messages)
-        return await state.off_loop(chat.render, state, messages, tools, kwargs, size=size)
+        template = chat.request_template(state, body)
+        return await state.off_loop(chat.render, state, template, messages, tools, kwargs, size=size)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
     return await state.off_loop(
         lambda: state.tokenizer.encode(body.prompt, add_special_tokens=add_special), size=len(body.prompt)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
@@ -187,11 +188,34 @@ def render_ids(
     return apply_chat_template(tokenizer, messages, template, **(template_kwargs or {}))
 
 
+def request_template(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> str | None:
+    """The chat template a request renders with: its own `chat_template` where the server trusts
+    requests' (vLLM's --trust-request-chat-template; else a 400, as vLLM), else --chat-template's,
+    else the model's."""
+    if body.chat_template is None:
+        return state.config.chat_template or state.tokenizer.chat_template
+    if not state.config.trust_request_chat_template:
+        raise bad_request(
+            "chat_template: a request's own chat template is refused unless the server runs with "
+            "--trust-request-chat-template",
+            "chat_template",
+        )
+    return body.chat_template
+
+
 def render(
-    state: ServerState, messages: list[dict], tools: list[dict] | None = None, template_kwargs: dict | None = None
+    state: ServerState,
+    template: str | None,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    template_kwargs: dict | None = None,
 ) -> list[int]:
+    """`render_ids` with its refusals as 400s: a template that does not parse or reaches outside the
+    sandbox names `chat_template` (only a request's own can), one that refuses the messages names them."""
     try:
-        return render_ids(state.tokenizer, messages, state.config.chat_template, tools, template_kwargs)
+        return render_ids(state.tokenizer, messages, template, tools, template_kwargs)
+    except (jinja2.TemplateSyntaxError, jinja2.sandbox.SecurityError) as exc:
+        raise bad_request(f"The chat template is refused: {exc}", "chat_template") from None
     except (ConfigError, ValueError, jinja2.TemplateError) as exc:  # ValueError: transformers' own refusals
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
 
@@ -249,7 +273,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     messages, _, kwargs = template_inputs(state.tokenizer, body, state.config.default_template_kwargs)
     size = sum(len(m["content"]) for m in messages)
-    template = state.config.chat_template or state.tokenizer.chat_template
+    template = request_template(state, body)
     plan = plan_tools(
         body.tools,
         body.tool_choice,
@@ -260,7 +284,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
     )
     role = _reply_role(state, body)
     echoed = _echoed(body, messages, role)
-    prompt_ids = await state.off_loop(render, state, messages, plan.tools, kwargs, size=size)
+    prompt_ids = await state.off_loop(render, state, template, messages, plan.tools, kwargs, size=size)
     prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, body.truncation_side, state.limits.max_model_len)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

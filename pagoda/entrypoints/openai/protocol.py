@@ -225,7 +225,7 @@ class ChatCompletionRequest(_SamplingFields):
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
-    chat_template: str | None = None  # vLLM's: refused, as vLLM does without --trust-request-chat-template
+    chat_template: str | None = None  # vLLM's: the request's own, only with --trust-request-chat-template
 
 
 class VllmResponsesFields(_Body):
@@ -317,6 +317,7 @@ class TokenizeRequest(_Body):
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     # with messages, rendered as a chat request renders them (vLLM's tokenize does likewise)
     tools: Any = None
+    chat_template: str | None = None  # as a chat request's
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -353,7 +354,7 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
         if request.prompt_embeds is not None:
             return "prompt_embeds"
         return None
-    for name in ("functions", "function_call", "audio", "prediction", "web_search_options", "chat_template"):
+    for name in ("functions", "function_call", "audio", "prediction", "web_search_options"):
         if getattr(request, name) not in (None, []):
             return name
     if request.modalities not in (None, ["text"]):

@@ -139,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Jinja chat template: a file path or the template itself (default: the model's)",
     )
     p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="take a chat request's own chat_template (and /tokenize's), rendered in transformers' Jinja "
+        "sandbox; without it such a request is a 400 (default: %(default)s)",
+    )
+    p.add_argument(
         "--api-key",
         nargs="+",
         action="extend",
@@ -439,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the format the model writes tool calls in (default: detected from the chat template, else generic)",
     )
     p.add_argument(
+        "--exclude-tools-when-tool-choice-none",
+        action="store_true",
+        help='tool_choice "none" leaves the tools out of the prompt, where by default they are shown '
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--reasoning-parser",
         default=None,
         choices=sorted(REASONING_PARSERS),
@@ -708,6 +720,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         api_keys=api_keys(args),
         chat_template=read_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template,
         request_log=args.request_log,
         log_prompts=args.log_prompts,
         log_outputs=args.enable_log_outputs,
@@ -719,7 +732,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_logprobs=args.max_logprobs,
         generation_defaults=read_generation_config(args.generation_config),
         generation_overrides=args.override_generation_config,
-        tools=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser),
+        tools=ToolSettings(
+            args.enable_auto_tool_choice,
+            args.tool_call_parser,
+            args.reasoning_parser,
+            exclude_tools_when_none=args.exclude_tools_when_tool_choice_none,
+        ),
         reports=read_reports_dir(args.reports),
         cors=CrossOrigin(
             tuple(args.allowed_origins),

@@ -3,7 +3,8 @@
 (content, tool_calls, reasoning), whole or as stream deltas that add up to the same message.
 
 How each `tool_choice` is served (as vLLM does):
-- "none": the tools are rendered, the output is plain content;
+- "none": the tools are rendered (unless --exclude-tools-when-tool-choice-none), the output is
+  plain content;
 - "auto": the model writes calls in its own format, read back by the tool-call parser
   (`--tool-call-parser`, else detected from the chat template, else Pagoda's generic format for
   templates without tool support); needs `--enable-auto-tool-choice`;
@@ -37,6 +38,7 @@ class ToolSettings:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None  # None: detected from the chat template, else generic
     reasoning_parser: str | None = None
+    exclude_tools_when_none: bool = False  # tool_choice "none" renders no tools (vLLM's flag of that name)
 
     def __post_init__(self) -> None:
         if self.tool_call_parser is not None:
@@ -158,7 +160,8 @@ def plan_tools(
     checked = check_tools(tools)
     choice, forced = _check_choice(tool_choice, checked)
     if not checked or choice == "none":
-        return ToolPlan(tools=checked or None, reasoning=reasoning, show_reasoning=include_reasoning)
+        shown = None if settings.exclude_tools_when_none else checked or None
+        return ToolPlan(tools=shown, reasoning=reasoning, show_reasoning=include_reasoning)
     if choice == "auto":
         if not settings.enable_auto_tool_choice:
             raise bad_request(
