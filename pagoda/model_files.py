@@ -196,6 +196,47 @@ def apply_chat_template(
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+# vLLM's --chat-template-content-format: how a message's content reaches the template
+CONTENT_FORMATS = ("auto", "string", "openai")  # auto: openai where the template loops over content
+
+
+@functools.lru_cache(maxsize=16)
+def template_iterates_content(template: str | None) -> bool:
+    """Whether the template loops over a message's content (vLLM's test for its "openai" content
+    format, content as a list of parts): a `for` over `x.content`, `x['content']` or a variable named
+    `content`, through filters and slices. A template jinja2 alone cannot parse (a tag of
+    transformers' own) is read by its text."""
+    if not template:
+        return False
+    environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        loops = environment.parse(template).find_all(jinja2.nodes.For)
+    except jinja2.TemplateSyntaxError:
+        return _CONTENT_LOOP.search(template) is not None
+    return any(_is_content(loop.iter) for loop in loops)
+
+
+_CONTENT_LOOP = re.compile(r"\{%-?\s*for\s+\w+\s+in\s+(\w+\.content\b|\w+\[\s*['\"]content['\"]\s*\]|content\b)")
+
+
+def _is_content(node: jinja2.nodes.Node) -> bool:
+    while isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) or (
+        isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
+    ):
+        node = node.node
+    if isinstance(node, jinja2.nodes.Name):
+        return node.name == "content"
+    if isinstance(node, jinja2.nodes.Getattr):
+        return node.attr == "content"
+    key = node.arg if isinstance(node, jinja2.nodes.Getitem) else None
+    return isinstance(key, jinja2.nodes.Const) and key.value == "content"
+
+
+def template_names_developer(template: str | None) -> bool:
+    """Whether the template has a `developer` role of its own (vLLM's test: the quoted name in its text)."""
+    return bool(template) and ('"developer"' in template or "'developer'" in template)
+
+
 @functools.lru_cache(maxsize=16)
 def template_supports_tools(template: str | None) -> bool:
     """Whether the template reads the `tools` variable (not merely has the word in its text); no

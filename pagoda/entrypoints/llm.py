@@ -251,6 +251,7 @@ class LLM:
         use_tqdm: bool = True,
         *,
         chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
@@ -260,11 +261,19 @@ class LLM:
         """One conversation or a list of them, in OpenAI's message shapes (content parts, tool calls
         and results), rendered as the server renders a chat request, `tools` included (vLLM's
         keywords: `continue_final_message` with `add_generation_prompt=False` continues the last
-        message; `chat_template_kwargs` are template variables, e.g. enable_thinking). A message or
-        tool the server would refuse is a ValueError naming its place."""
+        message; `chat_template_kwargs` are template variables, e.g. enable_thinking;
+        `chat_template_content_format` as the server's flag). A message or tool the server would
+        refuse is a ValueError naming its place."""
         from pagoda.entrypoints.openai.chat import parse_messages, render_ids
         from pagoda.entrypoints.openai.errors import APIError
         from pagoda.entrypoints.openai.tool_calls import check_tools
+        from pagoda.model_files import CONTENT_FORMATS
+
+        if chat_template_content_format not in CONTENT_FORMATS:
+            raise ValueError(
+                f"chat_template_content_format must be one of {', '.join(CONTENT_FORMATS)}, "
+                f"got {chat_template_content_format!r}"
+            )
 
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         if add_generation_prompt and continue_final_message:
@@ -280,7 +289,14 @@ class LLM:
         try:
             checked = check_tools(tools) or None
             prompts = [
-                render_ids(self.tokenizer, parse_messages(c), chat_template, checked, template_kwargs)
+                render_ids(
+                    self.tokenizer,
+                    parse_messages(c),
+                    chat_template,
+                    checked,
+                    template_kwargs,
+                    chat_template_content_format,
+                )
                 for c in conversations
             ]
         except APIError as exc:  # the server's 400: the same words, naming the same place

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pagoda.entrypoints.openai.chat import checked_template_kwargs, parse_messages
+from pagoda.entrypoints.openai.chat import checked_template_kwargs, parse_messages, with_content_parts
 from pagoda.entrypoints.openai.errors import APIError
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
 
@@ -29,16 +29,19 @@ def test_system_user_assistant_and_text_parts():
         {"role": "user", "content": parts, "name": "ann"},
         {"role": "assistant", "content": "ok"},
     ]
-    assert parse_messages(messages) == [
+    parsed = parse_messages(messages)
+    assert parsed == [
         {"role": "system", "content": "Be terse."},
         {"role": "user", "content": "a\nb"},
         {"role": "assistant", "content": "ok"},
     ]
+    assert parsed[1]["content"].parts == ("a", "b")  # for a template that loops over content
 
 
-def test_developer_is_system():
+def test_developer_is_kept_for_the_renderer():
+    """render_ids makes it a system message where the template has no developer role (test_chat_render.py)."""
     assert parse_messages([{"role": "developer", "content": "Be terse."}]) == [
-        {"role": "system", "content": "Be terse."}
+        {"role": "developer", "content": "Be terse."}
     ]
 
 
@@ -48,7 +51,10 @@ def test_assistant_tool_calls_with_or_without_content(content):
     if content != "absent":
         message["content"] = content
     text = "Let me look." if content not in (None, "absent") else ""
-    assert parse_messages([message]) == [{"role": "assistant", "content": text, "tool_calls": [PARSED_CALL]}]
+    parsed = parse_messages([message])
+    assert parsed == [{"role": "assistant", "content": text, "tool_calls": [PARSED_CALL]}]
+    parts = [{"type": "text", "text": text}] if text else []  # vLLM's "openai" format: no content, no part
+    assert with_content_parts(parsed) == [{**parsed[0], "content": parts}]
 
 
 def test_tool_results_answer_earlier_calls():

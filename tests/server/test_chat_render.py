@@ -10,7 +10,7 @@ import pytest
 
 from pagoda.entrypoints.openai.chat import _template_extras, parse_messages, render_ids
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
-from pagoda.model_files import load_tokenizer, resolve_model, template_supports_tools
+from pagoda.model_files import load_tokenizer, resolve_model, template_iterates_content, template_supports_tools
 from pagoda.tools.prompt import tool_instructions
 from tests.tiny_models import write_tiny_model
 
@@ -154,3 +154,88 @@ def test_without_tools_the_history_still_renders_as_text(default_tokenizer):
     text = text_of(default_tokenizer)
     assert text.startswith("<|im_start|>system\nBe terse.<|im_end|>")
     assert '{"tool_calls": [{"name": "get_weather"' in text and "Result of get_weather:" in text
+
+
+# templates that show what they were given: content as it is, or looped over as parts
+AS_GIVEN = "{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}"
+LOOPS_OVER_PARTS = (
+    "{% for m in messages %}{{ m.role }}:{% for part in m.content %}<{{ part.text }}>{% endfor %};{% endfor %}"
+)
+
+
+def rendered(tokenizer, template: str, messages: list[dict], content_format: str = "auto") -> str:
+    ids = render_ids(tokenizer, parse_messages(messages), template, content_format=content_format)
+    return tokenizer.decode(ids)
+
+
+def test_content_reaches_a_template_that_loops_over_it_as_its_parts(default_tokenizer):
+    """vLLM's content formats: auto gives a template that loops over a message's content the parts
+    as sent (a string is one part), any other the text parts joined by newlines; the server's flag
+    forces either. (This template reads no tools: the call comes as text in the generic format.)"""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "user", "content": "c"},
+    ]
+    call_text = '{"tool_calls": [{"name": "f", "arguments": {}}]}'
+    assert rendered(default_tokenizer, LOOPS_OVER_PARTS, messages) == f"user:<a><b>;assistant:<{call_text}>;user:<c>;"
+    assert rendered(default_tokenizer, AS_GIVEN, messages) == f"user=a\nb;assistant={call_text};user=c;"
+    assert rendered(default_tokenizer, AS_GIVEN, messages[2:], "openai") == "user=[{'type': 'text', 'text': 'c'}];"
+    assert rendered(default_tokenizer, LOOPS_OVER_PARTS, messages[2:], "string") == "user:<>;"  # a string's letters
+    tool_result = [*messages[:2], {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]}]
+    reads_tools = AS_GIVEN + "{% if tools %}{% endif %}"
+    shown = rendered(default_tokenizer, reads_tools, tool_result, "openai")
+    assert shown.endswith(";assistant=[];tool=ok;"), shown  # no content no part; a tool result's a string
+
+
+@pytest.mark.parametrize(
+    "template, loops",
+    [
+        (LOOPS_OVER_PARTS, True),
+        ("{% for m in messages %}{% for p in m['content'] | list %}{{ p.text }}{% endfor %}{% endfor %}", True),
+        (
+            "{% macro show(content) %}{% for p in content %}{{ p.text }}{% endfor %}{% endmacro %}"
+            "{% for m in messages %}{{ show(m.content) }}{% endfor %}",
+            True,
+        ),
+        ("{% for m in messages %}{% set content = m.content %}{% for c in content %}{% endfor %}{% endfor %}", True),
+        (  # a tag of transformers' own: jinja2 alone cannot parse it
+            "{% for message in messages %}{% generation %}{%- for item in message['content'] %}{% endfor %}"
+            "{% endgeneration %}{% endfor %}",
+            True,
+        ),
+        (AS_GIVEN, False),
+        (QWEN3_STYLE_TEMPLATE, False),
+        ("{% for tool in tools %}{{ tool.content }}{% endfor %}", False),
+    ],
+)
+def test_which_templates_loop_over_content(template, loops):
+    """As vLLM 0.32's detection classes each of these (checked against it once, not in the suite)."""
+    assert template_iterates_content(template) is loops
+
+
+def test_the_default_models_template_takes_content_as_a_string(default_tokenizer):
+    assert not template_iterates_content(default_tokenizer.chat_template)
+
+
+@pytest.mark.parametrize(
+    "messages, shown",
+    [
+        ([("developer", "d"), ("user", "u")], "system=d;user=u;"),
+        ([("user", "u"), ("developer", "d")], "system=d;user=u;"),  # moved first, as vLLM
+        ([("system", "s"), ("user", "u"), ("developer", "d")], "system=s\n\nd;user=u;"),  # one, first
+        ([("system", ""), ("developer", "d"), ("user", "u")], "system=d;user=u;"),  # empty texts dropped
+        ([("user", "u"), ("system", "s")], "user=u;system=s;"),  # no developer message: left as sent
+    ],
+)
+def test_developer_messages_become_one_first_system_message(default_tokenizer, messages, shown):
+    """vLLM's rule for a template with no developer role of its own."""
+    as_sent = [{"role": role, "content": text} for role, text in messages]
+    assert rendered(default_tokenizer, AS_GIVEN, as_sent) == shown
+
+
+def test_a_template_with_a_developer_role_gets_developer_messages(default_tokenizer):
+    template = AS_GIVEN + "{# roles: 'developer' #}"
+    messages = [{"role": "user", "content": "u"}, {"role": "developer", "content": "d"}]
+    assert rendered(default_tokenizer, template, messages) == "user=u;developer=d;"

@@ -202,6 +202,11 @@ def test_a_requests_own_chat_template_with_trust_request_chat_template(small_ser
     chat = {"messages": messages, "max_tokens": 1, "chat_template": ROLE_LINES}
     answer = httpx.post(f"{base}/v1/chat/completions", json=chat, timeout=60)
     assert answer.json()["usage"]["prompt_tokens"] == len(expected), answer.text
+    # one that loops over a message's content gets its parts (--chat-template-content-format auto)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    looping = "{% for m in messages %}{% for part in m.content %}<{{ part.text }}>{% endfor %}{% endfor %}"
+    tokens = httpx.post(f"{base}/tokenize", json={"messages": parts, "chat_template": looping}, timeout=60)
+    assert tokens.json()["tokens"] == tokenizer.encode("<a><b>", add_special_tokens=False), tokens.text
     for template in ("{% for m in messages %}", "{{ ''.__class__.__mro__[1].__subclasses__() }}"):
         refused = httpx.post(f"{base}/v1/chat/completions", json={**chat, "chat_template": template}, timeout=60)
         assert refused.status_code == 400, refused.text

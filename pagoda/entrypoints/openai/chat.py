@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import jinja2
@@ -32,7 +32,12 @@ from pagoda.entrypoints.openai.serving import (
 )
 from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolPlan, check_tools, plan_tools
-from pagoda.model_files import apply_chat_template, template_supports_tools
+from pagoda.model_files import (
+    apply_chat_template,
+    template_iterates_content,
+    template_names_developer,
+    template_supports_tools,
+)
 from pagoda.sampling_params import SamplingParams
 from pagoda.tools.prompt import with_tools_in_system_prompt
 
@@ -40,10 +45,22 @@ ENDPOINT = "/v1/chat/completions"
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+class TextParts(str):
+    """A message's text parts joined by newlines, the content a chat template sees in vLLM's "string"
+    format, holding the parts themselves for its "openai" format (`with_content_parts`)."""
+
+    parts: tuple[str, ...]
+
+    def __new__(cls, parts: Sequence[str]) -> TextParts:
+        text = super().__new__(cls, "\n".join(parts))
+        text.parts = tuple(parts)
+        return text
+
+
 def parse_messages(messages: list[dict]) -> list[dict]:
-    """Messages as chat templates take them, in vLLM's shapes: `developer` becomes `system`, text
-    parts are joined, assistant tool calls carry their arguments parsed into a dict (templates
-    iterate them or `| tojson` them), and a tool result must answer a call made earlier."""
+    """Messages checked, in vLLM's shapes: text parts are joined (`TextParts`), assistant tool calls
+    carry their arguments parsed into a dict (templates iterate them or `| tojson` them), and a tool
+    result must answer a call made earlier. `render_ids` does the rest as vLLM's renderer does."""
     parsed: list[dict] = []
     call_ids: set[str] = set()
     for i, message in enumerate(messages):
@@ -52,13 +69,13 @@ def parse_messages(messages: list[dict]) -> list[dict]:
             calls = _tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
             call_ids.update(call["id"] for call in calls)
             content = message.get("content")
-            content = "" if content is None else text_content(content, f"messages[{i}].content")
+            content = TextParts(()) if content is None else text_content(content, f"messages[{i}].content")
             parsed.append({"role": role, "content": content, "tool_calls": calls})
         elif role == "tool":
             parsed.append(_tool_result(message, i, call_ids))
         else:
             content = text_content(message.get("content"), f"messages[{i}].content")
-            parsed.append({"role": "system" if role == "developer" else role, "content": content})
+            parsed.append({"role": role, "content": content})
     return parsed
 
 
@@ -70,7 +87,7 @@ def _role(message: dict, i: int) -> str:
 
 
 def text_content(content: object, param: str, part_types: tuple[str, ...] = ("text",)) -> str:
-    """A message's content: a string, or text parts (of `part_types`) joined by newlines."""
+    """A message's content: a string, or text parts (of `part_types`) joined by newlines (`TextParts`)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -85,7 +102,7 @@ def text_content(content: object, param: str, part_types: tuple[str, ...] = ("te
         if not isinstance(part.get("text"), str):
             raise bad_request(f"{param}[{j}].text must be a string", f"{param}[{j}].text")
         texts.append(part["text"])
-    return "\n".join(texts)
+    return TextParts(texts)
 
 
 def _tool_calls(calls: object, param: str) -> list[dict]:
@@ -178,14 +195,45 @@ def render_ids(
     chat_template: str | None = None,
     tools: list[dict] | None = None,
     template_kwargs: dict | None = None,
+    content_format: str = "auto",
 ) -> list[int]:
-    """Parsed messages rendered: templates that read `tools` get the tools and the tool turns
-    as they are; others get both as text in the generic format (pagoda.tools.prompt)."""
+    """Parsed messages rendered as vLLM's renderer renders them: `developer` messages become one
+    system message, first, where the template has no developer role of its own; templates that read
+    `tools` get the tools and the tool turns as they are, others both as text in the generic format
+    (pagoda.tools.prompt); content in `content_format` (model_files.CONTENT_FORMATS)."""
     template = chat_template or tokenizer.chat_template
-    if template_supports_tools(template):
-        return apply_chat_template(tokenizer, messages, template, tools=tools, **(template_kwargs or {}))
-    messages = with_tools_in_system_prompt(messages, tools)
-    return apply_chat_template(tokenizer, messages, template, **(template_kwargs or {}))
+    if not template_names_developer(template):
+        messages = developer_as_system(messages)
+    if not template_supports_tools(template):
+        messages, tools = with_tools_in_system_prompt(messages, tools), None
+    if content_format == "openai" or (content_format == "auto" and template_iterates_content(template)):
+        messages = with_content_parts(messages)
+    return apply_chat_template(tokenizer, messages, template, tools=tools, **(template_kwargs or {}))
+
+
+def developer_as_system(messages: list[dict]) -> list[dict]:
+    """vLLM's rule where a template has no developer role: developer messages become system ones, and
+    where that leaves a system message past the first place, all of them become one, first, their
+    non-empty texts joined by blank lines."""
+    if not any(m["role"] == "developer" for m in messages):
+        return messages
+    converted = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if systems == [0]:
+        return converted
+    text = "\n\n".join(converted[i]["content"] for i in systems if converted[i]["content"])
+    return [{"role": "system", "content": text}, *(m for m in converted if m["role"] != "system")]
+
+
+def with_content_parts(messages: list[dict]) -> list[dict]:
+    """vLLM's "openai" content format: a message's content as its list of text parts (a string is
+    one part, a call's missing content none); a tool result's stays a string, as vLLM leaves it."""
+
+    def parts(content: str) -> list[dict]:
+        texts = content.parts if isinstance(content, TextParts) else (content,)
+        return [{"type": "text", "text": text} for text in texts]
+
+    return [m if m["role"] == "tool" else {**m, "content": parts(m["content"])} for m in messages]
 
 
 def request_template(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> str | None:
@@ -213,7 +261,9 @@ def render(
     """`render_ids` with its refusals as 400s: a template that does not parse or reaches outside the
     sandbox names `chat_template` (only a request's own can), one that refuses the messages names them."""
     try:
-        return render_ids(state.tokenizer, messages, template, tools, template_kwargs)
+        return render_ids(
+            state.tokenizer, messages, template, tools, template_kwargs, state.config.chat_template_content_format
+        )
     except (jinja2.TemplateSyntaxError, jinja2.sandbox.SecurityError) as exc:
         raise bad_request(f"The chat template is refused: {exc}", "chat_template") from None
     except (ConfigError, ValueError, jinja2.TemplateError) as exc:  # ValueError: transformers' own refusals

@@ -116,6 +116,7 @@ VLLM_FLAGS_NOT_TAKEN = {
 def build_parser() -> argparse.ArgumentParser:
     from pagoda.engine.args import EngineArgs, add_option_flags  # imports no torch
     from pagoda.entrypoints.openai.data_parallel import ScaleArgs
+    from pagoda.model_files import CONTENT_FORMATS
     from pagoda.tools.parsers import PARSERS as TOOL_PARSERS  # pure Python
     from pagoda.tools.reasoning import REASONING_PARSERS
 
@@ -137,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat-template",
         default=None,
         help="a Jinja chat template: a file path or the template itself (default: the model's)",
+    )
+    p.add_argument(
+        "--chat-template-content-format",
+        default="auto",
+        choices=CONTENT_FORMATS,
+        help="how message content reaches the chat template: a string (text parts joined by newlines), or "
+        "openai's list of text parts; auto: the list where the template loops over content (default: %(default)s)",
     )
     p.add_argument(
         "--trust-request-chat-template",
@@ -721,6 +729,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         api_keys=api_keys(args),
         chat_template=read_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
+        chat_template_content_format=args.chat_template_content_format,
         request_log=args.request_log,
         log_prompts=args.log_prompts,
         log_outputs=args.enable_log_outputs,

@@ -59,6 +59,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()  # any of them authorizes a request; none: no key needed
     chat_template: str | None = None  # template text; None: the model's own
     trust_request_chat_template: bool = False  # a chat request may bring its own (vLLM's flag of that name)
+    chat_template_content_format: str = "auto"  # model_files.CONTENT_FORMATS (vLLM's --chat-template-content-format)
     request_log: Path | None = None
     log_prompts: bool = False
     log_outputs: bool = False  # the per-request log line has the output text (vLLM's --enable-log-outputs)
