@@ -4,7 +4,19 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "BeamSearchParams", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "__version__"]
+__all__ = [
+    "LLM",
+    "BeamSearchParams",
+    "CompletionOutput",
+    "LoRARequest",
+    "RequestOutput",
+    "RequestOutputKind",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "TextPrompt",
+    "TokensPrompt",
+    "__version__",
+]
 
 
 def __getattr__(name: str):
@@ -21,8 +33,16 @@ def __getattr__(name: str):
         from pagoda.lora import LoRARequest
 
         return LoRARequest
-    if name in ("SamplingParams", "StructuredOutputsParams"):
+    if name in ("SamplingParams", "StructuredOutputsParams", "RequestOutputKind"):
         from pagoda import sampling_params
 
         return getattr(sampling_params, name)
+    if name in ("RequestOutput", "CompletionOutput"):
+        from pagoda import outputs
+
+        return getattr(outputs, name)
+    if name in ("TextPrompt", "TokensPrompt"):
+        from pagoda import inputs
+
+        return getattr(inputs, name)
     raise AttributeError(name)

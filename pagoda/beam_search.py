@@ -59,7 +59,8 @@ class BeamSearchSequence:
     token, the candidates' logprobs at that step (token id -> logprob)."""
 
     tokens: list[int]
-    logprobs: list[dict[int, float]] = field(default_factory=list)
+    # token id -> logprob: a float while searching; vLLM's Logprob in LLM.beam_search's answers
+    logprobs: list[dict] = field(default_factory=list)
     cum_logprob: float = 0.0
     text: str | None = None  # filled in for the answer
     finish_reason: str | None = None  # "stop" (the end-of-sequence token) or "length"
@@ -120,6 +121,11 @@ class BeamSearch:
     def _score(self, beam: BeamSearchSequence) -> float:
         length = len(beam.tokens) - (beam.tokens[-1] in self._eos)  # an end token kept does not count
         return beam.cum_logprob / max(length, 1) ** self.params.length_penalty
+
+
+def candidate_ranks(candidates: dict[int, float]) -> dict[int, int]:
+    """Each of a step's candidates' rank (1: the likeliest; equal logprobs share one)."""
+    return {token: 1 + sum(other > value for other in candidates.values()) for token, value in candidates.items()}
 
 
 Beams = list[tuple[BeamSearch, BeamSearchSequence]]

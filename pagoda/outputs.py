@@ -15,7 +15,7 @@ from pagoda.request import TokenLogprob
 DecodeToken = Callable[[int], str | None]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Logprob:
     logprob: float
     rank: int  # 1 is the most likely token
@@ -26,7 +26,7 @@ class Logprob:
 PositionLogprobs = dict[int, Logprob]
 
 
-@dataclass(frozen=True)
+@dataclass
 class CompletionOutput:
     """One of a request's n sequences."""
 
@@ -37,9 +37,14 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None  # one entry per token when asked for
     finish_reason: str | None  # "stop" or "length"
     stop_reason: int | str | None = None  # the stop string or token id that ended it
+    lora_request: LoRARequest | None = None  # the adapter it ran (vLLM's)
+
+    def finished(self) -> bool:
+        """vLLM's: whether it has ended (offline answers always have)."""
+        return self.finish_reason is not None
 
 
-@dataclass(frozen=True)
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None  # the text as given; None for a token-id prompt
@@ -59,7 +64,9 @@ def position_logprobs(lp: TokenLogprob, decode: DecodeToken) -> PositionLogprobs
     return {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id)), **ranked}
 
 
-def completion_output(seq: SequenceOutput, asked_logprobs: bool, decode: DecodeToken) -> CompletionOutput:
+def completion_output(
+    seq: SequenceOutput, asked_logprobs: bool, decode: DecodeToken, lora: LoRARequest | None = None
+) -> CompletionOutput:
     logprobs = [position_logprobs(lp, decode) for lp in seq.logprobs] if asked_logprobs else None
     return CompletionOutput(
         index=seq.index,
@@ -69,6 +76,7 @@ def completion_output(seq: SequenceOutput, asked_logprobs: bool, decode: DecodeT
         logprobs=logprobs,
         finish_reason=seq.finish_reason,
         stop_reason=seq.stop_reason,
+        lora_request=lora,
     )
 
 
@@ -79,9 +87,11 @@ def request_output(
     sequences: Sequence[SequenceOutput],
     asked: tuple[bool, bool],
     decode: DecodeToken,
+    lora: LoRARequest | None = None,
 ) -> RequestOutput:
-    """`sequences`: the request's finished sequences, by index; `asked`: (logprobs, prompt_logprobs).
-    The prompt's logprobs come with the prefill of the first sequence, so the longest list is whole."""
+    """`sequences`: the request's finished sequences, by index; `asked`: (logprobs, prompt_logprobs);
+    `lora`: the adapter it ran. The prompt's logprobs come with the prefill of the first sequence, so
+    the longest list is whole."""
     asked_logprobs, asked_prompt = asked
     prompt_logprobs = None
     if asked_prompt:
@@ -92,8 +102,9 @@ def request_output(
         prompt=prompt,
         prompt_token_ids=prompt_token_ids,
         prompt_logprobs=prompt_logprobs,
-        outputs=[completion_output(seq, asked_logprobs, decode) for seq in sequences],
+        outputs=[completion_output(seq, asked_logprobs, decode, lora) for seq in sequences],
         finished=True,
         num_cached_tokens=sequences[0].metrics.num_cached_tokens,
         metrics=sequences[0].metrics,
+        lora_request=lora,
     )

@@ -1,8 +1,10 @@
-"""Per-request sampling parameters, validated on construction."""
+"""Per-request sampling parameters, validated on construction (and again as a request takes a copy
+into the engine: their fields may be changed in between, as vLLM's)."""
 
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import numbers
 from collections.abc import Iterable
@@ -11,6 +13,14 @@ from typing import Any
 
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for per position (vLLM's default cap too)
 LOGPROBS_RANGE = f"must be in [0, {MAX_LOGPROBS}]"
+
+
+class RequestOutputKind(enum.Enum):
+    """vLLM's: what each output of a request carries (offline answers come whole either way)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass(frozen=True)
@@ -33,8 +43,18 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # EBNF, as xgrammar and llama.cpp's GBNF read it
+    # vLLM's options, taken for its scripts: what the first two ask is what Pagoda always does
+    # (JSON written compactly; objects hold only a schema's properties), whatever their value
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None  # vLLM's for other backends than xgrammar: refused
 
     def __post_init__(self) -> None:
+        if self.whitespace_pattern is not None:
+            raise SamplingParamsError(
+                "structured_outputs",
+                "whitespace_pattern is not supported: JSON is written compactly, one space after ':' and ','",
+            )
         if self.choice is not None:
             object.__setattr__(self, "choice", tuple(self.choice))
         if isinstance(self.json, str):
@@ -73,12 +93,12 @@ class StructuredOutputsParams:
         return f"{self.kind}\n{json.dumps(value, separators=(',', ':'), ensure_ascii=False)}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: disabled
+    top_k: int = 0  # 0 or -1 (vLLM's spelling): disabled
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
@@ -87,8 +107,8 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int | None = 16  # None: up to max_model_len
     min_tokens: int = 0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    stop: list[str] = field(default_factory=list)  # a string: one
+    stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # number of top alternatives besides the sampled token
@@ -102,42 +122,42 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's: the only tokens that may be sampled (None: any)
-    allowed_token_ids: tuple[int, ...] | None = None
+    allowed_token_ids: list[int] | None = None
     # vLLM's: words never generated; each, as its tokens with and without a leading space, has its
     # last token banned wherever the output so far ends with the tokens before it
-    bad_words: tuple[str, ...] = ()
+    bad_words: list[str] = field(default_factory=list)
     # where the model thinks in its output (a server sets it from its reasoning parser): a
     # structured-output constraint applies to the answer after it
     reasoning: ReasoningSpan | None = None
     # vLLM's: the most tokens the thinking may take (None or -1: no bound); the model's next tokens
     # are then the span's end, forced. Needs `reasoning`
     thinking_token_budget: int | None = None
+    # vLLM's, taken for its scripts: its offline API answers whole (FINAL_ONLY) whatever this asks,
+    # as Pagoda's does; extra_args are a plugin's, kept and unused
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
+            self.stop = [self.stop]
         for name, empty in _EMPTY_WHEN_NONE.items():  # vLLM takes None for these as "none"
             if getattr(self, name) is None:
-                object.__setattr__(self, name, empty)
+                setattr(self, name, empty())
         for name in (*_INTS, *_NUMBERS):  # numpy's scalars (a sweep's np.linspace) as Python's
-            object.__setattr__(self, name, _plain(getattr(self, name)))
+            setattr(self, name, _plain(getattr(self, name)))
         if isinstance(self.logit_bias, dict):  # JSON's string keys, as vLLM takes them
-            object.__setattr__(self, "logit_bias", {_plain(_id_of(k)): _plain(v) for k, v in self.logit_bias.items()})
+            self.logit_bias = {_plain(_id_of(k)): _plain(v) for k, v in self.logit_bias.items()}
         for name in ("stop_token_ids", "allowed_token_ids"):  # numpy's ints (an np.array) as Python's
             ids = getattr(self, name)
             if ids is not None and not isinstance(ids, (str, bytes)) and hasattr(ids, "__iter__"):
-                object.__setattr__(self, name, [_plain(t) for t in ids])
+                setattr(self, name, [_plain(t) for t in ids])
         self._check_types()
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        object.__setattr__(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()})
+        # each a list of its own, so that a copy's (the engine's) does not change with the caller's
+        self.stop, self.stop_token_ids = list(self.stop), list(self.stop_token_ids)
+        self.bad_words = list(self.bad_words)
+        self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.allowed_token_ids is not None:
-            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
-        object.__setattr__(self, "bad_words", tuple(self.bad_words))
-        if self.top_k == -1:
-            object.__setattr__(self, "top_k", 0)
-        if self.thinking_token_budget == -1:
-            object.__setattr__(self, "thinking_token_budget", None)
+            self.allowed_token_ids = list(self.allowed_token_ids)
         self._validate()
 
     def _check_types(self) -> None:
@@ -188,7 +208,7 @@ class SamplingParams:
             (all(self.stop), "stop", "must not contain an empty string"),
             (self.detokenize or not self.stop, "stop", "needs detokenize=True (stop strings are found in the text)"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (self.top_k >= 0, "top_k", "must be 0 or -1 (both: disabled) or a positive integer"),
+            (self.top_k >= -1, "top_k", "must be 0 or -1 (both: disabled) or a positive integer"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
             (self.repetition_penalty > 0.0, "repetition_penalty", "must be positive"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
@@ -203,12 +223,12 @@ class SamplingParams:
                 LOGPROBS_RANGE,
             ),
             (
-                self.thinking_token_budget is None or self.thinking_token_budget >= 0,
+                self.thinking_token_budget is None or self.thinking_token_budget >= -1,
                 "thinking_token_budget",
                 "must be a non-negative integer or -1 (no bound)",
             ),
             (
-                self.thinking_token_budget is None or self.reasoning is not None,
+                self.thinking_budget is None or self.reasoning is not None,
                 "thinking_token_budget",
                 "needs to know where the model thinks: a server's --reasoning-parser, or `reasoning` offline",
             ),
@@ -218,8 +238,13 @@ class SamplingParams:
                 raise SamplingParamsError(param, f"{param} {message}, got {getattr(self, param)!r}")
 
     def clone(self) -> SamplingParams:
-        """A copy (vLLM's method; these are frozen: `dataclasses.replace(params, field=...)` changes one)."""
+        """A copy (vLLM's method)."""
         return copy.deepcopy(self)
+
+    @property
+    def thinking_budget(self) -> int | None:
+        """The thinking token budget, None where there is none (unset, or -1 as vLLM spells it)."""
+        return None if self.thinking_token_budget in (None, -1) else self.thinking_token_budget
 
     @property
     def greedy(self) -> bool:
@@ -247,7 +272,7 @@ _OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs", "thinking_toke
 _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
-_EMPTY_WHEN_NONE = {"stop": (), "stop_token_ids": (), "bad_words": (), "logit_bias": {}}
+_EMPTY_WHEN_NONE = {"stop": list, "stop_token_ids": list, "bad_words": list, "logit_bias": dict}
 
 
 def _plain(value: object) -> object:

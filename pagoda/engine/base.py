@@ -4,6 +4,7 @@ updates into text updates."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -152,6 +153,9 @@ class EngineBase:
         vLLM's (lower first, under the priority policy)."""
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise SamplingParamsError("priority", f"priority must be an integer, got {priority!r}")
+        # the requests' own copy, checked again: the caller may have changed fields since it made them
+        # (as vLLM's, they are mutable), and may change them later without reaching running requests
+        params = dataclasses.replace(params)
         m = self.config.model
         check_token_ids(prompt_ids, m.vocab_size, "prompt")
         check_token_ids(params.stop_token_ids, m.vocab_size, "stop_token_ids")
@@ -163,13 +167,13 @@ class EngineBase:
                 "allowed_token_ids", "allowed_token_ids holds only stop tokens, which min_tokens bans at first"
             )
         new_grammar = None
-        if grammar is not None or params.thinking_token_budget is not None:
+        if grammar is not None or params.thinking_budget is not None:
             from pagoda.structured.grammar import RequestGrammar
 
             span = params.reasoning
             think_start = self._token_ids(span.start) if span is not None and span.start else ()
             think_end = self._token_ids(span.end) if span is not None else ()
-            budget = params.thinking_token_budget
+            budget = params.thinking_budget
             new_grammar = functools.partial(RequestGrammar, grammar, think_start, think_end, budget)
         bad_words_ids = tuple(ids for word in params.bad_words for ids in self._word_token_ids(word))
         return make_requests(

@@ -15,14 +15,15 @@ from functools import lru_cache
 import jinja2
 from tqdm import tqdm
 
-from pagoda.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, advance, step_beams
+from pagoda.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, advance, candidate_ranks, step_beams
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints import LOG_FORMAT
+from pagoda.generation_config import sampling_defaults
 from pagoda.lora import LoRARequest
-from pagoda.outputs import RequestOutput, request_output
-from pagoda.sampling_params import SamplingParams
+from pagoda.outputs import Logprob, RequestOutput, request_output
+from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams
 
 # a text, its token ids, or vLLM's prompt dicts: {"prompt": text} and {"prompt_token_ids": ids}
 Prompt = str | list[int] | dict
@@ -106,19 +107,63 @@ VLLM_NO_OPS = {
     "revision": (None,),  # no hub: a model is a local folder or file
     "swap_space": None,  # any: Pagoda preempts by recomputing, it swaps nothing to CPU memory
     "max_loras": None,  # any: a step mixes any number of LoRA adapters
+    "pipeline_parallel_size": (1,),
+    "data_parallel_size": (1,),  # offline, one engine; the server scales out (--data-parallel-size)
+    "distributed_executor_backend": (None, "mp", "uni"),  # one process drives the one device
+    "disable_custom_all_reduce": None,  # any: no all-reduce on one device
+    "download_dir": (None,),
+    "tokenizer_revision": (None,),
+    "hf_token": (None, False),
+    "hf_overrides": (None, {}),
+    "cpu_offload_gb": (0,),
+    "skip_tokenizer_init": (False,),
+    "limit_mm_per_prompt": (None, {}),
+    "runner": ("auto", "generate"),
+    "convert": ("auto", "none"),
+    "model_impl": ("auto",),
+    "logprobs_mode": ("raw_logprobs",),  # the model's own, before any sampling parameter
+    "async_scheduling": (None, False),
+    "enable_sleep_mode": (False,),
+    "compilation_config": None,  # any: CUDA graphs are on unless enforce_eager, with no torch.compile
+    "structured_outputs_config": None,  # any: structured outputs always use xgrammar
 }
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **engine_args) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        chat_template: str | None = None,
+        generation_config: str = "auto",
+        override_generation_config: dict | None = None,
+        max_logprobs: int = MAX_LOGPROBS,
+        kv_cache_memory_bytes: int | None = None,
+        **engine_args,
+    ) -> None:
         """`engine_args`: the other fields of EngineArgs; one it lacks is a TypeError that names it,
-        but for vLLM's boilerplate arguments that change nothing here (VLLM_NO_OPS)."""
+        but for vLLM's boilerplate arguments that change nothing here (VLLM_NO_OPS). vLLM's own:
+        `chat_template` (a file or the template) renders `chat` where a call gives none;
+        `generation_config` ("auto": the model's, "vllm": none, or a folder) and
+        `override_generation_config` the sampling defaults, as the server's flags;
+        `max_logprobs` a cap (at most 20) on a request's logprobs; `kv_cache_memory_bytes` the KV pool
+        in bytes (kv_cache_memory's, in GiB)."""
+        from pagoda.entrypoints.openai.serve import read_chat_template, read_generation_config
+
         for name in set(engine_args) & set(VLLM_NO_OPS):
             value, accepted = engine_args.pop(name), VLLM_NO_OPS[name]
             if accepted is not None and value not in accepted:
                 raise ValueError(
                     f"{name}={value!r} is not supported by Pagoda (it takes {' or '.join(map(repr, accepted))})"
                 )
+        if not (isinstance(max_logprobs, int) and 0 <= max_logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"max_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {max_logprobs!r}")
+        if kv_cache_memory_bytes is not None:
+            engine_args["kv_cache_memory"] = kv_cache_memory_bytes / 2**30
+        self.chat_template = read_chat_template(chat_template)
+        self._generation_defaults = read_generation_config(generation_config)
+        self._generation_overrides = sampling_defaults(override_generation_config or {})  # as the server's
+        self.max_logprobs = max_logprobs
         show_load_progress()
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
@@ -130,16 +175,17 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
-        priority: Sequence[int] | None = None,
+        priority: int | Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order; without `sampling_params`, the model's defaults
-        (get_default_sampling_params). `use_tqdm`: a progress bar and a throughput line on stderr.
-        `lora_request` (vLLM's, with enable_lora): the adapter every prompt runs, or one per prompt;
-        `priority` (vLLM's): one per prompt, lower first under scheduling_policy="priority"."""
+        """One RequestOutput per prompt, in order (none for an empty list, as vLLM); without
+        `sampling_params`, the model's defaults (get_default_sampling_params). `use_tqdm`: a progress
+        bar and a throughput line on stderr. `lora_request` (vLLM's, with enable_lora): the adapter
+        every prompt runs, or one per prompt; `priority` (vLLM's): one for all or one per prompt,
+        lower first under scheduling_policy="priority"."""
         if not isinstance(prompts, (str, dict, Sequence)):
             raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
         if not prompts and not isinstance(prompts, str):  # "": the engine refuses an empty prompt by name
-            raise ValueError("prompts is empty: give at least one prompt")
+            return []
         if sampling_params is not None and not isinstance(sampling_params, (SamplingParams, Sequence)):
             raise TypeError(f"sampling_params must be a SamplingParams or one per prompt, got {sampling_params!r:.80}")
         single = isinstance(prompts, (str, dict)) or isinstance(prompts[0], int)
@@ -153,8 +199,13 @@ class LLM:
             )
         if not all(isinstance(sp, SamplingParams) for sp in params_list):
             raise TypeError(f"sampling_params must hold SamplingParams only, got {params_list!r:.120}")
+        for sp in params_list:
+            for name in ("logprobs", "prompt_logprobs"):
+                asked = getattr(sp, name)
+                if asked is not None and asked > self.max_logprobs:
+                    raise ValueError(f"{name}={asked} is above this LLM's max_logprobs ({self.max_logprobs})")
         loras = _per_prompt(lora_request, len(prompt_list))
-        priorities = [0] * len(prompt_list) if priority is None else list(priority)
+        priorities = list(priority) if isinstance(priority, Sequence) else [priority or 0] * len(prompt_list)
         if len(priorities) != len(prompt_list):
             raise ValueError(f"give one priority per prompt: {len(prompt_list)} prompt(s), {len(priorities)} given")
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
@@ -168,16 +219,14 @@ class LLM:
             self.engine.abort(ids)
             raise
         return [
-            replace(
-                request_output(
-                    rid,
-                    prompt if isinstance(prompt, str) else None,
-                    ids_,
-                    [done[rid][k] for k in sorted(done[rid])],
-                    (sp.logprobs is not None, sp.prompt_logprobs is not None),
-                    self._decode_token if sp.detokenize else _no_text,
-                ),
-                lora_request=lora,
+            request_output(
+                rid,
+                prompt if isinstance(prompt, str) else None,
+                ids_,
+                [done[rid][k] for k in sorted(done[rid])],
+                (sp.logprobs is not None, sp.prompt_logprobs is not None),
+                self._decode_token if sp.detokenize else _no_text,
+                lora,
             )
             for rid, prompt, ids_, sp, lora in zip(ids, prompt_list, prompt_ids, params_list, loras)
         ]
@@ -214,8 +263,14 @@ class LLM:
             best = search.best()
             for beam in best:
                 beam.text = self.tokenizer.decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
+                beam.logprobs = [self._ranked(candidates) for candidates in beam.logprobs]
             outputs.append(BeamSearchOutput(best))
         return outputs
+
+    def _ranked(self, candidates: dict[int, float]) -> dict[int, Logprob]:
+        """A beam step's candidates as vLLM's answers hold them."""
+        ranks = candidate_ranks(candidates)
+        return {t: Logprob(value, ranks[t], self._decode_token(t)) for t, value in candidates.items()}
 
     def get_tokenizer(self):
         """The model's tokenizer (vLLM's name for `tokenizer`)."""
@@ -228,8 +283,11 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: the sampling values the model's generation_config.json sets (generation_config.
-        SAMPLING_KEYS), over SamplingParams' own defaults; what `generate` and `chat` use when given none."""
-        return SamplingParams(**self.engine.config.model.generation_defaults)
+        SAMPLING_KEYS; or per `generation_config`), `override_generation_config`'s over them, over
+        SamplingParams' own defaults; what `generate` and `chat` use when given none."""
+        model_defaults = self.engine.config.model.generation_defaults
+        chosen = model_defaults if self._generation_defaults is None else self._generation_defaults
+        return SamplingParams(**{**chosen, **self._generation_overrides})
 
     def _run(self, request_ids: list[str], progress: Progress) -> dict[str, dict[int, SequenceOutput]]:
         """Steps the engine until every request has finished; their final updates by request and index."""
@@ -249,21 +307,21 @@ class LLM:
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
-        *,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        priority: int | Sequence[int] | None = None,
         chat_template: str | None = None,
         chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
-        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """One conversation or a list of them, in OpenAI's message shapes (content parts, tool calls
-        and results), rendered as the server renders a chat request, `tools` included (vLLM's
-        keywords: `continue_final_message` with `add_generation_prompt=False` continues the last
-        message; `chat_template_kwargs` are template variables, e.g. enable_thinking;
-        `chat_template_content_format` as the server's flag). A message or tool the server would
-        refuse is a ValueError naming its place."""
+        and results), rendered as the server renders a chat request, `tools` included; vLLM's
+        arguments, in its order: `chat_template` over the LLM's own, `continue_final_message` with
+        `add_generation_prompt=False` continues the last message; `chat_template_kwargs` are
+        template variables, e.g. enable_thinking; `chat_template_content_format` as the server's
+        flag. A message or tool the server would refuse is a ValueError naming its place."""
         from pagoda.entrypoints.openai.chat import parse_messages, render_ids
         from pagoda.entrypoints.openai.errors import APIError
         from pagoda.entrypoints.openai.tool_calls import check_tools
@@ -292,7 +350,7 @@ class LLM:
                 render_ids(
                     self.tokenizer,
                     parse_messages(c),
-                    chat_template,
+                    chat_template or self.chat_template,
                     checked,
                     template_kwargs,
                     chat_template_content_format,
@@ -303,7 +361,7 @@ class LLM:
             raise ValueError(exc.message) from None
         except jinja2.TemplateError as exc:  # a message the template cannot read
             raise ValueError(f"the chat template cannot render these messages: {exc}") from None
-        results = self.generate(prompts, sampling_params, use_tqdm, lora_request)
+        results = self.generate(prompts, sampling_params, use_tqdm, lora_request, priority)
         # as vLLM's: .prompt is the rendered conversation
         return [replace(r, prompt=self.tokenizer.decode(r.prompt_token_ids)) for r in results]
 

@@ -53,7 +53,9 @@ def test_outputs_have_vllms_fields_and_no_engine_internals(tiny_llm):
         "logprobs",
         "finish_reason",
         "stop_reason",
+        "lora_request",
     }
+    assert out.finished() and out.lora_request is None  # vLLM's method and field
 
 
 def test_logprobs_sum_to_the_cumulative_logprob(tiny_llm):
@@ -106,11 +108,22 @@ def test_vllms_boilerplate_arguments_are_taken(tiny_llm):
     """What vLLM scripts pass and that changes nothing here loads; a value that would mean
     something Pagoda cannot do is refused, naming the argument; vLLM's dtype spellings."""
     model = tiny_llm.engine.config.model.path
-    boilerplate = dict(trust_remote_code=True, tensor_parallel_size=1, disable_log_stats=True, swap_space=4)
-    llm = LLM(model, dtype="float", kv_cache_memory=0.01, max_model_len=64, **boilerplate)
-    assert llm.engine.config.model.dtype == torch.float32
+    boilerplate = dict(
+        trust_remote_code=True,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        disable_log_stats=True,
+        swap_space=4,
+        compilation_config={"level": 3},
+        distributed_executor_backend="mp",
+        logprobs_mode="raw_logprobs",
+    )
+    llm = LLM(model, dtype="float", kv_cache_memory_bytes=2**24, max_model_len=64, **boilerplate)
+    assert llm.engine.config.model.dtype == torch.float32 and llm.engine.config.cache.kv_cache_memory_gib == 1 / 64
     with pytest.raises(ValueError, match="tensor_parallel_size=2"):
         LLM(model, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="max_logprobs"):
+        LLM(model, max_logprobs=100)
 
 
 @pytest.mark.parametrize("configure", ["1", "0"])
@@ -127,6 +140,53 @@ def test_loading_steps_show_on_the_terminal(tiny_llm, configure):
         assert all(step in done.stderr for step in steps), done.stderr
     else:
         assert not any(step in done.stderr for step in steps), done.stderr
+
+
+def test_what_vllm_scripts_do_with_params_outputs_and_prompts(tiny_llm):
+    """vLLM's SamplingParams are changed in place between calls (each call checks them again), and
+    its outputs too; vLLM's prompt TypedDicts, its chat argument order, one priority for all,
+    max_logprobs, and the sampling defaults of generation_config and override_generation_config."""
+    from pagoda import RequestOutputKind, TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    four = tiny_llm.generate(TokensPrompt(prompt_token_ids=[5, 6, 7]), params, use_tqdm=False)[0]
+    params.max_tokens, params.stop = 2, "x"  # a string, made a list as a new SamplingParams would
+    (two,) = tiny_llm.generate([[5, 6, 7]], params, use_tqdm=False, priority=0)
+    assert two.outputs[0].token_ids == four.outputs[0].token_ids[:2] and params.stop == "x"
+    params.temperature = 5.0
+    with pytest.raises(ValueError, match="temperature"):
+        tiny_llm.generate([[5, 6, 7]], params, use_tqdm=False)
+    assert not tiny_llm.engine.has_unfinished
+    params.temperature = 0.0
+    params.stop = []
+    params.stop += ["never"]  # a list, as vLLM's
+    four.outputs[0].text = four.outputs[0].text.strip()  # outputs are plain objects too
+    chat = [{"role": "user", "content": "Hi"}]
+    by_position = tiny_llm.chat(chat, params, False, None, 0, "{{ messages[0].content }}")[0]
+    assert by_position.prompt == "Hi"
+    assert SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, extra_args={"a": 1}).extra_args == {"a": 1}
+    assert SamplingParams(top_k=-1).top_k == -1  # disabled, kept as vLLM keeps it
+    capped = LLM(tiny_llm.engine.config.model.path, kv_cache_memory=0.01, max_model_len=64, max_logprobs=2,
+                 generation_config="vllm", override_generation_config={"temperature": 0.3, "max_new_tokens": 7},
+                 chat_template="{{ 'T:' + messages[0].content }}")  # fmt: skip
+    with pytest.raises(ValueError, match="max_logprobs"):
+        capped.generate([5, 6], SamplingParams(logprobs=3), use_tqdm=False)
+    defaults = capped.get_default_sampling_params()
+    assert (defaults.temperature, defaults.max_tokens, defaults.top_p) == (0.3, 7, 1.0)
+    assert capped.chat(chat, params, use_tqdm=False)[0].prompt == "T:Hi"
+
+
+def test_beam_search_logprobs_are_vllms_logprob_objects(tiny_llm):
+    from pagoda import BeamSearchParams
+    from pagoda.outputs import Logprob
+
+    (result,) = tiny_llm.beam_search([[5, 6, 7]], BeamSearchParams(beam_width=2, max_tokens=3))
+    best = result.sequences[0]
+    steps = best.logprobs
+    assert len(steps) == len(best.tokens) - 3 and all(isinstance(lp, Logprob) for step in steps for lp in step.values())
+    chosen = [step[token] for step, token in zip(steps, best.tokens[3:])]
+    assert abs(sum(lp.logprob for lp in chosen) - best.cum_logprob) < 1e-5
+    assert all(lp.rank >= 1 and lp.decoded_token == tiny_llm.tokenizer.decode([t]) for t, lp in steps[0].items())
 
 
 def test_the_package_exports_what_the_docs_import():
@@ -148,12 +208,12 @@ def test_sampling_params_take_what_vllm_takes():
         temperature=np.float32(0.5),
         max_tokens=np.int64(5),
     )
-    assert (params.stop, params.stop_token_ids, params.bad_words, params.logit_bias) == ((), (), (), {504: 1.0})
+    assert (params.stop, params.stop_token_ids, params.bad_words, params.logit_bias) == ([], [], [], {504: 1.0})
     assert type(params.temperature) is float and type(params.max_tokens) is int and params.max_tokens == 5
     listed = SamplingParams(
         allowed_token_ids=np.array([1, 2]), stop_token_ids=[np.int64(3)], logit_bias={np.int64(4): 1}
     )
-    assert (listed.allowed_token_ids, listed.stop_token_ids, listed.logit_bias) == ((1, 2), (3,), {4: 1.0})
+    assert (listed.allowed_token_ids, listed.stop_token_ids, listed.logit_bias) == ([1, 2], [3], {4: 1.0})
     copied = params.clone()
     assert copied == params and copied.logit_bias is not params.logit_bias
 
@@ -221,10 +281,9 @@ def test_a_refused_or_interrupted_call_leaves_the_llm_usable(tiny_llm, monkeypat
         tiny_llm.generate("hi", {"max_tokens": 3})
     with pytest.raises(ValueError, match="the prompt is empty"):
         tiny_llm.generate("")
-    with pytest.raises(ValueError, match="give at least one prompt"):
-        tiny_llm.generate([])
+    assert tiny_llm.generate([]) == [] and tiny_llm.chat([]) == []  # as vLLM's
     with pytest.raises(ValueError, match=r"messages\[0\]\.content must be a string"):  # the server's words
-        tiny_llm.chat([{"role": "user"}])
+        tiny_llm.chat([{"role": "user", "content": 5}])
     assert not tiny_llm.engine.has_unfinished
 
 

@@ -32,10 +32,24 @@ def test_system_user_assistant_and_text_parts():
     parsed = parse_messages(messages)
     assert parsed == [
         {"role": "system", "content": "Be terse."},
-        {"role": "user", "content": "a\nb"},
+        {"role": "user", "content": "a\nb", "name": "ann"},  # vLLM keeps a name for the template
         {"role": "assistant", "content": "ok"},
     ]
     assert parsed[1]["content"].parts == ("a", "b")  # for a template that loops over content
+
+
+def test_a_role_of_the_templates_own_and_no_content_pass_as_vllm_passes_them():
+    """Llama 3's `ipython` tool results, the legacy `function` role: the template decides."""
+    messages = [
+        {"role": "user", "content": None},
+        {"role": "ipython", "content": '{"temp": 21}'},
+        {"role": "function", "name": "get_time", "content": "noon"},
+    ]
+    assert parse_messages(messages) == [
+        {"role": "user", "content": ""},
+        {"role": "ipython", "content": '{"temp": 21}'},
+        {"role": "function", "content": "noon", "name": "get_time"},
+    ]
 
 
 def test_developer_is_kept_for_the_renderer():
@@ -88,17 +102,17 @@ def _with_call(function: object = None, **changes) -> list[dict]:
 @pytest.mark.parametrize(
     "messages, param",
     [
-        ([{"role": "robot", "content": "hi"}], "messages[0].role"),
+        ([{"role": "", "content": "hi"}], "messages[0].role"),
         ([{"content": "hi"}], "messages[0].role"),
-        ([{"role": "function", "content": "hi", "name": "f"}], "messages[0].role"),
-        ([{"role": "user"}], "messages[0].content"),
-        ([{"role": "assistant", "content": None}], "messages[0].content"),
+        ([{"role": 7, "content": "hi"}], "messages[0].role"),
+        ([{"role": "user", "content": "hi", "name": ["ann"]}], "messages[0].name"),
+        ([{"role": "user", "content": {"text": "hi"}}], "messages[0].content"),
+        ([{"role": "assistant", "content": 5}], "messages[0].content"),
         ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
         ([{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
         ([{"role": "tool", "content": "x", "tool_call_id": 7}], "messages[0].tool_call_id"),
         ([*_with_call(), {"role": "tool", "content": "x", "tool_call_id": "call_9"}], "messages[1].tool_call_id"),
         ([{"role": "tool", "content": "x", "tool_call_id": "call_1"}, *_with_call()], "messages[0].tool_call_id"),
-        ([*_with_call(), {"role": "tool", "tool_call_id": "call_1"}], "messages[1].content"),
         ([*_with_call(), {"role": "tool", "tool_call_id": "call_1", "content": "x", "name": 3}], "messages[1].name"),
         ([{"role": "assistant", "tool_calls": {"id": "call_1"}}], "messages[0].tool_calls"),
         ([{"role": "assistant", "tool_calls": ["call_1"]}], "messages[0].tool_calls[0]"),

@@ -179,7 +179,7 @@ def test_harmless_values_of_refused_fields_pass(http):
         ("/v1/completions", {"max_tokens": 2}, "prompt"),
         ("/v1/chat/completions", {"max_tokens": 2}, "messages"),
         ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
-        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": 7, "content": "x"}]}, "messages[0].role"),
         ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
         ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         (

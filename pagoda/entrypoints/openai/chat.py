@@ -58,32 +58,49 @@ class TextParts(str):
 
 
 def parse_messages(messages: list[dict]) -> list[dict]:
-    """Messages checked, in vLLM's shapes: text parts are joined (`TextParts`), assistant tool calls
-    carry their arguments parsed into a dict (templates iterate them or `| tojson` them), and a tool
-    result must answer a call made earlier. `render_ids` does the rest as vLLM's renderer does."""
+    """Messages checked, in vLLM's shapes: text parts are joined (`TextParts`; no content is none),
+    a message's `name` kept, assistant tool calls carry their arguments parsed into a dict
+    (templates iterate them or `| tojson` them), a tool result must answer a call made earlier, and
+    a role of the template's own (Llama's `ipython`) passes as it is. `render_ids` does the rest as
+    vLLM's renderer does."""
     parsed: list[dict] = []
     call_ids: set[str] = set()
     for i, message in enumerate(messages):
         role = _role(message, i)
-        if role == "assistant" and message.get("tool_calls") is not None:
-            calls = _tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
-            call_ids.update(call["id"] for call in calls)
-            content = message.get("content")
-            content = TextParts(()) if content is None else text_content(content, f"messages[{i}].content")
-            parsed.append({"role": role, "content": content, "tool_calls": calls})
-        elif role == "tool":
+        if role == "tool":
             parsed.append(_tool_result(message, i, call_ids))
-        else:
-            content = text_content(message.get("content"), f"messages[{i}].content")
-            parsed.append({"role": role, "content": content})
+            continue
+        entry = {"role": role, "content": _content(message, i)}
+        if role == "assistant" and message.get("tool_calls") is not None:
+            entry["tool_calls"] = _tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
+            call_ids.update(call["id"] for call in entry["tool_calls"])
+        parsed.append(entry | _name(message, i))
     return parsed
 
 
 def _role(message: dict, i: int) -> str:
+    """A message's role: OpenAI's (ROLES), or any other a chat template may know, as vLLM passes them."""
     role = message.get("role")
-    if role not in ROLES:
-        raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
+    if not isinstance(role, str) or not role:
+        raise bad_request(
+            f"messages[{i}].role must be one of {', '.join(ROLES)} (or another role the chat template knows), "
+            f"got {role!r}",
+            f"messages[{i}].role",
+        )
     return role
+
+
+def _content(message: dict, i: int) -> str:
+    content = message.get("content")
+    return TextParts(()) if content is None else text_content(content, f"messages[{i}].content")
+
+
+def _name(message: dict, i: int) -> dict:
+    """A message's `name` (a participant's, a tool's), kept for the template, as vLLM keeps it."""
+    name = message.get("name")
+    if name is not None and not isinstance(name, str):
+        raise bad_request(f"messages[{i}].name must be a string", f"messages[{i}].name")
+    return {"name": name} if name else {}
 
 
 def text_content(content: object, param: str, part_types: tuple[str, ...] = ("text",)) -> str:
@@ -148,12 +165,7 @@ def _tool_result(message: dict, i: int, call_ids: set[str]) -> dict:
         raise bad_request(f"{param} is required: the id of the tool call this message answers", param)
     if call_id not in call_ids:
         raise bad_request(f"{param} {call_id!r:.100} matches no tool call of an earlier assistant message", param)
-    content = text_content(message.get("content"), f"messages[{i}].content")
-    result = {"role": "tool", "content": content, "tool_call_id": call_id}
-    name = message.get("name")
-    if name is not None and not isinstance(name, str):
-        raise bad_request(f"messages[{i}].name must be a string", f"messages[{i}].name")
-    return {**result, "name": name} if name else result
+    return {"role": "tool", "content": _content(message, i), "tool_call_id": call_id} | _name(message, i)
 
 
 def renderer_arguments(apply_chat_template) -> set[str]:

@@ -17,7 +17,7 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from pagoda.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, advance, step_beams
+from pagoda.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, advance, candidate_ranks, step_beams
 from pagoda.core.outputs import RequestMetrics
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.engine.outputs import SequenceOutput
@@ -294,7 +294,7 @@ class ServerState:
         logprobs = []
         for token, candidates in zip(tokens, beam.logprobs):  # a chosen token is one of its step's candidates
             ranked = sorted(candidates.items(), key=lambda item: item[1], reverse=True)  # most likely first
-            rank = 1 + sum(value > candidates[token] for value in candidates.values())
+            rank = candidate_ranks(candidates)[token]
             logprobs.append(TokenLogprob(token, candidates[token], rank, dict(ranked[:top_logprobs])))
         skip = search.params.skip_special_tokens
         return SequenceOutput(
