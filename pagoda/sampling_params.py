@@ -36,13 +36,18 @@ class ReasoningSpan:
 @dataclass(frozen=True)
 class StructuredOutputsParams:
     """A constraint on the output: exactly one of a JSON schema, any JSON object, a regular
-    expression, a choice among strings, or an EBNF grammar (vLLM's `structured_outputs`)."""
+    expression, a choice among strings, or an EBNF grammar (vLLM's `structured_outputs`).
+
+    `strict` (OpenAI's word): all of it enforced, or the request refused naming what cannot be
+    (a JSON schema keyword such as `uniqueItems`, a pattern beside `minLength`); without it, as
+    vLLM serves it, what the grammar cannot enforce is left unenforced and the rest holds."""
 
     json: dict[str, Any] | None = None  # a JSON schema (JSON text is parsed on construction)
     json_object: bool = False
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # EBNF, as xgrammar and llama.cpp's GBNF read it
+    strict: bool = False
     # vLLM's options, taken for its scripts: what the first two ask is what Pagoda always does
     # (JSON written compactly; objects hold only a schema's properties), whatever their value
     disable_any_whitespace: bool = False
@@ -88,9 +93,11 @@ class StructuredOutputsParams:
     @property
     def key(self) -> str:
         """The constraint as one text: equal constraints have equal keys. A schema keeps its order
-        (xgrammar writes properties in it), so `{b, a}` and `{a, b}` are different constraints."""
+        (xgrammar writes properties in it), so `{b, a}` and `{a, b}` are different constraints; a
+        strict one is another constraint than the same without (one may be refused, not the other)."""
         value = {"json": self.json, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}.get(self.kind)
-        return f"{self.kind}\n{json.dumps(value, separators=(',', ':'), ensure_ascii=False)}"
+        strict = " strict" if self.strict else ""
+        return f"{self.kind}{strict}\n{json.dumps(value, separators=(',', ':'), ensure_ascii=False)}"
 
 
 @dataclass

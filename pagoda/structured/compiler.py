@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -78,10 +78,12 @@ class GrammarCompiler:
             return compiled
 
     def compile(self, constraint: StructuredOutputsParams) -> Any:
-        """The xgrammar CompiledGrammar of `constraint`; GrammarError with the reason if none."""
+        """The xgrammar CompiledGrammar of `constraint`; GrammarError with the reason if none (for
+        a strict one, also where the grammar would enforce less than it asks)."""
+        left: list[str] = []
         if constraint.json is not None:
             check_json_schema(constraint.json)
-            check_supported(constraint.json)
+            left = check_supported(constraint.json, constraint.strict)
         compiled = self.cached(constraint)
         if compiled is not None:
             return compiled
@@ -89,7 +91,7 @@ class GrammarCompiler:
         with self._compile_lock:
             compiled = self.cached(constraint)  # compiled by the request this one waited behind?
             if compiled is None:
-                compiled = self._load(key) or self._compile_in_worker(constraint, key)
+                compiled = self._load(key) or self._compile_in_worker(constraint, key, left)
         with self._memory_lock:
             self._memory[key] = compiled
             while len(self._memory) > MEMORY_CACHE_SIZE:
@@ -130,25 +132,32 @@ class GrammarCompiler:
             logger.warning("cannot write the grammar cache %s: %s", path.parent, exc)
 
     # ---- the worker process ----------------------------------------------------------------
-    def _compile_in_worker(self, constraint: StructuredOutputsParams, key: str) -> Any:
+    def _compile_in_worker(self, constraint: StructuredOutputsParams, key: str, left: list[str]) -> Any:
+        """`left`: what of the constraint is known to go unenforced (not strict), for the log line."""
         conn = self._worker()
         value = constraint.choice if constraint.kind == "choice" else getattr(constraint, constraint.kind)
         started = time.monotonic()
         try:
-            conn.send((constraint.kind, value))
+            conn.send((constraint.kind, value, constraint.strict))
             if not conn.poll(self.timeout_s):
                 self._stop_worker()
                 raise GrammarError(
                     f"compiling the {constraint.kind} constraint took longer than {self.timeout_s:g} s "
                     "(--grammar-compile-timeout); it was abandoned"
                 )
-            status, payload = conn.recv()
+            status, payload, weakened = conn.recv()
         except (EOFError, OSError):
             self._stop_worker()
             raise GrammarError(f"the grammar compiler's worker died on this {constraint.kind} constraint") from None
         if status != "ok":
             raise GrammarError(re.sub(r"\[[0-9:]+\] \S+:[0-9]+: ", "", payload).strip())  # no C++ source places
-        logger.info("compiled a %s constraint in %.2f s", constraint.kind, time.monotonic() - started)
+        unenforced = [*left, *weakened]
+        logger.info(
+            "compiled a %s constraint in %.2f s%s",
+            constraint.kind,
+            time.monotonic() - started,
+            f", not strict, leaving unenforced: {'; '.join(unenforced)}" if unenforced else "",
+        )
         self._store(key, payload)
         return self._xgrammar.CompiledGrammar.deserialize_json(payload, self.tokenizer_info)
 
@@ -200,7 +209,7 @@ def check_json_schema(schema: dict[str, Any]) -> None:
         raise GrammarError(f"invalid JSON schema: {type(exc).__name__}: {exc}") from None
 
 
-# Keywords xgrammar would silently ignore (the output could then break the schema): refused.
+# Keywords xgrammar would silently ignore (the output could then break the schema): refused where strict.
 UNSUPPORTED_KEYWORDS = frozenset(
     {
         "not",
@@ -221,39 +230,53 @@ UNSUPPORTED_KEYWORDS = frozenset(
 )
 
 
-def check_supported(schema: Any, where: str = "", root: Any = None) -> None:
-    """Refuse a schema using a keyword that xgrammar cannot enforce, a reference to another
-    document, or a local reference to nothing, naming the keyword and its place."""
+def check_supported(schema: Any, strict: bool = True) -> list[str]:
+    """Refuse a schema with a reference to another document or a local reference to nothing, and
+    where `strict` one with a part xgrammar would leave unenforced (a keyword it ignores, a required
+    name its properties do not define), naming it and its place; returns those parts (none where
+    strict), which a constraint that is not strict leaves unenforced."""
+    left = []
+    for problem, unenforced in _problems(schema, "", schema):
+        if strict or not unenforced:
+            raise GrammarError(problem)
+        left.append(problem)
+    return left
+
+
+def _problems(schema: Any, where: str, root: Any) -> Iterator[tuple[str, bool]]:
+    """(what, whether it is a part left unenforced rather than a reference the library cannot follow)."""
     if not isinstance(schema, dict):
         return
-    root = schema if root is None else root
     place = f" at {where}" if where else ""
     for keyword in sorted(UNSUPPORTED_KEYWORDS & schema.keys()):
-        raise GrammarError(f"the JSON schema uses `{keyword}`{place}, which structured outputs cannot enforce")
+        yield f"the JSON schema uses `{keyword}`{place}, which structured outputs cannot enforce", True
     required, properties = schema.get("required"), schema.get("properties")
     if isinstance(required, list):  # xgrammar enforces a required name only beside its own property
         undefined = [name for name in required if not isinstance(properties, dict) or name not in properties]
         if undefined:
-            raise GrammarError(
-                f"the JSON schema requires {', '.join(map(repr, undefined))}{place} without defining it in "
-                "`properties`, which structured outputs cannot enforce"
+            yield (
+                (
+                    f"the JSON schema requires {', '.join(map(repr, undefined))}{place} without defining it in "
+                    "`properties`, which structured outputs cannot enforce"
+                ),
+                True,
             )
     ref = schema.get("$ref")
     if isinstance(ref, str) and not ref.startswith("#"):
-        raise GrammarError(f"the JSON schema refers to another document ({ref}){place}; only local $refs work")
-    if isinstance(ref, str) and not _resolves(root, ref):
-        raise GrammarError(f"the JSON schema's $ref {ref}{place} points to nothing in the schema")
+        yield f"the JSON schema refers to another document ({ref}){place}; only local $refs work", False
+    elif isinstance(ref, str) and not _resolves(root, ref):
+        yield f"the JSON schema's $ref {ref}{place} points to nothing in the schema", False
     prefix = f"{where}/" if where else ""
     for key in SCHEMA_MAPS:
         subs = schema.get(key)
         for name, sub in subs.items() if isinstance(subs, dict) else ():
-            check_supported(sub, f"{prefix}{key}/{name}", root)
+            yield from _problems(sub, f"{prefix}{key}/{name}", root)
     for key in SCHEMA_LISTS:
         subs = schema.get(key)
         for i, sub in enumerate(subs if isinstance(subs, list) else ()):
-            check_supported(sub, f"{prefix}{key}/{i}", root)
+            yield from _problems(sub, f"{prefix}{key}/{i}", root)
     for key in SCHEMA_VALUES:
-        check_supported(schema.get(key), f"{prefix}{key}", root)
+        yield from _problems(schema.get(key), f"{prefix}{key}", root)
 
 
 def _resolves(root: Any, ref: str) -> bool:

@@ -86,8 +86,9 @@ def library_warnings() -> Iterator[list[str]]:
 
 
 def serve(conn: Connection) -> None:
-    """The process's main loop: the tokenizer info first, then (kind, value) in and ("ok",
-    serialized grammar) or ("error", reason) out, one at a time."""
+    """The process's main loop: the tokenizer info first, then (kind, value, strict) in and ("ok",
+    serialized grammar, the library's warnings of what it leaves unenforced) or ("error", reason,
+    []) out, one at a time; a strict constraint the library would enforce less of is an error."""
     import xgrammar
 
     info = xgrammar.TokenizerInfo.deserialize_json(conn.recv())
@@ -95,20 +96,21 @@ def serve(conn: Connection) -> None:
     conn.send("ready")
     while True:
         try:
-            kind, value = conn.recv()
+            kind, value, strict = conn.recv()
         except EOFError:
             return
         try:
             with library_warnings() as warnings:
                 compiled = compile_constraint(compiler, kind, value)
         except Exception as exc:  # noqa: BLE001 - every library error is the client's to read
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            conn.send(("error", f"{type(exc).__name__}: {exc}", []))
             continue
         weakening = [warning for warning in warnings if weakens(warning)]
-        if weakening:  # the library would enforce less than asked: outputs could break the constraint
-            conn.send(("error", f"structured outputs cannot enforce this {kind} constraint as given: {weakening[0]}"))
+        if weakening and strict:  # the library would enforce less than asked: outputs could break the constraint
+            reason = f"structured outputs cannot enforce this {kind} constraint as given: {weakening[0]}"
+            conn.send(("error", reason, []))
         else:
-            conn.send(("ok", compiled.serialize_json()))
+            conn.send(("ok", compiled.serialize_json(), weakening))
 
 
 if __name__ == "__main__":  # python -m pagoda.structured.worker FD: FD is this end of a socket pair

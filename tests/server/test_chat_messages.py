@@ -87,6 +87,12 @@ def test_tool_results_answer_earlier_calls():
     ]
 
 
+def test_a_result_whose_call_a_trimmed_history_dropped_is_taken():
+    """As vLLM takes it (LangChain's trim_messages and memory buffers can cut the calling turn)."""
+    parsed = parse_messages([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c9", "content": "x"}])
+    assert parsed[1] == {"role": "tool", "content": "x", "tool_call_id": "c9"}
+
+
 def test_type_may_be_left_out_of_a_call():
     call = {key: value for key, value in CALL.items() if key != "type"}
     assert parse_messages([{"role": "assistant", "tool_calls": [call]}])[0]["tool_calls"] == [PARSED_CALL]
@@ -111,8 +117,6 @@ def _with_call(function: object = None, **changes) -> list[dict]:
         ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
         ([{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
         ([{"role": "tool", "content": "x", "tool_call_id": 7}], "messages[0].tool_call_id"),
-        ([*_with_call(), {"role": "tool", "content": "x", "tool_call_id": "call_9"}], "messages[1].tool_call_id"),
-        ([{"role": "tool", "content": "x", "tool_call_id": "call_1"}, *_with_call()], "messages[0].tool_call_id"),
         ([*_with_call(), {"role": "tool", "tool_call_id": "call_1", "content": "x", "name": 3}], "messages[1].name"),
         ([{"role": "assistant", "tool_calls": {"id": "call_1"}}], "messages[0].tool_calls"),
         ([{"role": "assistant", "tool_calls": ["call_1"]}], "messages[0].tool_calls[0]"),

@@ -144,6 +144,25 @@ def test_a_forced_call_then_its_result(client):
     assert second.output_text == chat.choices[0].message.content
 
 
+def test_what_openais_agents_sdk_sends_for_a_stateless_run(client):
+    """Its store=False runs include reasoning.encrypted_content (taken, giving nothing, as vLLM); an
+    allowed_tools choice forces a call among the allowed tools, as the chat endpoint's does."""
+    other = {**WEATHER, "name": "get_forecast"}
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_weather"}]}
+    answer = client.responses.create(
+        model=MODEL,
+        input=ASK,
+        tools=[other, WEATHER],
+        tool_choice=allowed,
+        store=False,
+        include=["reasoning.encrypted_content"],
+        max_output_tokens=60,
+        temperature=0,
+    )
+    calls = [item for item in answer.output if item.type == "function_call"]
+    assert calls and {call.name for call in calls} == {"get_weather"}, answer.output
+
+
 def test_logprobs_when_included(client):
     """include message.output_text.logprobs: one entry per output token, top_logprobs of each, the
     same streamed (on the text deltas) as whole."""
@@ -320,7 +339,7 @@ def test_langchain_in_responses_mode(server):
         ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": 3}}}, "text.format"),
         ({"input": "hi", "max_output_tokens": 10**6}, "max_output_tokens"),
-        ({"input": "hi", "include": ["reasoning.encrypted_content"]}, "include"),
+        ({"input": "hi", "include": ["message.output_audio"]}, "include"),
         ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
         ({"input": "hi", "text": {"format": "json"}}, "text.format.type"),
         ({"input": "hi", "top_logprobs": -3}, "top_logprobs"),

@@ -78,6 +78,20 @@ def test_required_with_parallel_calls(client):
     assert_valid_calls(choice.message.tool_calls)
 
 
+def test_allowed_tools_required_calls_only_those(client):
+    """OpenAI's allowed_tools: every tool is shown, "required" forces calls among the allowed ones;
+    "auto" is served as auto."""
+    allowed = {"mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}
+    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=120)
+    choice = client.chat.completions.create(
+        **kwargs, tool_choice={"type": "allowed_tools", "allowed_tools": allowed}
+    ).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert_valid_calls(choice.message.tool_calls, allowed=("get_time",))
+    auto = {"type": "allowed_tools", "allowed_tools": {**allowed, "mode": "auto"}}
+    assert client.chat.completions.create(**kwargs, tool_choice=auto).choices[0].finish_reason
+
+
 def test_a_named_function_is_the_one_called(client):
     """Its whole call finishes "stop", streamed or not, as OpenAI's and vLLM's ("tool_calls" is for
     calls the model chose: "auto" and "required")."""
@@ -267,16 +281,16 @@ BAD = [
         },
         "tools[1].function.parameters",
     ),
-    (  # a required name its properties do not define, forced: xgrammar would leave it out
+    (  # a required name its properties do not define, forced and strict: xgrammar would leave it out
         {
-            "tools": [{"type": "function", "function": {"name": "f", "parameters": LOOSE}}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": LOOSE, "strict": True}}],
             "tool_choice": {"type": "function", "function": {"name": "f"}},
         },
         "tools[0].function.parameters",
     ),
-    (  # a lookahead the grammar library refuses when it compiles the forced calls: the tool is named
+    (  # a lookahead the grammar library leaves out when it compiles the forced calls: the strict tool is named
         {
-            "tools": [TIME, {"type": "function", "function": {"name": "f", "parameters": LOOKAHEAD}}],
+            "tools": [TIME, {"type": "function", "function": {"name": "f", "parameters": LOOKAHEAD, "strict": True}}],
             "tool_choice": "required",
         },
         "tools[1].function.parameters",
@@ -287,7 +301,21 @@ BAD = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
-    ({"messages": [{"role": "tool", "tool_call_id": "call_x", "content": "42"}]}, "messages[0].tool_call_id"),
+    (
+        {"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": []}}},
+        "tool_choice.allowed_tools",
+    ),
+    (
+        {
+            "tools": TOOLS,
+            "tool_choice": {
+                "type": "allowed_tools",
+                "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "nope"}}]},
+            },
+        },
+        "tool_choice.allowed_tools.tools[0]",
+    ),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
 ]
 
 
@@ -296,6 +324,28 @@ def test_bad_tool_requests_are_400_naming_the_field(http, extra, param):
     response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 8} | extra)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param, response.json()
+
+
+def test_forced_tools_that_are_not_strict_have_what_the_grammar_cannot_enforce_left_out(http):
+    """As vLLM serves them: pydantic-ai forces a call among all of an agent's tools, and one with a
+    set[str] argument (`uniqueItems`), a required name its properties do not define or a lookahead
+    must not fail them all. The grammar still enforces the rest: the calls parse, their arguments
+    are objects of the tools' properties."""
+    unique = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    tags = {"type": "object", "properties": {"tags": unique}}
+    tools = [
+        {"type": "function", "function": {"name": "tag", "parameters": {**tags, "required": ["tags"]}}},
+        {"type": "function", "function": {"name": "loose", "parameters": LOOSE}},
+        {"type": "function", "function": {"name": "ahead", "parameters": LOOKAHEAD}},
+    ]
+    body = {"messages": ASK, "max_tokens": 60, "tools": tools, "tool_choice": "required", "temperature": 0}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    calls = response.json()["choices"][0]["message"]["tool_calls"]
+    assert calls and all(call["function"]["name"] in ("tag", "loose", "ahead") for call in calls)
+    for call in calls:  # an answer cut by max_tokens leaves its last call's arguments cut
+        if response.json()["choices"][0]["finish_reason"] == "tool_calls":
+            assert isinstance(json.loads(call["function"]["arguments"]), dict)
 
 
 @pytest.mark.parametrize("choice", ["auto", "none"])

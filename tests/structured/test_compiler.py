@@ -4,6 +4,7 @@ abandoned (its worker killed) without breaking the compiles after it."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -93,6 +94,15 @@ def test_keywords_xgrammar_would_ignore_are_refused(schema, message) -> None:
         check_supported(schema)
 
 
+def test_not_strict_what_xgrammar_would_ignore_is_listed_but_references_still_refused() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}, "required": ["m"]}
+    left = check_supported(schema, strict=False)
+    assert len(left) == 2 and "requires 'm'" in left[0] and "`multipleOf` at properties/n" in left[1]
+    for dangling in ({"$ref": "https://example.com/s.json"}, {"properties": {"p": {"$ref": "#/$defs/Missing"}}}):
+        with pytest.raises(GrammarError):
+            check_supported(dangling, strict=False)
+
+
 def test_a_property_named_like_a_keyword_is_fine() -> None:
     check_supported({"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"}}})
 
@@ -132,14 +142,18 @@ def test_a_schema_nested_too_deeply_is_refused_by_name() -> None:
         ({"type": "string", "pattern": "(?=a)b"}, "Lookahead assertion is not supported"),
     ],
 )
-def test_what_xgrammar_would_enforce_less_of_is_refused(tokenizer, tmp_path, schema, warning) -> None:
-    """xgrammar warns (on its C++ stderr) and compiles a weaker grammar for these: refused instead,
-    with its reason; nothing is cached; schemas it enforces whole still compile in the same worker."""
+def test_what_xgrammar_would_enforce_less_of_is_refused_where_strict(tokenizer, tmp_path, schema, warning, caplog):
+    """xgrammar warns (on its C++ stderr) and compiles a weaker grammar for these: where strict,
+    refused instead, with its reason, and nothing is cached; schemas it enforces whole still
+    compile in the same worker. Not strict, the weaker grammar serves (as vLLM's), logged."""
     grammars = compiler(tokenizer, tmp_path)
     try:
         with pytest.raises(GrammarError, match=f"cannot enforce this json constraint as given: .*{re.escape(warning)}"):
-            grammars.compile(StructuredOutputsParams(json=schema))
+            grammars.compile(StructuredOutputsParams(json=schema, strict=True))
         assert not list(tmp_path.rglob("*.json"))
+        with caplog.at_level(logging.INFO, logger="pagoda.structured.compiler"):
+            assert grammars.compile(StructuredOutputsParams(json=schema)) is not None
+        assert "not strict, leaving unenforced: " in caplog.text and warning in caplog.text
         for whole in (
             {"allOf": [{"type": "integer"}]},
             {"oneOf": [{"type": "integer"}, {"type": "string"}]},
@@ -153,7 +167,7 @@ def test_what_xgrammar_would_enforce_less_of_is_refused(tokenizer, tmp_path, sch
 def test_regexes_written_by_re_escape_compile_and_mean_what_python_means(tokenizer, tmp_path) -> None:
     """xgrammar warns that an escaped space, '#' or newline matches itself, which is what Python's re
     means by it: such regexes compile (vLLM serves them too) and match the text escaped; an unknown
-    escaped letter, which Python refuses, stays refused."""
+    escaped letter, which Python refuses, is refused where strict."""
     import xgrammar
 
     grammars = compiler(tokenizer, tmp_path)
@@ -165,11 +179,11 @@ def test_regexes_written_by_re_escape_compile_and_mean_what_python_means(tokeniz
             assert matcher.accept_string(candidate)
             assert matcher.accept_token(tokenizer.eos_token_id) == whole  # the end only after all of it
         with pytest.raises(GrammarError, match=r"Escape sequence '\\q' is not recognized"):
-            grammars.compile(StructuredOutputsParams(regex=r"a\qb"))
+            grammars.compile(StructuredOutputsParams(regex=r"a\qb", strict=True))
         # a warning that quotes a pattern holding the harmless warning's words is still refused
         quoting = r"x(?=q)|Escape sequence '\ ' is not recognized. The character itself will be matched"
         with pytest.raises(GrammarError, match="Lookahead"):
-            grammars.compile(StructuredOutputsParams(json={"type": "string", "pattern": quoting}))
+            grammars.compile(StructuredOutputsParams(json={"type": "string", "pattern": quoting}, strict=True))
     finally:
         grammars.close()
 

@@ -154,7 +154,10 @@ def test_preemption_in_the_middle_of_a_constrained_output_still_ends_valid() -> 
         ({"json": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}, "invalid JSON schema"),
         ({"regex": "([a-z]"}, "parenthesis is not closed"),
         ({"grammar": "root ::= missing_rule"}, 'Rule "missing_rule" is not defined'),
-        ({"json": {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}}, "`uniqueItems` at"),
+        (
+            {"json": {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}, "strict": True},
+            "`uniqueItems` at",
+        ),
     ],
 )
 def test_a_constraint_the_library_refuses_is_a_grammar_error(default_llm, kwargs, reason) -> None:

@@ -60,20 +60,18 @@ class TextParts(str):
 def parse_messages(messages: list[dict]) -> list[dict]:
     """Messages checked, in vLLM's shapes: text parts are joined (`TextParts`; no content is none),
     a message's `name` kept, assistant tool calls carry their arguments parsed into a dict
-    (templates iterate them or `| tojson` them), a tool result must answer a call made earlier, and
-    a role of the template's own (Llama's `ipython`) passes as it is. `render_ids` does the rest as
-    vLLM's renderer does."""
+    (templates iterate them or `| tojson` them), a tool result names the call it answers (which a
+    history trimmed by a framework may have dropped: vLLM takes it), and a role of the template's
+    own (Llama's `ipython`) passes as it is. `render_ids` does the rest as vLLM's renderer does."""
     parsed: list[dict] = []
-    call_ids: set[str] = set()
     for i, message in enumerate(messages):
         role = _role(message, i)
         if role == "tool":
-            parsed.append(_tool_result(message, i, call_ids))
+            parsed.append(_tool_result(message, i))
             continue
         entry = {"role": role, "content": _content(message, i)}
         if role == "assistant" and message.get("tool_calls") is not None:
             entry["tool_calls"] = _tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
-            call_ids.update(call["id"] for call in entry["tool_calls"])
         parsed.append(entry | _name(message, i))
     return parsed
 
@@ -158,13 +156,11 @@ def _arguments(arguments: object) -> dict:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def _tool_result(message: dict, i: int, call_ids: set[str]) -> dict:
+def _tool_result(message: dict, i: int) -> dict:
     param = f"messages[{i}].tool_call_id"
     call_id = message.get("tool_call_id")
     if not isinstance(call_id, str):
         raise bad_request(f"{param} is required: the id of the tool call this message answers", param)
-    if call_id not in call_ids:
-        raise bad_request(f"{param} {call_id!r:.100} matches no tool call of an earlier assistant message", param)
     return {"role": "tool", "content": _content(message, i), "tool_call_id": call_id} | _name(message, i)
 
 

@@ -122,8 +122,9 @@ def structured_outputs(request: CompletionRequest | ChatCompletionRequest) -> St
 
 
 def _response_format(value: object) -> StructuredOutputsParams:
-    """OpenAI's response_format: json_object, or json_schema with its schema (`strict` is accepted
-    either way, as vLLM does: the output follows the schema)."""
+    """OpenAI's response_format: json_object, or json_schema with its schema, whose `strict: true`
+    has every keyword enforced or the request refused (else, as vLLM, what the grammar cannot
+    enforce is left unenforced)."""
     if not isinstance(value, dict):
         raise bad_request(
             f'response_format must be an object such as {{"type": "json_object"}}, got {value!r:.80}', "response_format"
@@ -145,7 +146,7 @@ def _response_format(value: object) -> StructuredOutputsParams:
     schema = spec.get("schema")
     if not isinstance(schema, dict):
         raise bad_request("response_format.json_schema.schema must be a JSON schema object", "response_format")
-    return StructuredOutputsParams(json=schema)
+    return StructuredOutputsParams(json=schema, strict=spec.get("strict") is True)
 
 
 def _pick(value, model_default, api_default):

@@ -41,6 +41,15 @@ from pagoda.tools.reasoning import ReasoningTokenCounter
 
 ENDPOINT = "/v1/responses"
 LOGPROBS = "message.output_text.logprobs"  # the one `include` entry served
+# the other entries vLLM takes (and OpenAI's agents SDK sends: its stateless runs ask for encrypted
+# reasoning): taken, giving nothing, as vLLM gives nothing for them
+INCLUDE_NOTHING = (
+    "reasoning.encrypted_content",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "message.input_image.image_url",
+)
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
 # what Pagoda cannot do, refused where the request sets it (None and False are unset)
@@ -146,9 +155,13 @@ def chat_request(body: ResponsesRequest, auto_tools: bool, max_model_len: int) -
             raise bad_request(f"`{field}` is not supported: {reason}", field)
     if body.truncation not in (None, "disabled", "auto"):
         raise bad_request(f"truncation must be 'auto' or 'disabled', got {body.truncation!r}", "truncation")
-    others = [entry for entry in body.include or [] if entry != LOGPROBS]
+    others = [entry for entry in body.include or [] if entry not in (LOGPROBS, *INCLUDE_NOTHING)]
     if others:
-        raise bad_request(f"include {others[0]!r} is not supported: only {LOGPROBS!r} is", "include")
+        raise bad_request(
+            f"include {others[0]!r} is not supported: only {LOGPROBS!r} is (and {', '.join(INCLUDE_NOTHING)}, "
+            "taken and giving nothing)",
+            "include",
+        )
     with_logprobs = LOGPROBS in (body.include or [])
     instructions = [] if body.instructions is None else [{"role": "system", "content": body.instructions}]
     messages = instructions + input_messages(body.input)
@@ -295,8 +308,14 @@ def chat_tool_choice(choice: Any, has_tools: bool, auto_tools: bool) -> Any:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":  # the chat shape of the same
+        listed = choice.get("tools") if isinstance(choice.get("tools"), list) else []
+        functions = [{"type": "function", "function": {"name": t.get("name")}} for t in listed if isinstance(t, dict)]
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": functions}}
     raise bad_request(
-        "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}", "tool_choice"
+        "tool_choice must be 'auto', 'none', 'required', {\"type\": \"function\", \"name\": ...} or "
+        '{"type": "allowed_tools", "mode": ..., "tools": [...]}',
+        "tool_choice",
     )
 
 

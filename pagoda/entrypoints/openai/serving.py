@@ -29,7 +29,7 @@ from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder, Tr
 from pagoda.entrypoints.openai.response_store import ResponseStore
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
-from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters
+from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters, is_strict
 from pagoda.entrypoints.openai.tracing import trace_headers
 from pagoda.lora import LoRAAdapter, LoRAError, LoRARequest
 from pagoda.request import TokenLogprob
@@ -210,11 +210,13 @@ class ServerState:
             raise bad_request(f"{field}: {exc}", field) from None
 
     async def _refused_tool(self, body: ChatCompletionRequest, exc: GrammarError) -> tuple[str, GrammarError]:
-        """The first forced tool whose parameters schema the library refuses on its own, with its
-        reason; else (only the tools together fail) "tools" and the combined schema's reason."""
+        """The first forced tool whose parameters schema the library refuses on its own (as strict as
+        the tool is), with its reason; else (only the tools together fail) "tools" and the combined
+        schema's reason."""
         for i, parameters in forced_parameters(body.tools, body.tool_choice):
             try:
-                await self.engine.compile_grammar_async(StructuredOutputsParams(json=parameters))
+                alone = StructuredOutputsParams(json=parameters, strict=is_strict(body.tools[i]))
+                await self.engine.compile_grammar_async(alone)
             except GrammarError as refused:
                 return f"tools[{i}].function.parameters", refused
         return "tools", exc

@@ -10,7 +10,8 @@ How each `tool_choice` is served (as vLLM does):
   templates without tool support); needs `--enable-auto-tool-choice`;
 - "required" and a named function: a grammar forces the generic format,
   `{"tool_calls": [{"name": ..., "arguments": {...}}]}`, restricted to the allowed tools, so
-  the calls always parse and their arguments validate against the tools' schemas.
+  the calls always parse and their arguments validate against the tools' schemas (all of a strict
+  tool's; of another's, as vLLM, all but what the grammar cannot enforce, such as `uniqueItems`).
 """
 
 from __future__ import annotations
@@ -182,10 +183,13 @@ def plan_tools(
     _check_enforceable(checked, indices)
     allowed = [checked[i] for i in indices]
     schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
+    # strict where any is: the library's warnings cannot be told apart by tool (the server then
+    # compiles each alone, as strict as it is, to name the one refused)
+    strict = any(is_strict(tool) for tool in allowed)
     return ToolPlan(
         tools=checked,
         parser=FORCED_CALLS,
-        constraint=StructuredOutputsParams(json=schema),
+        constraint=StructuredOutputsParams(json=schema, strict=strict),
         reasoning=reasoning,
         named=choice == "function",
         show_reasoning=include_reasoning,
@@ -199,11 +203,12 @@ def forced_parameters(tools: list[dict[str, Any]], tool_choice: Any) -> list[tup
     return [(i, tools[i]["function"].get("parameters") or ANY_ARGUMENTS) for i in indices]
 
 
-def _forced_indices(tools: list[dict[str, Any]], choice: str, forced: str | None) -> list[int]:
-    """The tools a checked choice forces calls of: all for "required", the named one for a function, none else."""
-    if choice == "required":
-        return list(range(len(tools)))
-    return [i for i, tool in enumerate(tools) if choice == "function" and tool["function"]["name"] == forced]
+def _forced_indices(tools: list[dict[str, Any]], choice: str, forced: frozenset[str] | None) -> list[int]:
+    """The tools a checked choice forces calls of: for "required" all (or its allowed ones), the
+    named one for a function, none else."""
+    if choice not in ("required", "function"):
+        return []
+    return [i for i, tool in enumerate(tools) if forced is None or tool["function"]["name"] in forced]
 
 
 def calls_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
@@ -285,36 +290,70 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
     return tools
 
 
+def is_strict(tool: dict[str, Any]) -> bool:
+    """OpenAI's `function.strict`: the tool's arguments validate against all of its schema, or it is refused."""
+    return tool["function"].get("strict") is True
+
+
 def _check_enforceable(tools: list[dict[str, Any]], indices: list[int]) -> None:
-    """The forced tools' parameters hold nothing the grammar would leave unenforced (only those:
-    under "auto" and "none" no schema is compiled, and a tool is only shown to the model, as vLLM
-    serves it, however loosely its schema is written)."""
+    """The forced tools' parameters refer to nothing the grammar cannot follow, and where a tool is
+    strict (OpenAI's `function.strict`) hold nothing it would leave unenforced (only the forced
+    tools: under "auto" and "none" no schema is compiled, and a tool is only shown to the model, as
+    vLLM serves it, however loosely its schema is written)."""
     for i in indices:
         try:
-            check_supported(tools[i]["function"].get("parameters") or ANY_ARGUMENTS)
+            check_supported(tools[i]["function"].get("parameters") or ANY_ARGUMENTS, is_strict(tools[i]))
         except GrammarError as exc:
             param = f"tools[{i}].function.parameters"
             raise bad_request(f"{param}: {exc}", param) from None
 
 
-def _check_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """("none" | "auto" | "required", None), or ("function", the name of the function it forces)."""
+def _check_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> tuple[str, frozenset[str] | None]:
+    """("none" | "auto" | "required", None: any tool), ("function", {the name it forces}), or for
+    OpenAI's allowed_tools ("auto" | "required", the names it allows)."""
     if tool_choice is None:
         return ("auto" if tools else "none"), None
     if tool_choice in ("none", "auto", "required"):
         if tool_choice != "none" and not tools:
             raise bad_request(f'tool_choice "{tool_choice}" needs tools', "tool_choice")
         return tool_choice, None
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
+        return _allowed_tools(tool_choice.get("allowed_tools"), tools)
     function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not (isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and isinstance(name, str)):
         raise bad_request(
-            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            'tool_choice must be "none", "auto", "required", {"type": "function", "function": {"name": ...}} or '
+            '{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}',
             "tool_choice",
         )
+    _check_named(name, tools, "tool_choice")
+    return "function", frozenset([name])
+
+
+def _allowed_tools(allowed: Any, tools: list[dict[str, Any]]) -> tuple[str, frozenset[str]]:
+    """OpenAI's allowed_tools: `mode` "auto" (the model may call these) or "required" (it calls one
+    or more of these), `tools` naming functions among the request's tools."""
+    param = "tool_choice.allowed_tools"
+    listed = allowed.get("tools") if isinstance(allowed, dict) else None
+    if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required") or not isinstance(listed, list):
+        raise bad_request(f'{param} must be {{"mode": "auto" or "required", "tools": [...]}}', param)
+    names = []
+    for j, tool in enumerate(listed):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise bad_request(f'{param}.tools[{j}] must be {{"type": "function", "function": {{"name": ...}}}}', param)
+        _check_named(name, tools, f"{param}.tools[{j}]")
+        names.append(name)
+    if not names:
+        raise bad_request(f"{param}.tools must name at least one function", param)
+    return allowed["mode"], frozenset(names)
+
+
+def _check_named(name: str, tools: list[dict[str, Any]], param: str) -> None:
     if name not in {t["function"]["name"] for t in tools}:
-        raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
-    return "function", name
+        raise bad_request(f"{param} names {name!r}, which is not among the tools", param)
 
 
 def _call_object(call: ToolCall) -> dict[str, Any]:
