@@ -380,6 +380,11 @@ def test_vllm_flags_it_does_not_take_say_why(capsys):
     assert "did you mean --max-model-len" in parse_error(["m", "--max-model-length", "9"], capsys)  # a typo
     assert "no sleep mode" in parse_error(["m", "--enable-sleep-mode"], capsys)
     assert "not each step's model" in parse_error(["m", "--collect-detailed-traces", "all"], capsys)
+    assert "--speculative-config" in parse_error(["m", "--spec-method", "ngram"], capsys)
+    assert "--max-prefill-with-decodes" in parse_error(["m", "--long-prefill-token-threshold", "64"], capsys)
+    accepted = ["m", "--disable-custom-all-reduce", "--disable-cascade-attn", "--disable-sliding-window"]
+    assert serve.parse_args([*accepted, "--logprobs-mode", "raw_logprobs"]).disable_sliding_window
+    assert "invalid choice" in parse_error(["m", "--logprobs-mode", "processed_logprobs"], capsys)
     for flag in ("--hf-token", "--data-parallel-address", "--numa-bind", "--async-scheduling", "--uds"):
         assert f"{flag} is a vLLM flag pagoda serve does not take" in parse_error(["m", flag, "x"], capsys), flag
     assert "not a count of bytes" in parse_error(["m", "--kv-cache-memory-bytes", "lots"], capsys)

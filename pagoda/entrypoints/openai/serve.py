@@ -54,6 +54,7 @@ _ONE_MACHINE = (
 )
 _CORES = "the compute threads are --threads (or PAGODA_NUM_THREADS, OMP_NUM_THREADS), pinned with --bind-cores"
 _GRAPH_SIZES = "CUDA graphs are captured for the batch sizes Pagoda picks (or none: --enforce-eager)"
+_SPECULATIVE = 'speculative decoding is --speculative-config \'{"method": ..., "num_speculative_tokens": N}\''
 # vLLM serve flags Pagoda does not take, with why and what to do instead (parsing.Parser says so)
 VLLM_FLAGS_NOT_TAKEN = {
     "--ssl-keyfile": _TLS,
@@ -110,6 +111,22 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--uds": "a TCP port only (--host, --port): put a proxy in front for a unix socket",
     "--collect-detailed-traces": "a request's span has its queue, prefill and decode times, not each step's "
     "model and worker timings",
+    "--tool-parser-plugin": "no parser plugins: --tool-call-parser names a built-in format",
+    "--reasoning-parser-plugin": "no parser plugins: --reasoning-parser names a built-in format",
+    "--spec-method": _SPECULATIVE,
+    "--spec-model": _SPECULATIVE,
+    "--spec-tokens": _SPECULATIVE,
+    "--long-prefill-token-threshold": "the nearest is --max-prefill-with-decodes N: a step's prompt tokens while "
+    "decodes run",
+    "--num-gpu-blocks-override": "the KV pool is sized by --gpu-memory-utilization on a GPU, --kv-cache-memory "
+    "on a CPU",
+    "--max-parallel-loading-workers": "weights load in one pass; a cold start takes seconds",
+    "--model-impl": "Pagoda's own model code (Llama, Mistral, Qwen2, Qwen3) runs every model",
+    "--ignore-patterns": _NO_HUB,
+    "--hf-config-path": "the model folder's own config.json is read",
+    "--skip-tokenizer-init": "the model's tokenizer is always loaded: prompts are text or token ids",
+    "--mm-processor-kwargs": "text only: no multimodal inputs",
+    "--tool-server": "no built-in tools (browsing, code, MCP): function tools only",
 }
 
 
@@ -284,6 +301,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-async-scheduling",
         action="store_true",
         help="accepted for vLLM's command lines: a step is scheduled once the one before it has been read "
+        "(default: %(default)s)",
+    )
+    for flag, why in (
+        ("--disable-custom-all-reduce", "tensor parallelism's all-reduce is torch.distributed's (NCCL)"),
+        ("--disable-cascade-attn", "there is no cascade attention"),
+        ("--disable-sliding-window", "a model with a sliding window is served within it (max_model_len capped)"),
+    ):
+        help = f"accepted for vLLM's command lines: {why} (default: %(default)s)"
+        p.add_argument(flag, action="store_true", help=help)
+    p.add_argument(
+        "--logprobs-mode",
+        default="raw_logprobs",
+        choices=("raw_logprobs",),
+        help="accepted for vLLM's command lines: logprobs are the model's own, before any sampling parameter "
         "(default: %(default)s)",
     )
     p.add_argument(
