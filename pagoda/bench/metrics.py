@@ -49,6 +49,7 @@ class RequestRecord:
     tool_calls_error: str | None = None  # why the calls are missing or invalid
     tool_calls_agree: bool | None = None  # None: not sent again without streaming
     tool_calls_difference: str | None = None  # how the non-streamed answer's calls differ
+    output_text: str | None = None  # the answer's text, kept only for --save-detailed (vLLM's generated_texts)
 
     @property
     def ok(self) -> bool:

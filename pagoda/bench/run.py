@@ -311,7 +311,8 @@ def _level_result(
     prefix: PrefixCacheStats | None,
     interrupted: bool,
 ) -> LevelResult:
-    records = tuple(sorted((to_record(x, start, lazy) for x in exchanges), key=lambda r: r.index))
+    keep_text = settings.vllm_results is not None and settings.vllm_results.detailed
+    records = tuple(sorted((to_record(x, start, lazy, keep_text) for x in exchanges), key=lambda r: r.index))
     duration = max((x.finished_at for x in exchanges), default=start) - start
     return LevelResult(concurrency, label, summarize(records, duration, settings.slo), prefix, records, interrupted)
 

@@ -139,10 +139,13 @@ async def resend_whole(
     return list(await asyncio.gather(*(again(x) for x in exchanges)))
 
 
-def to_record(exchange: Exchange, level_start: float, tokenizer: LazyTokenizer) -> RequestRecord:
+def to_record(
+    exchange: Exchange, level_start: float, tokenizer: LazyTokenizer, keep_text: bool = False
+) -> RequestRecord:
     """Timing from the stream; token counts from the server's usage, else the tokenizer, else
     (no tokenizer) one token per text chunk; the answer graded when the prompt has a schema or
-    expects tool calls, and its calls compared with the non-streamed answer's when there is one."""
+    expects tool calls, and its calls compared with the non-streamed answer's when there is one;
+    its text kept where `keep_text`."""
     result = exchange.result
     common = dict(
         index=exchange.index, session=exchange.session, turn=exchange.turn, start_s=result.sent_at - level_start
@@ -172,6 +175,7 @@ def to_record(exchange: Exchange, level_start: float, tokenizer: LazyTokenizer) 
         output_tokens=output_tokens,
         token_source=source,
         **_graded(exchange),
+        output_text=result.answer if keep_text else None,
     )
 
 

@@ -82,6 +82,7 @@ def vllm_result(settings: BenchSettings, result: EngineResult, level: LevelResul
             "ttfts": [r.ttft_s or 0.0 for r in level.records],
             "itls": [list(r.itl_s) for r in level.records],
             "start_times": [r.start_s for r in level.records],
+            "generated_texts": [r.output_text or "" for r in level.records],
             "errors": [r.error or "" for r in level.records],
         }
     return data

@@ -105,7 +105,8 @@ def test_save_result_writes_vllms_result_json(start_stub, tmp_path: Path, monkey
     assert 4 <= data["max_output_tokens_per_s"] <= 16
     assert 15 < data["mean_ttft_ms"] < 500 and 3 < data["median_itl_ms"] < 100 and data["p50_tpot_ms"] > 0
     assert {"std_ttft_ms", "p99_ttft_ms", "p99_itl_ms"} <= set(data) and "mean_e2el_ms" not in data
-    assert "ttfts" not in data and not (tmp_path / "results.json").exists()  # only vLLM's file
+    assert "ttfts" not in data and "generated_texts" not in data  # per-request lists with --save-detailed only
+    assert not (tmp_path / "results.json").exists()  # only vLLM's file
     # a request rate without --max-concurrency: none in the name, null in the file
     out = tmp_path / "out"
     rated = [*argv, *small, "--request-rate", "50", "--save-result", "--result-dir", str(out), "--save-detailed"]
@@ -114,6 +115,8 @@ def test_save_result_writes_vllms_result_json(start_stub, tmp_path: Path, monkey
     [rate_file] = out.glob("openai-50.0qps-stub-model-*.json")
     data = json.loads(rate_file.read_text())
     assert data["max_concurrency"] is None and len(data["ttfts"]) == 4 and len(data["itls"][0]) == 3
+    texts = data["generated_texts"]  # the stub's answers, as they streamed
+    assert len(texts) == 4 and all(isinstance(t, str) and t for t in texts), texts
     # named, two levels, appended twice
     named = [*argv, *small, "--concurrency", "1,2", "--result-filename", "run.json", "--append-result"]
     assert cli.main(named) == 0 and cli.main(named) == 0
