@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import sys
 import time
@@ -199,13 +200,15 @@ class LLM:
             )
         if not all(isinstance(sp, SamplingParams) for sp in params_list):
             raise TypeError(f"sampling_params must hold SamplingParams only, got {params_list!r:.120}")
+        params_list = [dataclasses.replace(sp) for sp in params_list]  # checked again: a script may have changed them
         for sp in params_list:
             for name in ("logprobs", "prompt_logprobs"):
                 asked = getattr(sp, name)
                 if asked is not None and asked > self.max_logprobs:
                     raise ValueError(f"{name}={asked} is above this LLM's max_logprobs ({self.max_logprobs})")
         loras = _per_prompt(lora_request, len(prompt_list))
-        priorities = list(priority) if isinstance(priority, Sequence) else [priority or 0] * len(prompt_list)
+        one = priority is None or isinstance(priority, int)  # else one per prompt (a list, an array)
+        priorities = [priority or 0] * len(prompt_list) if one else [operator.index(p) for p in priority]
         if len(priorities) != len(prompt_list):
             raise ValueError(f"give one priority per prompt: {len(prompt_list)} prompt(s), {len(priorities)} given")
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]

@@ -13,8 +13,8 @@ The "generic" format, which the generic parser of pagoda.tools.parsers reads bac
   block names its call's arguments, "Result of <name>(<arguments>):", to tell the results apart in
   whatever order the client sends them.
 
-Messages come from chat.parse_messages (roles system, user, assistant, tool; call arguments
-already parsed); tools are OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`.
+Messages come from chat.parse_messages (OpenAI's roles and any other a template knows; call
+arguments already parsed); tools are OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _tool_turns_as_text(messages: list[dict]) -> list[dict]:
             else:
                 out.append({"role": "user", "content": block})
         else:
-            out.append({"role": message["role"], "content": message["content"]})
+            out.append(message)  # as it is: its name and any field a template reads
     return out
 
 

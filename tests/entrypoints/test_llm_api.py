@@ -156,6 +156,13 @@ def test_what_vllm_scripts_do_with_params_outputs_and_prompts(tiny_llm):
     params.temperature = 5.0
     with pytest.raises(ValueError, match="temperature"):
         tiny_llm.generate([[5, 6, 7]], params, use_tqdm=False)
+    params.temperature, params.logprobs = 0.0, "3"
+    with pytest.raises(ValueError, match="logprobs must be an integer"):  # named, before the max_logprobs cap
+        tiny_llm.generate([[5, 6, 7]], params, use_tqdm=False)
+    params.logprobs = None
+    import numpy as np
+
+    assert len(tiny_llm.generate([[5, 6], [7, 8]], params, use_tqdm=False, priority=np.array([1, 0]))) == 2
     assert not tiny_llm.engine.has_unfinished
     params.temperature = 0.0
     params.stop = []

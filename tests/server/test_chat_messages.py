@@ -3,7 +3,9 @@ input a 400 naming its field; chat_template_kwargs that would change the rendere
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 
 import pytest
 
@@ -36,6 +38,8 @@ def test_system_user_assistant_and_text_parts():
         {"role": "assistant", "content": "ok"},
     ]
     assert parsed[1]["content"].parts == ("a", "b")  # for a template that loops over content
+    for copied in (copy.deepcopy(parsed[1]["content"]), pickle.loads(pickle.dumps(parsed[1]["content"]))):
+        assert (copied, copied.parts) == ("a\nb", ("a", "b"))
 
 
 def test_a_role_of_the_templates_own_and_no_content_pass_as_vllm_passes_them():

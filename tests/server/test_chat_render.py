@@ -235,6 +235,12 @@ def test_developer_messages_become_one_first_system_message(default_tokenizer, m
     assert rendered(default_tokenizer, AS_GIVEN, as_sent) == shown
 
 
+def test_a_messages_name_reaches_a_template_that_reads_no_tools(default_tokenizer):
+    """Such a template gets the tool turns as text (the generic format); the other messages as sent."""
+    named = "{% for m in messages %}{{ m.role }}({{ m.name }})={{ m.content }};{% endfor %}"
+    assert rendered(default_tokenizer, named, [{"role": "user", "content": "hi", "name": "ann"}]) == "user(ann)=hi;"
+
+
 def test_a_template_with_a_developer_role_gets_developer_messages(default_tokenizer):
     template = AS_GIVEN + "{# roles: 'developer' #}"
     messages = [{"role": "user", "content": "u"}, {"role": "developer", "content": "d"}]

@@ -327,7 +327,7 @@ def test_langchain_in_responses_mode(server):
         ({"input": [{"type": "input_image", "image_url": "http://x"}]}, "input[0].type"),
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
-        ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input[0].call_id"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"input": [{"type": "function_call", "call_id": "c1", "arguments": "{}"}]}, "input[0].name"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),

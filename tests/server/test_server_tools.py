@@ -89,7 +89,8 @@ def test_allowed_tools_required_calls_only_those(client):
     assert choice.finish_reason == "tool_calls"
     assert_valid_calls(choice.message.tool_calls, allowed=("get_time",))
     auto = {"type": "allowed_tools", "allowed_tools": {**allowed, "mode": "auto"}}
-    assert client.chat.completions.create(**kwargs, tool_choice=auto).choices[0].finish_reason
+    served = client.chat.completions.create(**kwargs, tool_choice=auto).choices[0].message
+    assert served == client.chat.completions.create(**kwargs, tool_choice="auto").choices[0].message
 
 
 def test_a_named_function_is_the_one_called(client):
@@ -337,12 +338,13 @@ def test_forced_tools_that_are_not_strict_have_what_the_grammar_cannot_enforce_l
         {"type": "function", "function": {"name": "tag", "parameters": {**tags, "required": ["tags"]}}},
         {"type": "function", "function": {"name": "loose", "parameters": LOOSE}},
         {"type": "function", "function": {"name": "ahead", "parameters": LOOKAHEAD}},
+        {**TIME, "function": {**TIME["function"], "strict": True}},  # strict beside them: checked alone
     ]
     body = {"messages": ASK, "max_tokens": 60, "tools": tools, "tool_choice": "required", "temperature": 0}
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     calls = response.json()["choices"][0]["message"]["tool_calls"]
-    assert calls and all(call["function"]["name"] in ("tag", "loose", "ahead") for call in calls)
+    assert calls and all(call["function"]["name"] in ("tag", "loose", "ahead", "get_time") for call in calls)
     for call in calls:  # an answer cut by max_tokens leaves its last call's arguments cut
         if response.json()["choices"][0]["finish_reason"] == "tool_calls":
             assert isinstance(json.loads(call["function"]["arguments"]), dict)

@@ -55,7 +55,7 @@ from pagoda.entrypoints.openai.protocol import (
 from pagoda.entrypoints.openai.recording import RecordSinks
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.entrypoints.openai.response_store import ResponseStore, StoredResponse
-from pagoda.entrypoints.openai.serving import InFlight, ServerConfig, ServerState
+from pagoda.entrypoints.openai.serving import LONG_PROMPT_CHARS, InFlight, ServerConfig, ServerState
 from pagoda.entrypoints.openai.stats_log import log_stats
 from pagoda.entrypoints.openai.tool_calls import check_tools
 from pagoda.entrypoints.openai.tracing import RequestTracer
@@ -518,6 +518,7 @@ async def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
         kwargs = chat.checked_template_kwargs(state.tokenizer, body, state.config.default_template_kwargs)
         size = sum(len(m["content"]) for m in messages)
         template = chat.request_template(state, body)
+        size = size if body.chat_template is None else LONG_PROMPT_CHARS  # a request's template: off the loop
         return await state.off_loop(chat.render, state, template, messages, tools, kwargs, size=size)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
     return await state.off_loop(

@@ -21,6 +21,7 @@ from pagoda.entrypoints.openai.params import check_context, sampling_params, tru
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
 from pagoda.entrypoints.openai.serving import (
     DONE,
+    LONG_PROMPT_CHARS,
     FinishedGeneration,
     ServerState,
     answer_id,
@@ -55,6 +56,9 @@ class TextParts(str):
         text = super().__new__(cls, "\n".join(parts))
         text.parts = tuple(parts)
         return text
+
+    def __getnewargs__(self) -> tuple[tuple[str, ...]]:  # copy and pickle build it from its parts
+        return (self.parts,)
 
 
 def parse_messages(messages: list[dict]) -> list[dict]:
@@ -267,7 +271,8 @@ def render(
     template_kwargs: dict | None = None,
 ) -> list[int]:
     """`render_ids` with its refusals as 400s: a template that does not parse or reaches outside the
-    sandbox names `chat_template` (only a request's own can), one that refuses the messages names them."""
+    sandbox names `chat_template` (a request's own, as the server's was checked at startup), one
+    that refuses the messages names them."""
     try:
         return render_ids(
             state.tokenizer, messages, template, tools, template_kwargs, state.config.chat_template_content_format
@@ -280,8 +285,7 @@ def render(
 
 def _reply_role(state: ServerState, body: ChatCompletionRequest) -> str:
     """vLLM's rule: --response-role (assistant) after a generation prompt, else the role of the
-    last message as sent (a developer message's too, which the template sees as system), which
-    the reply continues."""
+    last message as sent (a developer message's too), which the reply continues."""
     return state.config.response_role if body.add_generation_prompt else body.messages[-1]["role"]
 
 
@@ -342,6 +346,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
     )
     role = _reply_role(state, body)
     echoed = _echoed(body, messages, role)
+    size = size if body.chat_template is None else LONG_PROMPT_CHARS  # a request's template: off the loop
     prompt_ids = await state.off_loop(render, state, template, messages, plan.tools, kwargs, size=size)
     prompt_ids = truncated(prompt_ids, body.truncate_prompt_tokens, body.truncation_side, state.limits.max_model_len)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

@@ -215,12 +215,12 @@ def _kept(body: ResponsesRequest, max_model_len: int) -> int:
 
 def input_messages(input_: str | list[Any]) -> list[dict]:
     """Input items as chat messages: a string is one user message; function_call items join the
-    assistant turn before them (or start one), function_call_output items answer an earlier call;
-    reasoning items are dropped (chat templates show no earlier turn's reasoning)."""
+    assistant turn before them (or start one), function_call_output items answer a call (made
+    earlier, or trimmed from the history); reasoning items are dropped (chat templates show no
+    earlier turn's reasoning)."""
     if isinstance(input_, str):
         return [{"role": "user", "content": input_}]
     messages: list[dict] = []
-    call_ids: set[str] = set()
     for i, item in enumerate(input_):
         param = f"input[{i}]"
         if not isinstance(item, dict):
@@ -236,17 +236,12 @@ def input_messages(input_: str | list[Any]) -> list[dict]:
             messages.append({"role": role, "content": content})
         elif kind == "function_call":
             call = _call(item, param)
-            call_ids.add(call["id"])
             if messages and messages[-1]["role"] == "assistant":
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind == "function_call_output":  # its call may be gone from a trimmed history, as in chat
             call_id = _string(item, "call_id", param)
-            if call_id not in call_ids:
-                raise bad_request(
-                    f"{param}.call_id {call_id!r:.100} answers no function_call item before it", f"{param}.call_id"
-                )
             output = chat.text_content(item.get("output"), f"{param}.output", TEXT_PARTS)
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind != "reasoning":

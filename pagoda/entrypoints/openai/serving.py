@@ -195,31 +195,31 @@ class ServerState:
         the field that held it."""
         if params.structured_outputs is None:
             return
+        forced = (
+            isinstance(body, ChatCompletionRequest) and body.tools and forced_parameters(body.tools, body.tool_choice)
+        )
+        if forced:  # a strict tool beside others that are not: checked alone (plan_tools)
+            await self._refused_tool(body, lambda i: is_strict(body.tools[i]))
         try:
             await self.engine.compile_grammar_async(params.structured_outputs)
         except GrammarError as exc:
-            forced = (
-                isinstance(body, ChatCompletionRequest)
-                and body.tools
-                and forced_parameters(body.tools, body.tool_choice)
-            )
             if forced:  # the calls a tool_choice forces: name the tool whose schema is refused
-                field, exc = await self._refused_tool(body, exc)
-            else:
-                field = constraint_field(body)
+                await self._refused_tool(body, lambda i: True)
+            field = "tools" if forced else constraint_field(body)  # else only the tools together fail
             raise bad_request(f"{field}: {exc}", field) from None
 
-    async def _refused_tool(self, body: ChatCompletionRequest, exc: GrammarError) -> tuple[str, GrammarError]:
-        """The first forced tool whose parameters schema the library refuses on its own (as strict as
-        the tool is), with its reason; else (only the tools together fail) "tools" and the combined
-        schema's reason."""
+    async def _refused_tool(self, body: ChatCompletionRequest, which: Callable[[int], bool]) -> None:
+        """A 400 naming the first forced tool (of those `which` picks) whose parameters schema the
+        library refuses on its own, as strict as the tool is; nothing where none is."""
         for i, parameters in forced_parameters(body.tools, body.tool_choice):
+            if not which(i):
+                continue
             try:
                 alone = StructuredOutputsParams(json=parameters, strict=is_strict(body.tools[i]))
                 await self.engine.compile_grammar_async(alone)
             except GrammarError as refused:
-                return f"tools[{i}].function.parameters", refused
-        return "tools", exc
+                field = f"tools[{i}].function.parameters"
+                raise bad_request(f"{field}: {refused}", field) from None
 
     async def off_loop(self, work: Callable[..., T], *args, size: int = 0) -> T:
         """Run tokenizer work of `size` characters inline when short, on a thread when long."""

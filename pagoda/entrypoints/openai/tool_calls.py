@@ -183,9 +183,9 @@ def plan_tools(
     _check_enforceable(checked, indices)
     allowed = [checked[i] for i in indices]
     schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
-    # strict where any is: the library's warnings cannot be told apart by tool (the server then
-    # compiles each alone, as strict as it is, to name the one refused)
-    strict = any(is_strict(tool) for tool in allowed)
+    # strict only where every tool is: the library's warnings cannot be told apart by tool, so
+    # the server compiles each strict one alone too (ServerState.check_constraint)
+    strict = all(is_strict(tool) for tool in allowed)
     return ToolPlan(
         tools=checked,
         parser=FORCED_CALLS,
@@ -332,8 +332,9 @@ def _check_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> tuple[str, f
 
 
 def _allowed_tools(allowed: Any, tools: list[dict[str, Any]]) -> tuple[str, frozenset[str]]:
-    """OpenAI's allowed_tools: `mode` "auto" (the model may call these) or "required" (it calls one
-    or more of these), `tools` naming functions among the request's tools."""
+    """OpenAI's allowed_tools: `mode` "required" (calls of these only, forced) or "auto" (served as
+    plain "auto": the parser reads a call of any of the request's tools), `tools` naming
+    functions among the request's tools."""
     param = "tool_choice.allowed_tools"
     listed = allowed.get("tools") if isinstance(allowed, dict) else None
     if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required") or not isinstance(listed, list):
