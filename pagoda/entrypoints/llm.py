@@ -161,8 +161,8 @@ class LLM:
             raise ValueError(f"max_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {max_logprobs!r}")
         if kv_cache_memory_bytes is not None:
             engine_args["kv_cache_memory"] = kv_cache_memory_bytes / 2**30
-        self.chat_template = read_chat_template(chat_template)
-        self._generation_defaults = read_generation_config(generation_config)
+        self.chat_template = read_chat_template(chat_template, "chat_template=")
+        self._generation_defaults = read_generation_config(generation_config, "generation_config=")
         self._generation_overrides = sampling_defaults(override_generation_config or {})  # as the server's
         self.max_logprobs = max_logprobs
         show_load_progress()

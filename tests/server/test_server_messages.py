@@ -160,7 +160,7 @@ def test_output_config_json_schema_and_count_tokens(claude, http):
                 "messages": [
                     *FRUITS,
                     {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "x"}]},
+                    {"role": "user", "content": [{"type": "tool_result", "content": "x"}]},
                 ],
             },
             "messages[2].content[0].tool_use_id",
@@ -172,6 +172,10 @@ def test_output_config_json_schema_and_count_tokens(claude, http):
         ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
         ({"output_config": {"format": {"type": "xml"}}}, "output_config.format"),
+        (  # Anthropic's structured outputs are strict: what the grammar cannot enforce is refused
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "array", "uniqueItems": True}}}},
+            "output_config.format",
+        ),
     ],
 )
 def test_bad_input_is_anthropics_400_naming_the_place(server, change, param):

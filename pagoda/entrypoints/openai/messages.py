@@ -257,8 +257,9 @@ def _tools(tools: list[Any] | None) -> list[dict] | None:
                 f"tools[{i}]",
             )
         function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
-        if "description" in tool:
-            function["description"] = tool["description"]
+        for name in ("description", "strict"):  # strict: its input validates, or the request is refused
+            if name in tool:
+                function[name] = tool[name]
         functions.append({"type": "function", "function": function})
     return functions
 
@@ -303,13 +304,14 @@ def _thinking(body: AnthropicMessagesRequest) -> tuple[str | None, int | None]:
 
 
 def _response_format(config: dict | None) -> dict | None:
-    """output_config.format (a JSON schema the answer follows) as the chat's response_format."""
+    """output_config.format (a JSON schema the answer follows) as the chat's response_format, strict
+    as Anthropic's structured outputs are (a schema the grammar cannot enforce whole is refused)."""
     format_ = (config or {}).get("format")
     if format_ is None:
         return None
     if not isinstance(format_, dict) or format_.get("type") != "json_schema" or "schema" not in format_:
         raise bad_request('output_config.format must be {"type": "json_schema", "schema": ...}', "output_config.format")
-    return {"type": "json_schema", "json_schema": {"name": "output", "schema": format_["schema"]}}
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": format_["schema"], "strict": True}}
 
 
 # ---- the answer -------------------------------------------------------------------------------

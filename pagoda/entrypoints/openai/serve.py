@@ -501,10 +501,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_chat_template(value: str | None) -> str | None:
+def read_chat_template(value: str | None, given_as: str = "--chat-template") -> str | None:
     """A file's contents when `value` names a file, else `value` itself (an inline template);
     either way one that compiles (a syntax error is the flag's, refused at startup, not a 400 on
-    every chat request)."""
+    every chat request). `given_as`: how errors name where it came from."""
     import jinja2
     from transformers.utils.chat_template_utils import _compile_jinja_template  # as apply_chat_template does
 
@@ -518,7 +518,7 @@ def read_chat_template(value: str | None) -> str | None:
     except OSError as exc:
         raise ConfigError(f"Cannot read the chat template {path}: {exc}") from None
     if template is None and "{" not in value:
-        raise ConfigError(f"--chat-template {value!r} is neither a file nor a Jinja template.")
+        raise ConfigError(f"{given_as} {value!r} is neither a file nor a Jinja template.")
     template = value if template is None else template
     try:
         _compile_jinja_template(template)
@@ -631,9 +631,10 @@ def _json_strings(flag: str) -> Callable[[str], list[str]]:
     return parse
 
 
-def read_generation_config(value: str) -> dict[str, Any] | None:
+def read_generation_config(value: str, given_as: str = "--generation-config") -> dict[str, Any] | None:
     """Sampling defaults per --generation-config: None for auto (the model's own, read by the
-    loader), {} for vllm (none: OpenAI's apply), else those of the folder's generation_config.json."""
+    loader), {} for vllm (none: OpenAI's apply), else those of the folder's generation_config.json.
+    `given_as`: how errors name where it came from."""
     from pagoda.config import ConfigError
 
     if value == "auto":
@@ -644,9 +645,9 @@ def read_generation_config(value: str) -> dict[str, Any] | None:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--generation-config {value}: cannot read {path}: {exc}") from None
+        raise ConfigError(f"{given_as} {value}: cannot read {path}: {exc}") from None
     if not isinstance(config, dict):
-        raise ConfigError(f"--generation-config {value}: {path} is not a JSON object")
+        raise ConfigError(f"{given_as} {value}: {path} is not a JSON object")
     return sampling_defaults(config)
 
 
