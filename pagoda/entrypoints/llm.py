@@ -200,11 +200,10 @@ class LLM:
             )
         if not all(isinstance(sp, SamplingParams) for sp in params_list):
             raise TypeError(f"sampling_params must hold SamplingParams only, got {params_list!r:.120}")
-        params_list = [dataclasses.replace(sp) for sp in params_list]  # checked again: a script may have changed them
-        for sp in params_list:
+        for sp in params_list:  # a value of the wrong type, set since, the engine refuses by name as it copies them
             for name in ("logprobs", "prompt_logprobs"):
                 asked = getattr(sp, name)
-                if asked is not None and asked > self.max_logprobs:
+                if isinstance(asked, int) and asked > self.max_logprobs:
                     raise ValueError(f"{name}={asked} is above this LLM's max_logprobs ({self.max_logprobs})")
         loras = _per_prompt(lora_request, len(prompt_list))
         one = priority is None or isinstance(priority, int)  # else one per prompt (a list, an array)
