@@ -67,23 +67,29 @@ def prefault_at_idle_priority(caches: list[torch.Tensor]) -> threading.Thread:
     first touch of a block's pages (zeros_on_first_touch) under load: 5% of a fresh server's time
     at concurrency 32, and the block pool hands out every block once before it reuses one.
     madvise(MADV_POPULATE_WRITE) maps a page as a first write would, without writing: the
-    contents are untouched, so the blocks steps write meanwhile are safe. The thread holds the
-    caches weakly (a freed cache ends it) and stops quietly where the kernel lacks the advice."""
-    refs = [weakref.ref(c) for c in caches]
+    contents are untouched, so the blocks steps write meanwhile are safe. The thread never holds a
+    cache, not even for a moment: had it held the last reference of one the engine dropped (an LLM
+    freed right after it was built), it would free it, and a torch tensor's deleter on a daemon
+    thread racing the interpreter's exit aborts the process ("terminate called without an active
+    exception"). It reads the caches' addresses up front and learns of a freed one from its weak
+    reference's callback; a range freed between that look and the call is harmless (madvise fails
+    with ENOMEM, or faults in pages of whatever took the addresses, writing nothing). It stops
+    quietly where the kernel lacks the advice."""
+    freed = threading.Event()
+    # each span keeps its weak reference alive with it: a weak reference no one holds calls nothing back
+    spans = [(c.data_ptr(), c.nbytes, weakref.ref(c, lambda _: freed.set())) for c in caches]
 
     def run() -> None:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only (Linux)
         madvise = ctypes.CDLL(None, use_errno=True).madvise  # a foreign call: releases the GIL
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        for ref in refs:
-            offset = 0
-            while (cache := ref()) is not None and offset < cache.nbytes:
-                length = min(PREFAULT_CHUNK, cache.nbytes - offset)
-                if madvise(cache.data_ptr() + offset, length, MADV_POPULATE_WRITE):
+        for start, nbytes, _ in spans:
+            for offset in range(0, nbytes, PREFAULT_CHUNK):
+                if freed.is_set():  # the engine let its caches go
+                    return
+                if madvise(start + offset, min(PREFAULT_CHUNK, nbytes - offset), MADV_POPULATE_WRITE):
                     logger.debug("KV cache prefault stopped: %s", os.strerror(ctypes.get_errno()))
                     return
-                offset += length
-                del cache  # between calls the thread holds no cache alive
 
     thread = threading.Thread(target=run, name="pagoda-kv-prefault", daemon=True)
     thread.start()

@@ -4,6 +4,7 @@ whatever the scheduler's order, and hands every result back in the step's order.
 from __future__ import annotations
 
 import os
+import weakref
 
 import pytest
 import torch
@@ -112,10 +113,13 @@ def test_the_cpu_kv_cache_is_faulted_in_at_idle_priority_without_changing_a_bloc
     assert float(caches[1][0, 7].sum()) == 2.5 * caches[1][0, 7].numel()
     assert sum(torch.count_nonzero(c) for c in caches) == caches[1][0, 7].numel()
 
-    # the thread holds the caches weakly: freeing them ends it, and the memory goes
+    # the thread never holds a cache: freeing them frees them here and then (a cache the thread
+    # freed, on its way out, could abort the process at exit), and ends the thread
     caches = [zeros_on_first_touch((2, 16384, 16, 3, 64), torch.float32) for _ in range(8)]  # 3 GiB
+    refs = [weakref.ref(c) for c in caches]
     thread = prefault_at_idle_priority(caches)
     del caches
+    assert all(ref() is None for ref in refs)
     thread.join(timeout=10)
     assert not thread.is_alive()
 
