@@ -4,15 +4,48 @@ Built from the engine's finished `SequenceOutput`s; nothing of the engine's inte
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from pagoda.core.outputs import RequestMetrics
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.lora import LoRARequest
 from pagoda.request import TokenLogprob
 
-DecodeToken = Callable[[int], str | None]
+# a token's decoded_token, given the sequence's tokens before it (None under detokenize=False)
+DecodeToken = Callable[[int, Sequence[int]], str | None]
+INCOMPLETE = "\ufffd"  # what a tokenizer decodes a piece of a character to
+
+
+class TokenTexts:
+    """vLLM's Logprob.decoded_token: a token's own text, but where that ends in an incomplete
+    character (a byte-level piece of one), the text it completes after up to 4 of the sequence's
+    tokens before it, and "" while it completes none: so the sampled tokens' texts, joined, are
+    the text, where each token's own would leave U+FFFD for every piece."""
+
+    CONTEXT = 4
+
+    def __init__(self, tokenizer) -> None:
+        self._decode = tokenizer.decode
+        self.own = lru_cache(maxsize=65536)(lambda token_id: tokenizer.decode([token_id]))
+
+    def __call__(self, token_id: int, before: Sequence[int]) -> str:
+        text = self.own(token_id)
+        if not text.endswith(INCOMPLETE):
+            return text
+        for n in range(1, min(len(before), self.CONTEXT) + 1):
+            window = list(before[-n:])
+            whole = self._decode([*window, token_id])
+            if whole.endswith(INCOMPLETE):
+                continue
+            clean = n  # the window's tokens before the pieces this one completes
+            while clean > 0 and self.own(window[clean - 1]).endswith(INCOMPLETE):
+                clean -= 1
+            prefix = self._decode(window[:clean]) if clean else ""
+            return whole[len(os.path.commonprefix([prefix, whole])) :]
+        return ""
 
 
 @dataclass
@@ -58,16 +91,21 @@ class RequestOutput:
     lora_request: LoRARequest | None = None  # the adapter it ran (vLLM's)
 
 
-def position_logprobs(lp: TokenLogprob, decode: DecodeToken) -> PositionLogprobs:
-    """`lp.top` is ordered most likely first, so its ranks are 1..k; the chosen token keeps its own."""
-    ranked = {token: Logprob(value, rank, decode(token)) for rank, (token, value) in enumerate(lp.top.items(), 1)}
-    return {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id)), **ranked}
+def position_logprobs(lp: TokenLogprob, decode: DecodeToken, before: Sequence[int]) -> PositionLogprobs:
+    """`lp.top` is ordered most likely first, so its ranks are 1..k; the chosen token keeps its own.
+    `before`: the tokens before the position, its candidates' texts' context."""
+    ranked = {
+        token: Logprob(value, rank, decode(token, before)) for rank, (token, value) in enumerate(lp.top.items(), 1)
+    }
+    return {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id, before)), **ranked}
 
 
 def completion_output(
     seq: SequenceOutput, asked_logprobs: bool, decode: DecodeToken, lora: LoRARequest | None = None
 ) -> CompletionOutput:
-    logprobs = [position_logprobs(lp, decode) for lp in seq.logprobs] if asked_logprobs else None
+    # as vLLM's, an output token's context is the output before it
+    ids = seq.token_ids
+    logprobs = [position_logprobs(lp, decode, ids[:j]) for j, lp in enumerate(seq.logprobs)] if asked_logprobs else None
     return CompletionOutput(
         index=seq.index,
         text=seq.text,
@@ -96,7 +134,9 @@ def request_output(
     prompt_logprobs = None
     if asked_prompt:
         whole = max((seq.prompt_logprobs for seq in sequences), key=len)
-        prompt_logprobs = [None if lp is None else position_logprobs(lp, decode) for lp in whole]
+        prompt_logprobs = [
+            None if lp is None else position_logprobs(lp, decode, prompt_token_ids[:i]) for i, lp in enumerate(whole)
+        ]
     return RequestOutput(
         request_id=request_id,
         prompt=prompt,

@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import lru_cache
 
 import jinja2
 from tqdm import tqdm
@@ -23,7 +22,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints import LOG_FORMAT
 from pagoda.generation_config import sampling_defaults
 from pagoda.lora import LoRARequest
-from pagoda.outputs import Logprob, RequestOutput, request_output
+from pagoda.outputs import Logprob, RequestOutput, TokenTexts, request_output
 from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams
 
 # a text, its token ids, or vLLM's prompt dicts: {"prompt": text} and {"prompt_token_ids": ids}
@@ -72,7 +71,7 @@ def show_load_progress() -> None:
     pagoda_logger.setLevel(logging.INFO)
 
 
-def _no_text(token_id: int) -> None:
+def _no_text(token_id: int, before: Sequence[int]) -> None:
     """A logprob's decoded token under detokenize=False: none, as vLLM gives."""
     return None
 
@@ -168,7 +167,7 @@ class LLM:
         show_load_progress()
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
-        self._decode_token = lru_cache(maxsize=65536)(lambda token_id: self.tokenizer.decode([token_id]))
+        self._token_texts = TokenTexts(self.tokenizer)
 
     def generate(
         self,
@@ -227,7 +226,7 @@ class LLM:
                 ids_,
                 [done[rid][k] for k in sorted(done[rid])],
                 (sp.logprobs is not None, sp.prompt_logprobs is not None),
-                self._decode_token if sp.detokenize else _no_text,
+                self._token_texts if sp.detokenize else _no_text,
                 lora,
             )
             for rid, prompt, ids_, sp, lora in zip(ids, prompt_list, prompt_ids, params_list, loras)
@@ -265,14 +264,15 @@ class LLM:
             best = search.best()
             for beam in best:
                 beam.text = self.tokenizer.decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
-                beam.logprobs = [self._ranked(candidates) for candidates in beam.logprobs]
+                new = search.new_tokens(beam)  # a step's candidates' context: the beam's tokens before it
+                beam.logprobs = [self._ranked(candidates, new[:j]) for j, candidates in enumerate(beam.logprobs)]
             outputs.append(BeamSearchOutput(best))
         return outputs
 
-    def _ranked(self, candidates: dict[int, float]) -> dict[int, Logprob]:
+    def _ranked(self, candidates: dict[int, float], before: list[int]) -> dict[int, Logprob]:
         """A beam step's candidates as vLLM's answers hold them."""
         ranks = candidate_ranks(candidates)
-        return {t: Logprob(value, ranks[t], self._decode_token(t)) for t, value in candidates.items()}
+        return {t: Logprob(value, ranks[t], self._token_texts(t, before)) for t, value in candidates.items()}
 
     def get_tokenizer(self):
         """The model's tokenizer (vLLM's name for `tokenizer`)."""

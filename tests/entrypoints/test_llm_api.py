@@ -193,7 +193,24 @@ def test_beam_search_logprobs_are_vllms_logprob_objects(tiny_llm):
     assert len(steps) == len(best.tokens) - 3 and all(isinstance(lp, Logprob) for step in steps for lp in step.values())
     chosen = [step[token] for step, token in zip(steps, best.tokens[3:])]
     assert abs(sum(lp.logprob for lp in chosen) - best.cum_logprob) < 1e-5
-    assert all(lp.rank >= 1 and lp.decoded_token == tiny_llm.tokenizer.decode([t]) for t, lp in steps[0].items())
+    assert all(lp.rank >= 1 and isinstance(lp.decoded_token, str) for step in steps for lp in step.values())
+
+
+def test_decoded_tokens_join_into_the_text_where_characters_span_tokens(tiny_llm):
+    """vLLM's decoded_token: a byte-level piece of a character is "" until the token that completes
+    it, which carries the whole character, so a prompt's or an answer's tokens' texts join into
+    its text (each token decoded alone would give U+FFFD for every piece)."""
+    tokenizer = tiny_llm.tokenizer
+    ids = tokenizer.encode("Pizza: 🍕, 日本の首都は東京")
+    assert any(tokenizer.decode([t]).endswith("\ufffd") for t in ids)  # the characters span tokens
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+    (result,) = tiny_llm.generate([ids], params, use_tqdm=False)
+    joined = "".join(result.prompt_logprobs[i][ids[i]].decoded_token for i in range(1, len(ids)))
+    assert joined == tokenizer.decode(ids)[len(tokenizer.decode(ids[:1])) :]
+    answer = tiny_llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=24, logprobs=1), use_tqdm=False)
+    out = answer[0].outputs[0]
+    texts = "".join(position[token].decoded_token for position, token in zip(out.logprobs, out.token_ids))
+    assert texts == tokenizer.decode(out.token_ids).rstrip("\ufffd")  # a character cut short: its pieces give ""
 
 
 def test_the_package_exports_what_the_docs_import():
