@@ -25,6 +25,8 @@ from pagoda.lora import LoRARequest
 from pagoda.outputs import Logprob, RequestOutput, TokenTexts, request_output
 from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams
 
+logger = logging.getLogger(__name__)
+
 # a text, its token ids, or vLLM's prompt dicts: {"prompt": text} and {"prompt_token_ids": ids}
 Prompt = str | list[int] | dict
 
@@ -176,12 +178,14 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         priority: int | Sequence[int] | None = None,
+        tokenization_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order (none for an empty list, as vLLM); without
         `sampling_params`, the model's defaults (get_default_sampling_params). `use_tqdm`: a progress
         bar and a throughput line on stderr. `lora_request` (vLLM's, with enable_lora): the adapter
         every prompt runs, or one per prompt; `priority` (vLLM's): one for all or one per prompt,
-        lower first under scheduling_policy="priority"."""
+        lower first under scheduling_policy="priority"; `tokenization_kwargs` (vLLM's): see
+        `_prompt_ids`."""
         if not isinstance(prompts, (str, dict, Sequence)):
             raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
         if not prompts and not isinstance(prompts, str):  # "": the engine refuses an empty prompt by name
@@ -209,7 +213,7 @@ class LLM:
         priorities = [priority or 0] * len(prompt_list) if one else [operator.index(p) for p in priority]
         if len(priorities) != len(prompt_list):
             raise ValueError(f"give one priority per prompt: {len(prompt_list)} prompt(s), {len(priorities)} given")
-        prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
+        prompt_ids = [self._prompt_ids(p, tokenization_kwargs or {}) for p in prompt_list]
         ids: list[str] = []
         try:
             for prompt, sp, salt, lora, rank in zip(prompt_ids, params_list, salts, loras, priorities):
@@ -269,6 +273,29 @@ class LLM:
             outputs.append(BeamSearchOutput(best))
         return outputs
 
+    def _prompt_ids(self, prompt: str | list[int], tokenization_kwargs: dict) -> list[int]:
+        """A prompt's tokens per vLLM's tokenization_kwargs: `add_special_tokens` (a text's), and
+        truncation to `truncate_prompt_tokens` tokens (-1: the context less one), or to `max_length`
+        with `truncation=True`, keeping the last unless `truncation_side="right"`, as the server's
+        truncate_prompt_tokens; any other key is warned of and ignored, as vLLM's are."""
+        from pagoda.entrypoints.openai.errors import APIError
+        from pagoda.entrypoints.openai.params import truncated
+
+        kwargs = dict(tokenization_kwargs)
+        add_special = kwargs.pop("add_special_tokens", True)
+        keep = kwargs.pop("truncate_prompt_tokens", None)
+        max_length = kwargs.pop("max_length", None)
+        if kwargs.pop("truncation", False) in (True, "longest_first"):
+            keep = self.engine.config.model.max_model_len if max_length is None else max_length
+        side = kwargs.pop("truncation_side", None)
+        if kwargs:
+            logger.warning("tokenization_kwargs %s are not supported and are ignored", sorted(kwargs))
+        ids = self.tokenizer.encode(prompt, add_special_tokens=add_special) if isinstance(prompt, str) else list(prompt)
+        try:
+            return truncated(ids, keep, side, self.engine.config.model.max_model_len)
+        except APIError as exc:  # the server's 400, in its words
+            raise ValueError(exc.message) from None
+
     def _ranked(self, candidates: dict[int, float], before: list[int]) -> dict[int, Logprob]:
         """A beam step's candidates as vLLM's answers hold them."""
         ranks = candidate_ranks(candidates)
@@ -317,13 +344,15 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
+        tokenization_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """One conversation or a list of them, in OpenAI's message shapes (content parts, tool calls
         and results), rendered as the server renders a chat request, `tools` included; vLLM's
         arguments, in its order: `chat_template` over the LLM's own, `continue_final_message` with
         `add_generation_prompt=False` continues the last message; `chat_template_kwargs` are
         template variables, e.g. enable_thinking; `chat_template_content_format` as the server's
-        flag. A message or tool the server would refuse is a ValueError naming its place."""
+        flag; `tokenization_kwargs` as `generate`'s. A message or tool the server would refuse is a
+        ValueError naming its place."""
         from pagoda.entrypoints.openai.chat import parse_messages, render_ids
         from pagoda.entrypoints.openai.errors import APIError
         from pagoda.entrypoints.openai.tool_calls import check_tools
@@ -363,7 +392,7 @@ class LLM:
             raise ValueError(exc.message) from None
         except jinja2.TemplateError as exc:  # a message the template cannot read
             raise ValueError(f"the chat template cannot render these messages: {exc}") from None
-        results = self.generate(prompts, sampling_params, use_tqdm, lora_request, priority)
+        results = self.generate(prompts, sampling_params, use_tqdm, lora_request, priority, tokenization_kwargs)
         # as vLLM's: .prompt is the rendered conversation
         return [replace(r, prompt=self.tokenizer.decode(r.prompt_token_ids)) for r in results]
 

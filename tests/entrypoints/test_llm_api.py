@@ -183,6 +183,27 @@ def test_what_vllm_scripts_do_with_params_outputs_and_prompts(tiny_llm):
     assert capped.chat(chat, params, use_tqdm=False)[0].prompt == "T:Hi"
 
 
+def test_tokenization_kwargs_truncate_prompts_as_vllms(tiny_llm, caplog):
+    """vLLM's offline truncation: the last tokens kept (the first with truncation_side "right"),
+    token-id prompts too; special tokens left out of a text on request; unknown keys warned of."""
+    ids = list(range(5, 25))
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+
+    def prompt_of(prompt, **kwargs):
+        return tiny_llm.generate(prompt, params, use_tqdm=False, tokenization_kwargs=kwargs)[0].prompt_token_ids
+
+    assert prompt_of(ids, truncate_prompt_tokens=8) == ids[-8:]
+    assert prompt_of(ids, truncation=True, max_length=6, truncation_side="right") == ids[:6]
+    assert prompt_of(ids, truncate_prompt_tokens=-1) == ids  # the context (128) less one holds it all
+    text = "Hello there, general Kenobi"
+    assert prompt_of(text, add_special_tokens=False) == tiny_llm.tokenizer.encode(text, add_special_tokens=False)
+    with caplog.at_level("WARNING", logger="pagoda.entrypoints.llm"):
+        assert prompt_of(ids, padding="longest") == ids
+    assert "['padding'] are not supported" in caplog.text
+    with pytest.raises(ValueError, match="cannot be greater than max_model_len"):
+        prompt_of(ids, truncate_prompt_tokens=10_000)
+
+
 def test_beam_search_logprobs_are_vllms_logprob_objects(tiny_llm):
     from pagoda import BeamSearchParams
     from pagoda.outputs import Logprob
