@@ -23,6 +23,15 @@ class LLMEngine(EngineBase):
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt)
 
+    def get_tokenizer(self):
+        """vLLM's LLMEngine.get_tokenizer, for scripts that reach it through `llm.llm_engine`."""
+        return self.tokenizer
+
+    @property
+    def model_config(self):
+        """vLLM's name for the model's config (its `max_model_len`, `dtype`, `hf_config`, ..)."""
+        return self.config.model
+
     def add_request(
         self,
         prompt: str | list[int],

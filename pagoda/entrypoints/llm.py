@@ -305,6 +305,12 @@ class LLM:
         """The model's tokenizer (vLLM's name for `tokenizer`)."""
         return self.tokenizer
 
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for the engine, as older scripts reach the tokenizer and model config through
+        it (`llm.llm_engine.get_tokenizer()`, `llm.llm_engine.model_config.max_model_len`)."""
+        return self.engine
+
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """vLLM's: drop every cached prefix (between calls nothing holds one, so it succeeds). Its
         arguments change nothing here: no request runs between calls, and there is no KV connector."""

@@ -181,6 +181,8 @@ def test_what_vllm_scripts_do_with_params_outputs_and_prompts(tiny_llm):
     defaults = capped.get_default_sampling_params()
     assert (defaults.temperature, defaults.max_tokens, defaults.top_p) == (0.3, 7, 1.0)
     assert capped.chat(chat, params, use_tqdm=False)[0].prompt == "T:Hi"
+    engine = capped.llm_engine  # as older vLLM scripts reach the tokenizer and the context length
+    assert engine.get_tokenizer() is capped.tokenizer and engine.model_config.max_model_len == 64
 
 
 def test_tokenization_kwargs_truncate_prompts_as_vllms(tiny_llm, caplog):
