@@ -309,3 +309,20 @@ def check_token_ids(ids: Iterable[object], vocab_size: int, param: str) -> None:
     bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
     if bad is not None:
         raise SamplingParamsError(param, f"{param} holds token id {bad}, outside the vocabulary (0..{vocab_size - 1})")
+
+
+def truncated_prompt(ids: list[int], keep: int | None, side: str | None, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens, or with truncation_side
+    "right" its first (None: all of them; -1: as many as leave room for one token of output, as
+    vLLM keeps)."""
+    if keep is None:
+        return ids
+    if keep == 0:
+        raise SamplingParamsError("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or at least 1, got 0")
+    if keep > max_model_len:
+        message = f"truncate_prompt_tokens={keep} cannot be greater than max_model_len={max_model_len}"
+        raise SamplingParamsError("truncate_prompt_tokens", message)
+    keep = max_model_len - 1 if keep == -1 else keep
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[-keep:]

@@ -23,7 +23,7 @@ from pagoda.entrypoints import LOG_FORMAT
 from pagoda.generation_config import sampling_defaults
 from pagoda.lora import LoRARequest
 from pagoda.outputs import Logprob, RequestOutput, TokenTexts, request_output
-from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams
+from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, truncated_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -278,9 +278,6 @@ class LLM:
         truncation to `truncate_prompt_tokens` tokens (-1: the context less one), or to `max_length`
         with `truncation=True`, keeping the last unless `truncation_side="right"`, as the server's
         truncate_prompt_tokens; any other key is warned of and ignored, as vLLM's are."""
-        from pagoda.entrypoints.openai.errors import APIError
-        from pagoda.entrypoints.openai.params import truncated
-
         kwargs = dict(tokenization_kwargs)
         add_special = kwargs.pop("add_special_tokens", True)
         keep = kwargs.pop("truncate_prompt_tokens", None)
@@ -291,10 +288,7 @@ class LLM:
         if kwargs:
             logger.warning("tokenization_kwargs %s are not supported and are ignored", sorted(kwargs))
         ids = self.tokenizer.encode(prompt, add_special_tokens=add_special) if isinstance(prompt, str) else list(prompt)
-        try:
-            return truncated(ids, keep, side, self.engine.config.model.max_model_len)
-        except APIError as exc:  # the server's 400, in its words
-            raise ValueError(exc.message) from None
+        return truncated_prompt(ids, keep, side, self.engine.config.model.max_model_len)  # the server's rule
 
     def _ranked(self, candidates: dict[int, float], before: list[int]) -> dict[int, Logprob]:
         """A beam step's candidates as vLLM's answers hold them."""

@@ -187,22 +187,11 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def truncated(ids: list[int], keep: int | None, side: TruncationSide | None, max_model_len: int) -> list[int]:
-    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens, or with truncation_side
-    "right" its first (None: all of them; -1: as many as leave room for one token of output, as
-    vLLM keeps)."""
-    if keep is None:
-        return ids
-    if keep == 0:
-        raise bad_request("truncate_prompt_tokens must be -1 or at least 1, got 0", "truncate_prompt_tokens")
-    if keep > max_model_len:
-        raise bad_request(
-            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len={max_model_len}",
-            "truncate_prompt_tokens",
-        )
-    keep = max_model_len - 1 if keep == -1 else keep
-    if len(ids) <= keep:
-        return ids
-    return ids[:keep] if side == "right" else ids[-keep:]
+    """sampling_params.truncated_prompt, its refusal a 400."""
+    try:
+        return sampling.truncated_prompt(ids, keep, side, max_model_len)
+    except sampling.SamplingParamsError as exc:
+        raise bad_request(str(exc), exc.param) from None
 
 
 def check_context(
