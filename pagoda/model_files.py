@@ -208,12 +208,19 @@ def template_iterates_content(template: str | None) -> bool:
     transformers' own) is read by its text."""
     if not template:
         return False
-    environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
-    try:
-        loops = environment.parse(template).find_all(jinja2.nodes.For)
-    except jinja2.TemplateSyntaxError:
+    tree = _parsed(template)
+    if tree is None:
         return _CONTENT_LOOP.search(template) is not None
-    return any(_is_content(loop.iter) for loop in loops)
+    return any(_is_content(loop.iter) for loop in tree.find_all(jinja2.nodes.For))
+
+
+def _parsed(template: str) -> jinja2.nodes.Template | None:
+    """The template's syntax tree, None where jinja2 alone cannot parse it (a tag of transformers'
+    own, such as `generation`: the callers read its text instead)."""
+    try:
+        return jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError:
+        return None
 
 
 _CONTENT_LOOP = re.compile(r"\{%-?\s*for\s+\w+\s+in\s+(\w+\.content\b|\w+\[\s*['\"]content['\"]\s*\]|content\b)")
@@ -243,8 +250,7 @@ def template_supports_tools(template: str | None) -> bool:
     template (None or empty) reads nothing."""
     if not template:
         return False
-    environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
-    try:
-        return "tools" in jinja2.meta.find_undeclared_variables(environment.parse(template))
-    except jinja2.TemplateSyntaxError:  # a tag of transformers' own (`generation`): read the text
+    tree = _parsed(template)
+    if tree is None:
         return re.search(r"\btools\b", template) is not None
+    return "tools" in jinja2.meta.find_undeclared_variables(tree)

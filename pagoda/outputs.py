@@ -14,18 +14,23 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.lora import LoRARequest
 from pagoda.request import TokenLogprob
 
-# a token's decoded_token, given the sequence's tokens before it (None under detokenize=False)
+# a token's decoded_token, given the sequence's last CONTEXT tokens before it (None under detokenize=False)
 DecodeToken = Callable[[int, Sequence[int]], str | None]
 INCOMPLETE = "\ufffd"  # what a tokenizer decodes a piece of a character to
+CONTEXT = 4  # the tokens before one that its decoded text may complete a character of (vLLM's)
 
 
-class TokenTexts:
+def context(ids: Sequence[int], position: int) -> Sequence[int]:
+    """The tokens before `position` a decoded token reads: the last CONTEXT (not all: per position,
+    all would make a long sequence's logprobs quadratic)."""
+    return ids[max(0, position - CONTEXT) : position]
+
+
+class DecodedTokens:
     """vLLM's Logprob.decoded_token: a token's own text, but where that ends in an incomplete
     character (a byte-level piece of one), the text it completes after up to 4 of the sequence's
     tokens before it, and "" while it completes none: so the sampled tokens' texts, joined, are
     the text, where each token's own would leave U+FFFD for every piece."""
-
-    CONTEXT = 4
 
     def __init__(self, tokenizer) -> None:
         self._decode = tokenizer.decode
@@ -35,7 +40,7 @@ class TokenTexts:
         text = self.own(token_id)
         if not text.endswith(INCOMPLETE):
             return text
-        for n in range(1, min(len(before), self.CONTEXT) + 1):
+        for n in range(1, min(len(before), CONTEXT) + 1):
             window = list(before[-n:])
             whole = self._decode([*window, token_id])
             if whole.endswith(INCOMPLETE):
@@ -105,7 +110,11 @@ def completion_output(
 ) -> CompletionOutput:
     # as vLLM's, an output token's context is the output before it
     ids = seq.token_ids
-    logprobs = [position_logprobs(lp, decode, ids[:j]) for j, lp in enumerate(seq.logprobs)] if asked_logprobs else None
+    logprobs = (
+        [position_logprobs(lp, decode, context(ids, j)) for j, lp in enumerate(seq.logprobs)]
+        if asked_logprobs
+        else None
+    )
     return CompletionOutput(
         index=seq.index,
         text=seq.text,
@@ -135,7 +144,8 @@ def request_output(
     if asked_prompt:
         whole = max((seq.prompt_logprobs for seq in sequences), key=len)
         prompt_logprobs = [
-            None if lp is None else position_logprobs(lp, decode, prompt_token_ids[:i]) for i, lp in enumerate(whole)
+            None if lp is None else position_logprobs(lp, decode, context(prompt_token_ids, i))
+            for i, lp in enumerate(whole)
         ]
     return RequestOutput(
         request_id=request_id,

@@ -22,7 +22,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints import LOG_FORMAT
 from pagoda.generation_config import sampling_defaults
 from pagoda.lora import LoRARequest
-from pagoda.outputs import Logprob, RequestOutput, TokenTexts, request_output
+from pagoda.outputs import DecodedTokens, Logprob, RequestOutput, context, request_output
 from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, truncated_prompt
 
 logger = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class LLM:
         show_load_progress()
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
-        self._token_texts = TokenTexts(self.tokenizer)
+        self._decoded_tokens = DecodedTokens(self.tokenizer)
 
     def generate(
         self,
@@ -230,7 +230,7 @@ class LLM:
                 ids_,
                 [done[rid][k] for k in sorted(done[rid])],
                 (sp.logprobs is not None, sp.prompt_logprobs is not None),
-                self._token_texts if sp.detokenize else _no_text,
+                self._decoded_tokens if sp.detokenize else _no_text,
                 lora,
             )
             for rid, prompt, ids_, sp, lora in zip(ids, prompt_list, prompt_ids, params_list, loras)
@@ -269,7 +269,7 @@ class LLM:
             for beam in best:
                 beam.text = self.tokenizer.decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
                 new = search.new_tokens(beam)  # a step's candidates' context: the beam's tokens before it
-                beam.logprobs = [self._ranked(candidates, new[:j]) for j, candidates in enumerate(beam.logprobs)]
+                beam.logprobs = [self._ranked(c, context(new, j)) for j, c in enumerate(beam.logprobs)]
             outputs.append(BeamSearchOutput(best))
         return outputs
 
@@ -293,7 +293,7 @@ class LLM:
     def _ranked(self, candidates: dict[int, float], before: list[int]) -> dict[int, Logprob]:
         """A beam step's candidates as vLLM's answers hold them."""
         ranks = candidate_ranks(candidates)
-        return {t: Logprob(value, ranks[t], self._token_texts(t, before)) for t, value in candidates.items()}
+        return {t: Logprob(value, ranks[t], self._decoded_tokens(t, before)) for t, value in candidates.items()}
 
     def get_tokenizer(self):
         """The model's tokenizer (vLLM's name for `tokenizer`)."""

@@ -308,8 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("--disable-cascade-attn", "there is no cascade attention"),
         ("--disable-sliding-window", "a model with a sliding window is served within it (max_model_len capped)"),
     ):
-        help = f"accepted for vLLM's command lines: {why} (default: %(default)s)"
-        p.add_argument(flag, action="store_true", help=help)
+        p.add_argument(
+            flag, action="store_true", help=f"accepted for vLLM's command lines: {why} (default: %(default)s)"
+        )
     p.add_argument(
         "--logprobs-mode",
         default="raw_logprobs",
