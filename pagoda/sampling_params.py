@@ -36,7 +36,10 @@ class ReasoningSpan:
 @dataclass(frozen=True)
 class StructuredOutputsParams:
     """A constraint on the output: exactly one of a JSON schema, any JSON object, a regular
-    expression, a choice among strings, or an EBNF grammar (vLLM's `structured_outputs`).
+    expression, a choice among strings, an EBNF grammar, or a structural tag (xgrammar's JSON
+    description of text with constrained parts, vLLM's `structural_tag`: a `{"type":
+    "structural_tag", "format": {...}}`, or the older `{"structures": [...], "triggers": [...]}`)
+    (vLLM's `structured_outputs`).
 
     `strict` (OpenAI's word): all of it enforced, or the request refused naming what cannot be
     (a JSON schema keyword such as `uniqueItems`, a pattern beside `minLength`); without it, as
@@ -47,6 +50,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # EBNF, as xgrammar and llama.cpp's GBNF read it
+    structural_tag: str | None = None  # JSON text (a dict is written as such on construction)
     strict: bool = False
     # vLLM's options, taken for its scripts: what the first two ask is what Pagoda always does
     # (JSON written compactly; objects hold only a schema's properties), whatever their value
@@ -69,13 +73,14 @@ class StructuredOutputsParams:
                 raise SamplingParamsError("structured_outputs", f"the JSON schema is not valid JSON: {exc}") from None
         if self.json is not None and not isinstance(self.json, dict):
             raise SamplingParamsError("structured_outputs", "a JSON schema must be a JSON object")
-        set_ = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if self.structural_tag is not None:
+            object.__setattr__(self, "structural_tag", _structural_tag_text(self.structural_tag))
+        set_ = [name for name in CONSTRAINT_KINDS if name != "json_object" and getattr(self, name) is not None]
         set_ += ["json_object"] if self.json_object else []
         if len(set_) != 1:
             raise SamplingParamsError(
                 "structured_outputs",
-                "structured_outputs takes exactly one of json, json_object, regex, choice, grammar; "
-                f"got {set_ or 'none'}",
+                f"structured_outputs takes exactly one of {', '.join(CONSTRAINT_KINDS)}; got {set_ or 'none'}",
             )
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
             raise SamplingParamsError(
@@ -84,20 +89,33 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        return (
-            "json_object"
-            if self.json_object
-            else next(name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None)
-        )
+        if self.json_object:
+            return "json_object"
+        return next(name for name in CONSTRAINT_KINDS if name != "json_object" and getattr(self, name) is not None)
 
     @property
     def key(self) -> str:
         """The constraint as one text: equal constraints have equal keys. A schema keeps its order
         (xgrammar writes properties in it), so `{b, a}` and `{a, b}` are different constraints; a
         strict one is another constraint than the same without (one may be refused, not the other)."""
-        value = {"json": self.json, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}.get(self.kind)
+        value = None if self.kind == "json_object" else getattr(self, self.kind)
         strict = " strict" if self.strict else ""
         return f"{self.kind}{strict}\n{json.dumps(value, separators=(',', ':'), ensure_ascii=False)}"
+
+
+CONSTRAINT_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
+def _structural_tag_text(value: Any) -> str:
+    """A structural tag as compact JSON text: an object, given as one or as its JSON text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise SamplingParamsError("structured_outputs", f"the structural tag is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise SamplingParamsError("structured_outputs", "a structural tag must be a JSON object")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass

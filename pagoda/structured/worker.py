@@ -42,6 +42,11 @@ LITERAL_ESCAPE = re.compile(
 )
 
 
+# the head of a failed C++ check in the library's errors, which says nothing to a client: "Check failed:
+# (std::holds_alternative<Grammar>(result)) is false: Invalid structural tag error: ..."
+FAILED_CHECK = re.compile(r"^Check failed: .*? is false: ")
+
+
 def weakens(warning: str) -> bool:
     """Whether xgrammar's warning means its grammar enforces less than the constraint asks."""
     literal = LITERAL_ESCAPE.fullmatch(warning)
@@ -64,7 +69,24 @@ def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:
         return compiler.compile_grammar(f"root ::= {alternatives}")
     if kind == "grammar":
         return compiler.compile_grammar(value)
+    if kind == "structural_tag":
+        return _compile_structural_tag(compiler, value)
     raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+def _compile_structural_tag(compiler: Any, text: str) -> Any:
+    """xgrammar's structural tag (`{"type": "structural_tag", "format": ...}`), or its older form
+    of tags and triggers (`{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`)."""
+    import xgrammar
+
+    spec = json.loads(text)
+    if "structures" not in spec:
+        return compiler.compile_structural_tag(text)
+    tags = [
+        xgrammar.StructuralTagItem(begin=item["begin"], schema=json.dumps(item["schema"]), end=item["end"])
+        for item in spec["structures"]
+    ]
+    return compiler.compile_structural_tag(tags, spec["triggers"])
 
 
 @contextlib.contextmanager
@@ -104,7 +126,7 @@ def serve(conn: Connection) -> None:
             with library_warnings() as warnings:
                 compiled = compile_constraint(compiler, kind, value)
         except Exception as exc:  # noqa: BLE001 - every library error is the client's to read
-            conn.send(("error", f"{type(exc).__name__}: {exc}", []))
+            conn.send(("error", f"{type(exc).__name__}: {FAILED_CHECK.sub('', str(exc))}", []))
             continue
         weakening = [warning for warning in warnings if weakens(warning)]
         if weakening and strict:  # the library would enforce less than asked: outputs could break the constraint

@@ -33,6 +33,18 @@ class City(pydantic.BaseModel):
     population: int = pydantic.Field(ge=0, le=100_000_000)
 
 
+TAGGED = {
+    "type": "structural_tag",
+    "format": {
+        "type": "tag",
+        "begin": "<city>",
+        "content": {"type": "json_schema", "json_schema": SCHEMA},
+        "end": "</city>",
+    },
+}
+LEGACY = {"begin": "<city>", "schema": SCHEMA, "end": "</city>"}
+
+
 def chat(http: httpx.Client, **body) -> httpx.Response:
     return http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 80, "temperature": 0} | body)
 
@@ -74,12 +86,38 @@ def test_completions_take_response_format_too(http):
         ({"guided_regex": "[0-9]{4}"}, lambda t: re.fullmatch("[0-9]{4}", t)),
         ({"guided_choice": ["yes", "no"]}, lambda t: t in ("yes", "no")),
         ({"guided_grammar": 'root ::= "a" | "b"'}, lambda t: t in ("a", "b")),
+        (  # xgrammar's structural tag, vLLM's structural_tag: here the whole output is one tagged object
+            {"structured_outputs": {"structural_tag": json.dumps(TAGGED)}},
+            lambda t: (
+                jsonschema.validate(json.loads(t.removeprefix("<city>").removesuffix("</city>")), SCHEMA) is None
+                and t.startswith("<city>")
+            ),
+        ),
+        (
+            {"response_format": TAGGED},
+            lambda t: (
+                jsonschema.validate(json.loads(t.removeprefix("<city>").removesuffix("</city>")), SCHEMA) is None
+                and t.startswith("<city>")
+            ),
+        ),
     ],
     ids=lambda value: next(iter(value)) if isinstance(value, dict) else "",
 )
 def test_vllm_spellings(http, body, check):
     text = text_of(chat(http, **body))
     assert check(text), text
+
+
+def test_a_structural_tag_in_its_older_form_leaves_text_free_and_holds_what_a_tag_opens(http):
+    """vLLM's older structural_tag response_format: text, and where the model writes a trigger, the
+    tagged object (tests/tools/test_tags.py holds the grammar to it token by token)."""
+    tagged = {"type": "structural_tag", "structures": [LEGACY], "triggers": ["<city>"]}
+    response = chat(http, response_format=tagged, max_tokens=40)
+    assert response.status_code == 200, response.text
+    text = response.json()["choices"][0]["message"]["content"]
+    for part in text.split("<city>")[1:]:
+        if "</city>" in part:
+            jsonschema.validate(json.loads(part.split("</city>")[0]), SCHEMA)
 
 
 def test_streaming_equals_non_streaming_and_n_gives_valid_outputs(client):
@@ -133,6 +171,13 @@ BAD = [
         "name",
     ),
     ({"response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format", '"format", or "structures"'),
+    (  # the library's own reason, without the head of its failed C++ check
+        {"response_format": {"type": "structural_tag", "format": {"type": "nonsense"}}},
+        "response_format",
+        "Invalid structural tag error: Format type not recognized: nonsense",
+    ),
+    ({"structured_outputs": {"structural_tag": "{not json"}}, "structured_outputs", "not valid JSON"),
     ({"structured_outputs": {"regex": "([a-z]"}}, "structured_outputs", "parenthesis is not closed"),
     ({"structured_outputs": {"grammar": "root ::= undefined_rule"}}, "structured_outputs", "is not defined"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs", "choice"),

@@ -79,8 +79,7 @@ def test_required_with_parallel_calls(client):
 
 
 def test_allowed_tools_required_calls_only_those(client):
-    """OpenAI's allowed_tools: every tool is shown, "required" forces calls among the allowed ones;
-    "auto" is served as auto."""
+    """OpenAI's allowed_tools: every tool is shown, "required" forces calls among the allowed ones."""
     allowed = {"mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}
     kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=120)
     choice = client.chat.completions.create(
@@ -88,9 +87,79 @@ def test_allowed_tools_required_calls_only_those(client):
     ).choices[0]
     assert choice.finish_reason == "tool_calls"
     assert_valid_calls(choice.message.tool_calls, allowed=("get_time",))
-    auto = {"type": "allowed_tools", "allowed_tools": {**allowed, "mode": "auto"}}
-    served = client.chat.completions.create(**kwargs, tool_choice=auto).choices[0].message
-    assert served == client.chat.completions.create(**kwargs, tool_choice="auto").choices[0].message
+
+
+# An agent's second turn, after which the 135M model calls get_weather under "auto" by itself.
+BERLIN = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    {"role": "assistant", "content": "It is 18 C and sunny in Paris."},
+    {"role": "user", "content": "What is the weather in Berlin?"},
+]
+KELVIN = {  # a unit the model would not write by itself
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["kelvin"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+
+
+def weather_in_kelvin(strict: bool) -> dict:
+    return {"type": "function", "function": {**WEATHER["function"], "parameters": KELVIN, "strict": strict}}
+
+
+def auto_calls(client, **kwargs) -> list[tuple[str, dict]]:
+    kwargs = dict(model=MODEL, messages=BERLIN, temperature=0, max_tokens=60) | kwargs
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    return [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+
+
+def test_auto_holds_a_strict_tools_calls_to_its_schema(client):
+    """OpenAI's `strict: true` under "auto" (as vLLM 0.32 serves it, with a structural tag): the model
+    decides whether to call, and a call it opens must validate. The same tool not strict: the model's
+    own arguments."""
+    (name, arguments), *_ = auto_calls(client, tools=[weather_in_kelvin(strict=True), TIME])
+    assert name == "get_weather"
+    jsonschema.validate(arguments, KELVIN)
+    (name, arguments), *_ = auto_calls(client, tools=[weather_in_kelvin(strict=False), TIME])
+    assert name == "get_weather" and arguments.get("unit") != "kelvin"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(arguments, KELVIN)
+
+
+def test_allowed_tools_auto_calls_only_those(client):
+    """OpenAI's allowed_tools "auto": every tool is shown, the model decides, and a call is one of
+    those allowed. Plain "auto" calls get_weather here. (One call: held to get_time, whose arguments
+    are not, the 135M model goes on calling it until max_tokens.)"""
+    assert [name for name, _ in auto_calls(client, tools=TOOLS, parallel_tool_calls=False)] == ["get_weather"]
+    allowed = {"mode": "auto", "tools": [{"type": "function", "function": {"name": "get_time"}}]}
+    choice = {"type": "allowed_tools", "allowed_tools": allowed}
+    calls = auto_calls(client, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False)
+    assert [name for name, _ in calls] == ["get_time"]
+
+
+def test_a_strict_tool_beside_a_response_format_is_a_call_or_the_answer(client):
+    """The OpenAI Agents SDK's output_type beside its (strict) tools: as vLLM 0.32, the output opens
+    with a call held to its tool, or is the answer in its schema."""
+    answer = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": answer, "strict": True}}
+    kwargs = dict(model=MODEL, messages=BERLIN, temperature=0, max_tokens=60, response_format=response_format)
+    choice = client.chat.completions.create(**kwargs, tools=[weather_in_kelvin(strict=True), TIME]).choices[0]
+    assert [call.function.name for call in choice.message.tool_calls] == ["get_weather"]
+    jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), KELVIN)
+    without_tools = client.chat.completions.create(**kwargs).choices[0]
+    jsonschema.validate(json.loads(without_tools.message.content), answer)
 
 
 def test_a_named_function_is_the_one_called(client):
@@ -294,6 +363,10 @@ BAD = [
             "tools": [TIME, {"type": "function", "function": {"name": "f", "parameters": LOOKAHEAD, "strict": True}}],
             "tool_choice": "required",
         },
+        "tools[1].function.parameters",
+    ),
+    (  # under "auto" too: a strict tool's calls are held to its schema, all of it
+        {"tools": [TIME, {"type": "function", "function": {"name": "f", "parameters": LOOKAHEAD, "strict": True}}]},
         "tools[1].function.parameters",
     ),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),

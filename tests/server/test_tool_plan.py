@@ -9,9 +9,10 @@ import pytest
 
 from pagoda.entrypoints.openai.chat import planned
 from pagoda.entrypoints.openai.errors import APIError
-from pagoda.entrypoints.openai.tool_calls import ToolSettings, calls_schema, plan_tools
+from pagoda.entrypoints.openai.tool_calls import ToolSettings, plan_tools
 from pagoda.sampling_params import SamplingParams
 from pagoda.tools.parsers import FORCED_CALLS, PARSERS
+from pagoda.tools.tags import calls_schema
 
 TOOL = {
     "type": "function",
@@ -35,10 +36,64 @@ def test_auto_takes_the_templates_format_else_generic():
 def test_required_and_named_are_constrained_to_the_generic_format():
     required = plan("required")
     assert required.parser is FORCED_CALLS  # the generic format, streamed as the grammar writes it
-    assert required.constraint.json == calls_schema([TOOL], parallel=True)
+    assert required.constraint.json == calls_schema([("f", TOOL["function"]["parameters"])], parallel=True)
     named = plan({"type": "function", "function": {"name": "f"}})
     assert named.constraint.json["properties"]["tool_calls"]["maxItems"] == 1
     assert plan("required", parallel=False).constraint.json["properties"]["tool_calls"]["maxItems"] == 1
+
+
+STRICT = {"type": "function", "function": {**TOOL["function"], "name": "s", "strict": True}}
+
+
+def tag_format(params: SamplingParams) -> dict:
+    return json.loads(params.structured_outputs.structural_tag)["format"]
+
+
+def test_auto_holds_calls_where_vllm_does():
+    """Plain "auto" with tools that are not strict compiles nothing; a strict tool, allowed_tools,
+    parallel_tool_calls false or --tool-strict-level hold the calls the model opens (a structural
+    tag in the parser's format): to the tools it may call, their arguments to a strict tool's schema."""
+    params = SamplingParams(max_tokens=8)
+    assert planned(params, plan(), None)[0].structured_outputs is None
+
+    def held(tools, choice="auto", level="auto", parallel=True) -> dict[str, dict]:
+        settings = ToolSettings(enable_auto_tool_choice=True, tool_strict_level=level)
+        tool_plan = plan_tools(tools, choice, parallel, settings, "plain", True)
+        tags = tag_format(planned(params, tool_plan, None)[0])["tags"]
+        schema = tags[0]["content"]["json_schema"]
+        return {
+            call["properties"]["name"]["const"]: call["properties"]["arguments"]
+            for call in schema["items"].get("anyOf", [schema["items"]])
+        }
+
+    any_object = {"type": "object"}
+    assert held([TOOL, STRICT]) == {"f": any_object, "s": STRICT["function"]["parameters"]}
+    assert held([TOOL], parallel=False) == {"f": any_object}
+    assert held([TOOL], level="function") == {"f": any_object}
+    assert held([TOOL], level="parameter") == {"f": TOOL["function"]["parameters"]}
+    allowed = {
+        "type": "allowed_tools",
+        "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "s"}}]},
+    }
+    assert held([TOOL, STRICT], choice=allowed) == {"s": STRICT["function"]["parameters"]}
+    with pytest.raises(ValueError, match="tool strict level"):
+        ToolSettings(tool_strict_level="always")
+
+
+def test_a_constraint_beside_held_calls():
+    """A JSON response_format beside them: a call first, or the answer (each part compiled alone too,
+    named by its field); another kind of constraint applies alone, the calls unconstrained (vLLM's rule)."""
+    from pagoda.sampling_params import StructuredOutputsParams
+
+    tool_plan = plan_tools([STRICT], "auto", True, AUTO, "plain", True)
+    answer = StructuredOutputsParams(json={"type": "object"}, strict=True)
+    params, parts = planned(SamplingParams(structured_outputs=answer), tool_plan, "response_format")
+    first, second = tag_format(params)["elements"]
+    assert first["at_least_one"] and second == {"type": "json_schema", "json_schema": {"type": "object"}}
+    assert [name for name, _ in parts] == ["tools[0].function.parameters", "response_format"]
+    regex = StructuredOutputsParams(regex="[a-z]+")
+    params, parts = planned(SamplingParams(structured_outputs=regex), tool_plan, "structured_outputs")
+    assert params.structured_outputs is regex and parts == []
 
 
 def test_a_parser_whose_markers_may_be_special_tokens_keeps_them_in_the_text():
@@ -48,10 +103,12 @@ def test_a_parser_whose_markers_may_be_special_tokens_keeps_them_in_the_text():
     params = SamplingParams(max_tokens=8)
     for parser, keeps in (("hermes", True), ("mistral", True), ("llama3_json", False), ("pythonic", False)):
         settings = ToolSettings(enable_auto_tool_choice=True, tool_call_parser=parser)
-        assert planned(params, plan(settings=settings, template="{{ tools }}")).skip_special_tokens is not keeps
-    assert planned(params, plan(template="plain")).skip_special_tokens  # generic
-    assert planned(params, plan("none", template="{{ tools }}<tool_call>")).skip_special_tokens
-    assert planned(params, plan("required")).skip_special_tokens  # the grammar writes the generic format
+        assert (
+            planned(params, plan(settings=settings, template="{{ tools }}"), None)[0].skip_special_tokens is not keeps
+        )
+    assert planned(params, plan(template="plain"), None)[0].skip_special_tokens  # generic
+    assert planned(params, plan("none", template="{{ tools }}<tool_call>"), None)[0].skip_special_tokens
+    assert planned(params, plan("required"), None)[0].skip_special_tokens  # the grammar writes the generic format
 
 
 def test_none_renders_the_tools_and_parses_nothing():
@@ -133,8 +190,7 @@ def test_forced_calls_keep_each_tools_definitions(default_model_dir):
 
     from pagoda.model_files import load_tokenizer
 
-    tools = [TOOL, {"type": "function", "function": {"name": "g", "parameters": NESTED}}]
-    schema = calls_schema(tools, parallel=True)
+    schema = calls_schema([("f", TOOL["function"]["parameters"]), ("g", NESTED)], parallel=True)
     call = {"tool_calls": [{"name": "g", "arguments": {"at": {"x": 1}, "label": None}}]}
     jsonschema.validate(call, schema)
     with pytest.raises(jsonschema.ValidationError):

@@ -17,7 +17,7 @@ from pagoda.config import ConfigError
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
-from pagoda.entrypoints.openai.params import check_context, sampling_params, truncated
+from pagoda.entrypoints.openai.params import check_context, constraint_field, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
 from pagoda.entrypoints.openai.serving import (
     DONE,
@@ -39,7 +39,7 @@ from pagoda.model_files import (
     template_names_developer,
     template_supports_tools,
 )
-from pagoda.sampling_params import SamplingParams
+from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
 from pagoda.tools.prompt import with_tools_in_system_prompt
 
 ENDPOINT = "/v1/chat/completions"
@@ -364,23 +364,44 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         renames={"logprobs": "top_logprobs", "max_tokens": max_param},
         reasoning=state.reasoning,
     )
-    params = planned(params, plan)
+    params, parts = planned(params, plan, constraint_field(body))
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param, body.min_tokens or 0)
-    await state.check_constraint(body, params)
+    await state.check_constraint(body, params, parts)
     return PreparedChat(plan, prompt_ids, params, role, echoed)
 
 
-def planned(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
-    """A request's sampling as its tools change it (vLLM's rules): a forced call's grammar replaces any
-    other constraint (with a reasoning parser, as any constraint, it applies after the thinking, also where
-    include_reasoning false leaves the thinking out of the answer);
-    a parser whose markers may be special tokens (Mistral's `[TOOL_CALLS]`, some Hermes models' `<tool_call>`)
-    gets them in the text, skip_special_tokens off."""
+def planned(
+    params: SamplingParams, plan: ToolPlan, own_field: str | None
+) -> tuple[SamplingParams, list[tuple[str, StructuredOutputsParams]]]:
+    """A request's sampling as its tools change it (vLLM's rules), and the parts of its constraint the
+    server compiles alone too, each named by its field (ServerState.check_constraint): a forced
+    call's grammar replaces any other constraint (the request's own, in `own_field`); under "auto",
+    calls held to their tools (plan.calls_format) go in a structural tag, either within free text
+    or, beside a JSON response_format, as the alternative to the answer (a call first, or the
+    answer), and beside another kind of constraint not at all (that one applies); with a reasoning
+    parser any constraint applies after the thinking, also where include_reasoning false leaves it
+    out of the answer. A parser whose markers may be special tokens (Mistral's `[TOOL_CALLS]`, some
+    Hermes models' `<tool_call>`) gets them in the text, skip_special_tokens off."""
+    parts = [
+        (f"tools[{i}].function.parameters", StructuredOutputsParams(json=schema, strict=strict))
+        for i, schema, strict in plan.enforced
+    ]
+    own = params.structured_outputs
     if plan.constraint is not None:
         params = dataclasses.replace(params, structured_outputs=plan.constraint)
+    elif plan.calls_format is not None and (own is None or own.kind in ("json", "json_object")):
+        format_ = plan.calls_format
+        if own is not None:
+            answer = {"type": "json_schema", "json_schema": own.json if own.json is not None else {"type": "object"}}
+            format_ = {"type": "or", "elements": [plan.required_calls_format, answer]}
+            parts.append((own_field or "response_format", own))
+        tag = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": format_})
+        params = dataclasses.replace(params, structured_outputs=tag)
+    else:
+        parts = []
     if plan.parser is not None and plan.parser.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
-    return params
+    return params, parts
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:

@@ -115,6 +115,7 @@ def structured_outputs(request: CompletionRequest | ChatCompletionRequest) -> St
                 regex=body.regex,
                 choice=body.choice,
                 grammar=body.grammar,
+                structural_tag=body.structural_tag,
             )
         return StructuredOutputsParams(**{GUIDED_FIELDS[field]: getattr(request, field)})
     except SamplingParamsError as exc:
@@ -124,7 +125,8 @@ def structured_outputs(request: CompletionRequest | ChatCompletionRequest) -> St
 def _response_format(value: object) -> StructuredOutputsParams:
     """OpenAI's response_format: json_object, or json_schema with its schema, whose `strict: true`
     has every keyword enforced or the request refused (else, as vLLM, what the grammar cannot
-    enforce is left unenforced)."""
+    enforce is left unenforced); or vLLM's structural_tag (xgrammar's `{"type": "structural_tag",
+    "format": {...}}`, or the older `"structures"` and `"triggers"`), taken whole."""
     if not isinstance(value, dict):
         raise bad_request(
             f'response_format must be an object such as {{"type": "json_object"}}, got {value!r:.80}', "response_format"
@@ -132,9 +134,17 @@ def _response_format(value: object) -> StructuredOutputsParams:
     kind = value.get("type")
     if kind == "json_object":
         return StructuredOutputsParams(json_object=True)
+    if kind == "structural_tag":
+        if not ("format" in value or "structures" in value and "triggers" in value):
+            raise bad_request(
+                'response_format of type structural_tag needs a "format", or "structures" and "triggers"',
+                "response_format",
+            )
+        return StructuredOutputsParams(structural_tag=value)
     if kind != "json_schema":
         raise bad_request(
-            f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"
+            f"response_format.type must be text, json_object, json_schema or structural_tag, got {kind!r}",
+            "response_format.type",
         )
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):

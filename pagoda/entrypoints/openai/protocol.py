@@ -131,6 +131,7 @@ class StructuredOutputsBody(_Body):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
 
 
 class _SamplingFields(_Body):

@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pagoda.model_files import CONTENT_FORMATS
     from pagoda.tools.parsers import PARSERS as TOOL_PARSERS  # pure Python
     from pagoda.tools.reasoning import REASONING_PARSERS
+    from pagoda.tools.tags import TOOL_STRICT_LEVELS
 
     p = Parser(
         prog="pagoda serve",
@@ -485,6 +486,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the format the model writes tool calls in (default: detected from the chat template, else generic)",
     )
     p.add_argument(
+        "--tool-strict-level",
+        default="auto",
+        choices=TOOL_STRICT_LEVELS,
+        help='what a grammar holds under tool_choice "auto" (vLLM\'s flag): auto, the calls of strict tools (and '
+        "of allowed_tools, or one call where parallel_tool_calls is false); function, every call's tool name; "
+        "parameter, also every call's arguments, as if every tool were strict (default: %(default)s)",
+    )
+    p.add_argument(
         "--exclude-tools-when-tool-choice-none",
         action="store_true",
         help='tool_choice "none" leaves the tools out of the prompt, where by default they are shown '
@@ -779,6 +788,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             args.tool_call_parser,
             args.reasoning_parser,
             exclude_tools_when_none=args.exclude_tools_when_tool_choice_none,
+            tool_strict_level=args.tool_strict_level,
         ),
         reports=read_reports_dir(args.reports),
         cors=CrossOrigin(

@@ -9,7 +9,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -29,7 +29,7 @@ from pagoda.entrypoints.openai.recording import RecordSinks, RequestRecorder, Tr
 from pagoda.entrypoints.openai.response_store import ResponseStore
 from pagoda.entrypoints.openai.stats_log import DEFAULT_INTERVAL_S
 from pagoda.entrypoints.openai.streams import Generation
-from pagoda.entrypoints.openai.tool_calls import ToolSettings, forced_parameters, is_strict
+from pagoda.entrypoints.openai.tool_calls import ToolSettings
 from pagoda.entrypoints.openai.tracing import trace_headers
 from pagoda.lora import LoRAAdapter, LoRAError, LoRARequest
 from pagoda.request import TokenLogprob
@@ -189,37 +189,35 @@ class ServerState:
         if body.stream and body.prompt_logprobs:  # no chunk carries them; 0 is vLLM's harmless value
             raise bad_request("prompt_logprobs are not available when stream is true", "prompt_logprobs")
 
-    async def check_constraint(self, body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
+    async def check_constraint(
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        params: SamplingParams,
+        parts: Sequence[tuple[str, StructuredOutputsParams]] = (),
+    ) -> None:
         """Compile the request's output constraint now, on a worker thread (the result is cached for
         the engine), so that one the library refuses, or that compiles too slowly, is a 400 naming
-        the field that held it."""
+        the field that held it. `parts`: the pieces a constraint was built of (the tools a grammar
+        holds calls to, a response_format beside them), each named by its field: a strict one is
+        compiled alone first, as strictly (the library's warnings on the whole cannot be told apart
+        by part), and where the whole fails, each alone, to name the one that does."""
         if params.structured_outputs is None:
             return
-        forced = (
-            isinstance(body, ChatCompletionRequest) and body.tools and forced_parameters(body.tools, body.tool_choice)
-        )
-        if forced:  # a strict tool beside others that are not: checked alone (plan_tools)
-            await self._refused_tool(body, lambda i: is_strict(body.tools[i]))
+        await self._refused_part([(name, part) for name, part in parts if part.strict])
         try:
             await self.engine.compile_grammar_async(params.structured_outputs)
         except GrammarError as exc:
-            if forced:  # the calls a tool_choice forces: name the tool whose schema is refused
-                await self._refused_tool(body, lambda i: True)
-            field = "tools" if forced else constraint_field(body)  # else only the tools together fail
+            await self._refused_part(parts)
+            field = "tools" if parts else constraint_field(body)  # else only the parts together fail
             raise bad_request(f"{field}: {exc}", field) from None
 
-    async def _refused_tool(self, body: ChatCompletionRequest, which: Callable[[int], bool]) -> None:
-        """A 400 naming the first forced tool (of those `which` picks) whose parameters schema the
-        library refuses on its own, as strict as the tool is; nothing where none is."""
-        for i, parameters in forced_parameters(body.tools, body.tool_choice):
-            if not which(i):
-                continue
+    async def _refused_part(self, parts: Sequence[tuple[str, StructuredOutputsParams]]) -> None:
+        """A 400 naming the first of `parts` the library refuses on its own; nothing where none is."""
+        for name, part in parts:
             try:
-                alone = StructuredOutputsParams(json=parameters, strict=is_strict(body.tools[i]))
-                await self.engine.compile_grammar_async(alone)
+                await self.engine.compile_grammar_async(part)
             except GrammarError as refused:
-                field = f"tools[{i}].function.parameters"
-                raise bad_request(f"{field}: {refused}", field) from None
+                raise bad_request(f"{name}: {refused}", name) from None
 
     async def off_loop(self, work: Callable[..., T], *args, size: int = 0) -> T:
         """Run tokenizer work of `size` characters inline when short, on a thread when long."""

@@ -7,7 +7,9 @@ How each `tool_choice` is served (as vLLM does):
   plain content;
 - "auto": the model writes calls in its own format, read back by the tool-call parser
   (`--tool-call-parser`, else detected from the chat template, else Pagoda's generic format for
-  templates without tool support); needs `--enable-auto-tool-choice`;
+  templates without tool support); needs `--enable-auto-tool-choice`. Where a tool is strict,
+  allowed_tools names some, parallel_tool_calls is false or --tool-strict-level asks, a structural
+  tag holds each call the model opens to the tools it may call and their schemas (tags.calls_format);
 - "required" and a named function: a grammar forces the generic format,
   `{"tool_calls": [{"name": ..., "arguments": {...}}]}`, restricted to the allowed tools, so
   the calls always parse and their arguments validate against the tools' schemas (all of a strict
@@ -16,8 +18,10 @@ How each `tool_choice` is served (as vLLM does):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +31,9 @@ from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError, check_json_schema, check_supported
 from pagoda.tools.parsers import FORCED_CALLS, Piece, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
 from pagoda.tools.reasoning import REASONING_PARSERS
+from pagoda.tools.tags import ANY_ARGUMENTS, TOOL_STRICT_LEVELS, Call, calls_format, calls_schema
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
-ANY_ARGUMENTS = {"type": "object"}
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,18 @@ class ToolSettings:
     tool_call_parser: str | None = None  # None: detected from the chat template, else generic
     reasoning_parser: str | None = None
     exclude_tools_when_none: bool = False  # tool_choice "none" renders no tools (vLLM's flag of that name)
+    # vLLM's --tool-strict-level, what "auto" constrains: "auto" the calls of strict tools (and of
+    # allowed_tools, and one call where parallel_tool_calls is false); "function" every call's
+    # envelope and name; "parameter" also every call's arguments, as if every tool were strict
+    tool_strict_level: str = "auto"
 
     def __post_init__(self) -> None:
         if self.tool_call_parser is not None:
             get_parser(self.tool_call_parser)  # an unknown name fails at startup
+        if self.tool_strict_level not in TOOL_STRICT_LEVELS:
+            raise ValueError(
+                f"unknown tool strict level {self.tool_strict_level!r}; choose one of {TOOL_STRICT_LEVELS}"
+            )
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(
                 f"unknown reasoning parser {self.reasoning_parser!r}; choose one of {', '.join(REASONING_PARSERS)}"
@@ -57,6 +69,12 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None = None  # rendered for the model (None: no tools)
     parser: ToolParser | None = None  # reads calls out of the output (None: all content)
     constraint: StructuredOutputsParams | None = None  # forces the calls ("required", a named function)
+    # under "auto", where calls are constrained (tags.calls_format): the calls within free text, and
+    # the same where a call must come first (beside a response_format: a call, or the answer)
+    calls_format: dict[str, Any] | None = None
+    required_calls_format: dict[str, Any] | None = None
+    # (tool index, arguments schema, strict) of each tool whose arguments the constraint holds
+    enforced: tuple[tuple[int, dict[str, Any], bool], ...] = ()
     reasoning: Any = None  # a ReasoningParser, or None
     max_calls: int | None = None  # parallel_tool_calls false under "auto": the first call only, as vLLM
     named: bool = False  # tool_choice names one function
@@ -172,35 +190,77 @@ def plan_tools(
             )
         # A template that cannot show tools got them in the system prompt, in the generic format.
         name = (settings.tool_call_parser or detect_parser(template)) if template_supports_tools(template) else None
-        return ToolPlan(
+        plan = ToolPlan(
             tools=checked,
             parser=get_parser(name or "generic"),
             reasoning=reasoning,
             max_calls=None if parallel_tool_calls else 1,
             show_reasoning=include_reasoning,
         )
+        return _constrained_auto(plan, name or "generic", checked, forced, parallel_tool_calls, settings)
     indices = _forced_indices(checked, choice, forced)
-    _check_enforceable(checked, indices)
-    allowed = [checked[i] for i in indices]
-    schema = calls_schema(allowed, parallel=parallel_tool_calls and choice == "required")
+    _check_enforceable(checked, indices, is_strict)
+    calls = _calls(checked, indices, held=indices)
     # strict only where every tool is: the library's warnings cannot be told apart by tool, so
     # the server compiles each strict one alone too (ServerState.check_constraint)
-    strict = all(is_strict(tool) for tool in allowed)
+    strict = all(is_strict(checked[i]) for i in indices)
     return ToolPlan(
         tools=checked,
         parser=FORCED_CALLS,
-        constraint=StructuredOutputsParams(json=schema, strict=strict),
+        constraint=StructuredOutputsParams(
+            json=calls_schema(calls, parallel=parallel_tool_calls and choice == "required"), strict=strict
+        ),
         reasoning=reasoning,
         named=choice == "function",
         show_reasoning=include_reasoning,
+        enforced=tuple((i, schema, is_strict(checked[i])) for i, (_, schema) in zip(indices, calls)),
     )
 
 
-def forced_parameters(tools: list[dict[str, Any]], tool_choice: Any) -> list[tuple[int, dict[str, Any]]]:
-    """(index, parameters schema) of each of a request's checked tools its tool_choice forces calls of."""
-    choice, forced = _check_choice(tool_choice, tools)
-    indices = _forced_indices(tools, choice, forced)
-    return [(i, tools[i]["function"].get("parameters") or ANY_ARGUMENTS) for i in indices]
+def _constrained_auto(
+    plan: ToolPlan,
+    parser: str,
+    tools: list[dict[str, Any]],
+    allowed: frozenset[str] | None,
+    parallel: bool,
+    settings: ToolSettings,
+) -> ToolPlan:
+    """The plan of "auto" with its calls constrained where vLLM constrains them (tags.calls_format): a
+    strict tool's arguments held to its schema, an allowed_tools' "auto" held to its tools, one call
+    where parallel_tool_calls is false, or every call where --tool-strict-level asks; the text stays free.
+    A format without a fixed opening (mistral, pythonic) stays unconstrained, as in vLLM."""
+    level = settings.tool_strict_level
+    callable_ = [i for i, tool in enumerate(tools) if allowed is None or tool["function"]["name"] in allowed]
+
+    def strict(tool: dict[str, Any]) -> bool:
+        return level == "parameter" or is_strict(tool)
+
+    held = [i for i in callable_ if strict(tools[i])]
+    if not (held or allowed is not None or level != "auto" or not parallel):
+        return plan
+    _check_enforceable(tools, held, strict)
+    calls = _calls(tools, callable_, held=held)
+    optional = calls_format(parser, calls, parallel, required=False)
+    if optional is None:
+        return plan
+    enforced = tuple((i, schema, True) for i, (_, schema) in zip(callable_, calls) if i in held)
+    return dataclasses.replace(
+        plan,
+        calls_format=optional,
+        required_calls_format=calls_format(parser, calls, parallel, required=True),
+        enforced=enforced,
+    )
+
+
+def _calls(tools: list[dict[str, Any]], indices: list[int], held: list[int]) -> list[Call]:
+    """(name, arguments schema) of the tools at `indices`: its parameters for those `held` to them, any object else."""
+    return [
+        (
+            tools[i]["function"]["name"],
+            (tools[i]["function"].get("parameters") or ANY_ARGUMENTS) if i in held else ANY_ARGUMENTS,
+        )
+        for i in indices
+    ]
 
 
 def _forced_indices(tools: list[dict[str, Any]], choice: str, forced: frozenset[str] | None) -> list[int]:
@@ -209,53 +269,6 @@ def _forced_indices(tools: list[dict[str, Any]], choice: str, forced: frozenset[
     if choice not in ("required", "function"):
         return []
     return [i for i, tool in enumerate(tools) if forced is None or tool["function"]["name"] in forced]
-
-
-def calls_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
-    """The generic format's JSON schema, for calls of `tools` only (one call unless `parallel`).
-    Each tool's own definitions move to the root, renamed per tool, so its local $refs still hold."""
-    calls, definitions = [], {}
-    for i, tool in enumerate(tools):
-        arguments, own = _lift_definitions(f"t{i}_", tool["function"].get("parameters") or ANY_ARGUMENTS)
-        definitions.update(own)
-        calls.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": tool["function"]["name"]}, "arguments": arguments},
-                "required": ["name", "arguments"],
-            }
-        )
-    items = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    array = {"type": "array", "items": items, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-    schema = {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"]}
-    return {**schema, "$defs": definitions} if definitions else schema
-
-
-def _lift_definitions(prefix: str, schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`schema` without its `$defs`/`definitions`, and those definitions named `prefix + name`,
-    every local $ref rewritten to them (`#` itself to the schema, kept as `prefix + "root"`)."""
-    own = {**(schema.get("definitions") or {}), **(schema.get("$defs") or {})}
-    refers_to_itself = False
-
-    def rewrite(node: Any) -> Any:
-        nonlocal refers_to_itself
-        if isinstance(node, list):
-            return [rewrite(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        out = {k: rewrite(v) for k, v in node.items()}
-        ref = node.get("$ref")
-        if ref == "#":
-            out["$ref"], refers_to_itself = f"#/$defs/{prefix}root", True
-        elif isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
-            out["$ref"] = f"#/$defs/{prefix}{ref.split('/', 2)[2]}"
-        return out
-
-    body = rewrite({k: v for k, v in schema.items() if k not in ("$defs", "definitions", "$schema")})
-    lifted = {f"{prefix}{name}": rewrite(sub) for name, sub in own.items()}
-    if refers_to_itself:
-        lifted[f"{prefix}root"] = body
-    return body, lifted
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -295,14 +308,16 @@ def is_strict(tool: dict[str, Any]) -> bool:
     return tool["function"].get("strict") is True
 
 
-def _check_enforceable(tools: list[dict[str, Any]], indices: list[int]) -> None:
-    """The forced tools' parameters refer to nothing the grammar cannot follow, and where a tool is
-    strict (OpenAI's `function.strict`) hold nothing it would leave unenforced (only the forced
-    tools: under "auto" and "none" no schema is compiled, and a tool is only shown to the model, as
-    vLLM serves it, however loosely its schema is written)."""
+def _check_enforceable(
+    tools: list[dict[str, Any]], indices: list[int], strict: Callable[[dict[str, Any]], bool]
+) -> None:
+    """The parameters of the tools at `indices` (those a grammar holds calls to) refer to nothing the
+    grammar cannot follow, and where a tool is `strict` (OpenAI's `function.strict`) hold nothing it
+    would leave unenforced (a tool that is only shown to the model is served as vLLM serves it,
+    however loosely its schema is written)."""
     for i in indices:
         try:
-            check_supported(tools[i]["function"].get("parameters") or ANY_ARGUMENTS, is_strict(tools[i]))
+            check_supported(tools[i]["function"].get("parameters") or ANY_ARGUMENTS, strict(tools[i]))
         except GrammarError as exc:
             param = f"tools[{i}].function.parameters"
             raise bad_request(f"{param}: {exc}", param) from None
@@ -332,8 +347,8 @@ def _check_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> tuple[str, f
 
 
 def _allowed_tools(allowed: Any, tools: list[dict[str, Any]]) -> tuple[str, frozenset[str]]:
-    """OpenAI's allowed_tools: `mode` "required" (calls of these only, forced) or "auto" (served as
-    plain "auto": the parser reads a call of any of the request's tools), `tools` naming
+    """OpenAI's allowed_tools: `mode` "required" (calls of these only, forced) or "auto" (text, or
+    calls of these only, where the format's calls can be held to them), `tools` naming
     functions among the request's tools."""
     param = "tool_choice.allowed_tools"
     listed = allowed.get("tools") if isinstance(allowed, dict) else None
