@@ -2,7 +2,8 @@
 
 Text is decoded over a short window of recent ids and only emitted once it no longer ends in an
 incomplete character (U+FFFD), so multi-byte characters and byte-fallback tokens never reach the
-stream broken. While a request runs, the last (longest stop string - 1) characters are held back
+stream broken; an output that ends inside a character (cut by max_tokens) leaves that character
+out, as vLLM does. While a request runs, the last (longest stop string - 1) characters are held back
 so that a stop string is never emitted unless asked.
 """
 
@@ -52,11 +53,11 @@ class IncrementalDetokenizer:
         return ""
 
     def flush(self) -> str:
-        """Whatever is still pending at the end, incomplete characters included."""
+        """Whatever is still pending at the end, but a last character whose bytes never completed."""
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         text = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix) :]
+        return text[len(prefix) :].rstrip("\ufffd")
 
 
 class StopStringMatcher:

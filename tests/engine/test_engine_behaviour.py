@@ -165,6 +165,17 @@ def test_incremental_detokenization_never_breaks_characters(default_llm):
     assert sum(1 for d in deltas if d == "") > 0  # some tokens held back mid-character
 
 
+def test_an_output_cut_inside_a_character_leaves_it_out(default_llm):
+    """As vLLM: max_tokens that ends an output amid a character's bytes drops the partial character
+    rather than ending the text in U+FFFD."""
+    tokenizer = default_llm.tokenizer
+    ids = tokenizer.encode("Party 🎉", add_special_tokens=False)
+    cut = next(n for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith("\ufffd"))
+    detok = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=True)
+    text = "".join(detok.add(t) for t in ids[:cut]) + detok.flush()
+    assert text == tokenizer.decode(ids[:cut]).rstrip("\ufffd") == "Party "
+
+
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
 def test_text_decoder_is_the_tokenizers_decode(default_llm, skip_special_tokens):
     """The detokenizer decodes straight through the `tokenizers` backend where transformers' decode
