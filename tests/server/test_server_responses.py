@@ -219,7 +219,7 @@ def test_vllms_fields_and_rules(client, small_server):
         extra_body={"add_generation_prompt": False, "continue_final_message": True},
     )
     assert continued.output_text == prefilled.choices[0].message.content
-    no_tools = client.responses.create(model=MODEL, input="hi", tool_choice="auto", max_output_tokens=2)
+    no_tools = client.responses.create(model=MODEL, input="hi", tool_choice="auto", max_output_tokens=2, temperature=0)
     assert no_tools.output_text and no_tools.tool_choice == "none"  # served with none, and says so
     plain = openai.OpenAI(base_url=f"{small_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
     answered = plain.responses.create(model=MODEL, input=ASK, tools=[WEATHER], max_output_tokens=8, temperature=0)

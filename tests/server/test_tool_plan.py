@@ -96,6 +96,18 @@ def test_a_constraint_beside_held_calls():
     assert params.structured_outputs is regex and parts == []
 
 
+def test_forced_calls_take_the_models_own_format_where_it_opens_calls_with_a_fixed_text():
+    """hermes and llama3_json: a structural tag in that format, read by that format's parser (vLLM
+    0.32's way); mistral (a special-token marker), pythonic and the generic format: the generic JSON."""
+    for template, parser in (("{{ tools }}<tool_call>", "hermes"), ("{{ tools }}<|python_tag|>", "llama3_json")):
+        for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+            forced = plan(choice, template=template)
+            assert forced.parser is PARSERS[parser] and forced.constraint.kind == "structural_tag"
+            assert json.loads(forced.constraint.structural_tag)["format"]["at_least_one"]
+    for template in ("{{ tools }}[TOOL_CALLS]", "plain"):
+        assert plan("required", template=template).parser is FORCED_CALLS
+
+
 def test_a_parser_whose_markers_may_be_special_tokens_keeps_them_in_the_text():
     """As vLLM's hermes and mistral parsers ask: their markers are special tokens in some vocabularies
     (Mistral's [TOOL_CALLS]), which the default skip_special_tokens would drop before the parser reads

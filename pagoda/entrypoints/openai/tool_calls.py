@@ -10,8 +10,9 @@ How each `tool_choice` is served (as vLLM does):
   templates without tool support); needs `--enable-auto-tool-choice`. Where a tool is strict,
   allowed_tools names some, parallel_tool_calls is false or --tool-strict-level asks, a structural
   tag holds each call the model opens to the tools it may call and their schemas (tags.calls_format);
-- "required" and a named function: a grammar forces the generic format,
-  `{"tool_calls": [{"name": ..., "arguments": {...}}]}`, restricted to the allowed tools, so
+- "required" and a named function: a grammar forces calls of the allowed tools, in the model's own
+  format where its calls open with a fixed text (hermes, llama3_json: a structural tag, as vLLM
+  0.32), else in the generic format, `{"tool_calls": [{"name": ..., "arguments": {...}}]}`, so
   the calls always parse and their arguments validate against the tools' schemas (all of a strict
   tool's; of another's, as vLLM, all but what the grammar cannot enforce, such as `uniqueItems`).
 """
@@ -181,6 +182,8 @@ def plan_tools(
     if not checked or choice == "none":
         shown = None if settings.exclude_tools_when_none else checked or None
         return ToolPlan(tools=shown, reasoning=reasoning, show_reasoning=include_reasoning)
+    # A template that cannot show tools got them in the system prompt, in the generic format.
+    name = (settings.tool_call_parser or detect_parser(template)) if template_supports_tools(template) else None
     if choice == "auto":
         if not settings.enable_auto_tool_choice:
             raise bad_request(
@@ -188,8 +191,6 @@ def plan_tools(
                 '(tool_choice "required", a named function and "none" work without it)',
                 "tool_choice",
             )
-        # A template that cannot show tools got them in the system prompt, in the generic format.
-        name = (settings.tool_call_parser or detect_parser(template)) if template_supports_tools(template) else None
         plan = ToolPlan(
             tools=checked,
             parser=get_parser(name or "generic"),
@@ -201,15 +202,22 @@ def plan_tools(
     indices = _forced_indices(checked, choice, forced)
     _check_enforceable(checked, indices, is_strict)
     calls = _calls(checked, indices, held=indices)
+    parallel = parallel_tool_calls and choice == "required"
     # strict only where every tool is: the library's warnings cannot be told apart by tool, so
     # the server compiles each strict one alone too (ServerState.check_constraint)
     strict = all(is_strict(checked[i]) for i in indices)
+    # in the model's own format where its calls open with a fixed text (as vLLM 0.32), else the generic one
+    native = calls_format(name, calls, parallel, required=True) if name not in (None, "generic") else None
+    if native is not None:
+        constraint = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": native}, strict=strict)
+        parser = get_parser(name)
+    else:
+        constraint = StructuredOutputsParams(json=calls_schema(calls, parallel), strict=strict)
+        parser = FORCED_CALLS
     return ToolPlan(
         tools=checked,
-        parser=FORCED_CALLS,
-        constraint=StructuredOutputsParams(
-            json=calls_schema(calls, parallel=parallel_tool_calls and choice == "required"), strict=strict
-        ),
+        parser=parser,
+        constraint=constraint,
         reasoning=reasoning,
         named=choice == "function",
         show_reasoning=include_reasoning,
