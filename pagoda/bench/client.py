@@ -10,18 +10,26 @@ whole calls (OpenAI's shape: `delta.tool_calls[i]` with its `index`, first the c
 own client does). Every request is bounded by the target's timeout, and every failure becomes a
 message in the result rather than an exception. `whole_request` sends a request without
 streaming, to compare its tool calls with the streamed ones.
+
+HTTP goes through aiohttp, as in vLLM's client: its C parser and asyncio protocol read a stream's
+chunks at about a third of the CPU time per chunk that httpx took (its stack of httpcore, anyio
+and h11 is crossed for every network read), which a server streaming thousands of chunks a
+second turns into throughput (benchmarks/bench_client_overhead.py). A stream's bytes are split
+into lines here, on SSE's line ends only (CR, LF, CRLF), and each network read is timed once:
+the chunks it carried arrived together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from pagoda.bench.datasets import Prompt
 from pagoda.bench.errors import BenchError, NotAnswering
@@ -29,6 +37,8 @@ from pagoda.bench.tool_calls import Call
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 ERROR_TEXT_LIMIT = 300
+MODELS_TIMEOUT_S = 10.0  # GET /v1/models
+_JSON_BODY = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))  # compact UTF-8, as httpx's
 
 
 @dataclass(frozen=True)
@@ -88,14 +98,23 @@ def headers(api_key: str | None) -> dict[str, str]:
 
 def make_client(
     max_connections: int, timeout_s: float, extra_headers: Sequence[tuple[str, str]] = ()
-) -> httpx.AsyncClient:
-    """`extra_headers` go with every request (--header)."""
+) -> aiohttp.ClientSession:
+    """One session for every request of a run; create it inside the event loop. `max_connections`
+    is the most requests the run has in flight (the runner's bound), so no request waits for a
+    connection. `extra_headers` go with every request (--header).
+
+    Every request opens its own connection (force_close), as the httpx client before did: a
+    server whose sockets lack TCP_NODELAY (uvicorn on a socket it was handed, vLLM's among them)
+    holds a response's first chunks until the client acknowledges its headers, and on a kept-alive
+    connection the client's ACK is delayed by up to 40 ms, so the first chunks would arrive
+    bunched, late, and the ITLs would read 0. A fresh connection acknowledges at once."""
     # trust_env=False: a proxy from the environment must not sit between client and server.
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_connections),
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, force_close=True),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, timeout_s), sock_read=timeout_s),
         headers=list(extra_headers),
         trust_env=False,
+        json_serialize=_JSON_BODY,
     )
 
 
@@ -113,7 +132,23 @@ class _Stream:
         self.finished = False
         self.error: str | None = None
 
-    def feed(self, line: str) -> bool:
+    async def read(self, body: aiohttp.StreamReader) -> None:
+        """Feed the stream's lines as they arrive, until [DONE], an error or the end of the body."""
+        rest = b""
+        async for data in body.iter_any():
+            now = time.perf_counter()
+            if rest:
+                data = rest + data
+            lines = data.splitlines()
+            rest = b"" if data.endswith((b"\n", b"\r")) else lines.pop()
+            for line in lines:
+                if line and self.feed(line.decode("utf-8", errors="replace"), now):
+                    return
+        if rest:
+            self.feed(rest.decode("utf-8", errors="replace"), time.perf_counter())
+
+    def feed(self, line: str, now: float) -> bool:
+        """One line of the stream, read at `now`; True when the stream is over."""
         if not line.startswith("data:"):
             return False  # blank separators, ": keep-alive" comments, "event:" lines
         data = line.removeprefix("data:").strip()
@@ -128,7 +163,7 @@ class _Stream:
             return self.fail(f"malformed stream chunk: {data[:ERROR_TEXT_LIMIT]!r}")
         if "error" in chunk:
             return self.fail(f"error in stream: {_message(chunk)}")
-        self._take_choice(chunk.get("choices") or [], time.perf_counter())
+        self._take_choice(chunk.get("choices") or [], now)
         self.usage = chunk.get("usage") or self.usage
         return False
 
@@ -195,46 +230,42 @@ class _CallParts:
         return Call("".join(self.name), "".join(self.arguments))
 
 
-async def stream_request(http: httpx.AsyncClient, target: Target, prompt: Prompt) -> StreamResult:
+async def stream_request(http: aiohttp.ClientSession, target: Target, prompt: Prompt) -> StreamResult:
     stream = _Stream(time.perf_counter())
     try:
         async with asyncio.timeout(target.timeout_s):
             url = target.base_url + PATHS[prompt.endpoint]
-            async with http.stream(
-                "POST", url, json=request_body(prompt, target), headers=headers(target.api_key)
-            ) as response:
-                if response.status_code >= 400:
-                    stream.fail(f"HTTP {response.status_code}: {await _error_text(response)}")
+            async with http.post(url, json=request_body(prompt, target), headers=headers(target.api_key)) as response:
+                if response.status >= 400:
+                    stream.fail(f"HTTP {response.status}: {_error_text(await response.read(), response.reason)}")
                 else:
-                    async for line in response.aiter_lines():
-                        if stream.feed(line):
-                            break
+                    await stream.read(response.content)
+    except aiohttp.ClientError as exc:  # before TimeoutError: aiohttp's connect and read timeouts are both
+        stream.fail(_failure(exc))
     except TimeoutError:
         stream.fail(f"no complete answer within {target.timeout_s:g} s")
-    except httpx.HTTPError as exc:
-        stream.fail(f"{type(exc).__name__}: {exc}".rstrip(": "))
     return stream.result()
 
 
-async def whole_request(http: httpx.AsyncClient, target: Target, prompt: Prompt) -> WholeResult:
+async def whole_request(http: aiohttp.ClientSession, target: Target, prompt: Prompt) -> WholeResult:
     """The request sent without streaming; only its tool calls are kept."""
     url = target.base_url + PATHS[prompt.endpoint]
     try:
         async with asyncio.timeout(target.timeout_s):
-            response = await http.post(
-                url, json=request_body(prompt, target, stream=False), headers=headers(target.api_key)
-            )
+            body = request_body(prompt, target, stream=False)
+            async with http.post(url, json=body, headers=headers(target.api_key)) as response:
+                status, reason, raw = response.status, response.reason, await response.read()
+    except aiohttp.ClientError as exc:
+        return WholeResult((), _failure(exc))
     except TimeoutError:
         return WholeResult((), f"no answer within {target.timeout_s:g} s")
-    except httpx.HTTPError as exc:
-        return WholeResult((), f"{type(exc).__name__}: {exc}".rstrip(": "))
-    if response.status_code >= 400:
-        return WholeResult((), f"HTTP {response.status_code}: {await _error_text(response)}")
+    if status >= 400:
+        return WholeResult((), f"HTTP {status}: {_error_text(raw, reason)}")
     try:
-        message = response.json()["choices"][0]["message"]
+        message = json.loads(raw)["choices"][0]["message"]
         return WholeResult(tuple(_whole_call(entry) for entry in message.get("tool_calls") or ()))
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return WholeResult((), f"malformed answer: {response.text[:ERROR_TEXT_LIMIT]!r}")
+        return WholeResult((), f"malformed answer: {_text(raw)[:ERROR_TEXT_LIMIT]!r}")
 
 
 def _whole_call(entry: dict[str, Any]) -> Call:
@@ -245,55 +276,75 @@ def _whole_call(entry: dict[str, Any]) -> Call:
     return Call(str(function["name"]), arguments)
 
 
-async def list_models(http: httpx.AsyncClient, base_url: str, api_key: str | None) -> list[str] | None:
+async def list_models(http: aiohttp.ClientSession, base_url: str, api_key: str | None) -> list[str] | None:
     """The served model ids; None when the server has no /v1/models. Raises BenchError when
     nothing answers at all, or the server refuses the key (401, 403) or is not ready (503): passing
     --model would not help then."""
     try:
-        response = await http.get(f"{base_url}/v1/models", headers=headers(api_key), timeout=10.0)
-    except httpx.HTTPError as exc:
-        detail = str(exc) or ("no answer within 10 s" if isinstance(exc, httpx.TimeoutException) else "no detail")
+        status, raw = await _get(http, f"{base_url}/v1/models", headers(api_key), MODELS_TIMEOUT_S)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        silent = f"no answer within {MODELS_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError) else "no detail"
+        detail = str(exc) or silent
         raise NotAnswering(
             f"cannot reach {base_url}: {type(exc).__name__}: {detail}. Is the server running there?"
         ) from None
-    if response.status_code in (401, 403, 503):
-        reason = "refuses the API key (pass --api-key)" if response.status_code != 503 else "is not ready yet"
+    if status in (401, 403, 503):
+        reason = "refuses the API key (pass --api-key)" if status != 503 else "is not ready yet"
         try:
-            message = _message(response.json())
+            message = _message(json.loads(raw))
         except ValueError:
-            message = response.text
-        error = NotAnswering if response.status_code == 503 else BenchError
-        raise error(f"{base_url}/v1/models: the server {reason}: {response.status_code} {message[:300]}")
-    if response.status_code != 200:
+            message = _text(raw)
+        error = NotAnswering if status == 503 else BenchError
+        raise error(f"{base_url}/v1/models: the server {reason}: {status} {message[:300]}")
+    if status != 200:
         return None
     try:
-        return [str(m["id"]) for m in response.json().get("data", [])]
+        return [str(m["id"]) for m in json.loads(raw).get("data", [])]
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
-async def reset_prefix_cache(http: httpx.AsyncClient, base_url: str, api_key: str | None) -> bool:
+async def reset_prefix_cache(http: aiohttp.ClientSession, base_url: str, api_key: str | None) -> bool:
     """POST /reset_prefix_cache (Pagoda's, and vLLM's in its dev mode). False when the server has
     no such route (404); raises BenchError for any other refusal."""
+    url = f"{base_url}/reset_prefix_cache"
     try:
-        response = await http.post(f"{base_url}/reset_prefix_cache", headers=headers(api_key), timeout=30.0)
-    except httpx.HTTPError as exc:
-        raise BenchError(f"POST {base_url}/reset_prefix_cache: {type(exc).__name__}: {exc}") from None
-    if response.status_code == 404:
+        async with http.post(url, headers=headers(api_key), timeout=aiohttp.ClientTimeout(total=30.0)) as response:
+            status, reason, raw = response.status, response.reason, await response.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise BenchError(f"POST {url}: {_failure(exc)}") from None
+    if status == 404:
         return False
-    if response.status_code >= 400:
-        raise BenchError(
-            f"POST {base_url}/reset_prefix_cache answered {response.status_code}: {await _error_text(response)}"
-        )
+    if status >= 400:
+        raise BenchError(f"POST {url} answered {status}: {_error_text(raw, reason)}")
     return True
 
 
-async def _error_text(response: httpx.Response) -> str:
-    raw = (await response.aread())[:4096].decode("utf-8", errors="replace")
+async def get_text(http: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[int, str]:
+    """GET `url`: its status and its body as text. Raises aiohttp.ClientError or TimeoutError."""
+    status, raw = await _get(http, url, {}, timeout_s)
+    return status, _text(raw)
+
+
+async def _get(http: aiohttp.ClientSession, url: str, extra: dict[str, str], timeout_s: float) -> tuple[int, bytes]:
+    async with http.get(url, headers=extra, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        return response.status, await response.read()
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+def _error_text(raw: bytes, reason: str | None) -> str:
+    text = _text(raw[:4096])
     try:
-        return _message(json.loads(raw))[:ERROR_TEXT_LIMIT]
+        return _message(json.loads(text))[:ERROR_TEXT_LIMIT]
     except (json.JSONDecodeError, TypeError):
-        return raw.strip()[:ERROR_TEXT_LIMIT] or response.reason_phrase
+        return text.strip()[:ERROR_TEXT_LIMIT] or (reason or "")
 
 
 def _message(payload: Any) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from tqdm import tqdm
 
 from pagoda.bench.client import Target, list_models, make_client, reset_prefix_cache, stream_request
@@ -143,7 +143,7 @@ async def _bench(
             result.peak_load_average = max(result.peak_load_average or 0.0, _load_average())
 
 
-async def _wait_until_answering(http: httpx.AsyncClient, settings: BenchSettings) -> None:
+async def _wait_until_answering(http: aiohttp.ClientSession, settings: BenchSettings) -> None:
     """vLLM's --ready-check-timeout-sec: asks GET /v1/models until the server answers it (a server
     still starting refuses the connection or answers 503), at most that long; a refused key is
     final at once."""
@@ -159,7 +159,7 @@ async def _wait_until_answering(http: httpx.AsyncClient, settings: BenchSettings
             await asyncio.sleep(READY_POLL_S)
 
 
-async def _target(http: httpx.AsyncClient, settings: BenchSettings) -> Target:
+async def _target(http: aiohttp.ClientSession, settings: BenchSettings) -> Target:
     models = await list_models(http, settings.base_url, settings.api_key)
     model = settings.model or (models[0] if models else None)
     if model is None:
@@ -179,7 +179,7 @@ async def _target(http: httpx.AsyncClient, settings: BenchSettings) -> Target:
 
 
 async def _cold_start(
-    http: httpx.AsyncClient, target: Target, settings: BenchSettings, launched_at: float, ready_s: float
+    http: aiohttp.ClientSession, target: Target, settings: BenchSettings, launched_at: float, ready_s: float
 ) -> ColdStart:
     """Time until a first short request completes: servers that compile, capture graphs or
     allocate lazily pay it here, not in the measured levels."""
@@ -212,7 +212,7 @@ def _statement(settings: BenchSettings, workload: Workload, tokenizer: Tokenizer
     return statement, shared / total
 
 
-async def _reset_prefix_cache(http: httpx.AsyncClient, settings: BenchSettings) -> bool:
+async def _reset_prefix_cache(http: aiohttp.ClientSession, settings: BenchSettings) -> bool:
     """Reset the server's prefix cache; False (after a warning) when the server has no way to."""
     if await reset_prefix_cache(http, settings.base_url, settings.api_key):
         return True
@@ -225,7 +225,11 @@ def _load_average() -> float:
 
 
 async def _warmup(
-    http: httpx.AsyncClient, target: Target, settings: BenchSettings, workload: Workload, tokenizer: Tokenizer | None
+    http: aiohttp.ClientSession,
+    target: Target,
+    settings: BenchSettings,
+    workload: Workload,
+    tokenizer: Tokenizer | None,
 ) -> None:
     """Requests of the same workload under their own seed label, not counted. All of them
     failing means the benchmark would measure nothing: stop with the server's message."""
@@ -240,7 +244,7 @@ async def _warmup(
 
 
 async def _level(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     target: Target,
     settings: BenchSettings,
     workload: Workload,
@@ -289,7 +293,7 @@ async def _level(
 
 
 async def _resend_unstreamed(
-    http: httpx.AsyncClient, target: Target, exchanges: list[Exchange], concurrency: int, name: str
+    http: aiohttp.ClientSession, target: Target, exchanges: list[Exchange], concurrency: int, name: str
 ) -> list[Exchange]:
     """The level's exchanges, those whose tool calls are compared with their non-streamed answer
     attached. Sent after the level's clock stopped and its server metrics were read, so that

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx
+import aiohttp
 
 from pagoda.bench.client import StreamResult, Target, WholeResult, request_body, stream_request, whole_request
 from pagoda.bench.datasets import Prompt, Session, next_turn
@@ -58,7 +58,7 @@ def arrival_gap(rng: random.Random, rate: float, burstiness: float) -> float:
 
 
 async def run_level(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     target: Target,
     stream: Iterable[Session],
     load: Load,
@@ -87,7 +87,7 @@ async def run_level(
 
 @dataclass(frozen=True)
 class _Sender:
-    http: httpx.AsyncClient
+    http: aiohttp.ClientSession
     target: Target
     indices: itertools.count[int]
     exchanges: list[Exchange]
@@ -124,7 +124,7 @@ def compares_calls(exchange: Exchange, target: Target) -> bool:
 
 
 async def resend_whole(
-    http: httpx.AsyncClient, target: Target, exchanges: Sequence[Exchange], concurrency: int
+    http: aiohttp.ClientSession, target: Target, exchanges: Sequence[Exchange], concurrency: int
 ) -> list[Exchange]:
     """`exchanges` with the non-streamed answer attached to those `compares_calls` picks, sent
     `concurrency` at a time."""

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
+
+from pagoda.bench.client import get_text
 
 COUNTER_PAIRS = (
     ("pagoda", "pagoda:prefix_cache_hits", "pagoda:prefix_cache_queries"),
@@ -88,10 +90,10 @@ def prefix_cache_stats(before: dict[str, float], after: dict[str, float]) -> Pre
     return None
 
 
-async def scrape(http: httpx.AsyncClient, url: str) -> dict[str, float] | None:
+async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float] | None:
     """The server's metrics, or None when it has none or does not answer within 10 s."""
     try:
-        response = await http.get(url, timeout=10.0)
-    except httpx.HTTPError:
+        status, text = await get_text(http, url, 10.0)
+    except (aiohttp.ClientError, TimeoutError):
         return None
-    return parse_prometheus(response.text) if response.status_code == 200 else None
+    return parse_prometheus(text) if status == 200 else None

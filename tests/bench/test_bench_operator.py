@@ -221,13 +221,32 @@ def test_a_load_average_above_the_cores_is_a_warning() -> None:
     assert run_warnings(EngineResult("e", "http://x", peak_load_average=cores - 0.5)) == []
 
 
-def test_headers_go_with_every_request() -> None:
-    from pagoda.bench.client import make_client
+def test_headers_go_with_every_request_and_no_proxy_is_taken_from_the_environment(monkeypatch) -> None:
+    import asyncio
+
+    from aiohttp import web
+    from bench_helpers import closed_port, http_server
+
+    from pagoda.bench.client import list_models, make_client
 
     settings = parse_settings(["--header", "X-Tenant=a", "X-Trace=b=c"])
     assert settings.headers == (("X-Tenant", "a"), ("X-Trace", "b=c"))
-    client = make_client(1, 1.0, settings.headers)
-    assert (client.headers["x-tenant"], client.headers["x-trace"]) == ("a", "b=c")
+    seen: list[tuple[str | None, str | None]] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        seen.append((request.headers.get("x-tenant"), request.headers.get("x-trace")))
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def go() -> list[list[str] | None]:
+        async with http_server(handle) as url, make_client(1, 5.0, settings.headers) as http:
+            return [await list_models(http, url, None) for _ in range(2)]
+
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):  # a proxy that would refuse every request
+        monkeypatch.setenv(name, f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert asyncio.run(go()) == [["m"], ["m"]]
+    assert seen == [("a", "b=c")] * 2
     with pytest.raises(UsageError, match="--header wants KEY=VALUE"):
         parse_settings(["--header", "novalue"])
 

@@ -10,17 +10,18 @@ import itertools
 import json
 import re
 import shlex
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
-from bench_helpers import read_results, run_bench, stub_command, write_jsonl
+from aiohttp import web
+from bench_helpers import Handler, http_server, read_results, run_bench, sse_handler, stub_command, write_jsonl
 from bench_stub_server import example
 
 from pagoda.bench import bakeoff, cli
-from pagoda.bench.client import StreamResult, Target, WholeResult, stream_request, whole_request
+from pagoda.bench.client import StreamResult, Target, WholeResult, make_client, stream_request, whole_request
 from pagoda.bench.datasets import Prompt, Workload, describe, load_replay, sessions
 from pagoda.bench.metrics import RequestRecord, summarize
 from pagoda.bench.runner import Exchange, to_record
@@ -170,12 +171,23 @@ def call_delta(index: int, arguments: str, name: str | None = None) -> dict:
     return {"choices": [{"index": 0, "delta": {"tool_calls": [entry]}, "finish_reason": None}]}
 
 
-def mocked(handler: Callable[[httpx.Request], httpx.Response], send: Callable) -> object:
+def mocked(handler: Handler, send: Callable) -> object:
+    """`send` (stream_request or whole_request) to a real server answering with `handler`."""
+
     async def go() -> object:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-            return await send(http, Target("http://stub", "m"), Prompt("chat", {"messages": [], "tools": []}))
+        async with http_server(handler) as url, make_client(1, 5.0) as http:
+            return await send(http, Target(url, "m"), Prompt("chat", {"messages": [], "tools": []}))
 
     return asyncio.run(go())
+
+
+def answer(status: int, payload: object, seen: list[dict] | None = None) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if seen is not None:
+            seen.append(await request.json())
+        return web.json_response(payload, status=status)
+
+    return handle
 
 
 def test_streamed_tool_call_deltas_are_assembled_and_timed() -> None:
@@ -190,11 +202,7 @@ def test_streamed_tool_call_deltas_are_assembled_and_timed() -> None:
         {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 20}},
     )
 
-    async def body() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield chunk
-
-    result = mocked(lambda request: httpx.Response(200, content=body()), stream_request)
+    result = mocked(sse_handler(chunks, pause_s=0.01), stream_request)
     assert isinstance(result, StreamResult) and result.error is None
     assert result.tool_calls == (Call("get_weather", '{"city": "Lisbon"}'), Call("get_time", '{"city": "Oslo"}'))
     assert len(result.token_times) == 5 and result.finish_reason == "tool_calls" and result.answer == ""
@@ -204,18 +212,15 @@ def test_the_request_without_streaming() -> None:
     seen: list[dict] = []
     calls = [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": LISBON}}]
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(json.loads(request.content))
-        message = {"role": "assistant", "content": None, "tool_calls": calls}
-        return httpx.Response(200, json={"choices": [{"index": 0, "message": message}]})
-
-    assert mocked(answer, whole_request) == WholeResult((Call("get_weather", LISBON),))
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    whole = {"choices": [{"index": 0, "message": message}]}
+    assert mocked(answer(200, whole, seen), whole_request) == WholeResult((Call("get_weather", LISBON),))
     assert seen[0]["stream"] is False and "stream_options" not in seen[0] and seen[0]["temperature"] == 0
     text = {"choices": [{"message": {"role": "assistant", "content": "no"}}]}
-    assert mocked(lambda r: httpx.Response(200, json=text), whole_request) == WholeResult(())
-    failed = mocked(lambda r: httpx.Response(500, json={"error": {"message": "boom"}}), whole_request)
+    assert mocked(answer(200, text), whole_request) == WholeResult(())
+    failed = mocked(answer(500, {"error": {"message": "boom"}}), whole_request)
     assert failed == WholeResult((), "HTTP 500: boom")
-    assert "malformed answer" in mocked(lambda r: httpx.Response(200, json={}), whole_request).error  # type: ignore[attr-defined]
+    assert mocked(answer(200, {}), whole_request) == WholeResult((), "malformed answer: '{}'")
 
 
 def exchange(prompt: Prompt, result: StreamResult, whole: WholeResult | None = None) -> Exchange:
