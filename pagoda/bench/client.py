@@ -12,7 +12,7 @@ message in the result rather than an exception. `whole_request` sends a request 
 streaming, to compare its tool calls with the streamed ones.
 
 HTTP goes through aiohttp, as in vLLM's client: its C parser and asyncio protocol read a stream's
-chunks at about a third of the CPU time per chunk that httpx took (its stack of httpcore, anyio
+chunks at less than half the CPU time per chunk that httpx took (its stack of httpcore, anyio
 and h11 is crossed for every network read), which a server streaming thousands of chunks a
 second turns into throughput (benchmarks/bench_client_overhead.py). A stream's bytes are split
 into lines here, on SSE's line ends only (CR, LF, CRLF), and each network read is timed once:
