@@ -1,14 +1,17 @@
 """On the small server (two sequences at a time, a waiting queue of one, prompts in log lines):
-503 when the queue is full, --log-prompts, a reasoning parser's usage and thinking budget, and SIGTERM (last: it ends
+503 when the queue is full, --log-prompts, a reasoning parser's usage and thinking budget, forced calls in a
+request template's own tool format, and SIGTERM (last: it ends
 the server)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
 
 import httpx
+import jsonschema
 import pytest
 
 from pagoda.model_files import load_tokenizer
@@ -227,6 +230,43 @@ def test_tool_choice_none_leaves_the_tools_out_with_exclude_tools_when_tool_choi
 
     assert prompt_tokens(small_server, tools=[tool], tool_choice="none") == prompt_tokens(small_server)
     assert prompt_tokens(server, tools=[tool], tool_choice="none") > prompt_tokens(server)
+
+
+def test_forced_calls_in_the_models_own_format(small_server):
+    """A template that shows tools in Hermes' format (Qwen's; a request's own template on the small
+    server, which also runs the hermes and qwen3 parsers): "required" and a named function are held
+    to that format, which the model was taught, as vLLM 0.32 holds them, not to the generic one.
+    Only the hermes parser reads such calls, and they validate; streamed, the same calls."""
+    from tests.server.test_chat_render import QWEN3_STYLE_TEMPLATE
+    from tests.server.test_server_tools import ASK, SCHEMAS, TOOLS
+
+    body = {
+        "messages": ASK,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 100,
+        "chat_template": QWEN3_STYLE_TEMPLATE,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    url = f"{small_server.base_url}/v1/chat/completions"
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for choice, allowed, finish in (("required", tuple(SCHEMAS), "tool_calls"), (named, ("get_time",), "stop")):
+        answer = httpx.post(url, json=body | {"tool_choice": choice}, timeout=120).json()["choices"][0]
+        calls = answer["message"]["tool_calls"]
+        assert calls and answer["finish_reason"] == finish, answer
+        for call in calls:
+            assert call["function"]["name"] in allowed
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    streamed: dict[int, list[str]] = {}
+    with httpx.stream("POST", url, json=body | {"tool_choice": named, "stream": True}, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    for call in choice["delta"].get("tool_calls") or []:
+                        parts = streamed.setdefault(call["index"], ["", ""])
+                        parts[0] += call["function"].get("name") or ""
+                        parts[1] += call["function"].get("arguments") or ""
+    assert list(streamed.values()) == [[c["function"]["name"], c["function"]["arguments"]] for c in calls]
 
 
 def test_sigterm_finishes_in_flight_aborts_after_grace_and_exits_0(small_server):
