@@ -15,8 +15,9 @@ from pagoda.analyze.recommend import recommend
 from pagoda.analyze.report import render, to_json
 from pagoda.analyze.routing import CACHE_THRESHOLD, POLICIES
 from pagoda.analyze.summary import summarize
-from pagoda.analyze.tokenize import PromptTokenizer
+from pagoda.analyze.tokenize import ChatFlags, PromptTokenizer
 from pagoda.entrypoints.parsing import Parser
+from pagoda.model_files import CONTENT_FORMATS
 
 SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
 DEFAULT_TOKENIZER = "default"  # as `pagoda bench --tokenizer default`: Pagoda's default model
@@ -40,6 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat-template",
         metavar="TEMPLATE",
         help="the server's --chat-template: a file path or the template itself (default: the model's)",
+    )
+    parser.add_argument(
+        "--chat-template-content-format",
+        choices=CONTENT_FORMATS,
+        default="auto",
+        help="the server's --chat-template-content-format (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--exclude-tools-when-tool-choice-none",
+        action="store_true",
+        help='the server\'s flag: requests with tool_choice "none" render without their tools',
+    )
+    parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="the server's flag: a request's own chat_template renders it (else such a line is one the "
+        "server would refuse)",
     )
     parser.add_argument("--block-size", type=_positive, default=16, help="the server's KV block size (default 16)")
     parser.add_argument(
@@ -94,7 +112,13 @@ def main(argv: list[str]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     model = None if args.tokenizer == DEFAULT_TOKENIZER else args.tokenizer
-    tokenizer = PromptTokenizer(model, _read_template(args.chat_template))
+    flags = ChatFlags(
+        _read_template(args.chat_template),
+        args.chat_template_content_format,
+        args.exclude_tools_when_tool_choice_none,
+        args.trust_request_chat_template,
+    )
+    tokenizer = PromptTokenizer(model, flags)
     if args.plot is not None:  # before the read, not after it
         if not args.plot.parent.is_dir():
             raise AnalyzeError(f"Cannot write the plot to {args.plot}: there is no folder {args.plot.parent}")

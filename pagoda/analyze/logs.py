@@ -33,6 +33,8 @@ TEMPLATE_FIELDS = (
     "reasoning_effort",
     "add_generation_prompt",
     "continue_final_message",
+    "tool_choice",  # "none" renders no tools on a server with --exclude-tools-when-tool-choice-none
+    "chat_template",  # a request's own, on a server with --trust-request-chat-template
 )
 
 

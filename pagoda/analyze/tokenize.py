@@ -9,6 +9,7 @@ The tokenizer loads on first need, so a log of token ids never imports transform
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +22,21 @@ class PromptError(ValueError):
     """This one prompt cannot be tokenized (the chat template rejects it, say)."""
 
 
+@dataclass(frozen=True)
+class ChatFlags:
+    """The server's flags that change the prompt a chat request renders to (`pagoda serve`'s, by
+    vLLM's names)."""
+
+    template: str | None = None  # --chat-template (None: the model's)
+    content_format: str = "auto"  # --chat-template-content-format
+    exclude_tools_when_none: bool = False  # --exclude-tools-when-tool-choice-none
+    trust_request_template: bool = False  # --trust-request-chat-template: a body's chat_template is used
+
+
 class PromptTokenizer:
-    def __init__(self, model: str | None, chat_template: str | None = None, tokenizer: object | None = None) -> None:
+    def __init__(self, model: str | None, flags: ChatFlags = ChatFlags(), tokenizer: object | None = None) -> None:
         self.model = model  # None: Pagoda's default model, as for `pagoda serve`
-        self.chat_template = chat_template
+        self.flags = flags
         self._tokenizer = tokenizer  # `model`'s tokenizer, when the caller has it loaded already
 
     def ids(self, prompt: Prompt) -> np.ndarray:
@@ -72,7 +84,15 @@ class PromptTokenizer:
         try:
             body = ChatCompletionRequest.model_validate({"messages": list(prompt.messages), **prompt.fields})
             messages, tools, kwargs = template_inputs(tokenizer, body)
-            return render_ids(tokenizer, messages, self.chat_template, tools, kwargs)
+            flags = self.flags
+            if body.chat_template is not None and not flags.trust_request_template:
+                raise PromptError(
+                    "the server would refuse this request: its own chat_template needs --trust-request-chat-template"
+                )
+            if flags.exclude_tools_when_none and body.tool_choice == "none":
+                tools = None
+            template = body.chat_template or flags.template
+            return render_ids(tokenizer, messages, template, tools, kwargs, flags.content_format)
         except ValidationError as exc:
             error = exc.errors()[0]
             where = ".".join(str(part) for part in error["loc"])

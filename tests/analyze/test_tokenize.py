@@ -7,7 +7,7 @@ import pytest
 
 from pagoda.analyze.errors import AnalyzeError
 from pagoda.analyze.logs import ChatPrompt
-from pagoda.analyze.tokenize import PromptError, PromptTokenizer
+from pagoda.analyze.tokenize import ChatFlags, PromptError, PromptTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_chat_messages_are_rendered_with_the_chat_template_as_the_server_does(pr
 @pytest.mark.slow
 def test_a_given_chat_template_is_used(default_tokenizer):
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-    tokenizer = PromptTokenizer(None, chat_template=template, tokenizer=default_tokenizer)
+    tokenizer = PromptTokenizer(None, ChatFlags(template), tokenizer=default_tokenizer)
     ids = tokenizer.ids(ChatPrompt(({"role": "user", "content": "hi"},)))
     assert ids.tolist() == default_tokenizer.encode("[user] hi\n", add_special_tokens=False)
 
@@ -64,7 +64,7 @@ def test_completion_text_is_encoded_with_default_special_tokens(prompt_tokenizer
 @pytest.mark.slow
 def test_messages_the_template_rejects_are_this_prompts_error(default_tokenizer):
     template = "{{ raise_exception('roles must alternate') }}"
-    tokenizer = PromptTokenizer(None, chat_template=template, tokenizer=default_tokenizer)
+    tokenizer = PromptTokenizer(None, ChatFlags(template), tokenizer=default_tokenizer)
     with pytest.raises(PromptError, match="roles must alternate"):
         tokenizer.ids(ChatPrompt(({"role": "user", "content": "hi"},)))
 
@@ -103,3 +103,29 @@ def test_a_chat_requests_tools_and_template_fields_are_rendered_as_the_server_re
     assert "get_weather" in default_tokenizer.decode(ids)
     with pytest.raises(PromptError, match="the server would refuse this request: tools"):
         prompt_tokenizer.ids(ChatPrompt(messages, {"tools": "not a list"}))
+
+
+@pytest.mark.slow
+def test_the_servers_chat_flags(default_tokenizer):
+    """As `pagoda serve` renders with --exclude-tools-when-tool-choice-none, --trust-request-chat-template
+    and --chat-template-content-format: tool_choice "none" without its tools, a body's own template
+    (refused, as the server refuses it, without the flag), content parts as the template reads them."""
+    from pagoda.entrypoints.openai.chat import render_ids
+
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    ask = ({"role": "user", "content": "hi"},)
+    none = ChatPrompt(ask, {"tools": [tool], "tool_choice": "none"})
+    shown = PromptTokenizer(None, tokenizer=default_tokenizer).ids(none).tolist()
+    excluded = PromptTokenizer(None, ChatFlags(exclude_tools_when_none=True), tokenizer=default_tokenizer)
+    assert excluded.ids(none).tolist() == render_ids(default_tokenizer, list(ask)) != shown
+    template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    own = ChatPrompt(ask, {"chat_template": template})
+    with pytest.raises(PromptError, match="--trust-request-chat-template"):
+        PromptTokenizer(None, tokenizer=default_tokenizer).ids(own)
+    trusting = PromptTokenizer(None, ChatFlags(trust_request_template=True), tokenizer=default_tokenizer)
+    assert trusting.ids(own).tolist() == default_tokenizer.encode("<hi>", add_special_tokens=False)
+    parts = ChatPrompt(({"role": "user", "content": [{"type": "text", "text": "a"}]},), {"chat_template": template})
+    as_sent = PromptTokenizer(
+        None, ChatFlags(content_format="openai", trust_request_template=True), tokenizer=default_tokenizer
+    )
+    assert default_tokenizer.decode(as_sent.ids(parts).tolist()) == "<[{'type': 'text', 'text': 'a'}]>"
