@@ -115,6 +115,8 @@ def _structural_tag_text(value: Any) -> str:
             raise SamplingParamsError("structured_outputs", f"the structural tag is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise SamplingParamsError("structured_outputs", "a structural tag must be a JSON object")
+    if "format" in value and "structures" in value:
+        raise SamplingParamsError("structured_outputs", 'a structural tag has a "format" or "structures", not both')
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -12,7 +12,7 @@ message in the result rather than an exception. `whole_request` sends a request 
 streaming, to compare its tool calls with the streamed ones.
 
 HTTP goes through aiohttp, as in vLLM's client: its C parser and asyncio protocol read a stream's
-chunks at less than half the CPU time per chunk that httpx took (its stack of httpcore, anyio
+chunks at 0.6-0.75x the CPU time per chunk that httpx took (its stack of httpcore, anyio
 and h11 is crossed for every network read), which a server streaming thousands of chunks a
 second turns into throughput (benchmarks/bench_client_overhead.py). A stream's bytes are split
 into lines here, on SSE's line ends only (CR, LF, CRLF), and each network read is timed once:
@@ -38,7 +38,9 @@ from pagoda.bench.tool_calls import Call
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 ERROR_TEXT_LIMIT = 300
 MODELS_TIMEOUT_S = 10.0  # GET /v1/models
-_JSON_BODY = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))  # compact UTF-8, as httpx's
+NO_REDIRECTS = {"allow_redirects": False}  # a redirect is the server's answer, as httpx left it
+# compact UTF-8, NaN refused, as httpx wrote a body
+_JSON_BODY = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,9 @@ async def stream_request(http: aiohttp.ClientSession, target: Target, prompt: Pr
     try:
         async with asyncio.timeout(target.timeout_s):
             url = target.base_url + PATHS[prompt.endpoint]
-            async with http.post(url, json=request_body(prompt, target), headers=headers(target.api_key)) as response:
+            async with http.post(
+                url, json=request_body(prompt, target), headers=headers(target.api_key), **NO_REDIRECTS
+            ) as response:
                 if response.status >= 400:
                     stream.fail(f"HTTP {response.status}: {_error_text(await response.read(), response.reason)}")
                 else:
@@ -253,7 +257,7 @@ async def whole_request(http: aiohttp.ClientSession, target: Target, prompt: Pro
     try:
         async with asyncio.timeout(target.timeout_s):
             body = request_body(prompt, target, stream=False)
-            async with http.post(url, json=body, headers=headers(target.api_key)) as response:
+            async with http.post(url, json=body, headers=headers(target.api_key), **NO_REDIRECTS) as response:
                 status, reason, raw = response.status, response.reason, await response.read()
     except aiohttp.ClientError as exc:
         return WholeResult((), _failure(exc))
@@ -309,7 +313,9 @@ async def reset_prefix_cache(http: aiohttp.ClientSession, base_url: str, api_key
     no such route (404); raises BenchError for any other refusal."""
     url = f"{base_url}/reset_prefix_cache"
     try:
-        async with http.post(url, headers=headers(api_key), timeout=aiohttp.ClientTimeout(total=30.0)) as response:
+        async with http.post(
+            url, headers=headers(api_key), timeout=aiohttp.ClientTimeout(total=30.0), **NO_REDIRECTS
+        ) as response:
             status, reason, raw = response.status, response.reason, await response.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise BenchError(f"POST {url}: {_failure(exc)}") from None
@@ -327,7 +333,7 @@ async def get_text(http: aiohttp.ClientSession, url: str, timeout_s: float) -> t
 
 
 async def _get(http: aiohttp.ClientSession, url: str, extra: dict[str, str], timeout_s: float) -> tuple[int, bytes]:
-    async with http.get(url, headers=extra, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+    async with http.get(url, headers=extra, timeout=aiohttp.ClientTimeout(total=timeout_s), **NO_REDIRECTS) as response:
         return response.status, await response.read()
 
 

@@ -2,11 +2,12 @@
 
 - `calls_schema`: the generic format's whole output, `{"tool_calls": [{"name": ..., "arguments": {...}}]}`, as one
   JSON schema: what tool_choice "required" and a named function force.
-- `calls_format`: under tool_choice "auto", an xgrammar structural tag format (vLLM's way since 0.32) that leaves the
-  text free and binds each call from its opening marker on: the marker must go on to name an allowed tool, and the
-  arguments must hold to the schema given for it. Built for the formats whose calls open with a fixed text (hermes'
-  `<tool_call>`, llama3_json's `{"name": `, generic's `{"tool_calls"`), the text each parser reads; none for the
-  others (mistral's marker is a special token, pythonic calls are Python), where calls stay unconstrained, as in vLLM.
+- `calls_format`: an xgrammar structural tag format (vLLM's way since 0.32) in the model's own call format: the
+  calls "required" and a named function force, or, under "auto", text in which a call the model opens must go on to
+  name an allowed tool with arguments that hold to the schema given for it. Built for the formats whose calls open
+  with a fixed text (hermes' `<tool_call>`, llama3_json's `{"name": `, generic's `{"tool_calls"`), the text each
+  parser reads; none for the others (mistral's marker is a special token, pythonic calls are Python), where calls
+  stay unconstrained, as in vLLM.
 
 Each tool comes as (name, arguments schema); the caller decides the schema (a strict tool's parameters, or any
 object).
@@ -52,44 +53,77 @@ def calls_array_schema(tools: list[Call], parallel: bool) -> dict[str, Any]:
     return {**array, "$defs": definitions} if definitions else array
 
 
-# format -> (the text that opens a call, that call's text before its arguments, the text after them)
-_TAGGED = {
-    "hermes": ("<tool_call>", '<tool_call>\n{{"name": {name}, "arguments": ', "}\n</tool_call>"),
-    "llama3_json": ('{"name": ', '{{"name": {name}, "parameters": ', "}"),
-}
-_GENERIC_OPENING = '{"tool_calls"'
+HELD_FORMATS = ("hermes", "llama3_json", "generic")  # the formats whose calls open with a fixed text
+_HERMES_SPELLINGS = (  # the two a Hermes-style model writes (vLLM's): (text before the name, after the arguments)
+    ('<tool_call>\n{"name": ', "}\n</tool_call>"),
+    ('<tool_call>{"name": ', "}</tool_call>"),
+)
+# text that does not open a JSON object: what a whole-output format (llama3_json, generic) may write
+# instead of its calls, so that every output its parser reads as calls is the grammar's
+_NOT_AN_OBJECT = {"type": "regex", "pattern": r"\s*([^\s{][\s\S]*)?"}
+# each whitespace run within JSON at most one character: a small model left free pads a document with
+# blank lines until max_tokens (the compact writing of pagoda.structured.worker's JSON constraints)
+_MAX_WHITESPACE = 1
 
 
 def calls_format(parser: str, tools: list[Call], parallel: bool, required: bool) -> dict[str, Any] | None:
     """A structural tag format (the value of `{"type": "structural_tag", "format": ...}`) for `parser`'s calls of
-    `tools`: free text in which every call, once its opening text is written, names one of them and has
-    arguments valid against its schema; one call at most unless `parallel`. `required`: the output opens with a
-    call. None where the format has no fixed opening text."""
-    if parser == "generic":  # one object holds every call, and opens the output
-        array = calls_array_schema([(name, discriminated_as_any_of(schema)) for name, schema in tools], parallel)
-        tag = {"type": "tag", "begin": _GENERIC_OPENING + ": ", "content": _json(array), "end": "}"}
-        return _triggered([_GENERIC_OPENING], [tag], stop_after_first=True, required=required)
-    if parser not in _TAGGED:
+    `tools`, each naming one of them with arguments valid against its schema, one call at most unless `parallel`:
+    `required`, the output is the calls (hermes, llama3_json: calls only; generic: the calls object); else a text
+    in which a call, once the model opens it, is held so (hermes: text around `<tool_call>`s; the whole-output
+    formats: the calls, or text that does not open an object). None where the format has no fixed opening."""
+    if parser == "generic":  # one object holds every call
+        array = calls_array_schema(tools, parallel)
+        calls = {"type": "tag", "begin": '{"tool_calls": ', "content": _json(array), "end": "}"}
+    elif parser == "llama3_json":
+        tags = [_tag(f'{{"name": {json.dumps(name)}, "parameters": ', schema, "}") for name, schema in tools]
+        calls = _calls_only(tags, "; ", parallel)
+    elif parser == "hermes":
+        tags = [
+            _tag(f'{begin}{json.dumps(name)}, "arguments": ', schema, end)
+            for name, schema in tools
+            for begin, end in _HERMES_SPELLINGS
+        ]
+        if not required:
+            return {
+                "type": "triggered_tags",
+                "triggers": ["<tool_call>"],
+                "tags": tags,
+                "stop_after_first": not parallel,
+            }
+        calls = _calls_only(tags, "", parallel)
+    else:
         return None
-    opening, begin, end = _TAGGED[parser]
-    tags = [
-        {"type": "tag", "begin": begin.format(name=json.dumps(name)), "content": _json(schema), "end": end}
-        for name, schema in tools
-    ]
-    return _triggered([opening], tags, stop_after_first=not parallel, required=required)
+    return calls if required else {"type": "or", "elements": [calls, _NOT_AN_OBJECT]}
+
+
+def calls_or_answer(parser: str, tools: list[Call], parallel: bool, answer: dict[str, Any]) -> dict[str, Any]:
+    """Calls as `calls_format` requires them, or the answer in JSON valid against `answer` (a schema). A
+    generic-format call object is itself a JSON object: beside an `answer` of any object, one written as the
+    answer is read as calls too (and not held)."""
+    calls = calls_format(parser, tools, parallel, required=True)
+    return {"type": "or", "elements": [calls, _json(answer)]}
+
+
+def _tag(begin: str, schema: dict[str, Any], end: str) -> dict[str, Any]:
+    return {"type": "tag", "begin": begin, "content": _json(schema), "end": end}
+
+
+def _calls_only(tags: list[dict[str, Any]], separator: str, parallel: bool) -> dict[str, Any]:
+    return {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": separator,
+        "at_least_one": True,
+        "stop_after_first": not parallel,
+    }
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": discriminated_as_any_of(schema)}
-
-
-def _triggered(triggers: list[str], tags: list[dict], stop_after_first: bool, required: bool) -> dict[str, Any]:
     return {
-        "type": "triggered_tags",
-        "triggers": triggers,
-        "tags": tags,
-        "at_least_one": required,
-        "stop_after_first": stop_after_first,
+        "type": "json_schema",
+        "json_schema": discriminated_as_any_of(schema),
+        "max_whitespace_cnt": _MAX_WHITESPACE,
     }
 
 

@@ -52,48 +52,56 @@ def tag_format(params: SamplingParams) -> dict:
 def test_auto_holds_calls_where_vllm_does():
     """Plain "auto" with tools that are not strict compiles nothing; a strict tool, allowed_tools,
     parallel_tool_calls false or --tool-strict-level hold the calls the model opens (a structural
-    tag in the parser's format): to the tools it may call, their arguments to a strict tool's schema."""
+    tag in the parser's format): to the tools it may call, their arguments to a strict tool's schema
+    (at level "parameter" to every tool's, refused only where a strict one cannot be enforced)."""
     params = SamplingParams(max_tokens=8)
-    assert planned(params, plan(), None)[0].structured_outputs is None
+    assert plan().held is None and planned(params, plan(), None)[0].structured_outputs is None
 
-    def held(tools, choice="auto", level="auto", parallel=True) -> dict[str, dict]:
+    def held(tools, choice="auto", level="auto", parallel=True, template="plain"):
         settings = ToolSettings(enable_auto_tool_choice=True, tool_strict_level=level)
-        tool_plan = plan_tools(tools, choice, parallel, settings, "plain", True)
-        tags = tag_format(planned(params, tool_plan, None)[0])["tags"]
-        schema = tags[0]["content"]["json_schema"]
-        return {
-            call["properties"]["name"]["const"]: call["properties"]["arguments"]
-            for call in schema["items"].get("anyOf", [schema["items"]])
-        }
+        return plan_tools(tools, choice, parallel, settings, template, True)
 
     any_object = {"type": "object"}
-    assert held([TOOL, STRICT]) == {"f": any_object, "s": STRICT["function"]["parameters"]}
-    assert held([TOOL], parallel=False) == {"f": any_object}
-    assert held([TOOL], level="function") == {"f": any_object}
-    assert held([TOOL], level="parameter") == {"f": TOOL["function"]["parameters"]}
+    assert dict(held([TOOL, STRICT]).held.calls) == {"f": any_object, "s": STRICT["function"]["parameters"]}
+    assert dict(held([TOOL], parallel=False).held.calls) == {"f": any_object}
+    assert dict(held([TOOL], level="function").held.calls) == {"f": any_object}
+    assert dict(held([TOOL], level="parameter").held.calls) == {"f": TOOL["function"]["parameters"]}
+    assert held([STRICT], template="{{ tools }}<tool_call>").held.parser == "hermes"
+    assert held([STRICT], template="{{ tools }}[TOOL_CALLS]").held is None  # a special-token marker: free
+    unique = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    loose = {"type": "function", "function": {"name": "u", "parameters": unique}}
+    assert held([loose], level="parameter").enforced == ((0, unique, False),)  # not strict: not refused
     allowed = {
         "type": "allowed_tools",
         "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "s"}}]},
     }
-    assert held([TOOL, STRICT], choice=allowed) == {"s": STRICT["function"]["parameters"]}
+    restricted = held([TOOL, STRICT], choice=allowed)
+    assert dict(restricted.held.calls) == {"s": STRICT["function"]["parameters"]}
+    assert restricted.known("s") and not restricted.known("f")
+    tag = tag_format(planned(params, held([STRICT]), None)[0])
+    assert tag["elements"][1] == {"type": "regex", "pattern": r"\s*([^\s{][\s\S]*)?"}  # no object but the calls
     with pytest.raises(ValueError, match="tool strict level"):
         ToolSettings(tool_strict_level="always")
 
 
 def test_a_constraint_beside_held_calls():
     """A JSON response_format beside them: a call first, or the answer (each part compiled alone too,
-    named by its field); another kind of constraint applies alone, the calls unconstrained (vLLM's rule)."""
+    named by its field); beside another kind of constraint, or where only parallel_tool_calls false
+    holds them, the request's own constraint applies alone, the calls unconstrained (vLLM's rule)."""
     from pagoda.sampling_params import StructuredOutputsParams
 
     tool_plan = plan_tools([STRICT], "auto", True, AUTO, "plain", True)
     answer = StructuredOutputsParams(json={"type": "object"}, strict=True)
-    params, parts = planned(SamplingParams(structured_outputs=answer), tool_plan, "response_format")
+    params, parts, field = planned(SamplingParams(structured_outputs=answer), tool_plan, "response_format")
     first, second = tag_format(params)["elements"]
-    assert first["at_least_one"] and second == {"type": "json_schema", "json_schema": {"type": "object"}}
-    assert [name for name, _ in parts] == ["tools[0].function.parameters", "response_format"]
+    assert first["begin"] == '{"tool_calls": ' and second["json_schema"] == {"type": "object"}
+    assert [name for name, _ in parts] == ["tools[0].function.parameters", "response_format"] and field == "tools"
     regex = StructuredOutputsParams(regex="[a-z]+")
-    params, parts = planned(SamplingParams(structured_outputs=regex), tool_plan, "structured_outputs")
-    assert params.structured_outputs is regex and parts == []
+    params, parts, field = planned(SamplingParams(structured_outputs=regex), tool_plan, "structured_outputs")
+    assert params.structured_outputs is regex and parts == [] and field == "structured_outputs"
+    one_call = plan_tools([TOOL], "auto", False, AUTO, "plain", True)
+    params, parts, _ = planned(SamplingParams(structured_outputs=answer), one_call, "response_format")
+    assert params.structured_outputs is answer and parts == []
 
 
 def test_forced_calls_take_the_models_own_format_where_it_opens_calls_with_a_fixed_text():

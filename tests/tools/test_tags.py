@@ -12,7 +12,7 @@ import pytest
 from pagoda.model_files import load_tokenizer
 from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.tools.parsers import PARSERS
-from pagoda.tools.tags import ANY_ARGUMENTS, calls_format
+from pagoda.tools.tags import ANY_ARGUMENTS, calls_format, calls_or_answer
 
 KELVIN = {
     "type": "object",
@@ -66,6 +66,8 @@ def test_a_call_holds_to_its_tools_and_schemas(grammars, parser):
     assert not grammars(free, call(parser, "get_weather", {"city": "Oslo", "unit": "celsius"}))
     assert not grammars(free, call(parser, "get_weather", {"city": "Oslo"}))
     assert not grammars(free, call(parser, "send_mail", {}))  # not among the tools it may call
+    padded = valid.replace('"city": ', '"city":\n\n\n   ')  # JSON as compact as the server's other constraints
+    assert not grammars(free, padded)
     parsed = PARSERS[parser].parse(valid)
     assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
         ("get_weather", {"city": "Oslo", "unit": "kelvin"})
@@ -74,12 +76,38 @@ def test_a_call_holds_to_its_tools_and_schemas(grammars, parser):
     assert grammars(required, valid) and not grammars(required, "It is sunny.")
 
 
+@pytest.mark.parametrize("parser", ["llama3_json", "generic"])
+def test_a_whole_output_format_reads_no_call_the_grammar_did_not_hold(grammars, parser):
+    """Its parser reads calls from an output that opens with a JSON object, however spaced: the free text
+    beside the held calls never opens one, so every call it reads is one the grammar held."""
+    free = calls_format(parser, TOOLS, parallel=True, required=False)
+    respaced = call(parser, "get_weather", {"city": 5}).replace(": ", ":", 1)
+    assert PARSERS[parser].parse(respaced).tool_calls  # a call, were it written
+    assert not grammars(free, respaced) and not grammars(free, "  " + respaced)
+    assert not grammars(free, '{"answer": 1}')
+    mid_text = "Here: " + call(parser, "get_weather", {"city": 5})
+    assert grammars(free, mid_text) and not PARSERS[parser].parse(mid_text).tool_calls  # text: no call
+
+
+def test_hermes_takes_both_spellings_and_a_required_call_is_calls_only(grammars):
+    tight = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    assert PARSERS["hermes"].parse(tight).tool_calls
+    for required in (False, True):
+        assert grammars(calls_format("hermes", TOOLS, parallel=True, required=required), tight)
+    required = calls_format("hermes", TOOLS, parallel=True, required=True)
+    assert grammars(required, tight + tight) and not grammars(required, tight + " and some text")
+
+
 @pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
 def test_one_call_only_where_parallel_calls_are_off(grammars, parser):
-    two = call(parser, "get_time", {}) + call(parser, "get_time", {})
-    assert grammars(calls_format(parser, TOOLS, parallel=True, required=False), two)
-    assert not grammars(calls_format(parser, TOOLS, parallel=False, required=False), two)
-    assert grammars(calls_format(parser, TOOLS, parallel=False, required=False), call(parser, "get_time", {}))
+    separator = "; " if parser == "llama3_json" else ""
+    two = call(parser, "get_time", {}) + separator + call(parser, "get_time", {})
+    assert [c.name for c in PARSERS[parser].parse(two).tool_calls] == ["get_time", "get_time"]
+    for required in (False, True):
+        assert grammars(calls_format(parser, TOOLS, parallel=True, required=required), two)
+        assert not grammars(calls_format(parser, TOOLS, parallel=False, required=required), two)
+        one = calls_format(parser, TOOLS, parallel=False, required=required)
+        assert grammars(one, call(parser, "get_time", {}))
 
 
 def test_the_generic_format_holds_every_call_in_its_list(grammars):
@@ -88,6 +116,15 @@ def test_the_generic_format_holds_every_call_in_its_list(grammars):
     two["tool_calls"][1]["arguments"] = {"city": "Oslo", "unit": "kelvin"}
     assert grammars(calls_format("generic", TOOLS, parallel=True, required=False), json.dumps(two))
     assert not grammars(calls_format("generic", TOOLS, parallel=False, required=False), json.dumps(two))
+
+
+def test_calls_or_the_answer(grammars):
+    answer = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    either = calls_or_answer("generic", TOOLS, True, answer)
+    assert grammars(either, '{"answer": "sunny"}')
+    assert grammars(either, call("generic", "get_weather", {"city": "Oslo", "unit": "kelvin"}))
+    assert not grammars(either, call("generic", "get_weather", {"city": "Oslo", "unit": "celsius"}))
+    assert not grammars(either, "It is sunny.")
 
 
 def test_formats_without_a_fixed_opening_have_no_grammar():

@@ -364,44 +364,44 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         renames={"logprobs": "top_logprobs", "max_tokens": max_param},
         reasoning=state.reasoning,
     )
-    params, parts = planned(params, plan, constraint_field(body))
+    params, parts, field = planned(params, plan, constraint_field(body))
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param, body.min_tokens or 0)
-    await state.check_constraint(body, params, parts)
+    await state.check_constraint(body, params, parts, field)
     return PreparedChat(plan, prompt_ids, params, role, echoed)
 
 
 def planned(
     params: SamplingParams, plan: ToolPlan, own_field: str | None
-) -> tuple[SamplingParams, list[tuple[str, StructuredOutputsParams]]]:
-    """A request's sampling as its tools change it (vLLM's rules), and the parts of its constraint the
-    server compiles alone too, each named by its field (ServerState.check_constraint): a forced
-    call's grammar replaces any other constraint (the request's own, in `own_field`); under "auto",
-    calls held to their tools (plan.calls_format) go in a structural tag, either within free text
-    or, beside a JSON response_format, as the alternative to the answer (a call first, or the
-    answer), and beside another kind of constraint not at all (that one applies); with a reasoning
-    parser any constraint applies after the thinking, also where include_reasoning false leaves it
-    out of the answer. A parser whose markers may be special tokens (Mistral's `[TOOL_CALLS]`, some
-    Hermes models' `<tool_call>`) gets them in the text, skip_special_tokens off."""
+) -> tuple[SamplingParams, list[tuple[str, StructuredOutputsParams]], str | None]:
+    """A request's sampling as its tools change it (vLLM's rules); the parts of its constraint the
+    server compiles alone too, each named by its field; and the field that names the whole
+    (ServerState.check_constraint): a forced call's grammar replaces any other constraint (the
+    request's own, in `own_field`); under "auto", calls a grammar holds (plan.held) go in a
+    structural tag, either within free text or, beside a JSON response_format, as the alternative to
+    the answer (a call first, or the answer), and beside another kind of constraint not at all (that
+    one applies); with a reasoning parser any constraint applies after the thinking, also where
+    include_reasoning false leaves it out of the answer. A parser whose markers may be special
+    tokens (Mistral's `[TOOL_CALLS]`, some Hermes models' `<tool_call>`) gets them in the text,
+    skip_special_tokens off."""
     parts = [
         (f"tools[{i}].function.parameters", StructuredOutputsParams(json=schema, strict=strict))
         for i, schema, strict in plan.enforced
     ]
-    own = params.structured_outputs
+    own, held = params.structured_outputs, plan.held
     if plan.constraint is not None:
-        params = dataclasses.replace(params, structured_outputs=plan.constraint)
-    elif plan.calls_format is not None and (own is None or own.kind in ("json", "json_object")):
-        format_ = plan.calls_format
+        params, field = dataclasses.replace(params, structured_outputs=plan.constraint), "tools"
+    elif held is not None and (own is None or (own.kind in ("json", "json_object") and held.beside_answer)):
+        format_ = held.within_text()
         if own is not None:
-            answer = {"type": "json_schema", "json_schema": own.json if own.json is not None else {"type": "object"}}
-            format_ = {"type": "or", "elements": [plan.required_calls_format, answer]}
+            format_ = held.or_answer(own.json if own.json is not None else {"type": "object"})
             parts.append((own_field or "response_format", own))
         tag = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": format_})
-        params = dataclasses.replace(params, structured_outputs=tag)
+        params, field = dataclasses.replace(params, structured_outputs=tag), "tools"
     else:
-        parts = []
+        parts, field = [], own_field
     if plan.parser is not None and plan.parser.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
-    return params, parts
+    return params, parts, field
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:

@@ -194,13 +194,15 @@ class ServerState:
         body: CompletionRequest | ChatCompletionRequest,
         params: SamplingParams,
         parts: Sequence[tuple[str, StructuredOutputsParams]] = (),
+        field: str | None = None,
     ) -> None:
         """Compile the request's output constraint now, on a worker thread (the result is cached for
         the engine), so that one the library refuses, or that compiles too slowly, is a 400 naming
         the field that held it. `parts`: the pieces a constraint was built of (the tools a grammar
         holds calls to, a response_format beside them), each named by its field: a strict one is
         compiled alone first, as strictly (the library's warnings on the whole cannot be told apart
-        by part), and where the whole fails, each alone, to name the one that does."""
+        by part), and where the whole fails, each alone, to name the one that does; else the whole
+        is named by `field` (default: the request's own constraint's)."""
         if params.structured_outputs is None:
             return
         await self._refused_part([(name, part) for name, part in parts if part.strict])
@@ -208,7 +210,7 @@ class ServerState:
             await self.engine.compile_grammar_async(params.structured_outputs)
         except GrammarError as exc:
             await self._refused_part(parts)
-            field = "tools" if parts else constraint_field(body)  # else only the parts together fail
+            field = field or constraint_field(body)
             raise bad_request(f"{field}: {exc}", field) from None
 
     async def _refused_part(self, parts: Sequence[tuple[str, StructuredOutputsParams]]) -> None:

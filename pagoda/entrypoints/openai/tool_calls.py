@@ -32,7 +32,15 @@ from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError, check_json_schema, check_supported
 from pagoda.tools.parsers import FORCED_CALLS, Piece, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
 from pagoda.tools.reasoning import REASONING_PARSERS
-from pagoda.tools.tags import ANY_ARGUMENTS, TOOL_STRICT_LEVELS, Call, calls_format, calls_schema
+from pagoda.tools.tags import (
+    ANY_ARGUMENTS,
+    HELD_FORMATS,
+    TOOL_STRICT_LEVELS,
+    Call,
+    calls_format,
+    calls_or_answer,
+    calls_schema,
+)
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
 
@@ -70,10 +78,8 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None = None  # rendered for the model (None: no tools)
     parser: ToolParser | None = None  # reads calls out of the output (None: all content)
     constraint: StructuredOutputsParams | None = None  # forces the calls ("required", a named function)
-    # under "auto", where calls are constrained (tags.calls_format): the calls within free text, and
-    # the same where a call must come first (beside a response_format: a call, or the answer)
-    calls_format: dict[str, Any] | None = None
-    required_calls_format: dict[str, Any] | None = None
+    held: HeldCalls | None = None  # under "auto", the calls a grammar holds, where it does
+    allowed: frozenset[str] | None = None  # allowed_tools' "auto": a call of another tool is content
     # (tool index, arguments schema, strict) of each tool whose arguments the constraint holds
     enforced: tuple[tuple[int, dict[str, Any], bool], ...] = ()
     reasoning: Any = None  # a ReasoningParser, or None
@@ -111,8 +117,30 @@ class ToolPlan:
         return MessageStreamer(self)
 
     def known(self, name: str) -> bool:
-        """Whether a call's name is one of the request's tools (a call of any other is content)."""
+        """Whether a call's name is one of the tools it may call (a call of any other is content)."""
+        if self.allowed is not None:
+            return name in self.allowed
         return any(tool["function"]["name"] == name for tool in self.tools or ())
+
+
+@dataclass(frozen=True)
+class HeldCalls:
+    """Calls under "auto" that a grammar holds (tags.calls_format): in `parser`'s format, of `calls`
+    (each tool it may call and the schema its arguments hold to), one at most unless `parallel`.
+    `beside_answer`: held beside a JSON response_format too, where a strict tool, allowed_tools or
+    --tool-strict-level asks, not parallel_tool_calls false alone (vLLM's rule: that flag never makes
+    calls possible that the response_format rules out)."""
+
+    parser: str
+    calls: tuple[Call, ...]
+    parallel: bool
+    beside_answer: bool
+
+    def within_text(self) -> dict[str, Any]:
+        return calls_format(self.parser, list(self.calls), self.parallel, required=False)
+
+    def or_answer(self, answer: dict[str, Any]) -> dict[str, Any]:
+        return calls_or_answer(self.parser, list(self.calls), self.parallel, answer)
 
 
 @dataclass
@@ -201,13 +229,13 @@ def plan_tools(
         return _constrained_auto(plan, name or "generic", checked, forced, parallel_tool_calls, settings)
     indices = _forced_indices(checked, choice, forced)
     _check_enforceable(checked, indices, is_strict)
-    calls = _calls(checked, indices, held=indices)
+    calls = _calls(checked, indices, held=set(indices))
     parallel = parallel_tool_calls and choice == "required"
     # strict only where every tool is: the library's warnings cannot be told apart by tool, so
     # the server compiles each strict one alone too (ServerState.check_constraint)
     strict = all(is_strict(checked[i]) for i in indices)
     # in the model's own format where its calls open with a fixed text (as vLLM 0.32), else the generic one
-    native = calls_format(name, calls, parallel, required=True) if name not in (None, "generic") else None
+    native = calls_format(name, calls, parallel, required=True) if name in ("hermes", "llama3_json") else None
     if native is not None:
         constraint = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": native}, strict=strict)
         parser = get_parser(name)
@@ -238,29 +266,21 @@ def _constrained_auto(
     where parallel_tool_calls is false, or every call where --tool-strict-level asks; the text stays free.
     A format without a fixed opening (mistral, pythonic) stays unconstrained, as in vLLM."""
     level = settings.tool_strict_level
+    plan = dataclasses.replace(plan, allowed=allowed)
     callable_ = [i for i, tool in enumerate(tools) if allowed is None or tool["function"]["name"] in allowed]
-
-    def strict(tool: dict[str, Any]) -> bool:
-        return level == "parameter" or is_strict(tool)
-
-    held = [i for i in callable_ if strict(tools[i])]
-    if not (held or allowed is not None or level != "auto" or not parallel):
+    # arguments held to the schema: a strict tool's, or every tool's at level "parameter" (refused
+    # where the grammar cannot enforce all of it only for a strict one)
+    held = [i for i in callable_ if level == "parameter" or is_strict(tools[i])]
+    beside_answer = bool(held) or allowed is not None or level != "auto"
+    if not (beside_answer or not parallel) or parser not in HELD_FORMATS:
         return plan
-    _check_enforceable(tools, held, strict)
-    calls = _calls(tools, callable_, held=held)
-    optional = calls_format(parser, calls, parallel, required=False)
-    if optional is None:
-        return plan
-    enforced = tuple((i, schema, True) for i, (_, schema) in zip(callable_, calls) if i in held)
-    return dataclasses.replace(
-        plan,
-        calls_format=optional,
-        required_calls_format=calls_format(parser, calls, parallel, required=True),
-        enforced=enforced,
-    )
+    _check_enforceable(tools, held, is_strict)
+    calls = _calls(tools, callable_, held=set(held))
+    enforced = tuple((i, schema, is_strict(tools[i])) for i, (_, schema) in zip(callable_, calls) if i in held)
+    return dataclasses.replace(plan, held=HeldCalls(parser, tuple(calls), parallel, beside_answer), enforced=enforced)
 
 
-def _calls(tools: list[dict[str, Any]], indices: list[int], held: list[int]) -> list[Call]:
+def _calls(tools: list[dict[str, Any]], indices: list[int], held: set[int]) -> list[Call]:
     """(name, arguments schema) of the tools at `indices`: its parameters for those `held` to them, any object else."""
     return [
         (
@@ -293,7 +313,7 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
             raise bad_request(f'{param} must be {{"type": "function", "function": {{...}}}}', param)
         function = tool["function"]
         name = function.get("name")
-        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
             raise bad_request(f"{param}.function.name must be 1-64 letters, digits, _ . or -", f"{param}.function.name")
         if name in names:
             raise bad_request(f"{param}.function.name {name!r} is given twice", f"{param}.function.name")
