@@ -38,6 +38,12 @@ WORKER_START_TIMEOUT_S = 120.0  # importing xgrammar (and torch) in a fresh proc
 MEMORY_CACHE_SIZE = 256  # compiled grammars kept in memory
 
 
+# what the library's errors say of its C++ code, nothing a client can act on: a source place ("[12:42:09]
+# /project/cpp/grammar_compiler.cc:1318: ") and a failed check ("Check failed: (std::holds_alternative<Grammar>
+# (result)) is false: "), before the reason
+LIBRARY_INTERNALS = re.compile(r"\[[0-9:]+\] \S+:[0-9]+: |Check failed: .*? is false: ")
+
+
 class GrammarError(ValueError):
     """A constraint that cannot be compiled: invalid, unsupported by the library, or too slow."""
 
@@ -150,7 +156,7 @@ class GrammarCompiler:
             self._stop_worker()
             raise GrammarError(f"the grammar compiler's worker died on this {constraint.kind} constraint") from None
         if status != "ok":
-            raise GrammarError(re.sub(r"\[[0-9:]+\] \S+:[0-9]+: ", "", payload).strip())  # no C++ source places
+            raise GrammarError(LIBRARY_INTERNALS.sub("", payload).strip())
         unenforced = [*left, *weakened]
         logger.info(
             "compiled a %s constraint in %.2f s%s",

@@ -42,11 +42,6 @@ LITERAL_ESCAPE = re.compile(
 )
 
 
-# the head of a failed C++ check in the library's errors, which says nothing to a client: "Check failed:
-# (std::holds_alternative<Grammar>(result)) is false: Invalid structural tag error: ..."
-FAILED_CHECK = re.compile(r"^Check failed: .*? is false: ")
-
-
 def weakens(warning: str) -> bool:
     """Whether xgrammar's warning means its grammar enforces less than the constraint asks."""
     literal = LITERAL_ESCAPE.fullmatch(warning)
@@ -126,7 +121,7 @@ def serve(conn: Connection) -> None:
             with library_warnings() as warnings:
                 compiled = compile_constraint(compiler, kind, value)
         except Exception as exc:  # noqa: BLE001 - every library error is the client's to read
-            conn.send(("error", f"{type(exc).__name__}: {FAILED_CHECK.sub('', str(exc))}", []))
+            conn.send(("error", f"{type(exc).__name__}: {exc}", []))
             continue
         weakening = [warning for warning in warnings if weakens(warning)]
         if weakening and strict:  # the library would enforce less than asked: outputs could break the constraint

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured.schema import discriminated_as_any_of
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
@@ -98,11 +99,25 @@ def calls_format(parser: str, tools: list[Call], parallel: bool, required: bool)
 
 
 def calls_or_answer(parser: str, tools: list[Call], parallel: bool, answer: dict[str, Any]) -> dict[str, Any]:
-    """Calls as `calls_format` requires them, or the answer in JSON valid against `answer` (a schema). A
-    generic-format call object is itself a JSON object: beside an `answer` of any object, one written as the
+    """Calls as `calls_format` requires them, or the answer in `answer` (a format, `answer_format`'s). A
+    generic-format call object is itself a JSON object: beside an answer of any object, one written as the
     answer is read as calls too (and not held)."""
     calls = calls_format(parser, tools, parallel, required=True)
-    return {"type": "or", "elements": [calls, _json(answer)]}
+    return {"type": "or", "elements": [calls, answer]}
+
+
+def answer_format(constraint: StructuredOutputsParams) -> dict[str, Any] | None:
+    """A request's own constraint as a structural tag format (to stand beside held calls), the same text
+    it allows (JSON as compactly); None for a structural tag in the older form (tags and triggers)."""
+    if constraint.json is not None or constraint.json_object:
+        return _json(constraint.json if constraint.json is not None else {"type": "object"})
+    if constraint.regex is not None:
+        return {"type": "regex", "pattern": constraint.regex}
+    if constraint.choice is not None:
+        return {"type": "or", "elements": [{"type": "const_string", "value": text} for text in constraint.choice]}
+    if constraint.grammar is not None:
+        return {"type": "grammar", "grammar": constraint.grammar}
+    return json.loads(constraint.structural_tag).get("format")
 
 
 def _tag(begin: str, schema: dict[str, Any], end: str) -> dict[str, Any]:

@@ -175,7 +175,7 @@ BAD = [
     (  # the library's own reason, without the head of its failed C++ check
         {"response_format": {"type": "structural_tag", "format": {"type": "nonsense"}}},
         "response_format",
-        "Invalid structural tag error: Format type not recognized: nonsense",
+        "RuntimeError: Invalid structural tag error: Format type not recognized: nonsense",
     ),
     ({"structured_outputs": {"structural_tag": "{not json"}}, "structured_outputs", "not valid JSON"),
     ({"structured_outputs": {"regex": "([a-z]"}}, "structured_outputs", "parenthesis is not closed"),

@@ -12,7 +12,7 @@ import pytest
 from pagoda.model_files import load_tokenizer
 from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.tools.parsers import PARSERS
-from pagoda.tools.tags import ANY_ARGUMENTS, calls_format, calls_or_answer
+from pagoda.tools.tags import ANY_ARGUMENTS, answer_format, calls_format, calls_or_answer
 
 KELVIN = {
     "type": "object",
@@ -21,6 +21,12 @@ KELVIN = {
     "additionalProperties": False,
 }
 TOOLS = [("get_weather", KELVIN), ("get_time", ANY_ARGUMENTS)]
+TAGGED = {
+    "type": "tag",
+    "begin": "<a>",
+    "content": {"type": "json_schema", "json_schema": {"type": "object"}},
+    "end": "</a>",
+}
 
 # a format's text of one call, as its parser reads it (and as the grammar writes it)
 CALL = {
@@ -120,11 +126,22 @@ def test_the_generic_format_holds_every_call_in_its_list(grammars):
 
 def test_calls_or_the_answer(grammars):
     answer = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
-    either = calls_or_answer("generic", TOOLS, True, answer)
+    either = calls_or_answer("generic", TOOLS, True, answer_format(StructuredOutputsParams(json=answer)))
     assert grammars(either, '{"answer": "sunny"}')
     assert grammars(either, call("generic", "get_weather", {"city": "Oslo", "unit": "kelvin"}))
     assert not grammars(either, call("generic", "get_weather", {"city": "Oslo", "unit": "celsius"}))
     assert not grammars(either, "It is sunny.")
+    for constraint, text in (
+        (StructuredOutputsParams(regex="(Yes|No), [a-z ]{1,20}"), "No, not today"),
+        (StructuredOutputsParams(choice=["left", "right"]), "right"),
+        (StructuredOutputsParams(grammar='root ::= "city: " [a-z]+'), "city: oslo"),
+        (StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": TAGGED}), "<a>{}</a>"),
+    ):
+        either = calls_or_answer("hermes", TOOLS, True, answer_format(constraint))
+        assert grammars(either, text) and grammars(either, call("hermes", "get_time", {}))
+        assert not grammars(either, text + "!") and not grammars(either, "Free text.")
+    legacy = StructuredOutputsParams(structural_tag={"structures": [], "triggers": ["<a>"]})
+    assert answer_format(legacy) is None
 
 
 def test_formats_without_a_fixed_opening_have_no_grammar():

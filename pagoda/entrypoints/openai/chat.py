@@ -41,6 +41,7 @@ from pagoda.model_files import (
 )
 from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
 from pagoda.tools.prompt import with_tools_in_system_prompt
+from pagoda.tools.tags import answer_format
 
 ENDPOINT = "/v1/chat/completions"
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -377,10 +378,11 @@ def planned(
     server compiles alone too, each named by its field; and the field that names the whole
     (ServerState.check_constraint): a forced call's grammar replaces any other constraint (the
     request's own, in `own_field`); under "auto", calls a grammar holds (plan.held) go in a
-    structural tag, either within free text or, beside a JSON response_format, as the alternative to
-    the answer (a call first, or the answer), and beside another kind of constraint not at all (that
-    one applies); with a reasoning parser any constraint applies after the thinking, also where
-    include_reasoning false leaves it out of the answer. A parser whose markers may be special
+    structural tag, either within free text or, beside the request's own constraint (vLLM's rule:
+    where a strict tool, allowed_tools or --tool-strict-level holds them), as the alternative to the
+    answer (a call first, or the answer as the constraint allows it; a structural tag in its older
+    form, tags and triggers, applies alone); with a reasoning parser any constraint applies after
+    the thinking, also where include_reasoning false leaves it out of the answer. A parser whose markers may be special
     tokens (Mistral's `[TOOL_CALLS]`, some Hermes models' `<tool_call>`) gets them in the text,
     skip_special_tokens off."""
     parts = [
@@ -388,12 +390,13 @@ def planned(
         for i, schema, strict in plan.enforced
     ]
     own, held = params.structured_outputs, plan.held
+    answer = answer_format(own) if own is not None and held is not None and held.beside_answer else None
     if plan.constraint is not None:
         params, field = dataclasses.replace(params, structured_outputs=plan.constraint), "tools"
-    elif held is not None and (own is None or (own.kind in ("json", "json_object") and held.beside_answer)):
+    elif held is not None and (own is None or answer is not None):
         format_ = held.within_text()
-        if own is not None:
-            format_ = held.or_answer(own.json if own.json is not None else {"type": "object"})
+        if answer is not None:
+            format_ = held.or_answer(answer)
             parts.append((own_field or "response_format", own))
         tag = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": format_})
         params, field = dataclasses.replace(params, structured_outputs=tag), "tools"

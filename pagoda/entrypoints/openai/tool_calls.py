@@ -127,9 +127,9 @@ class ToolPlan:
 class HeldCalls:
     """Calls under "auto" that a grammar holds (tags.calls_format): in `parser`'s format, of `calls`
     (each tool it may call and the schema its arguments hold to), one at most unless `parallel`.
-    `beside_answer`: held beside a JSON response_format too, where a strict tool, allowed_tools or
-    --tool-strict-level asks, not parallel_tool_calls false alone (vLLM's rule: that flag never makes
-    calls possible that the response_format rules out)."""
+    `beside_answer`: held beside the request's own constraint too (a call, or the answer), where a
+    strict tool, allowed_tools or --tool-strict-level asks, not parallel_tool_calls false alone
+    (vLLM's rule: that flag never makes calls possible that the constraint rules out)."""
 
     parser: str
     calls: tuple[Call, ...]
