@@ -103,6 +103,34 @@ class StructuredOutputsParams:
         return f"{self.kind}{strict}\n{json.dumps(value, separators=(',', ':'), ensure_ascii=False)}"
 
 
+def _structural_tag_of_structures(value: dict[str, Any]) -> dict[str, Any]:
+    """The older form of a structural tag (`{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`:
+    free text in which a trigger opens one of the tags) in the newer one, which means the same."""
+    structures, triggers = value.get("structures"), value.get("triggers")
+    fields = ("begin", "schema", "end")
+    if not (
+        isinstance(structures, list)
+        and all(isinstance(s, dict) and all(f in s for f in fields) for s in structures)
+        and isinstance(triggers, list)
+        and all(isinstance(t, str) for t in triggers)
+    ):
+        raise SamplingParamsError(
+            "structured_outputs",
+            'a structural tag\'s "structures" must be a list of {"begin", "schema", "end"}, its "triggers" a '
+            "list of strings",
+        )
+    tags = [
+        {
+            "type": "tag",
+            "begin": s["begin"],
+            "content": {"type": "json_schema", "json_schema": s["schema"]},
+            "end": s["end"],
+        }
+        for s in structures
+    ]
+    return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}
+
+
 CONSTRAINT_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
@@ -117,6 +145,8 @@ def _structural_tag_text(value: Any) -> str:
         raise SamplingParamsError("structured_outputs", "a structural tag must be a JSON object")
     if "format" in value and "structures" in value:
         raise SamplingParamsError("structured_outputs", 'a structural tag has a "format" or "structures", not both')
+    if "structures" in value:
+        value = _structural_tag_of_structures(value)
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -70,18 +70,28 @@ def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:
 
 
 def _compile_structural_tag(compiler: Any, text: str) -> Any:
-    """xgrammar's structural tag (`{"type": "structural_tag", "format": ...}`), or its older form
-    of tags and triggers (`{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`)."""
+    """xgrammar's structural tag (`{"type": "structural_tag", "format": ...}`), its JSON written as
+    every JSON constraint's is (compact_json)."""
+    return compiler.compile_structural_tag(json.dumps(compact_json(json.loads(text))))
+
+
+def compact_json(node: Any) -> Any:
+    """A structural tag's formats with each JSON schema (of the plain JSON style) as the grammar a
+    JSON constraint compiles to (compact, one space after ':' and ','; objects only of their
+    properties), where the library's own JSON format would take any whitespace."""
     import xgrammar
 
-    spec = json.loads(text)
-    if "structures" not in spec:
-        return compiler.compile_structural_tag(text)
-    tags = [
-        xgrammar.StructuralTagItem(begin=item["begin"], schema=json.dumps(item["schema"]), end=item["end"])
-        for item in spec["structures"]
-    ]
-    return compiler.compile_structural_tag(tags, spec["triggers"])
+    if isinstance(node, list):
+        return [compact_json(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "json_schema" and node.get("style", "json") == "json":
+        schema = json.dumps(discriminated_as_any_of(node["json_schema"]))
+        grammar = xgrammar.Grammar.from_json_schema(
+            schema, any_whitespace=False, separators=SEPARATORS, strict_mode=True
+        )
+        return {"type": "grammar", "grammar": str(grammar)}
+    return {key: compact_json(value) for key, value in node.items()}
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ import json
 from typing import Any
 
 from pagoda.sampling_params import StructuredOutputsParams
-from pagoda.structured.schema import discriminated_as_any_of
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 TOOL_STRICT_LEVELS = ("auto", "function", "parameter")  # vLLM's --tool-strict-level (tool_calls.ToolSettings)
@@ -62,9 +61,6 @@ _HERMES_SPELLINGS = (  # the two a Hermes-style model writes (vLLM's): (text bef
 # text that does not open a JSON object: what a whole-output format (llama3_json, generic) may write
 # instead of its calls, so that every output its parser reads as calls is the grammar's
 _NOT_AN_OBJECT = {"type": "regex", "pattern": r"\s*([^\s{][\s\S]*)?"}
-# each whitespace run within JSON at most one character: a small model left free pads a document with
-# blank lines until max_tokens (the compact writing of pagoda.structured.worker's JSON constraints)
-_MAX_WHITESPACE = 1
 
 
 def calls_format(parser: str, tools: list[Call], parallel: bool, required: bool) -> dict[str, Any] | None:
@@ -106,9 +102,9 @@ def calls_or_answer(parser: str, tools: list[Call], parallel: bool, answer: dict
     return {"type": "or", "elements": [calls, answer]}
 
 
-def answer_format(constraint: StructuredOutputsParams) -> dict[str, Any] | None:
-    """A request's own constraint as a structural tag format (to stand beside held calls), the same text
-    it allows (JSON as compactly); None for a structural tag in the older form (tags and triggers)."""
+def answer_format(constraint: StructuredOutputsParams) -> dict[str, Any]:
+    """A request's own constraint as a structural tag format (to stand beside held calls): the same text
+    it allows."""
     if constraint.json is not None or constraint.json_object:
         return _json(constraint.json if constraint.json is not None else {"type": "object"})
     if constraint.regex is not None:
@@ -117,7 +113,7 @@ def answer_format(constraint: StructuredOutputsParams) -> dict[str, Any] | None:
         return {"type": "or", "elements": [{"type": "const_string", "value": text} for text in constraint.choice]}
     if constraint.grammar is not None:
         return {"type": "grammar", "grammar": constraint.grammar}
-    return json.loads(constraint.structural_tag).get("format")
+    return json.loads(constraint.structural_tag)["format"]
 
 
 def _tag(begin: str, schema: dict[str, Any], end: str) -> dict[str, Any]:
@@ -135,11 +131,7 @@ def _calls_only(tags: list[dict[str, Any]], separator: str, parallel: bool) -> d
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "json_schema",
-        "json_schema": discriminated_as_any_of(schema),
-        "max_whitespace_cnt": _MAX_WHITESPACE,
-    }
+    return {"type": "json_schema", "json_schema": schema}  # written compactly (structured.worker.compact_json)
 
 
 def _lift_definitions(prefix: str, schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

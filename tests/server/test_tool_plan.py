@@ -86,9 +86,8 @@ def test_auto_holds_calls_where_vllm_does():
 
 def test_a_constraint_beside_held_calls():
     """The request's own constraint beside them: a call first, or the answer as it allows (each part
-    compiled alone too, named by its field); where only parallel_tool_calls false holds them, or the
-    constraint is a structural tag in the older form, it applies alone, the calls unconstrained
-    (vLLM's rule)."""
+    compiled alone too, named by its field); where only parallel_tool_calls false holds them, it
+    applies alone, the calls unconstrained (vLLM's rule)."""
     from pagoda.sampling_params import StructuredOutputsParams
 
     tool_plan = plan_tools([STRICT], "auto", True, AUTO, "plain", True)
@@ -100,9 +99,6 @@ def test_a_constraint_beside_held_calls():
     regex = StructuredOutputsParams(regex="[a-z]+")
     params, parts, field = planned(SamplingParams(structured_outputs=regex), tool_plan, "structured_outputs")
     assert tag_format(params)["elements"][1] == {"type": "regex", "pattern": "[a-z]+"} and field == "tools"
-    legacy = StructuredOutputsParams(structural_tag={"structures": [], "triggers": ["<a>"]})
-    params, parts, field = planned(SamplingParams(structured_outputs=legacy), tool_plan, "structured_outputs")
-    assert params.structured_outputs is legacy and parts == [] and field == "structured_outputs"
     one_call = plan_tools([TOOL], "auto", False, AUTO, "plain", True)
     params, parts, _ = planned(SamplingParams(structured_outputs=answer), one_call, "response_format")
     assert params.structured_outputs is answer and parts == []

@@ -141,7 +141,7 @@ def test_calls_or_the_answer(grammars):
         assert grammars(either, text) and grammars(either, call("hermes", "get_time", {}))
         assert not grammars(either, text + "!") and not grammars(either, "Free text.")
     legacy = StructuredOutputsParams(structural_tag={"structures": [], "triggers": ["<a>"]})
-    assert answer_format(legacy) is None
+    assert answer_format(legacy)["type"] == "triggered_tags"  # the older form, in the newer one
 
 
 def test_formats_without_a_fixed_opening_have_no_grammar():

@@ -380,11 +380,10 @@ def planned(
     request's own, in `own_field`); under "auto", calls a grammar holds (plan.held) go in a
     structural tag, either within free text or, beside the request's own constraint (vLLM's rule:
     where a strict tool, allowed_tools or --tool-strict-level holds them), as the alternative to the
-    answer (a call first, or the answer as the constraint allows it; a structural tag in its older
-    form, tags and triggers, applies alone); with a reasoning parser any constraint applies after
-    the thinking, also where include_reasoning false leaves it out of the answer. A parser whose markers may be special
-    tokens (Mistral's `[TOOL_CALLS]`, some Hermes models' `<tool_call>`) gets them in the text,
-    skip_special_tokens off."""
+    answer (a call first, or the answer as the constraint allows it); with a reasoning parser any
+    constraint applies after the thinking, also where include_reasoning false leaves it out of the
+    answer. A parser whose markers may be special tokens (Mistral's `[TOOL_CALLS]`, some Hermes
+    models' `<tool_call>`) gets them in the text, skip_special_tokens off."""
     parts = [
         (f"tools[{i}].function.parameters", StructuredOutputsParams(json=schema, strict=strict))
         for i, schema, strict in plan.enforced
