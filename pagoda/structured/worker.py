@@ -24,8 +24,12 @@ from pagoda.structured.schema import discriminated_as_any_of
 # whitespace lets small models pad a document with blank lines until max_tokens.)
 SEPARATORS = (", ", ": ")
 # part of the disk cache's key: a grammar xgrammar warned about was cached before such warnings were
-# refused, and is again for a constraint that is not strict (whose key differs from a strict one's)
-COMPILE_OPTIONS = f"any_whitespace=False separators={SEPARATORS} strict_mode=True warnings=refused-if-strict"
+# refused, and is again for a constraint that is not strict (whose key differs from a strict one's);
+# a structural tag's JSON took any whitespace before compact_json
+COMPILE_OPTIONS = (
+    f"any_whitespace=False separators={SEPARATORS} strict_mode=True warnings=refused-if-strict "
+    "structural-tag-json=compact"
+)
 # xgrammar's C++ log line for a part of the constraint it does not enforce, e.g. "[13:12:09]
 # /project/cpp/json_schema_converter.cc:1199: Warning: format combined with minLength/maxLength
 # is not supported; ignoring minLength/maxLength"
