@@ -147,6 +147,10 @@ def _structural_tag_text(value: Any) -> str:
         raise SamplingParamsError("structured_outputs", 'a structural tag has a "format" or "structures", not both')
     if "structures" in value:
         value = _structural_tag_of_structures(value)
+    if "format" not in value:
+        raise SamplingParamsError(
+            "structured_outputs", 'a structural tag needs a "format", or "structures" and "triggers"'
+        )
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 

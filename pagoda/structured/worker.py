@@ -80,16 +80,18 @@ def _compile_structural_tag(compiler: Any, text: str) -> Any:
 
 
 def compact_json(node: Any) -> Any:
-    """A structural tag's formats with each JSON schema (of the plain JSON style) as the grammar a
-    JSON constraint compiles to (compact, one space after ':' and ','; objects only of their
-    properties), where the library's own JSON format would take any whitespace."""
+    """A structural tag's formats with each JSON schema (of the plain JSON style, without options the
+    grammar of a JSON constraint has none of: any_order, excludes, max_whitespace_cnt, left to the
+    library) as the grammar a JSON constraint compiles to (compact, one space after ':' and ',';
+    objects only of their properties), where the library's own JSON format takes any whitespace."""
     import xgrammar
 
     if isinstance(node, list):
         return [compact_json(item) for item in node]
     if not isinstance(node, dict):
         return node
-    if node.get("type") == "json_schema" and node.get("style", "json") == "json":
+    plain = not (node.get("any_order") or node.get("excludes") or node.get("max_whitespace_cnt"))
+    if node.get("type") == "json_schema" and node.get("style", "json") == "json" and plain:
         schema = json.dumps(discriminated_as_any_of(node["json_schema"]))
         grammar = xgrammar.Grammar.from_json_schema(
             schema, any_whitespace=False, separators=SEPARATORS, strict_mode=True

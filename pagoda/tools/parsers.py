@@ -176,8 +176,11 @@ def partial_marker_len(text: str, marker: str, start: int = 0) -> int:
     return 0
 
 
+JSON_SPACE = " \t\n\r"  # whitespace as JSON has it (and the grammars that hold calls, tags.py): not str.isspace's
+
+
 def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
+    while pos < len(text) and text[pos] in JSON_SPACE:
         pos += 1
     return pos
 

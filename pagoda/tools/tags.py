@@ -4,10 +4,10 @@
   JSON schema: what tool_choice "required" and a named function force.
 - `calls_format`: an xgrammar structural tag format (vLLM's way since 0.32) in the model's own call format: the
   calls "required" and a named function force, or, under "auto", text in which a call the model opens must go on to
-  name an allowed tool with arguments that hold to the schema given for it. Built for the formats whose calls open
-  with a fixed text (hermes' `<tool_call>`, llama3_json's `{"name": `, generic's `{"tool_calls"`), the text each
-  parser reads; none for the others (mistral's marker is a special token, pythonic calls are Python), where calls
-  stay unconstrained, as in vLLM.
+  name an allowed tool with arguments that hold to the schema given for it: hermes' `<tool_call>` anywhere in the
+  text; llama3_json's `{"name": ` and generic's `{"tool_calls"` where the output opens (their parsers read calls
+  nowhere else), the free text opening no object. Built for these three; none for the others (mistral's marker is a
+  special token, pythonic calls are Python), where calls stay unconstrained, as in vLLM.
 
 Each tool comes as (name, arguments schema); the caller decides the schema (a strict tool's parameters, or any
 object).
@@ -58,9 +58,11 @@ _HERMES_SPELLINGS = (  # the two a Hermes-style model writes (vLLM's): (text bef
     ('<tool_call>\n{"name": ', "}\n</tool_call>"),
     ('<tool_call>{"name": ', "}</tool_call>"),
 )
-# text that does not open a JSON object: what a whole-output format (llama3_json, generic) may write
-# instead of its calls, so that every output its parser reads as calls is the grammar's
-_NOT_AN_OBJECT = {"type": "regex", "pattern": r"\s*([^\s{][\s\S]*)?"}
+# What a whole-output format (llama3_json, generic) may write instead of its calls, after JSON whitespace
+# (parsers.JSON_SPACE, which its parser skips): text that opens no JSON object, nor llama3_json's
+# <|python_tag|> (the parser reads calls after it), so that every call its parser reads is one the grammar held
+_WHITESPACE = {"type": "regex", "pattern": r"[ \t\n\r]*"}
+_NOT_AN_OBJECT = {"type": "regex", "pattern": r"[ \t\n\r]*([^ \t\n\r{<][\s\S]*|<[^|][\s\S]*|<)?"}
 
 
 def calls_format(parser: str, tools: list[Call], parallel: bool, required: bool) -> dict[str, Any] | None:
@@ -91,7 +93,9 @@ def calls_format(parser: str, tools: list[Call], parallel: bool, required: bool)
         calls = _calls_only(tags, "", parallel)
     else:
         return None
-    return calls if required else {"type": "or", "elements": [calls, _NOT_AN_OBJECT]}
+    if required:
+        return calls
+    return {"type": "or", "elements": [{"type": "sequence", "elements": [_WHITESPACE, calls]}, _NOT_AN_OBJECT]}
 
 
 def calls_or_answer(parser: str, tools: list[Call], parallel: bool, answer: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +117,7 @@ def answer_format(constraint: StructuredOutputsParams) -> dict[str, Any]:
         return {"type": "or", "elements": [{"type": "const_string", "value": text} for text in constraint.choice]}
     if constraint.grammar is not None:
         return {"type": "grammar", "grammar": constraint.grammar}
-    return json.loads(constraint.structural_tag)["format"]
+    return json.loads(constraint.structural_tag)["format"]  # sampling_params: every structural tag has one
 
 
 def _tag(begin: str, schema: dict[str, Any], end: str) -> dict[str, Any]:

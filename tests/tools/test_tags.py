@@ -93,6 +93,14 @@ def test_a_whole_output_format_reads_no_call_the_grammar_did_not_hold(grammars, 
     assert not grammars(free, '{"answer": 1}')
     mid_text = "Here: " + call(parser, "get_weather", {"city": 5})
     assert grammars(free, mid_text) and not PARSERS[parser].parse(mid_text).tool_calls  # text: no call
+    for space in ("\x1c", "\x85"):  # whitespace to str.isspace, not to JSON: text, read as text
+        assert not PARSERS[parser].parse(space + respaced).tool_calls
+    held = "\n\n" + call(parser, "get_weather", {"city": "Oslo", "unit": "kelvin"})  # as after a reasoning's end
+    assert grammars(free, held) and PARSERS[parser].parse(held).tool_calls
+    if parser == "llama3_json":  # its parser reads calls after <|python_tag|>, here spelled as text
+        tagged = "<|python_tag|>" + respaced
+        assert PARSERS[parser].parse(tagged).tool_calls and not grammars(free, tagged)
+        assert grammars(free, "<b>bold</b>") and grammars(free, "<")
 
 
 def test_hermes_takes_both_spellings_and_a_required_call_is_calls_only(grammars):
@@ -166,8 +174,10 @@ def test_structural_tags_as_vllm_takes_them(grammars):
         StructuredOutputsParams(structural_tag=text).key == StructuredOutputsParams(structural_tag=json.loads(text)).key
     )
     assert StructuredOutputsParams(structural_tag=text).kind == "structural_tag"
-    for bad in ("{", "[1]"):
+    for bad in ("{", "[1]", '{"type": "structural_tag"}', '{"structures": [{"begin": "<a>"}], "triggers": []}'):
         with pytest.raises(SamplingParamsError, match="structural tag"):
             StructuredOutputsParams(structural_tag=bad)
+    with_options = {"type": "json_schema", "json_schema": {"type": "object"}, "excludes": ["bad"]}
+    assert grammars(with_options, '{"s": "good"}') and not grammars(with_options, '{"s": "so bad"}')  # the library's
     with pytest.raises(SamplingParamsError, match="exactly one of"):
         StructuredOutputsParams(structural_tag=text, regex="a")

@@ -235,7 +235,7 @@ def plan_tools(
     # the server compiles each strict one alone too (ServerState.check_constraint)
     strict = all(is_strict(checked[i]) for i in indices)
     # in the model's own format where its calls open with a fixed text (as vLLM 0.32), else the generic one
-    native = calls_format(name, calls, parallel, required=True) if name in ("hermes", "llama3_json") else None
+    native = calls_format(name, calls, parallel, required=True) if name in HELD_FORMATS and name != "generic" else None
     if native is not None:
         constraint = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": native}, strict=strict)
         parser = get_parser(name)
