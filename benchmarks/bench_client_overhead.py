@@ -298,22 +298,19 @@ def end_to_end(url: str, clients: list[str], args: argparse.Namespace) -> None:
 # Each runs in a process of its own: `concurrency` streams at a time until `requests` are done,
 # then prints {"cpu_s", "wall_s", "chunks"} (chunks: the text chunks, requests * tokens, as both
 # clients count the closing chunks differently); the import and the first request are not counted.
-PAGODA_CPU = """
-import asyncio, json, sys, time
-from pagoda.bench.client import Target, make_client, stream_request
-from pagoda.bench.datasets import Prompt
+# The timed loop both clients' scripts share: `concurrency` workers take the `requests` one at a time, each
+# awaiting ONE_REQUEST (an expression that fails loudly when the request did) inside `async with SESSION as http`.
+CPU_LOOP = """
 url, concurrency, requests, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 async def main():
-    target = Target(url, "bench-model", ignore_eos=True)
-    prompt = Prompt("completions", {"prompt": "hi", "max_tokens": tokens})
-    async with make_client(concurrency, 600.0) as http:
-        await stream_request(http, target, prompt)
+    SETUP
+    async with SESSION as http:
+        await ONE_REQUEST
         left, chunks = [requests], [0]
         async def worker():
             while left[0] > 0:
                 left[0] -= 1
-                result = await stream_request(http, target, prompt)
-                assert result.error is None, result.error
+                await ONE_REQUEST
                 chunks[0] += tokens
         cpu, wall = time.process_time(), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -322,31 +319,37 @@ async def main():
 asyncio.run(main())
 """
 
-VLLM_CPU = """
-import asyncio, json, sys, time
-import aiohttp
-from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
-url, concurrency, requests, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-async def main():
-    request = RequestFuncInput(prompt="hi", api_url=url + "/v1/completions", prompt_len=1, output_len=tokens,
-                               model="bench-model", ignore_eos=True)
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, keepalive_timeout=60)
-    async with aiohttp.ClientSession(connector=connector, trust_env=True,
-                                     timeout=aiohttp.ClientTimeout(total=6 * 3600)) as session:
-        await async_request_openai_completions(request, session)
-        left, chunks = [requests], [0]
-        async def worker():
-            while left[0] > 0:
-                left[0] -= 1
-                output = await async_request_openai_completions(request, session)
-                assert output.success, output.error
-                chunks[0] += tokens
-        cpu, wall = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        print(json.dumps({"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall,
-                          "chunks": chunks[0]}))
-asyncio.run(main())
-"""
+
+def cpu_script(imports: str, setup: str, session: str, one_request: str) -> str:
+    return imports + CPU_LOOP.replace("SETUP", setup).replace("SESSION", session).replace("ONE_REQUEST", one_request)
+
+
+PAGODA_CPU = cpu_script(
+    "import asyncio, json, sys, time\n"
+    "from pagoda.bench.client import Target, make_client, stream_request\n"
+    "from pagoda.bench.datasets import Prompt\n"
+    "async def one(http, target, prompt):\n"
+    "    result = await stream_request(http, target, prompt)\n"
+    "    assert result.error is None, result.error\n",
+    'target, prompt = Target(url, "bench-model", ignore_eos=True), Prompt("completions", {"prompt": "hi", '
+    '"max_tokens": tokens})',
+    "make_client(concurrency, 600.0)",
+    "one(http, target, prompt)",
+)
+
+VLLM_CPU = cpu_script(
+    "import asyncio, json, sys, time\n"
+    "import aiohttp\n"
+    "from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions\n"
+    "async def one(http, request):\n"
+    "    output = await async_request_openai_completions(request, http)\n"
+    "    assert output.success, output.error\n",
+    'request = RequestFuncInput(prompt="hi", api_url=url + "/v1/completions", prompt_len=1, output_len=tokens, '
+    'model="bench-model", ignore_eos=True)',
+    "aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, "
+    "keepalive_timeout=60), trust_env=True, timeout=aiohttp.ClientTimeout(total=6 * 3600))",
+    "one(http, request)",
+)
 
 
 def client_cpu(url: str, clients: list[str], args: argparse.Namespace) -> None:
