@@ -140,7 +140,8 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _lift_definitions(prefix: str, schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """`schema` without its `$defs`/`definitions`, and those definitions named `prefix + name`,
-    every local $ref rewritten to them (`#` itself to the schema, kept as `prefix + "root"`)."""
+    every local $ref rewritten to them (`#` itself, and a pointer into it such as
+    `#/properties/a`, to the schema kept as `prefix + "root"`)."""
     own = {**(schema.get("definitions") or {}), **(schema.get("$defs") or {})}
     refers_to_itself = False
 
@@ -156,6 +157,8 @@ def _lift_definitions(prefix: str, schema: dict[str, Any]) -> tuple[dict[str, An
             out["$ref"], refers_to_itself = f"#/$defs/{prefix}root", True
         elif isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
             out["$ref"] = f"#/$defs/{prefix}{ref.split('/', 2)[2]}"
+        elif isinstance(ref, str) and ref.startswith("#/"):
+            out["$ref"], refers_to_itself = f"#/$defs/{prefix}root/{ref[2:]}", True
         return out
 
     body = rewrite({k: v for k, v in schema.items() if k not in ("$defs", "definitions", "$schema")})

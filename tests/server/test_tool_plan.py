@@ -218,6 +218,16 @@ def test_forced_calls_keep_each_tools_definitions(default_model_dir):
     tokenizer = load_tokenizer(default_model_dir)
     info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
     xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(schema))  # the refs resolve
+    # a pointer into the tool's own schema points into it still, once the schema is one of several
+    pointing = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 3}, "b": {"$ref": "#/properties/a"}},
+    }
+    schema = calls_schema([("f", TOOL["function"]["parameters"]), ("g", pointing)], parallel=True)
+    jsonschema.validate({"tool_calls": [{"name": "g", "arguments": {"a": 3, "b": 4}}]}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"tool_calls": [{"name": "g", "arguments": {"a": 3, "b": 1}}]}, schema)
+    xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(schema))
 
 
 @pytest.mark.parametrize(
