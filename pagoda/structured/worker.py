@@ -23,6 +23,7 @@ from pagoda.structured.schema import discriminated_as_any_of
 # How JSON is written under a schema or json_object: compact, one space after ':' and ','. (Free
 # whitespace lets small models pad a document with blank lines until max_tokens.)
 SEPARATORS = (", ", ": ")
+JSON_WRITING = {"any_whitespace": False, "separators": SEPARATORS}  # every JSON grammar's, however compiled
 # part of the disk cache's key: a grammar xgrammar warned about was cached before such warnings were
 # refused, and is again for a constraint that is not strict (whose key differs from a strict one's);
 # a structural tag's JSON took any whitespace before compact_json
@@ -56,11 +57,9 @@ def compile_constraint(compiler: Any, kind: str, value: Any) -> Any:
     """A CompiledGrammar for one constraint; raises the library's error when it cannot."""
     if kind == "json":
         schema = json.dumps(discriminated_as_any_of(value))
-        return compiler.compile_json_schema(schema, any_whitespace=False, separators=SEPARATORS)
+        return compiler.compile_json_schema(schema, **JSON_WRITING)
     if kind == "json_object":  # any object: not strict, so that it may hold any properties
-        return compiler.compile_json_schema(
-            '{"type": "object"}', any_whitespace=False, separators=SEPARATORS, strict_mode=False
-        )
+        return compiler.compile_json_schema('{"type": "object"}', **JSON_WRITING, strict_mode=False)
     if kind == "regex":
         return compiler.compile_regex(value)
     if kind == "choice":
@@ -93,9 +92,7 @@ def compact_json(node: Any) -> Any:
     plain = not (node.get("any_order") or node.get("excludes") or node.get("max_whitespace_cnt"))
     if node.get("type") == "json_schema" and node.get("style", "json") == "json" and plain:
         schema = json.dumps(discriminated_as_any_of(node["json_schema"]))
-        grammar = xgrammar.Grammar.from_json_schema(
-            schema, any_whitespace=False, separators=SEPARATORS, strict_mode=True
-        )
+        grammar = xgrammar.Grammar.from_json_schema(schema, **JSON_WRITING, strict_mode=True)
         return {"type": "grammar", "grammar": str(grammar)}
     return {key: compact_json(value) for key, value in node.items()}
 

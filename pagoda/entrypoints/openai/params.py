@@ -134,12 +134,7 @@ def _response_format(value: object) -> StructuredOutputsParams:
     kind = value.get("type")
     if kind == "json_object":
         return StructuredOutputsParams(json_object=True)
-    if kind == "structural_tag":
-        if not ("format" in value or "structures" in value and "triggers" in value):
-            raise bad_request(
-                'response_format of type structural_tag needs a "format", or "structures" and "triggers"',
-                "response_format",
-            )
+    if kind == "structural_tag":  # its form is checked as every structural tag's (sampling_params)
         return StructuredOutputsParams(structural_tag=value)
     if kind != "json_schema":
         raise bad_request(
