@@ -2,7 +2,7 @@
 generic one) and reasoning, in the whole text or as it streams. Pure Python: the server feeds them text."""
 
 from pagoda.tools.parsers import (
-    FORCED_CALLS,
+    HELD_PARSERS,
     PARSERS,
     ParsedOutput,
     ToolCall,
@@ -15,7 +15,7 @@ from pagoda.tools.parsers import (
 from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStreamer, get_reasoning_parser
 
 __all__ = [
-    "FORCED_CALLS",
+    "HELD_PARSERS",
     "PARSERS",
     "REASONING_PARSERS",
     "ParsedOutput",

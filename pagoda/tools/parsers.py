@@ -19,6 +19,8 @@ Rules every format keeps:
   in `content` as its raw text, and no call is reported for it.
 - Content is the text outside the calls, verbatim, except that a stretch of it that is only whitespace and borders
   a call (before, between or after calls) is dropped.
+- Calls a grammar holds (HELD_PARSERS: forced calls, and the calls a structural tag holds under "auto") are read as
+  the grammar writes them and sent as they come, their arguments the model's own text.
 - `parse(text)` is a streamer fed the whole text at once, so the invariant "any split of the text into deltas gives
   the same content and calls" is a property of the streamers alone (tests/tools checks every split).
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import warnings
 from collections.abc import Callable
@@ -47,7 +50,7 @@ class ToolCall:
 class ParsedOutput:
     content: str  # text outside any tool call ("" if none)
     tool_calls: list[ToolCall]
-    calls_whole: bool = True  # False: the text ended inside a forced call, whose arguments stop there
+    calls_whole: bool = True  # False: the text ended inside a call a grammar held, whose arguments stop there
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class ToolStreamer:
 
     def calls_whole(self) -> bool:
         """After finish(): whether every call it sent is whole. A parser that reads a model's own calls sends
-        only whole ones; calls a grammar forces are sent as they come, so a text cut short (max_tokens, a stop
+        only whole ones; calls a grammar holds are sent as they come, so a text cut short (max_tokens, a stop
         string) leaves its last call, or the calls' closing, unfinished."""
         return True
 
@@ -244,9 +247,18 @@ class _Output:
             self._run, self._run_shown = "", True
 
     def call(self, call: ToolCall) -> None:
+        self.open_call(call.name, call.arguments)
+
+    def open_call(self, name: str, arguments: str = "") -> None:
+        """A call's first delta, its name (with its arguments where they came whole)."""
         self._run, self._run_shown = "", False
-        self._pieces.append(ToolCallDelta(self._calls, call.name, call.arguments))
+        self._pieces.append(ToolCallDelta(self._calls, name, arguments))
         self._calls += 1
+
+    def arguments(self, fragment: str) -> None:
+        """A piece of the last call's arguments."""
+        if fragment:
+            self._pieces.append(ToolCallDelta(self._calls - 1, None, fragment))
 
     def close(self) -> None:
         if self._calls == 0:
@@ -719,65 +731,204 @@ def _pythonic_streamer(known: Known) -> ToolStreamer:
     return _PythonicStreamer(_known_only(_read_pythonic, known))
 
 
-# ---- calls forced by a grammar ----------------------------------------------------------------------------------
+# ---- calls a grammar holds ----------------------------------------------------------------------------------------
 
 
-# The generic format's text as its grammar writes it (tool_calls.calls_schema: "name" before "arguments"), up to
-# where a call's arguments begin, at their opening bracket (matched once it has come, not consumed): the opening of
-# the first call, or the end of one call and the opening of the next.
-_NAME = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)'
-_FIRST_CALL = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*' + _NAME)
-_NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + _NAME)
-_CLOSING = re.compile(r"\s*\}\s*\]\s*\}\s*")  # after the last call's arguments: the call, the list, the object
+@dataclass(frozen=True)
+class HeldLayout:
+    """How the grammar that holds a format's calls writes them (tags.py; its JSON compact, one space after ':' and
+    ','): a call is one of `heads`, its name as a JSON string, `key`, its arguments object and one of `tails`;
+    `opening` comes before the first call, `separator` between two, `closing` after the last. With `text_around`
+    (hermes) each call stands alone in free text; else the calls are the whole output, or the output is text that
+    opens no JSON object."""
+
+    heads: tuple[str, ...]
+    key: str
+    tails: tuple[str, ...]
+    opening: str = ""
+    separator: str = ""
+    closing: str = ""
+    text_around: bool = False
 
 
-class _ForcedStreamer(ToolStreamer):
-    """Calls a grammar forces (tool_choice "required" or a named function): the output is the generic format,
-    `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`, valid by construction, so a call is sent as it is
-    generated: its name once the name, the "arguments" key and the arguments' opening bracket have come, then the
-    arguments' text as it comes, the model's own (the grammar writes compact JSON). Only a text cut short
-    (max_tokens, a stop string) can leave the format: before its first call's arguments open, all of it is
-    content; after, the last call's arguments stop where the text did, and calls_whole() says so."""
+HERMES_LAYOUT = HeldLayout(
+    heads=(HERMES_START + '\n{"name": ', HERMES_START + '{"name": '),  # the two spellings a Hermes-style model writes
+    key=', "arguments": ',
+    tails=("}\n" + HERMES_END, "}" + HERMES_END),
+    text_around=True,
+)
+LLAMA3_LAYOUT = HeldLayout(heads=('{"name": ',), key=', "parameters": ', tails=("}",), separator="; ")
+GENERIC_LAYOUT = HeldLayout(
+    heads=('{"name": ',), key=', "arguments": ', tails=("}",), opening='{"tool_calls": [', separator=", ", closing="]}"
+)
 
-    def __init__(self) -> None:
+_CALL_NAME = object()  # in a _match pattern: the call's name, a JSON string
+_WAIT, _FAIL = "wait", "fail"  # _match's verdicts where it finds no match: more text may give one; none can
+
+
+def _match(text: str, pos: int, pattern: list[Any]) -> tuple[str | None, int] | str:
+    """Matches at `pos` a pattern of parts, each a tuple of texts (one of them) or _CALL_NAME: (the name, where the
+    match ends), or _WAIT while the text is a proper prefix of a match, or _FAIL. Every text's alternatives are
+    such that none is a prefix of another, so the first that matches is the one."""
+    name = None
+    for part in pattern:
+        if part is _CALL_NAME:
+            if not text.startswith('"', pos):
+                return _WAIT if pos == len(text) else _FAIL
+            end = _string_end(text, pos)
+            if end is None:
+                return _WAIT
+            name = _loads(text[pos:end])
+            if not isinstance(name, str):
+                return _FAIL
+            pos = end
+            continue
+        found = next((alt for alt in part if text.startswith(alt, pos)), None)
+        if found is None:
+            return _WAIT if any(alt.startswith(text[pos:]) for alt in part) else _FAIL
+        pos += len(found)
+    return name, pos
+
+
+def _string_end(text: str, start: int) -> int | None:
+    """The index just past the JSON string that opens at `start`, or None while it has not closed."""
+    pos = start + 1
+    while pos < len(text):
+        if text[pos] == "\\":
+            pos += 2
+        elif text[pos] == '"':
+            return pos + 1
+        else:
+            pos += 1
+    return None
+
+
+class _HeldCallsStreamer(ToolStreamer):
+    """Calls a grammar holds (tool_choice "required" or a named function, and "auto" where a structural tag holds
+    the calls): each is valid by construction, so it is sent as it is generated: its name once its head, the key
+    and the arguments' opening bracket have come, then its arguments' text as it comes, the model's own. Only a
+    text cut short (max_tokens, a stop string) leaves the layout: cut before a call's arguments open, the call's
+    text is content; cut after, the call's arguments stop where the text did, and calls_whole() says so. Text
+    that does not follow the layout (beside an answer, a request's own constraint allows any text) is content
+    from where it leaves it: all of a whole-output format's text before its first call, a hermes marker that no
+    call follows; and a call naming a tool it may not call is no call (its text is content)."""
+
+    def __init__(self, layout: HeldLayout, known: Known) -> None:
+        self._layout = layout
+        self._known = known
+        self._marker = os.path.commonprefix(list(layout.heads))  # where a call of text_around may open
         self._text = ""
         self._pos = 0  # read up to here
-        self._arguments: _JsonExtent | None = None  # the arguments object being sent
-        self._calls = 0
+        self._arguments: _JsonExtent | None = None  # the arguments being sent
+        # where the text stands: "start" (whole-output: before anything), "text" (free text), "head" (at a
+        # marker), "arguments", "after" (past a call's arguments), "done" (whole-output: after the closing,
+        # whose text, and any text a layout left, is content)
+        self._state = "text" if layout.text_around else "start"
+        self._unclosed = False  # a call's arguments ended and its text then left the layout
+        self._out = _Output()
 
     def feed(self, delta: str) -> list[Piece]:
         self._text += delta
-        deltas: list[Piece] = []
-        while True:
-            if self._arguments is None:
-                head = (_FIRST_CALL if self._calls == 0 else _NEXT_CALL).match(self._text, self._pos)
-                if head is None:
-                    return deltas
-                name = _loads(head.group(1))
-                if not isinstance(name, str):
-                    return deltas
-                deltas.append(ToolCallDelta(self._calls, name, ""))
-                self._pos = head.end()
-                self._arguments = _JsonExtent(self._pos)
-            end = self._arguments.end(self._text)
-            upto = len(self._text) if end is None else end
-            if upto > self._pos:
-                deltas.append(ToolCallDelta(self._calls, None, self._text[self._pos : upto]))
-                self._pos = upto
-            if end is None:
-                return deltas
-            self._arguments = None
-            self._calls += 1
+        self._advance(final=False)
+        return self._out.take()
 
     def finish(self) -> list[Piece]:
-        started = self._calls > 0 or self._arguments is not None
-        return [] if started else _settled(self._text)
+        self._advance(final=True)
+        self._out.close()
+        return self._out.take()
 
     def calls_whole(self) -> bool:
-        return self._arguments is None and _CLOSING.fullmatch(self._text, self._pos) is not None
+        return self._state not in ("arguments", "after") and not self._unclosed
+
+    def _advance(self, final: bool) -> None:
+        while self._step(final):
+            pass
+
+    def _step(self, final: bool) -> bool:
+        """One step from _pos; False once the text so far is read (or held back for what comes next)."""
+        layout, text = self._layout, self._text
+        if self._state == "done":
+            self._out.text(text[self._pos :])
+            self._pos = len(text)
+            return False
+        if self._state == "text":
+            found = text.find(self._marker, self._pos)
+            held = partial_marker_len(text, self._marker, self._pos) if found < 0 and not final else 0
+            upto = len(text) - held if found < 0 else found
+            self._out.text(text[self._pos : upto])
+            self._pos = upto
+            if found < 0:
+                return False
+            self._state = "head"
+        if self._state in ("start", "head"):
+            first = self._state == "start"
+            pos = _skip_space(text, self._pos) if first else self._pos
+            opening = [(layout.opening,)] if first else []
+            head = self._call(_match(text, pos, [*opening, layout.heads, _CALL_NAME, (layout.key,), ("{",)]))
+            if head == _WAIT and not final:
+                return False
+            if head in (_WAIT, _FAIL):  # no call: its text is content
+                if first:
+                    self._state = "done"
+                else:
+                    self._out.text(text[self._pos : self._pos + 1])
+                    self._pos, self._state = self._pos + 1, "text"
+                return True
+            self._open(*head)
+            return True
+        if self._state == "arguments":
+            assert self._arguments is not None
+            end = self._arguments.end(text)
+            upto = len(text) if end is None else end
+            self._out.arguments(text[self._pos : upto])
+            self._pos = upto
+            if end is None:
+                return False
+            self._state = "after"
+        # after a call's arguments: its tail, then (whole-output) the next call or the closing
+        after = self._pos
+        if layout.text_around:
+            tail = _match(text, after, [layout.tails])
+            if isinstance(tail, tuple):
+                self._pos, self._state = tail[1], "text"
+                return True
+        else:
+            following = [layout.tails, (layout.separator,), layout.heads, _CALL_NAME, (layout.key,), ("{",)]
+            next_call = self._call(_match(text, after, following))
+            if isinstance(next_call, tuple):
+                self._open(*next_call)
+                return True
+            if next_call == _WAIT and not final:  # llama3_json's closing is its tail alone: a "; " may follow
+                return False
+            closing = _match(text, after, [layout.tails, (layout.closing,)])
+            if isinstance(closing, tuple):
+                self._pos, self._state = closing[1], "done"
+                return True
+            tail = closing
+        if tail == _WAIT and not final:
+            return False
+        if tail == _FAIL:  # the text left the layout: content from here, the call unclosed
+            self._unclosed, self._state = True, "done"
+            return True
+        self._pos = len(text)  # cut short in a call's tail, which is dropped: the call is not whole
+        return False
+
+    def _call(self, match: tuple[str | None, int] | str) -> tuple[str | None, int] | str:
+        """A head's match, _FAIL where it names a tool the request may not call."""
+        return _FAIL if isinstance(match, tuple) and not self._known(match[0]) else match
+
+    def _open(self, name: str, end: int) -> None:
+        """Sends a call's first delta (its name) and starts on its arguments, whose '{' is at end - 1."""
+        self._out.open_call(name)
+        self._pos, self._state = end - 1, "arguments"
+        self._arguments = _JsonExtent(end - 1)
 
 
-FORCED_CALLS = ToolParser("forced", lambda known: _ForcedStreamer())  # not a --tool-call-parser: chosen by tool_choice
+HELD_PARSERS: dict[str, ToolParser] = {  # the formats whose calls a grammar can hold (tags.calls_format)
+    "hermes": ToolParser("hermes", lambda known: _HeldCallsStreamer(HERMES_LAYOUT, known), keeps_special_tokens=True),
+    "llama3_json": ToolParser("llama3_json", lambda known: _HeldCallsStreamer(LLAMA3_LAYOUT, known)),
+    "generic": ToolParser("generic", lambda known: _HeldCallsStreamer(GENERIC_LAYOUT, known)),
+}
 
 
 # ---- choosing a parser ---------------------------------------------------------------------------------------------

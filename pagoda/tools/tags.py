@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from pagoda.sampling_params import StructuredOutputsParams
+from pagoda.tools.parsers import HELD_PARSERS, HERMES_LAYOUT, LLAMA3_LAYOUT, HeldLayout
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 TOOL_STRICT_LEVELS = ("auto", "function", "parameter")  # vLLM's --tool-strict-level (tool_calls.ToolSettings)
@@ -53,11 +54,7 @@ def calls_array_schema(tools: list[Call], parallel: bool) -> dict[str, Any]:
     return {**array, "$defs": definitions} if definitions else array
 
 
-HELD_FORMATS = ("hermes", "llama3_json", "generic")  # the formats whose calls open with a fixed text
-_HERMES_SPELLINGS = (  # the two a Hermes-style model writes (vLLM's): (text before the name, after the arguments)
-    ('<tool_call>\n{"name": ', "}\n</tool_call>"),
-    ('<tool_call>{"name": ', "}</tool_call>"),
-)
+HELD_FORMATS = tuple(HELD_PARSERS)  # the formats whose calls open with a fixed text
 # What a whole-output format (llama3_json, generic) may write instead of its calls, after JSON whitespace
 # (parsers.JSON_SPACE, which its parser skips): text that opens no JSON object, nor llama3_json's
 # <|python_tag|> (the parser reads calls after it), so that every call its parser reads is one the grammar held
@@ -75,14 +72,9 @@ def calls_format(parser: str, tools: list[Call], parallel: bool, required: bool)
         array = calls_array_schema(tools, parallel)
         calls = {"type": "tag", "begin": '{"tool_calls": ', "content": _json(array), "end": "}"}
     elif parser == "llama3_json":
-        tags = [_tag(f'{{"name": {json.dumps(name)}, "parameters": ', schema, "}") for name, schema in tools]
-        calls = _calls_only(tags, "; ", parallel)
+        calls = _calls_only(_layout_tags(LLAMA3_LAYOUT, tools), LLAMA3_LAYOUT.separator, parallel)
     elif parser == "hermes":
-        tags = [
-            _tag(f'{begin}{json.dumps(name)}, "arguments": ', schema, end)
-            for name, schema in tools
-            for begin, end in _HERMES_SPELLINGS
-        ]
+        tags = _layout_tags(HERMES_LAYOUT, tools)
         if not required:
             return {
                 "type": "triggered_tags",
@@ -90,7 +82,7 @@ def calls_format(parser: str, tools: list[Call], parallel: bool, required: bool)
                 "tags": tags,
                 "stop_after_first": not parallel,
             }
-        calls = _calls_only(tags, "", parallel)
+        calls = _calls_only(tags, HERMES_LAYOUT.separator, parallel)
     else:
         return None
     if required:
@@ -120,8 +112,14 @@ def answer_format(constraint: StructuredOutputsParams) -> dict[str, Any]:
     return json.loads(constraint.structural_tag)["format"]  # sampling_params: every structural tag has one
 
 
-def _tag(begin: str, schema: dict[str, Any], end: str) -> dict[str, Any]:
-    return {"type": "tag", "begin": begin, "content": _json(schema), "end": end}
+def _layout_tags(layout: HeldLayout, tools: list[Call]) -> list[dict[str, Any]]:
+    """A tag for each tool and spelling of a call in `layout` (its heads and tails pair up), as the parser of the
+    calls a grammar holds reads them (parsers.HELD_PARSERS)."""
+    return [
+        {"type": "tag", "begin": f"{head}{json.dumps(name)}{layout.key}", "content": _json(schema), "end": tail}
+        for name, schema in tools
+        for head, tail in zip(layout.heads, layout.tails, strict=True)
+    ]
 
 
 def _calls_only(tags: list[dict[str, Any]], separator: str, parallel: bool) -> dict[str, Any]:

@@ -187,8 +187,15 @@ def test_a_forced_call_overrides_response_format(client):
     assert_valid_calls(response.choices[0].message.tool_calls, allowed=("get_time",))
 
 
-def test_streamed_calls_equal_whole_ones(client):
-    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=300)
+@pytest.mark.parametrize("held", ["required", "a strict tool under auto"])
+def test_streamed_calls_equal_whole_ones(client, held):
+    """Calls a grammar holds (forced, or a strict tool's under "auto") stream as they are generated,
+    and add up to the whole answer's."""
+    kwargs = dict(model=MODEL, temperature=0, max_tokens=300)
+    if held == "required":
+        kwargs |= dict(messages=ASK, tools=TOOLS, tool_choice="required")
+    else:
+        kwargs |= dict(messages=BERLIN, tools=[weather_in_kelvin(strict=True), TIME])
     whole = client.chat.completions.create(**kwargs).choices[0]
     names: dict[int, str] = {}
     arguments: dict[int, str] = {}
@@ -208,8 +215,8 @@ def test_streamed_calls_equal_whole_ones(client):
     assert finish == "tool_calls" == whole.finish_reason
     assert [names[i] for i in sorted(names)] == [c.function.name for c in whole.message.tool_calls]
     assert [arguments[i] for i in sorted(arguments)] == [c.function.arguments for c in whole.message.tool_calls]
-    # a forced call's arguments stream as they are generated, a token or so a delta
-    assert all(pieces[i] > 1 for i in names), pieces
+    # a held call's arguments stream as they are generated, a token or so a delta
+    assert names and all(pieces[i] > 1 for i in names), pieces
 
 
 @pytest.mark.parametrize("stream", [False, True])

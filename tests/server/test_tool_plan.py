@@ -11,7 +11,7 @@ from pagoda.entrypoints.openai.chat import planned
 from pagoda.entrypoints.openai.errors import APIError
 from pagoda.entrypoints.openai.tool_calls import ToolSettings, plan_tools
 from pagoda.sampling_params import SamplingParams
-from pagoda.tools.parsers import FORCED_CALLS, PARSERS
+from pagoda.tools.parsers import HELD_PARSERS, PARSERS
 from pagoda.tools.tags import calls_schema
 
 TOOL = {
@@ -35,7 +35,7 @@ def test_auto_takes_the_templates_format_else_generic():
 
 def test_required_and_named_are_constrained_to_the_generic_format():
     required = plan("required")
-    assert required.parser is FORCED_CALLS  # the generic format, streamed as the grammar writes it
+    assert required.parser is HELD_PARSERS["generic"]  # the generic format, streamed as the grammar writes it
     assert required.constraint.json == calls_schema([("f", TOOL["function"]["parameters"])], parallel=True)
     named = plan({"type": "function", "function": {"name": "f"}})
     assert named.constraint.json["properties"]["tool_calls"]["maxItems"] == 1
@@ -56,6 +56,7 @@ def test_auto_holds_calls_where_vllm_does():
     (at level "parameter" to every tool's, refused only where a strict one cannot be enforced)."""
     params = SamplingParams(max_tokens=8)
     assert plan().held is None and planned(params, plan(), None)[0].structured_outputs is None
+    assert planned(params, plan(), None)[1].parser is PARSERS["generic"]  # calls sent whole, once known to be calls
 
     def held(tools, choice="auto", level="auto", parallel=True, template="plain"):
         settings = ToolSettings(enable_auto_tool_choice=True, tool_strict_level=level)
@@ -78,8 +79,9 @@ def test_auto_holds_calls_where_vllm_does():
     restricted = held([TOOL, STRICT], choice=allowed)
     assert dict(restricted.held.calls) == {"s": STRICT["function"]["parameters"]}
     assert restricted.known("s") and not restricted.known("f")
-    tag = tag_format(planned(params, held([STRICT]), None)[0])
-    assert tag["elements"][1]["type"] == "regex"  # text that opens no object: the calls alone may (test_tags.py)
+    params, read, _, _ = planned(params, held([STRICT]), None)
+    assert tag_format(params)["elements"][1]["type"] == "regex"  # text that opens no object: the calls alone may
+    assert read.parser is HELD_PARSERS["generic"]  # (test_tags.py); held calls are sent as they come
     with pytest.raises(ValueError, match="tool strict level"):
         ToolSettings(tool_strict_level="always")
 
@@ -92,28 +94,30 @@ def test_a_constraint_beside_held_calls():
 
     tool_plan = plan_tools([STRICT], "auto", True, AUTO, "plain", True)
     answer = StructuredOutputsParams(json={"type": "object"}, strict=True)
-    params, parts, field = planned(SamplingParams(structured_outputs=answer), tool_plan, "response_format")
+    params, _, parts, field = planned(SamplingParams(structured_outputs=answer), tool_plan, "response_format")
     first, second = tag_format(params)["elements"]
     assert first["begin"] == '{"tool_calls": ' and second["json_schema"] == {"type": "object"}
     assert [name for name, _ in parts] == ["tools[0].function.parameters", "response_format"] and field == "tools"
     regex = StructuredOutputsParams(regex="[a-z]+")
-    params, parts, field = planned(SamplingParams(structured_outputs=regex), tool_plan, "structured_outputs")
+    params, _, parts, field = planned(SamplingParams(structured_outputs=regex), tool_plan, "structured_outputs")
     assert tag_format(params)["elements"][1] == {"type": "regex", "pattern": "[a-z]+"} and field == "tools"
     one_call = plan_tools([TOOL], "auto", False, AUTO, "plain", True)
-    params, parts, _ = planned(SamplingParams(structured_outputs=answer), one_call, "response_format")
+    params, read, parts, _ = planned(SamplingParams(structured_outputs=answer), one_call, "response_format")
     assert params.structured_outputs is answer and parts == []
+    assert read.parser is PARSERS["generic"]  # not held: read as any output, calls sent once known
 
 
 def test_forced_calls_take_the_models_own_format_where_it_opens_calls_with_a_fixed_text():
-    """hermes and llama3_json: a structural tag in that format, read by that format's parser (vLLM
-    0.32's way); mistral (a special-token marker), pythonic and the generic format: the generic JSON."""
+    """hermes and llama3_json: a structural tag in that format (vLLM 0.32's way); mistral (a
+    special-token marker), pythonic and the generic format: the generic JSON. Either way read by the
+    parser of held calls, which sends them as they come."""
     for template, parser in (("{{ tools }}<tool_call>", "hermes"), ("{{ tools }}<|python_tag|>", "llama3_json")):
         for choice in ("required", {"type": "function", "function": {"name": "f"}}):
             forced = plan(choice, template=template)
-            assert forced.parser is PARSERS[parser] and forced.constraint.kind == "structural_tag"
+            assert forced.parser is HELD_PARSERS[parser] and forced.constraint.kind == "structural_tag"
             assert json.loads(forced.constraint.structural_tag)["format"]["at_least_one"]
     for template in ("{{ tools }}[TOOL_CALLS]", "plain"):
-        assert plan("required", template=template).parser is FORCED_CALLS
+        assert plan("required", template=template).parser is HELD_PARSERS["generic"]
 
 
 def test_a_parser_whose_markers_may_be_special_tokens_keeps_them_in_the_text():

@@ -237,3 +237,18 @@ PIECES = [
     "\n",
     "true",
 ]
+
+# ... and the pieces of the layouts held calls take (parsers.HeldLayout)
+HELD_PIECES = [
+    '<tool_call>\n{"name": ',
+    '<tool_call>{"name": ',
+    "}\n</tool_call>",
+    '"f"',
+    '"get_weather"',
+    ', "arguments": ',
+    ', "parameters": ',
+    '{"name": ',
+    '{"tool_calls": [',
+    "; ",
+    '{"a": "}"}',
+]

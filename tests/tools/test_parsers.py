@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagoda.tools import (
-    FORCED_CALLS,
+    HELD_PARSERS,
     PARSERS,
     ParsedOutput,
     ToolCall,
@@ -22,7 +22,7 @@ from pagoda.tools import (
 )
 from pagoda.tools.parsers import assemble, calls_of, content_of
 
-from .cases import CASES, PIECES
+from .cases import CASES, HELD_PIECES, PIECES
 
 ALL_CASES = [(name, text, content, calls) for name, cases in CASES.items() for text, content, calls in cases]
 CASE_IDS = [f"{name}-{i}" for name, cases in CASES.items() for i in range(len(cases))]
@@ -157,44 +157,131 @@ def test_importing_the_parsers_leaves_torch_alone():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# outputs as the grammar of tool_choice "required" or a named function writes them (compact JSON)
-FORCED = [
-    '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa}ris \\"x\\"", "n": [1, {"a": [2]}]}}]}',
-    '{"tool_calls": [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"s": "\u00e9\\u00e9"}}]}',
+# outputs as grammars that hold calls write them (compact JSON, tags.py): the generic format as tool_choice "required"
+# or a named function forces it, hermes' calls in free text and llama3_json's calls as "auto" holds them; the calls'
+# arguments are the model's own text (here with brackets and end tags inside strings, escapes, unicode)
+HELD = [
+    (
+        "generic",
+        '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa}ris \\"x\\"", "n": [1, {"a": [2]}]}}]}',
+        "",
+    ),
+    (
+        "generic",
+        '{"tool_calls": [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"s": "\u00e9\\u00e9"}}]}',
+        "",
+    ),
+    (
+        "hermes",
+        'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris </tool_call>"}}\n</tool_call>'
+        ' And <tool_call>{"name": "f", "arguments": {}}</tool_call>\n',
+        "Let me check. And ",
+    ),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+        '<tool_call>{"name": "g", "arguments": {}}</tool_call>',
+        "",
+    ),
+    ("llama3_json", '{"name": "f", "parameters": {"a": [1, "}; {"]}}; {"name": "g", "parameters": {}}', ""),
+    ("llama3_json", ' {"name": "f", "parameters": {}}', ""),
 ]
 
 
-@pytest.mark.parametrize("text", FORCED)
-def test_forced_calls_stream_their_arguments_as_they_come(text):
-    """A forced call's name is sent with its "arguments" key, then its arguments a piece at a time as they are
-    generated, the model's own text; every split of the text gives what parse() gives."""
-    expected = [(call["name"], call["arguments"]) for call in json.loads(text)["tool_calls"]]
-    parsed = FORCED_CALLS.parse(text)
-    assert parsed.content == "" and [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == expected
-    assert parsed.calls_whole
-    assert all(call.arguments in text for call in parsed.tool_calls)  # the model's text, not re-serialized
+def _held_calls(text: str) -> list[tuple[str, str, int, int]]:
+    """The calls in a held text: name, arguments as the model wrote them, and where the arguments start and end
+    (found by json's raw decoder)."""
+    decoder, calls = json.JSONDecoder(), []
+    for key in ('"arguments": ', '"parameters": '):
+        at = text.find(key)
+        while at >= 0:
+            name_at = text.rindex('"name": ', 0, at) + len('"name": ')
+            name, _ = decoder.raw_decode(text, name_at)
+            _, end = decoder.raw_decode(text, at + len(key))
+            calls.append((name, text[at + len(key) : end], at + len(key), end))
+            at = text.find(key, end)
+    return sorted(calls, key=lambda call: call[2])
+
+
+@pytest.mark.parametrize("parser_name, text, content", HELD)
+def test_held_calls_stream_as_they_come(parser_name, text, content):
+    """A held call's name is sent once its head, its key and the arguments' bracket have come, then its arguments a
+    piece at a time as they are generated, the model's own text; every split of the text gives what parse() gives."""
+    parser = HELD_PARSERS[parser_name]
+    parsed = parser.parse(text)
+    assert parsed == ParsedOutput(content, [ToolCall(name, arguments) for name, arguments, *_ in _held_calls(text)])
+    assert all(isinstance(json.loads(call.arguments), dict) for call in parsed.tool_calls)
     for cut in range(len(text) + 1):
-        streamer = FORCED_CALLS.streamer()
-        deltas = calls_of(streamer.feed(text[:cut]) + streamer.feed(text[cut:]) + streamer.finish())
-        assert assemble(deltas) == parsed.tool_calls, cut
-    streamer = FORCED_CALLS.streamer()
+        streamer = parser.streamer()
+        pieces = streamer.feed(text[:cut]) + streamer.feed(text[cut:]) + streamer.finish()
+        assert (content_of(pieces), assemble(calls_of(pieces))) == (content, parsed.tool_calls), cut
+    streamer = parser.streamer()
     deltas = [delta for char in text for delta in calls_of(streamer.feed(char))]
     firsts = [delta for delta in deltas if delta.name is not None]
-    assert [(d.name, d.arguments) for d in firsts] == [(name, "") for name, _ in expected]
+    assert [(d.name, d.arguments) for d in firsts] == [(call.name, "") for call in parsed.tool_calls]
     pieces = [delta for delta in deltas if delta.name is None]
     assert len(pieces) == sum(len(call.arguments) for call in parsed.tool_calls)  # a character a piece
 
 
-def test_a_forced_call_cut_short():
-    """Cut before a call's name is complete: all content, no call; cut in its arguments: the call as far as it
-    came; either way, or cut after the arguments but before the calls' closing, the calls are not whole."""
+def test_a_held_call_cut_short():
+    """Cut before a call's arguments open: its text is content, no call; cut in its arguments: the call as far as
+    it came; either way, or cut after the arguments but before the call's (or the calls') closing, the calls sent
+    are not whole."""
+    generic = HELD_PARSERS["generic"]
     head = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa'
-    assert FORCED_CALLS.parse(head[:30]) == ParsedOutput(head[:30], [], calls_whole=False)
-    assert FORCED_CALLS.parse(head) == ParsedOutput("", [ToolCall("get_weather", '{"city": "Pa')], calls_whole=False)
-    whole = FORCED[1]
-    for cut in range(len(whole)):  # every cut of a text is not whole; the text itself is
-        assert not FORCED_CALLS.parse(whole[:cut]).calls_whole, cut
-    assert FORCED_CALLS.parse(whole).calls_whole
+    assert generic.parse(head[:30]) == ParsedOutput(head[:30], [])
+    assert generic.parse(head) == ParsedOutput("", [ToolCall("get_weather", '{"city": "Pa')], calls_whole=False)
+    for name, text, _ in HELD:
+        # where a call is open: from its arguments' first character to the end of its tail (hermes), of its
+        # arguments and the call object's "}" (llama3_json, whose closing is that alone), or of all the calls (generic)
+        calls = _held_calls(text)
+        if name == "hermes":
+            spans = [(start, text.index("</tool_call>", end) + len("</tool_call>")) for _, _, start, end in calls]
+        elif name == "llama3_json":
+            spans = [(start, end + 1) for _, _, start, end in calls]
+        else:
+            spans = [(calls[0][2], len(text))]
+        for cut in range(len(text) + 1):
+            parsed = HELD_PARSERS[name].parse(text[:cut])
+            assert parsed.calls_whole == (not any(start < cut < end for start, end in spans)), (name, cut)
+    hermes = HELD_PARSERS["hermes"]
+    cut_call = 'Hi <tool_call>{"name": "f", "arg'
+    assert hermes.parse(cut_call) == ParsedOutput(cut_call, [])
+
+
+def test_text_that_leaves_the_held_layout_is_content():
+    """Beside an answer the request's own constraint allows, text may look like calls without being them: a
+    whole-output format's text that opens no call is content from its start, and streams once it is known not to
+    be a call; a hermes marker no call follows, or a call of a tool the request may not call, is text."""
+    generic = HELD_PARSERS["generic"].streamer()
+    assert generic.feed('{"tool') == []
+    assert generic.feed('s": 1') == ['{"tools": 1']
+    assert generic.feed("}") == ["}"]
+    answer = '{"tool_calls": "none"}'
+    assert HELD_PARSERS["generic"].parse(answer) == ParsedOutput(answer, [])
+    text = 'a <tool_call>\n{"nam": 1} <tool_call>{"name": "secret", "arguments": {}}</tool_call> b'
+    assert HELD_PARSERS["hermes"].parse(text, lambda name: name != "secret") == ParsedOutput(text, [])
+    llama = HELD_PARSERS["llama3_json"]
+    assert llama.parse('{"name": "f", "parameters": {}} then') == ParsedOutput(" then", [ToolCall("f", "{}")])
+    assert llama.parse('{"name": "f", "parameters": {}}} x') == ParsedOutput("} x", [ToolCall("f", "{}")])
+    unclosed = HELD_PARSERS["generic"].parse('{"tool_calls": [{"name": "f", "arguments": {}} x')  # the list not closed
+    assert unclosed == ParsedOutput("} x", [ToolCall("f", "{}")], calls_whole=False)
+
+
+@pytest.mark.parametrize("name", list(HELD_PARSERS))
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_held_streaming_random_text(name, data):
+    """Texts strung from the held layouts' pieces: parse() never raises, and streams agree."""
+    text = "".join(data.draw(st.lists(st.sampled_from(PIECES + HELD_PIECES), max_size=12)))
+    cuts = data.draw(st.sets(st.integers(0, len(text))))
+    parser = HELD_PARSERS[name]
+    streamer = parser.streamer()
+    pieces = [piece for chunk in split(text, cuts) for piece in streamer.feed(chunk)] + streamer.finish()
+    parsed = parser.parse(text)
+    assert (content_of(pieces), assemble(calls_of(pieces))) == (parsed.content, parsed.tool_calls)
+    if not parsed.tool_calls:
+        assert parsed.content == text
 
 
 @pytest.mark.parametrize(

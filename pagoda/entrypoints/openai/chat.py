@@ -365,7 +365,7 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
         renames={"logprobs": "top_logprobs", "max_tokens": max_param},
         reasoning=state.reasoning,
     )
-    params, parts, field = planned(params, plan, constraint_field(body))
+    params, plan, parts, field = planned(params, plan, constraint_field(body))
     check_context(len(prompt_ids), max_tokens, state.limits.max_model_len, "messages", max_param, body.min_tokens or 0)
     await state.check_constraint(body, params, parts, field)
     return PreparedChat(plan, prompt_ids, params, role, echoed)
@@ -373,9 +373,10 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedCh
 
 def planned(
     params: SamplingParams, plan: ToolPlan, own_field: str | None
-) -> tuple[SamplingParams, list[tuple[str, StructuredOutputsParams]], str | None]:
-    """A request's sampling as its tools change it (vLLM's rules); the parts of its constraint the
-    server compiles alone too, each named by its field; and the field that names the whole
+) -> tuple[SamplingParams, ToolPlan, list[tuple[str, StructuredOutputsParams]], str | None]:
+    """A request's sampling as its tools change it (vLLM's rules); its plan, whose parser reads held
+    calls as they come where a grammar holds them; the parts of its constraint the server compiles
+    alone too, each named by its field; and the field that names the whole
     (ServerState.check_constraint): a forced call's grammar replaces any other constraint (the
     request's own, in `own_field`); under "auto", calls a grammar holds (plan.held) go in a
     structural tag, either within free text or, beside the request's own constraint (vLLM's rule:
@@ -399,11 +400,12 @@ def planned(
             parts.append((own_field or "response_format", own))
         tag = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": format_})
         params, field = dataclasses.replace(params, structured_outputs=tag), "tools"
+        plan = dataclasses.replace(plan, parser=held.read_by())
     else:
         parts, field = [], own_field
     if plan.parser is not None and plan.parser.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
-    return params, parts, field
+    return params, plan, parts, field
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http: Request) -> Response:

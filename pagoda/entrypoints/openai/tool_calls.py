@@ -30,7 +30,7 @@ from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.model_files import template_supports_tools
 from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError, check_json_schema, check_supported
-from pagoda.tools.parsers import FORCED_CALLS, Piece, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
+from pagoda.tools.parsers import HELD_PARSERS, Piece, ToolCall, ToolCallDelta, ToolParser, detect_parser, get_parser
 from pagoda.tools.reasoning import REASONING_PARSERS
 from pagoda.tools.tags import (
     ANY_ARGUMENTS,
@@ -136,6 +136,10 @@ class HeldCalls:
     parallel: bool
     beside_answer: bool
 
+    def read_by(self) -> ToolParser:
+        """The parser of the output where the grammar holds the calls: each is sent as it is generated."""
+        return HELD_PARSERS[self.parser]
+
     def within_text(self) -> dict[str, Any]:
         return calls_format(self.parser, list(self.calls), self.parallel, required=False)
 
@@ -238,13 +242,11 @@ def plan_tools(
     native = calls_format(name, calls, parallel, required=True) if name in HELD_FORMATS and name != "generic" else None
     if native is not None:
         constraint = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": native}, strict=strict)
-        parser = get_parser(name)
     else:
         constraint = StructuredOutputsParams(json=calls_schema(calls, parallel), strict=strict)
-        parser = FORCED_CALLS
     return ToolPlan(
         tools=checked,
-        parser=parser,
+        parser=HELD_PARSERS[name if native is not None else "generic"],  # calls sent as they are generated
         constraint=constraint,
         reasoning=reasoning,
         named=choice == "function",
