@@ -42,6 +42,17 @@ def test_system_user_assistant_and_text_parts():
         assert (copied, copied.parts) == ("a\nb", ("a", "b"))
 
 
+def test_every_text_part_vllm_reads_is_text():
+    """The Responses API's input_text and output_text, and an assistant's refusal (OpenAI's, in a
+    conversation replayed), are text as vLLM reads them."""
+    messages = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "a"}, {"type": "refusal", "refusal": "b"}]},
+    ]
+    assert [message["content"] for message in parse_messages(messages)] == ["Hi", "I can't.", "a\nb"]
+
+
 def test_a_role_of_the_templates_own_and_no_content_pass_as_vllm_passes_them():
     """Llama 3's `ipython` tool results, the legacy `function` role: the template decides."""
     messages = [
@@ -119,6 +130,7 @@ def _with_call(function: object = None, **changes) -> list[dict]:
         ([{"role": "user", "content": {"text": "hi"}}], "messages[0].content"),
         ([{"role": "assistant", "content": 5}], "messages[0].content"),
         ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
+        ([{"role": "assistant", "content": [{"type": "refusal", "text": "no"}]}], "messages[0].content[0].refusal"),
         ([{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
         ([{"role": "tool", "content": "x", "tool_call_id": 7}], "messages[0].tool_call_id"),
         ([*_with_call(), {"role": "tool", "tool_call_id": "call_1", "content": "x", "name": 3}], "messages[1].name"),

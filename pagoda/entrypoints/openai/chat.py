@@ -106,8 +106,13 @@ def _name(message: dict, i: int) -> dict:
     return {"name": name} if name else {}
 
 
-def text_content(content: object, param: str, part_types: tuple[str, ...] = ("text",)) -> str:
-    """A message's content: a string, or text parts (of `part_types`) joined by newlines (`TextParts`)."""
+# The content parts that hold text, and the key that holds it, as vLLM reads them: chat's text, the
+# Responses API's input_text and output_text, and an assistant's refusal (OpenAI's, in a replayed turn)
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
+
+
+def text_content(content: object, param: str) -> str:
+    """A message's content: a string, or text parts (TEXT_PARTS) joined by newlines (`TextParts`)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -115,13 +120,16 @@ def text_content(content: object, param: str, part_types: tuple[str, ...] = ("te
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in part_types:
+        key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        if key is None:
             raise bad_request(
-                f"{param}[{j}].type {kind!r} is not supported: this server takes text parts only", f"{param}[{j}].type"
+                f"{param}[{j}].type {kind!r} is not supported: this server takes text parts only "
+                f"({', '.join(TEXT_PARTS)})",
+                f"{param}[{j}].type",
             )
-        if not isinstance(part.get("text"), str):
-            raise bad_request(f"{param}[{j}].text must be a string", f"{param}[{j}].text")
-        texts.append(part["text"])
+        if not isinstance(part.get(key), str):
+            raise bad_request(f"{param}[{j}].{key} must be a string", f"{param}[{j}].{key}")
+        texts.append(part[key])
     return TextParts(texts)
 
 

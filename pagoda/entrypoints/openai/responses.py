@@ -51,7 +51,6 @@ INCLUDE_NOTHING = (
     "message.input_image.image_url",
 )
 INPUT_ROLES = ("user", "system", "developer", "assistant")
-TEXT_PARTS = ("input_text", "output_text", "text")
 # what Pagoda cannot do, refused where the request sets it (None and False are unset)
 NOT_SERVED = {
     "previous_response_id": "this server stores no responses (start it with VLLM_ENABLE_RESPONSES_API_STORE=1): "
@@ -232,7 +231,7 @@ def input_messages(input_: str | list[Any]) -> list[dict]:
                 raise bad_request(
                     f"{param}.role must be one of {', '.join(INPUT_ROLES)}, got {role!r}", f"{param}.role"
                 )
-            content = chat.text_content(item.get("content"), f"{param}.content", TEXT_PARTS)
+            content = chat.text_content(item.get("content"), f"{param}.content")
             messages.append({"role": role, "content": content})
         elif kind == "function_call":
             call = _call(item, param)
@@ -242,7 +241,7 @@ def input_messages(input_: str | list[Any]) -> list[dict]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":  # its call may be gone from a trimmed history, as in chat
             call_id = _string(item, "call_id", param)
-            output = chat.text_content(item.get("output"), f"{param}.output", TEXT_PARTS)
+            output = chat.text_content(item.get("output"), f"{param}.output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind != "reasoning":
             raise bad_request(
