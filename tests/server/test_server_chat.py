@@ -85,12 +85,13 @@ def test_logprobs_and_top_logprobs(client, greedy):
         assert entry.bytes == list(entry.token.encode()) and entry.logprob <= 0
 
 
-def test_logprob_bytes_of_a_character_split_across_tokens_join_to_it(client):
-    """OpenAI's `bytes` are the token's own: a token holding part of a character (its text alone
-    is U+FFFD) carries its share of the character's bytes, so the bytes of all tokens join to the
-    answer (vLLM sends U+FFFD's bytes there)."""
+def test_logprobs_of_a_character_split_across_tokens_join_to_it(client):
+    """A token holding part of a character (its text alone ends in U+FFFD) is shown as vLLM shows
+    it, read after the tokens before it: "" while the character is incomplete, the character with
+    the token that completes it, so the tokens join into the answer, streamed or not. OpenAI's
+    `bytes` are the token's own: its share of the character's bytes, so they join to it too."""
     answer = "🙂 é"  # the emoji takes two tokens of the default model's byte-level BPE
-    result = client.chat.completions.create(
+    kwargs = dict(
         model=MODEL,
         messages=MESSAGES,
         logprobs=True,
@@ -98,12 +99,22 @@ def test_logprob_bytes_of_a_character_split_across_tokens_join_to_it(client):
         max_tokens=10,
         extra_body={"structured_outputs": {"choice": [answer]}},
     )
-    choice = result.choices[0]
+    choice = client.chat.completions.create(**kwargs).choices[0]
     assert choice.message.content == answer
     content = choice.logprobs.content
-    assert any(entry.token == "\ufffd" for entry in content)  # a part of the emoji
+    tokens = [entry.token for entry in content]
+    emoji = tokens.index("🙂")  # the token that completes it; the ones before it hold its first bytes
+    assert emoji > 0 and tokens[:emoji] == [""] * emoji
+    assert "".join(entry.token for entry in content).startswith(answer)
     joined = bytes(b for entry in content for b in entry.bytes).decode()
     assert joined.startswith(answer) and joined[len(answer) :] in ("", content[-1].token)  # then the end token
+    streamed = [
+        entry.token
+        for chunk in client.chat.completions.create(**kwargs, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert streamed == [entry.token for entry in content]
 
 
 def test_n_seed_stop_and_penalties(client, greedy):

@@ -380,12 +380,12 @@ def test_a_stream_that_fails_ends_with_openais_failure_events():
 
     class Failing:
         async def updates(self):
-            yield 0, SimpleNamespace(text_delta="Hel", logprobs_delta=None, finished=False)
-            yield 0, SimpleNamespace(text_delta="lo <thi", logprobs_delta=None, finished=False)
+            yield 0, SimpleNamespace(text_delta="Hel", logprobs_delta=[], logprobs=[], finished=False)
+            yield 0, SimpleNamespace(text_delta="lo <thi", logprobs_delta=[], logprobs=[], finished=False)
             raise APIError(503, "The server is shutting down")
 
     async def events() -> list[str]:
-        stream = _events(ToolPlan(reasoning=ReasoningParser()), Failing(), {"id": "resp_1"}, lambda _: [], None)
+        stream = _events(ToolPlan(reasoning=ReasoningParser()), Failing(), {"id": "resp_1"}, lambda *_: [], None)
         return [event async for event in stream]
 
     parsed = [json.loads(event.split("data: ", 1)[1]) for event in asyncio.run(events())]

@@ -11,7 +11,14 @@ import time
 import pytest
 
 from pagoda.entrypoints.openai.errors import APIError, param_of
-from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs
+from pagoda.entrypoints.openai.logprobs import (
+    TokenTexts,
+    before_delta,
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    vllm_prompt_logprobs,
+)
 from pagoda.entrypoints.openai.params import check_context
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
@@ -74,10 +81,10 @@ def test_unsupported_fields():
 
 
 class _Texts:
-    def text(self, token_id: int) -> str:
+    def text(self, token_id: int, before=None) -> str:
         return {1: "Hel", 2: "lo", 3: " there", 4: "!"}[token_id]
 
-    def width(self, token_id: int) -> int:
+    def width(self, token_id: int, before=None) -> int:
         return len(self.text(token_id))
 
 
@@ -96,6 +103,46 @@ def test_echoed_prompt_starts_without_a_logprob():
     result = echo_logprobs(_Texts(), [1, 2], [None, TokenLogprob(2, -3.0, 4, {3: -0.1})])
     assert result["tokens"] == ["Hel", "lo"] and result["token_logprobs"] == [None, -3.0]
     assert result["top_logprobs"] == [None, {" there": -0.1, "lo": -3.0}] and result["text_offset"] == [0, 3]
+
+
+class _ByteTokenizer:
+    """Tokens of raw bytes, decoded as a byte-level BPE decodes them: a cut character is U+FFFD."""
+
+    PIECES = {1: b"\xf0\x9f", 2: b"\x99", 3: b"\x82", 4: b" x", 5: b"\xc3"}
+
+    def decode(self, ids: list[int]) -> str:
+        return b"".join(self.PIECES[i] for i in ids).decode(errors="replace")
+
+    def convert_ids_to_tokens(self, token_id: int) -> bytes:
+        return self.PIECES[token_id]
+
+
+def test_a_character_cut_across_tokens_shows_where_it_completes():
+    """vLLM's rule: a token whose text alone ends in U+FFFD is read after the tokens before it: ""
+    while the character is incomplete, the whole character with the token that completes it, so the
+    tokens join into the text and text_offset counts it; streamed in any chunks, the same. Each
+    token's `bytes` stay its own."""
+    texts, lp = TokenTexts(_ByteTokenizer()), [TokenLogprob(i, -0.1, 1, {i: -0.1, 5: -2.0}) for i in (1, 2, 3, 4)]
+    whole = completion_logprobs(texts, lp, text_offset=0)
+    assert whole["tokens"] == ["", "", "🙂", " x"] and whole["text_offset"] == [0, 0, 0, 1]
+    assert [list(top) for top in whole["top_logprobs"]][2] == ["🙂", ""]  # an alternative read after the same tokens
+    for cut in range(5):
+        first = completion_logprobs(texts, lp[:cut], 0)
+        rest = completion_logprobs(texts, lp[cut:], 0, before_delta(lp, lp[cut:]))
+        assert first["tokens"] + rest["tokens"] == whole["tokens"], cut
+        chat = (
+            chat_logprobs(texts, lp[:cut], 1)["content"]
+            + chat_logprobs(texts, lp[cut:], 1, before_delta(lp, lp[cut:]))["content"]
+        )
+        assert [entry["token"] for entry in chat] == whole["tokens"], cut
+    assert [entry["bytes"] for entry in chat] == [[0xF0, 0x9F], [0x99], [0x82], [0x20, 0x78]]
+    prompt = [None, *lp[1:]]  # the first prompt token has no logprob, but its bytes begin the character
+    assert echo_logprobs(texts, [1, 2, 3, 4], prompt)["tokens"] == ["\ufffd", "", "🙂", " x"]
+    shown = [
+        entry and entry[str(i)]["decoded_token"]
+        for i, entry in zip((1, 2, 3, 4), vllm_prompt_logprobs(texts, [1, 2, 3, 4], prompt))
+    ]
+    assert shown == [None, "", "🙂", " x"]
 
 
 def test_request_log_writes_json_lines(tmp_path):

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pagoda.config import ConfigError
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
-from pagoda.entrypoints.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
+from pagoda.entrypoints.openai.logprobs import before_delta, chat_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, constraint_field, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
 from pagoda.entrypoints.openai.serving import (
@@ -522,7 +522,12 @@ async def _chunks(
             deltas = [{"content": ""}]  # the logprobs or ids of tokens whose text is held back
         for j, delta in enumerate(deltas):
             logprobs = (
-                chat_logprobs(state.logprob_tokens(body), update.logprobs_delta, body.top_logprobs or 0)
+                chat_logprobs(
+                    state.logprob_tokens(body),
+                    update.logprobs_delta,
+                    body.top_logprobs or 0,
+                    before_delta(update.logprobs, update.logprobs_delta),
+                )
                 if logprobs_shown and j == 0
                 else None
             )

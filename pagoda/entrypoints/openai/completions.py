@@ -13,7 +13,13 @@ from fastapi.responses import JSONResponse, Response
 
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
-from pagoda.entrypoints.openai.logprobs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
+from pagoda.entrypoints.openai.logprobs import (
+    before_delta,
+    completion_logprobs,
+    echo_logprobs,
+    join_logprobs,
+    vllm_prompt_logprobs,
+)
 from pagoda.entrypoints.openai.params import check_context, check_token_ids, sampling_params, truncated
 from pagoda.entrypoints.openai.protocol import CompletionRequest, TruncationSide
 from pagoda.entrypoints.openai.serving import (
@@ -206,7 +212,8 @@ async def _chunks(
                 first = False
         logprobs = None
         if body.logprobs is not None:
-            logprobs = completion_logprobs(state.logprob_tokens(body), update.logprobs_delta, offsets[index])
+            earlier = before_delta(update.logprobs, update.logprobs_delta)
+            logprobs = completion_logprobs(state.logprob_tokens(body), update.logprobs_delta, offsets[index], earlier)
         offsets[index] += len(update.text_delta)
         if update.finished:
             final[i][update.index] = update

@@ -18,7 +18,7 @@ import re
 import time
 import typing
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pagoda.entrypoints.openai import chat
 from pagoda.entrypoints.openai.errors import APIError, bad_request, renamed
-from pagoda.entrypoints.openai.logprobs import chat_logprobs
+from pagoda.entrypoints.openai.logprobs import before_delta, chat_logprobs
 from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ReasoningEffort,
@@ -338,15 +338,16 @@ def _renamed(exc: APIError) -> APIError:
     return exc
 
 
-def _logprobs(
-    state: ServerState, request: ChatCompletionRequest, plan: ToolPlan
-) -> Callable[[Sequence[Any] | None], list[dict]]:
+def _logprobs(state: ServerState, request: ChatCompletionRequest, plan: ToolPlan) -> Callable[..., list[dict]]:
     """Tokens' engine logprobs as output_text's logprobs (chat's entries: token, logprob, bytes,
-    top_logprobs); none unless `include` asks for them, and none that would show reasoning left out."""
+    top_logprobs), given the entries before them when streaming; none unless `include` asks for
+    them, and none that would show reasoning left out."""
     if not plan.shows_per_token(bool(request.logprobs)):
-        return lambda logprobs: []
+        return lambda logprobs, before=(): []
     names = state.logprob_tokens(request)
-    return lambda logprobs: chat_logprobs(names, logprobs or [], request.top_logprobs or 0)["content"]
+    return lambda logprobs, before=(): chat_logprobs(names, logprobs or [], request.top_logprobs or 0, before)[
+        "content"
+    ]
 
 
 def _head(
@@ -550,7 +551,7 @@ async def _events(
     plan: ToolPlan,
     generation: Generation,
     head: dict,
-    logprobs: Callable[[Sequence[Any] | None], list[dict]],
+    logprobs: Callable[..., list[dict]],
     reasoning_counter: ReasoningTokenCounter | None,
     keep: Callable[[dict], None] | None = None,
 ) -> AsyncIterator[str]:
@@ -564,7 +565,7 @@ async def _events(
     final = None
     try:
         async for _, update in generation.updates():
-            items.logprobs += logprobs(update.logprobs_delta)
+            items.logprobs += logprobs(update.logprobs_delta, before_delta(update.logprobs, update.logprobs_delta))
             deltas = streamer.feed(update.text_delta) if update.text_delta else []
             if update.finished:
                 deltas += streamer.finish()
