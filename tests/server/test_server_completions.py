@@ -166,6 +166,19 @@ def test_seed_reproduces_a_sample(client):
     assert any(sample(s) != first for s in (8, 9))
 
 
+def test_best_of_returns_the_likeliest_samples_per_token(client):
+    """OpenAI's best_of: that many samples drawn, the n with the highest log probability per token
+    returned (best first); usage counts every sample's tokens. With a seed, the samples are n=4's."""
+    kwargs = dict(model=MODEL, prompt=PROMPTS[5], temperature=1.0, max_tokens=8, seed=11)
+    drawn = client.completions.create(**kwargs, n=4, logprobs=0)
+    per_token = {c.text: sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in drawn.choices}
+    assert len(set(per_token)) > 2  # samples that differ, so the ranking picks
+    best = client.completions.create(**kwargs, n=2, best_of=4)
+    assert [c.index for c in best.choices] == [0, 1] and all(c.logprobs is None for c in best.choices)
+    assert [c.text for c in best.choices] == sorted(per_token, key=per_token.get, reverse=True)[:2]
+    assert best.usage.completion_tokens == drawn.usage.completion_tokens
+
+
 def test_vllm_sampling_extensions(client, http, greedy):
     token = http.post("/tokenize", json={"prompt": " banana", "add_special_tokens": False}).json()["tokens"][0]
     text = http.post("/detokenize", json={"tokens": [token]}).json()["prompt"]

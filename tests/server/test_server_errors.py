@@ -85,10 +85,19 @@ def test_a_requests_own_chat_template_is_400_without_trust_request_chat_template
 
 @pytest.mark.parametrize(
     "field, value",
-    [("suffix", "tail"), ("best_of", 3), ("prompt_embeds", "AAAA")],
+    [("suffix", "tail"), ("prompt_embeds", "AAAA")],
 )
 def test_unsupported_completion_fields_are_400(http, field, value):
     assert error_of(http.post("/v1/completions", json={**COMPLETION, field: value}), 400)["param"] == field
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"best_of": 1, "n": 2}, {"best_of": 3, "stream": True}, {"best_of": 3, "use_beam_search": True}, {"best_of": 0}],
+)
+def test_best_of_below_n_streamed_or_beam_searched_is_400(http, extra):
+    """OpenAI's rules: best_of at least n, and its samples are not streamed."""
+    assert error_of(http.post("/v1/completions", json={**COMPLETION, **extra}), 400)["param"] == "best_of"
 
 
 @pytest.mark.parametrize(

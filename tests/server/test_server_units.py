@@ -76,8 +76,7 @@ def test_unsupported_fields():
     assert unsupported_fields(ChatCompletionRequest(**chat, tool_choice="required")) is None  # tool_calls.py checks
     assert unsupported_fields(ChatCompletionRequest(**chat, functions=[{"name": "f"}])) == "functions"
     assert unsupported_fields(ChatCompletionRequest(**chat, response_format={"type": "json_schema"})) is None
-    assert unsupported_fields(CompletionRequest(prompt="x", n=2, best_of=2)) is None
-    assert unsupported_fields(CompletionRequest(prompt="x", n=2, best_of=4)) == "best_of"
+    assert unsupported_fields(CompletionRequest(prompt="x", suffix="y")) == "suffix"
 
 
 class _Texts:

@@ -81,6 +81,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     )
     for p in prompts:
         check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt", min_tokens=body.min_tokens)
+    if _candidates(body) > body.n:  # the sampled tokens' logprobs rank them
+        logprobs = params.logprobs if params.logprobs is not None else 0
+        params = replace(params, n=_candidates(body), logprobs=logprobs)
     await state.check_constraint(body, params)
     request_id = answer_id(http, "cmpl-", body.request_id)
     prompt_ids = [p.ids for p in prompts]
@@ -100,9 +103,29 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     choices = [
         _choice(state, body, i, prompt, out, _prompt_logprobs(outs))
         for i, (prompt, outs) in enumerate(zip(prompts, outputs))
-        for out in outs
+        for out in _best(outs, body.n)
     ]
-    return JSONResponse({**head, "choices": choices, "usage": usage(outputs)})
+    return JSONResponse({**head, "choices": choices, "usage": usage(outputs)})  # every candidate's tokens
+
+
+def _candidates(body: CompletionRequest) -> int:
+    """The samples a prompt draws: OpenAI's best_of (at least n; the best n of them are returned), else n."""
+    if body.best_of is None:
+        return body.n
+    if body.best_of < body.n:
+        raise bad_request(f"best_of ({body.best_of}) must be at least n ({body.n})", "best_of")
+    if body.best_of > body.n and (body.stream or body.use_beam_search):
+        raise bad_request("best_of above n cannot be streamed or beam searched", "best_of")
+    return body.best_of
+
+
+def _best(outs: list[SequenceOutput], n: int) -> list[SequenceOutput]:
+    """A prompt's n samples with the highest log probability per token (OpenAI's best_of), in that
+    order, numbered 0..n-1 (all of them, numbered so already, where it drew n)."""
+    if len(outs) <= n:
+        return outs
+    ranked = sorted(outs, key=lambda out: -sum(lp.logprob for lp in out.logprobs) / max(1, len(out.logprobs)))
+    return [replace(out, index=j) for j, out in enumerate(ranked[:n])]
 
 
 def _truncated(prompt: Prompt, keep: int, side: TruncationSide | None, max_model_len: int) -> Prompt:

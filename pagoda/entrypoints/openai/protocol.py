@@ -196,7 +196,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     # refused unless harmless (see unsupported_fields)
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_N)  # OpenAI's: the best n of this many samples
     prompt_embeds: Any = None  # vLLM's
 
 
@@ -350,8 +350,6 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
     if isinstance(request, CompletionRequest):
         if request.suffix:
             return "suffix"
-        if request.best_of is not None and request.best_of not in (1, request.n):
-            return "best_of"
         if request.prompt_embeds is not None:
             return "prompt_embeds"
         return None
