@@ -290,3 +290,23 @@ def test_a_messages_thinking_budget_bounds_the_thinking_where_the_server_reads_i
         reasoning=REASONING_PARSERS[parser].span if parser else None,
     )
     assert _Translation(body, state).request.thinking_token_budget == budget
+
+
+def test_an_internal_error_is_a_500_that_closes_its_connection():
+    """Starlette re-raises a handled exception to the server after the 500, which drops the
+    connection: the response says so, so that a client does not send its next request there."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from pagoda.entrypoints.openai.errors import install_handlers
+
+    app = FastAPI()
+    install_handlers(app)
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    answer = TestClient(app, raise_server_exceptions=False).get("/boom")
+    assert answer.status_code == 500 and answer.headers["connection"] == "close"
+    assert answer.json()["error"]["message"] == "Internal server error: RuntimeError"

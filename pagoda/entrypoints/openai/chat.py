@@ -281,7 +281,8 @@ def render(
 ) -> list[int]:
     """`render_ids` with its refusals as 400s: a template that does not parse or reaches outside the
     sandbox names `chat_template` (a request's own, as the server's was checked at startup), one
-    that refuses the messages names them."""
+    that refuses the messages names them, and so does an error the template's code raises on them
+    (`'a' + [..]`, `1 // 0`)."""
     try:
         return render_ids(
             state.tokenizer, messages, template, tools, template_kwargs, state.config.chat_template_content_format
@@ -290,6 +291,10 @@ def render(
         raise bad_request(f"The chat template is refused: {exc}", "chat_template") from None
     except (ConfigError, ValueError, jinja2.TemplateError) as exc:  # ValueError: transformers' own refusals
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
+    except (ArithmeticError, LookupError, TypeError, AttributeError) as exc:  # raised by the template's code
+        raise bad_request(
+            f"The chat template failed on these messages: {type(exc).__name__}: {exc}", "messages"
+        ) from None
 
 
 def _reply_role(state: ServerState, body: ChatCompletionRequest) -> str:

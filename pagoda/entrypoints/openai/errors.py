@@ -160,5 +160,8 @@ async def _client_disconnected(request: Request, _: ClientDisconnected) -> Respo
 
 
 async def _internal_error(_: Request, exc: Exception) -> Response:
+    """A 500 that closes its connection: Starlette sends it, then re-raises the exception to the
+    server, which drops the connection, so a client told nothing would send its next request there."""
     logger.exception("internal error while serving a request")
-    return error_response(APIError(500, f"Internal server error: {type(exc).__name__}"))
+    error = APIError(500, f"Internal server error: {type(exc).__name__}", headers={"Connection": "close"})
+    return error_response(error)
