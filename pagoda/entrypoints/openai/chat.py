@@ -292,8 +292,10 @@ def render(
     except (ConfigError, ValueError, jinja2.TemplateError) as exc:  # ValueError: transformers' own refusals
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
     except (ArithmeticError, LookupError, TypeError, AttributeError) as exc:  # raised by the template's code
+        parts = state.config.chat_template_content_format == "openai"
+        hint = " (--chat-template-content-format openai gives it each message's content as a list)" if parts else ""
         raise bad_request(
-            f"The chat template failed on these messages: {type(exc).__name__}: {exc}", "messages"
+            f"The chat template failed on these messages: {type(exc).__name__}: {exc}{hint}", "messages"
         ) from None
 
 
