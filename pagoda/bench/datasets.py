@@ -14,6 +14,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +28,10 @@ from pagoda.bench.tokens import Tokenizer
 
 Endpoint = Literal["chat", "completions"]
 ENDPOINT_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+# what else a Pagoda request log holds: skipped on replay, with a warning (the benchmark sends neither)
+UNSENT_PATHS = ("/v1/responses", "/v1/messages")
+# fields a replayed body drops: a streamed request cannot carry them (the benchmark streams every request)
+NOT_STREAMED = ("prompt_logprobs",)
 KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt", "custom", "structured", "tools")
 DEFAULT_OUTPUT_LEN = 64
 STRUCTURED_OUTPUT_LEN = 128  # room for the longest of schemas.TASKS' documents
@@ -389,16 +395,29 @@ def load_replay(path: Path, endpoint: Endpoint) -> list[Prompt]:
     """Parse a JSONL file of OpenAI request bodies, `{"prompt", "max_tokens"}` lines, or Pagoda
     request-log records; every line is checked before any is sent. Bodies keep their endpoint
     (messages: chat, prompt and model: completions); bare prompt lines take `endpoint`."""
-    prompts = [_replay_line(obj, endpoint, where) for where, obj in _json_lines(path)]
+    lines = list(_json_lines(path))
+    skipped = Counter(obj["endpoint"] for _, obj in lines if _unsent(obj))
+    prompts = [_replay_line(obj, endpoint, where) for where, obj in lines if not _unsent(obj)]
+    if skipped:
+        counts = ", ".join(f"{count} of {path}" for path, count in sorted(skipped.items()))
+        print(
+            f"pagoda bench: warning: {path}: skipped request-log records it does not send ({counts})", file=sys.stderr
+        )
     if not prompts:
         raise BenchError(f"{path}: no requests in the file")
     return prompts
 
 
+def _unsent(obj: dict[str, Any]) -> bool:
+    """A request-log record of an endpoint the benchmark does not send to."""
+    return "body" in obj and obj.get("endpoint") in UNSENT_PATHS
+
+
 def _replay_line(obj: dict[str, Any], endpoint: Endpoint, where: str) -> Prompt:
     if "body" in obj:  # a Pagoda request-log record
         if obj.get("endpoint") not in ENDPOINT_PATHS:
-            raise BenchError(f"{where}: request-log 'endpoint' must be one of {sorted(ENDPOINT_PATHS)}")
+            known = sorted([*ENDPOINT_PATHS, *UNSENT_PATHS])
+            raise BenchError(f"{where}: request-log 'endpoint' must be one of {known}")
         prompt = _body_prompt(obj["body"], ENDPOINT_PATHS[obj["endpoint"]], where)
         ids = obj.get("prompt_token_ids")
         if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) for t in ids)):
@@ -430,11 +449,14 @@ def _body_prompt(body: Any, endpoint: Endpoint, where: str) -> Prompt:
     elif not isinstance(body.get("prompt"), (str, list)):
         raise BenchError(f"{where}: 'prompt' must be a string or a list of token ids")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    if isinstance(max_tokens, str) and max_tokens.strip().isdecimal():
+        max_tokens = int(max_tokens)  # as a server's lax parsing reads it (vLLM's, Pagoda's): a log keeps it so
     if _scores_prompt(body, endpoint):
         pass  # echo with max_tokens 0: scoring the prompt (lm-eval's loglikelihood requests)
     elif max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):
         raise BenchError(f"{where}: 'max_tokens' must be a positive integer (or 0 with echo, to score the prompt)")
-    return Prompt(endpoint, dict(body), calls_expected=tool_calls.requires_calls(body))
+    sent = {key: value for key, value in body.items() if key not in NOT_STREAMED}
+    return Prompt(endpoint, sent, calls_expected=tool_calls.requires_calls(body))
 
 
 def _scores_prompt(body: dict[str, Any], endpoint: Endpoint) -> bool:

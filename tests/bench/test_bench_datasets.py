@@ -173,6 +173,25 @@ def test_replay_understands_every_line_format(tmp_path: Path) -> None:
     assert as_chat[1].endpoint == "completions"  # a completions body keeps its endpoint
 
 
+def test_a_request_log_replays_what_the_benchmark_sends(tmp_path: Path, capsys) -> None:
+    """A Pagoda request log also holds Responses and Messages requests: skipped, with a warning;
+    a max_tokens its server read laxly ("10") is read so too; prompt_logprobs, which a streamed
+    request cannot carry, is dropped (the benchmark streams)."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10", "prompt_logprobs": 1}
+    records = [
+        {"endpoint": "/v1/responses", "body": {"input": "hi"}},
+        {"endpoint": "/v1/chat/completions", "body": chat},
+        {"endpoint": "/v1/messages", "body": {"messages": []}},
+        {"endpoint": "/v1/responses", "body": {"input": "again"}},
+    ]
+    prompts = load_replay(write_jsonl(tmp_path / "r.jsonl", records), "chat")
+    assert [p.body for p in prompts] == [{"messages": chat["messages"], "max_tokens": "10"}]
+    warning = capsys.readouterr().err
+    assert "skipped request-log records it does not send (1 of /v1/messages, 2 of /v1/responses)" in warning
+    with pytest.raises(BenchError, match="no requests in the file"):
+        load_replay(write_jsonl(tmp_path / "only.jsonl", records[:1]), "chat")
+
+
 @pytest.mark.parametrize(
     "lines, message",
     [
