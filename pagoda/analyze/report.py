@@ -137,7 +137,7 @@ def _routing(summary: Summary) -> str:
         f"Routing forecast: {replicas} replicas behind SGLang Model Gateway, each with its own cache "
         f"({summary.block_size}-token blocks)",
         f"  {'policy':<14}{'cache per replica':<20}{'hit rate':>9}{'prefill saved':>15}{'prefill left':>14}"
-        f"  requests per replica (busiest / mean)",
+        f"  requests on each replica (busiest / mean in brackets)",
     ]
     for route in summary.routing:
         spread = f"{'/'.join(map(str, route.requests_per_replica))} ({route.imbalance:.2f})"
