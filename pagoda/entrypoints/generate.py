@@ -62,12 +62,12 @@ def main(argv: list[str]) -> int:
     if args.lora_path is not None and not args.enable_lora:
         print("pagoda generate: --lora-path needs --enable-lora", file=sys.stderr)
         return 2
-    try:
-        lora = None if args.lora_path is None else LoRARequest("adapter", 1, args.lora_path)
-        llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
+    try:  # the sampling flags are checked first: a bad one is told before the model loads
         params = SamplingParams(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens
         )
+        lora = None if args.lora_path is None else LoRARequest("adapter", 1, args.lora_path)
+        llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
     except (ConfigError, ValueError) as exc:
         print(f"pagoda generate: {exc}", file=sys.stderr)
         return 1

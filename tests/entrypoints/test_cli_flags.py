@@ -206,3 +206,11 @@ def test_vllms_usage_flags_are_taken():
     args = serve.parse_args(["m", "--enable-force-include-usage", "--enable-prompt-tokens-details"])
     assert serve.server_config(args).force_include_usage
     assert not serve.server_config(serve.parse_args(["m"])).force_include_usage
+
+
+@pytest.mark.parametrize("flags", [["--max-tokens", "0"], ["--temperature", "-1"], ["--top-p", "0"]])
+def test_generate_refuses_bad_sampling_flags_before_loading_a_model(capsys, flags):
+    """Told at once, exit 1: the model named does not exist, so loading it would be a different error."""
+    assert generate.main(["hello", "--model", "/nonexistent/model", *flags]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("pagoda generate: ") and "nonexistent" not in error, error
