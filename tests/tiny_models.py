@@ -23,6 +23,11 @@ ARCH_CONFIGS = {
     "mistral": ("MistralConfig", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", dict()),
     "qwen3": ("Qwen3Config", dict(head_dim=32)),
+    "smollm3": ("SmolLM3Config", dict(no_rope_layers=[1, 0], pad_token_id=None)),  # layer 2: no rotary embedding
+    "granite": (  # multipliers as Granite 3's, the attention's its own (not head_dim^-0.5)
+        "GraniteConfig",
+        dict(embedding_multiplier=12.0, attention_multiplier=0.0625, residual_multiplier=0.22, logits_scaling=8.0),
+    ),
 }
 
 

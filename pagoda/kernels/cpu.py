@@ -62,7 +62,7 @@ _VOID_SIGNATURES = {
     "pagoda_qd_dequant_rows": [_INT, _P, _P, _I64, _I64, _P, _INT],
     "pagoda_qd_matmul": [_INT] + [_P] * 4 + [_I64] * 4 + [_INT],
     # decoder.c, wrapped by model_executor/cpu_stack.py
-    "pagoda_decoder_layers": [_P, _I64] + [_P] * 7 + [_F, _F, _INT],
+    "pagoda_decoder_layers": [_P, _I64] + [_P] * 7 + [_F, _F, _F, _INT],
     # sample.c, wrapped by sample_rows below
     "pagoda_sample_rows": [_P, _I64, _I64, _INT, _P, _P, _P, _INT],
 }

@@ -56,7 +56,7 @@ class CpuDecoderStack:
         # table [layers, fields]: decoder.c's Layer rows, addresses of the model's own tensors (the
         # model holds them and this stack alike, so they outlive it)
         self.lib, self.table, self.num_layers = lib, table, d.num_layers
-        self.eps, self.scale = d.rms_eps, model.layers[0].self_attn.scale
+        self.eps, self.scale, self.residual_multiplier = d.rms_eps, d.attention_scale, d.residual_multiplier
         self.cos, self.signed_sin = model.rotary.cos, model.rotary.signed_sin
         self.shape = [d.hidden, d.intermediate, d.num_heads, d.num_kv_heads, d.head_dim]  # decoder.c's Dims
         self.bf16 = int(model.embed_tokens.dtype == torch.bfloat16)
@@ -87,7 +87,7 @@ class CpuDecoderStack:
             if None in linears:
                 return None
             weights = [0 if n is None else n.weight.data_ptr() for n in norms + head_norms]
-            rows.append(weights + [f for row in linears for f in row])
+            rows.append(weights + [f for row in linears for f in row] + [int(attn.rotated)])
         return cls(model, torch.tensor(rows, dtype=torch.int64), lib)
 
     def forward(
@@ -124,6 +124,7 @@ class CpuDecoderStack:
             self.signed_sin.data_ptr(),
             self.eps,
             self.scale,
+            self.residual_multiplier,
             torch.get_num_threads(),
         )
         if tails is not None:  # decoder.c left the rows read first, in order

@@ -33,6 +33,8 @@ _BY_MODEL_TYPE = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "granite": "GraniteForCausalLM",
 }
 
 

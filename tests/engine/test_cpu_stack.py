@@ -80,7 +80,7 @@ def prompts_of(count: int) -> list[list[int]]:
     return short + [[(7 * j) % 1500 + 50 for j in range(200)]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "smollm3", "granite"])
 def test_float32_tiny_models(arch, tmp_path, monkeypatch):
     from pagoda.model_files import load_tokenizer
 
@@ -97,7 +97,7 @@ def test_default_model_gguf(monkeypatch):
 
 
 @pytest.mark.skipif(not AMX, reason="bf16 linears go on AMX tiles only where the CPU and OS give them")
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "granite"])
 def test_bfloat16_tiny_models(arch, tmp_path, monkeypatch):
     """The GEMV for lone decodes, the tile GEMM otherwise, attention on widened rows."""
     from pagoda.model_files import load_tokenizer

@@ -27,6 +27,7 @@ typedef struct {
     int64_t input_norm, post_attention_norm; /* float32 [hidden] */
     int64_t q_norm, k_norm;                  /* float32 [head_dim], or 0: no q/k norms */
     Linear qkv, o, gate_up, down;
+    int64_t rotated; /* 0: its queries and keys take no rotary embedding (SmolLM3's NoPE layers) */
 } Layer;
 
 /* y = x @ w.T (+ bias) as the linear's module computes it on the step's step_rows rows: rows of
@@ -158,7 +159,7 @@ static void widen_rows(float *dst, long dst_stride, const uint16_t *src, long sr
  * its bf16 cache, the output rounded to bf16 once. */
 void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t *kv_caches, const Dims *d,
                            const Step *step, void *residual, void *x, const void *cos, const void *signed_sin,
-                           float eps, float scale, int num_threads) {
+                           float eps, float scale, float residual_multiplier, int num_threads) {
     const long rows = step->rows, q_size = d->num_heads * d->head_dim, kv_size = d->num_kv_heads * d->head_dim;
     const long qkv_n = q_size + 2 * kv_size;
     const int bf16 = (int)d->bf16;
@@ -195,10 +196,13 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
             norm_heads(q, qkv, qkv_n, rows, q_size, AT(const void *, l->q_norm), d->head_dim, eps, bf16, num_threads);
             norm_heads(k, AT_VALUE(qkv, q_size), qkv_n, rows, kv_size, AT(const void *, l->k_norm), d->head_dim, eps,
                        bf16, num_threads);
-            pagoda_rotary(q, cos, signed_sin, positions, rows, d->num_heads, d->head_dim, q_stride, bf16, num_threads);
-            pagoda_rotary(k, cos, signed_sin, positions, rows, d->num_kv_heads, d->head_dim, k_stride, bf16,
-                          num_threads);
-        } else { /* queries and keys rotated in one go, in place in qkv */
+            if (l->rotated) {
+                pagoda_rotary(q, cos, signed_sin, positions, rows, d->num_heads, d->head_dim, q_stride, bf16,
+                              num_threads);
+                pagoda_rotary(k, cos, signed_sin, positions, rows, d->num_kv_heads, d->head_dim, k_stride, bf16,
+                              num_threads);
+            }
+        } else if (l->rotated) { /* queries and keys rotated in one go, in place in qkv */
             pagoda_rotary(qkv, cos, signed_sin, positions, rows, d->num_heads + d->num_kv_heads, d->head_dim, qkv_n,
                           bf16, num_threads);
         }
@@ -224,11 +228,13 @@ void pagoda_decoder_layers(const int64_t *table, long num_layers, const int64_t 
         if (n == 0) break;
         if (bf16) floats_to_bf16(attn, wide_attn, n * q_size);
         linear(&l->o, attn, x, n, rows, num_threads);
+        if (residual_multiplier != 1.f) pagoda_mul(x, residual_multiplier, n, d->hidden, bf16, num_threads);
         pagoda_add_rms_norm(x, residual, AT(const void *, l->post_attention_norm), n, d->hidden, eps, bf16,
                             num_threads);
         linear(&l->gate_up, x, gate_up, n, rows, num_threads);
         pagoda_silu_mul(act, gate_up, n, d->intermediate, bf16, num_threads);
         linear(&l->down, act, x, n, rows, num_threads);
+        if (residual_multiplier != 1.f) pagoda_mul(x, residual_multiplier, n, d->hidden, bf16, num_threads);
     }
 #undef AT_VALUE
     free(qkv);

@@ -147,6 +147,17 @@ void pagoda_rotary(void *x, const void *cos, const void *signed_sin, const int64
     FOR_ROWS(tokens, heads * head_dim, num_threads, rotate_token(&a, r));
 }
 
+static inline void mul_row(void *x, float m, long n, int bf16) {
+    const vec s = vset(m);
+    for (long i = 0; i < n; i += VLEN) store_n_row(x, i, vmul(load_n_row(x, i, n - i, bf16), s), n - i, bf16);
+}
+
+/* x[r] *= m for each of `rows` contiguous rows of n values, each product rounded once (to bf16 for a
+ * bf16 row): torch's x * m (Granite's residual multiplier) */
+void pagoda_mul(void *x, float m, long rows, long n, int bf16, int num_threads) {
+    FOR_ROWS(rows, n, num_threads, mul_row(row(x, r, n, bf16), m, n, bf16));
+}
+
 /* o[i] = silu(g[i]) * u[i], silu(g) = g / (1 + e^-g) as torch computes it (rounded before the product in bf16) */
 static inline void silu_mul_row(void *o, const void *g, const void *u, long n, int bf16) {
     const vec one = vset(1.f), minus_one = vset(-1.f);

@@ -1,5 +1,7 @@
 """One decoder-only transformer covering Llama (incl. llama3 rope scaling), Mistral, Qwen2 (qkv
-bias) and Qwen3 (q/k norm), with grouped-query attention and optionally tied embeddings.
+bias), Qwen3 (q/k norm), SmolLM3 (layers without rotary embedding) and Granite (multipliers of the
+embeddings, the attention scores, each sublayer's output and the logits), with grouped-query
+attention and optionally tied embeddings.
 
 The model sees a packed batch: all query tokens of all requests back to back, with positions and
 attention metadata; attention reads and writes the paged KV cache through the backend.
@@ -36,6 +38,8 @@ ARCHITECTURES = {
     "MistralForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
     "Qwen2ForCausalLM": ArchSpec(qkv_bias=True, qk_norm=False),
     "Qwen3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True),
+    "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
+    "GraniteForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
 }
 
 
@@ -49,43 +53,57 @@ class Dims:
     num_layers: int
     vocab_size: int
     rms_eps: float
+    rotated: tuple[bool, ...]  # per layer: its queries and keys take the rotary embedding (SmolLM3's NoPE: not all)
+    # Granite's multipliers, 1 (and the attention's head_dim^-0.5) for the others
+    embedding_multiplier: float
+    attention_scale: float
+    residual_multiplier: float  # of each sublayer's output before it joins the residual stream
+    logits_scaling: float  # the logits are divided by it
 
     @classmethod
     def from_hf(cls, c) -> Dims:
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        no_rope = getattr(c, "no_rope_layers", None)  # SmolLM3's: 1 where a layer rotates, 0 where it does not
         return cls(
             hidden=c.hidden_size,
             intermediate=c.intermediate_size,
             num_heads=c.num_attention_heads,
             num_kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-            head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            head_dim=head_dim,
             num_layers=c.num_hidden_layers,
             vocab_size=c.vocab_size,
             rms_eps=c.rms_norm_eps,
+            rotated=tuple(bool(r) for r in no_rope) if no_rope else (True,) * c.num_hidden_layers,
+            embedding_multiplier=float(getattr(c, "embedding_multiplier", 1.0)),
+            attention_scale=float(getattr(c, "attention_multiplier", None) or head_dim**-0.5),
+            residual_multiplier=float(getattr(c, "residual_multiplier", 1.0)),
+            logits_scaling=float(getattr(c, "logits_scaling", 1.0)),
         )
 
 
 class Attention(nn.Module):
-    def __init__(self, d: Dims, spec: ArchSpec, backend: AttentionBackend, dtype, device) -> None:
+    def __init__(self, d: Dims, spec: ArchSpec, backend: AttentionBackend, rotated: bool, dtype, device) -> None:
         super().__init__()
-        self.d, self.backend = d, backend
+        self.d, self.backend, self.rotated = d, backend, rotated
         self.q_size, self.kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         self.qkv_proj = Linear(d.hidden, self.q_size + 2 * self.kv_size, spec.qkv_bias, dtype, device)
         self.o_proj = Linear(self.q_size, d.hidden, False, dtype, device)
         self.q_norm = RMSNorm(d.head_dim, d.rms_eps, dtype, device) if spec.qk_norm else None
         self.k_norm = RMSNorm(d.head_dim, d.rms_eps, dtype, device) if spec.qk_norm else None
-        self.scale = d.head_dim**-0.5
+        self.scale = d.attention_scale
 
     def forward(self, x, rope: Rotation, kv_cache, attn_metadata):
         d = self.d
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(-1, d.num_kv_heads, d.head_dim)
         if self.q_norm is None:  # queries and keys rotated in one go: they share each token's angles
-            qk = rope.apply(qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim))
+            qk = qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim)
+            qk = rope.apply(qk) if self.rotated else qk
             q, k = qk[:, : d.num_heads], qk[:, d.num_heads :]
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(-1, d.num_heads, d.head_dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, d.num_kv_heads, d.head_dim))
-            q, k = rope.apply(q), rope.apply(k)
+            q, k = (rope.apply(q), rope.apply(k)) if self.rotated else (q, k)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -102,21 +120,25 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d: Dims, spec: ArchSpec, backend, dtype, device) -> None:
+    def __init__(self, d: Dims, spec: ArchSpec, backend, index: int, dtype, device) -> None:
         super().__init__()
         self.input_layernorm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
-        self.self_attn = Attention(d, spec, backend, dtype, device)
+        self.self_attn = Attention(d, spec, backend, d.rotated[index], dtype, device)
         self.post_attention_layernorm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.mlp = MLP(d, dtype, device)
+        self.residual_multiplier = d.residual_multiplier
 
     def forward(self, x, residual, rope: Rotation, kv_cache, attn_metadata):
         """Returns (the MLP's output, the residual stream without it): the next norm adds it in, so
-        each sublayer's output joins the stream once, as in HF's x = x + sublayer(norm(x)), and in
-        the same order (stream + output)."""
+        each sublayer's output joins the stream once, as in HF's x = x + sublayer(norm(x)) (Granite's
+        x = x + sublayer(norm(x)) * multiplier), and in the same order (stream + output)."""
         x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, rope, kv_cache, attn_metadata)
+        x = self._scaled(self.self_attn(x, rope, kv_cache, attn_metadata))
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self._scaled(self.mlp(x)), residual
+
+    def _scaled(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
 class DecoderModel(nn.Module):
@@ -124,7 +146,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         d = self.dims = Dims.from_hf(hf_config)
         self.embed_tokens = empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(d, spec, backend, dtype, device) for _ in range(d.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(d, spec, backend, i, dtype, device) for i in range(d.num_layers))
         self.norm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = (
@@ -143,6 +165,8 @@ class DecoderModel(nn.Module):
         last layer past its attention for the rows read only."""
         lookup = self.quant_embedding
         x, residual = F.embedding(input_ids, self.embed_tokens) if lookup is None else lookup(input_ids), None
+        if self.dims.embedding_multiplier != 1.0:
+            x = x * self.dims.embedding_multiplier
         if self.cpu_stack is not None:
             x, residual = self.cpu_stack.forward(x, positions, kv_caches, attn_metadata, read_rows)
             return self.norm(x, residual)[0]
@@ -154,6 +178,7 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.cpu_lm_head is not None:
-            return self.cpu_lm_head(hidden)
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight)
+            logits = self.cpu_lm_head(hidden)
+        else:
+            logits = F.linear(hidden, self.embed_tokens if self.lm_head is None else self.lm_head)
+        return logits if self.dims.logits_scaling == 1.0 else logits / self.dims.logits_scaling
