@@ -24,6 +24,7 @@ ARCH_CONFIGS = {
     "qwen2": ("Qwen2Config", dict()),
     "qwen3": ("Qwen3Config", dict(head_dim=32)),
     "smollm3": ("SmolLM3Config", dict(no_rope_layers=[1, 0], pad_token_id=None)),  # layer 2: no rotary embedding
+    "phi3": ("Phi3Config", dict(pad_token_id=None)),  # its projections fused in the checkpoint (qkv, gate_up)
     "granite": (  # multipliers as Granite 3's, the attention's its own (not head_dim^-0.5)
         "GraniteConfig",
         dict(embedding_multiplier=12.0, attention_multiplier=0.0625, residual_multiplier=0.22, logits_scaling=8.0),

@@ -142,6 +142,12 @@ def _rope_parameters(hf_config) -> dict:
     return params
 
 
+def partial_rotary_factor(hf_config) -> float:
+    """The share of each head the rotary embedding turns (1: all of it, the only one Pagoda computes)."""
+    factor = _rope_parameters(hf_config).get("partial_rotary_factor")
+    return float(factor if factor is not None else getattr(hf_config, "partial_rotary_factor", None) or 1.0)
+
+
 def rope_type_of(hf_config) -> str:
     params = _rope_parameters(hf_config)
     return params.get("rope_type", params.get("type", "default"))

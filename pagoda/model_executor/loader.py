@@ -20,7 +20,7 @@ from pagoda.errors import ConfigError
 from pagoda.generation_config import sampling_defaults
 from pagoda.model_executor import cpu_invariant, cpu_layers, cpu_linear, quant_loader
 from pagoda.model_executor.cpu_stack import CpuDecoderStack
-from pagoda.model_executor.layers import SEQUENCE_LENGTH_ROPES, rope_type_of
+from pagoda.model_executor.layers import SEQUENCE_LENGTH_ROPES, partial_rotary_factor, rope_type_of
 from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
@@ -35,6 +35,7 @@ _BY_MODEL_TYPE = {
     "qwen3": "Qwen3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 
@@ -78,6 +79,11 @@ def load_model_config(
         )
     if rope != "default" and rope not in ROPE_INIT_FUNCTIONS:
         raise ConfigError(f"{path}: unknown rope type {rope!r}.")
+    if partial_rotary_factor(hf_config) != 1.0:
+        raise ConfigError(
+            f"{path}: partial_rotary_factor {partial_rotary_factor(hf_config)} rotates part of each head, which Pagoda "
+            "does not do; this model is not supported."
+        )
     limit = hf_config.max_position_embeddings
     window = getattr(hf_config, "sliding_window", None)
     layer_types = getattr(hf_config, "layer_types", None)  # transformers' own verdict per layer, where it keeps one

@@ -80,7 +80,7 @@ def prompts_of(count: int) -> list[list[int]]:
     return short + [[(7 * j) % 1500 + 50 for j in range(200)]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "smollm3", "granite"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "smollm3", "granite", "phi3"])
 def test_float32_tiny_models(arch, tmp_path, monkeypatch):
     from pagoda.model_files import load_tokenizer
 

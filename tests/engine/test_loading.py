@@ -79,6 +79,7 @@ def with_config(src, dst, **changes):
             ),
             "rope type 'longrope' changes its frequencies with the sequence's length",
         ),
+        (dict(partial_rotary_factor=0.75), "partial_rotary_factor 0.75 rotates part of each head"),
     ],
 )
 def test_what_the_model_computes_differently_is_refused_at_load(tiny_llama, tmp_path, changes, reason):

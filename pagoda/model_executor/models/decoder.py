@@ -1,7 +1,7 @@
 """One decoder-only transformer covering Llama (incl. llama3 rope scaling), Mistral, Qwen2 (qkv
-bias), Qwen3 (q/k norm), SmolLM3 (layers without rotary embedding) and Granite (multipliers of the
-embeddings, the attention scores, each sublayer's output and the logits), with grouped-query
-attention and optionally tied embeddings.
+bias), Qwen3 (q/k norm), SmolLM3 (layers without rotary embedding), Granite (multipliers of the
+embeddings, the attention scores, each sublayer's output and the logits) and Phi-3, with
+grouped-query attention and optionally tied embeddings.
 
 The model sees a packed batch: all query tokens of all requests back to back, with positions and
 attention metadata; attention reads and writes the paged KV cache through the backend.
@@ -40,6 +40,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True),
     "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
     "GraniteForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
+    "Phi3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),  # its checkpoints hold qkv and gate_up fused
 }
 
 
