@@ -98,7 +98,7 @@ def load_model_config(
     if quantization == "fp8":
         check_fp8_support(device, resolved_dtype)
     elif quantization is not None:
-        reason = quant_loader.unsupported_reason(quantization, device, resolved_dtype, gguf_file)
+        reason = quant_loader.unsupported_reason(quantization, device, resolved_dtype, gguf_file, architecture)
         if reason:
             raise ConfigError(reason)
     return ModelConfig(

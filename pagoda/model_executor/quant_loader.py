@@ -47,10 +47,13 @@ _GGUF_LINEARS = {
     "mlp.down_proj": ("ffn_down",),
 }
 _GGUF_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+# the architectures whose GGUF files name their tensors as _GGUF_LINEARS reads them (a Phi-3 file's
+# attention is one fused attn_qkv tensor: dequantized on load instead)
+GGUF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 def unsupported_reason(
-    quantization: str, device: torch.device, dtype: torch.dtype, gguf_file: str | None
+    quantization: str, device: torch.device, dtype: torch.dtype, gguf_file: str | None, architecture: str
 ) -> str | None:
     if device.type != "cpu":
         return f"quantization={quantization!r} runs on the CPU; the device is {device}."
@@ -60,6 +63,11 @@ def unsupported_reason(
         return f"quantization={quantization!r} needs Pagoda's C kernels, which cannot be built on this machine."
     if quantization == "gguf" and gguf_file is None:
         return "quantization='gguf' needs a .gguf model file; for a Hugging Face directory use quantization='int8'."
+    if quantization == "gguf" and architecture not in GGUF_ARCHITECTURES:
+        return (
+            f"quantization='gguf' keeps the tensors of {', '.join(GGUF_ARCHITECTURES)} GGUF files; this "
+            f"{architecture} file is served dequantized without it."
+        )
     return None
 
 

@@ -141,6 +141,11 @@ def test_quantization_refused_where_it_cannot_serve(default_model_dir):
         EngineArgs(default_model_dir, quantization="gguf").create_config()
     with pytest.raises(ConfigError, match="computes in float32"):
         EngineArgs(default_model_dir, quantization="int8", dtype="bfloat16").create_config()
+    from pagoda.model_executor.quant_loader import unsupported_reason
+
+    cpu_fp32 = (torch.device("cpu"), torch.float32, "phi-3.gguf")
+    assert "served dequantized" in unsupported_reason("gguf", *cpu_fp32, "Phi3ForCausalLM")  # a fused attn_qkv
+    assert unsupported_reason("gguf", *cpu_fp32, "Qwen2ForCausalLM") is None
 
 
 MEASURE_LOAD = """
