@@ -30,8 +30,9 @@ Endpoint = Literal["chat", "completions"]
 ENDPOINT_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 # what else a Pagoda request log holds: skipped on replay, with a warning (the benchmark sends neither)
 UNSENT_PATHS = ("/v1/responses", "/v1/messages")
-# fields a replayed body drops: a streamed request cannot carry them (the benchmark streams every request)
-NOT_STREAMED = ("prompt_logprobs",)
+# fields a replayed body drops: a streamed request cannot carry them (the benchmark streams every
+# request, and sets n itself)
+NOT_STREAMED = ("prompt_logprobs", "best_of")
 KINDS = ("random", "shared-prefix", "multi-turn", "replay", "sharegpt", "custom", "structured", "tools")
 DEFAULT_OUTPUT_LEN = 64
 STRUCTURED_OUTPUT_LEN = 128  # room for the longest of schemas.TASKS' documents
@@ -448,9 +449,7 @@ def _body_prompt(body: Any, endpoint: Endpoint, where: str) -> Prompt:
             raise BenchError(f"{where}: 'messages' must be a non-empty list of objects")
     elif not isinstance(body.get("prompt"), (str, list)):
         raise BenchError(f"{where}: 'prompt' must be a string or a list of token ids")
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-    if isinstance(max_tokens, str) and max_tokens.strip().isdecimal():
-        max_tokens = int(max_tokens)  # as a server's lax parsing reads it (vLLM's, Pagoda's): a log keeps it so
+    max_tokens = _lax_int(body.get("max_tokens", body.get("max_completion_tokens")))
     if _scores_prompt(body, endpoint):
         pass  # echo with max_tokens 0: scoring the prompt (lm-eval's loglikelihood requests)
     elif max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):
@@ -460,8 +459,20 @@ def _body_prompt(body: Any, endpoint: Endpoint, where: str) -> Prompt:
 
 
 def _scores_prompt(body: dict[str, Any], endpoint: Endpoint) -> bool:
-    max_tokens = body.get("max_tokens")
-    return endpoint == "completions" and body.get("echo") is True and max_tokens == 0 and type(max_tokens) is int
+    return endpoint == "completions" and body.get("echo") is True and _lax_int(body.get("max_tokens")) == 0
+
+
+def _lax_int(value: Any) -> Any:
+    """An integer field as the servers' lax parsing reads it (pydantic's, vLLM's and Pagoda's: "10",
+    "+10" and 10.0 are 10), which a request log keeps as sent; anything else as it is."""
+    if isinstance(value, bool) or not isinstance(value, (str, float)):
+        return value
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(int).validate_python(value)
+    except ValidationError:
+        return value
 
 
 def load_sharegpt(path: Path) -> list[tuple[str, str]]:

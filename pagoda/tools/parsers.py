@@ -763,6 +763,7 @@ GENERIC_LAYOUT = HeldLayout(
 )
 
 _CALL_NAME = object()  # in a _match pattern: the call's name, a JSON string
+_NAME_LIMIT = 66  # the longest such string of a function name (OpenAI's: 64 of [A-Za-z0-9_.-]) and its quotes
 _WAIT, _FAIL = "wait", "fail"  # _match's verdicts where it finds no match: more text may give one; none can
 
 
@@ -775,9 +776,9 @@ def _match(text: str, pos: int, pattern: list[Any]) -> tuple[str | None, int] | 
         if part is _CALL_NAME:
             if not text.startswith('"', pos):
                 return _WAIT if pos == len(text) else _FAIL
-            end = _string_end(text, pos)
-            if end is None:
-                return _WAIT
+            end = _string_end(text[: pos + _NAME_LIMIT], pos)
+            if end is None:  # a name's string is short: a longer one is no call's (nor rescanned as it grows)
+                return _WAIT if len(text) < pos + _NAME_LIMIT else _FAIL
             name = _loads(text[pos:end])
             if not isinstance(name, str):
                 return _FAIL
@@ -809,9 +810,9 @@ class _HeldCallsStreamer(ToolStreamer):
     and the arguments' opening bracket have come, then its arguments' text as it comes, the model's own. Only a
     text cut short (max_tokens, a stop string) leaves the layout: cut before a call's arguments open, the call's
     text is content; cut after, the call's arguments stop where the text did, and calls_whole() says so. Text
-    that does not follow the layout (beside an answer, a request's own constraint allows any text) is content
-    from where it leaves it: all of a whole-output format's text before its first call, a hermes marker that no
-    call follows; and a call naming a tool it may not call is no call (its text is content)."""
+    that does not follow the layout (which the grammar does not write) is content from where it leaves it: all
+    of a whole-output format's text before its first call, a hermes marker that no call follows; and a call
+    naming a tool it may not call (or a name longer than a function's) is no call (its text is content)."""
 
     def __init__(self, layout: HeldLayout, known: Known) -> None:
         self._layout = layout
@@ -825,6 +826,7 @@ class _HeldCallsStreamer(ToolStreamer):
         # whose text, and any text a layout left, is content)
         self._state = "text" if layout.text_around else "start"
         self._unclosed = False  # a call's arguments ended and its text then left the layout
+        self._space_end = 0  # "start": where the whitespace the output opens with ends, so far
         self._out = _Output()
 
     def feed(self, delta: str) -> list[Piece]:
@@ -862,7 +864,9 @@ class _HeldCallsStreamer(ToolStreamer):
             self._state = "head"
         if self._state in ("start", "head"):
             first = self._state == "start"
-            pos = _skip_space(text, self._pos) if first else self._pos
+            if first:  # whitespace read once (_pos stays at the start: on a miss all of it is content)
+                self._space_end = _skip_space(text, self._space_end)
+            pos = self._space_end if first else self._pos
             opening = [(layout.opening,)] if first else []
             head = self._call(_match(text, pos, [*opening, layout.heads, _CALL_NAME, (layout.key,), ("{",)]))
             if head == _WAIT and not final:

@@ -175,9 +175,9 @@ def test_replay_understands_every_line_format(tmp_path: Path) -> None:
 
 def test_a_request_log_replays_what_the_benchmark_sends(tmp_path: Path, capsys) -> None:
     """A Pagoda request log also holds Responses and Messages requests: skipped, with a warning;
-    a max_tokens its server read laxly ("10") is read so too; prompt_logprobs, which a streamed
-    request cannot carry, is dropped (the benchmark streams)."""
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10", "prompt_logprobs": 1}
+    a max_tokens its server read laxly ("10", "+10", 10.0) is read so too; prompt_logprobs and
+    best_of, which a streamed request cannot carry, are dropped (the benchmark streams)."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10", "prompt_logprobs": 1, "best_of": 2}
     records = [
         {"endpoint": "/v1/responses", "body": {"input": "hi"}},
         {"endpoint": "/v1/chat/completions", "body": chat},
@@ -190,6 +190,11 @@ def test_a_request_log_replays_what_the_benchmark_sends(tmp_path: Path, capsys) 
     assert "skipped request-log records it does not send (1 of /v1/messages, 2 of /v1/responses)" in warning
     with pytest.raises(BenchError, match="no requests in the file"):
         load_replay(write_jsonl(tmp_path / "only.jsonl", records[:1]), "chat")
+    lax = [{"prompt": "a", "max_tokens": value} for value in ("+10", 10.0)]
+    lax.append({"model": "x", "prompt": "a", "max_tokens": "0", "echo": True})  # scoring the prompt
+    assert len(load_replay(write_jsonl(tmp_path / "lax.jsonl", lax), "completions")) == 3
+    with pytest.raises(BenchError, match="'max_tokens' must be a positive integer"):  # full-width digits: refused
+        load_replay(write_jsonl(tmp_path / "wide.jsonl", [{"prompt": "a", "max_tokens": "１０"}]), "completions")
 
 
 @pytest.mark.parametrize(

@@ -216,7 +216,8 @@ def test_a_requests_own_chat_template_with_trust_request_chat_template(small_ser
         assert refused.json()["error"]["param"] == "chat_template"
     # errors the template's own code raises on the messages (vLLM: a 400), on one kept-alive connection
     with httpx.Client(base_url=base, timeout=60) as client:
-        for template in ("{{ messages[0]['content'] + 1 }}", "{{ 1 // 0 }}", "{{ range(10**9)|list }}", "{{ x.y.z }}"):
+        recursive = "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"
+        for template in ("{{ messages[0]['content'] + 1 }}", "{{ 1 // 0 }}", "{{ range(10**9)|list }}", recursive):
             for path, body in (("/v1/chat/completions", chat), ("/tokenize", {"messages": messages})):
                 refused = client.post(path, json={**body, "chat_template": template})
                 assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages", refused.text

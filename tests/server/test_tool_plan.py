@@ -94,7 +94,9 @@ def test_a_constraint_beside_held_calls():
 
     tool_plan = plan_tools([STRICT], "auto", True, AUTO, "plain", True)
     answer = StructuredOutputsParams(json={"type": "object"}, strict=True)
-    params, _, parts, field = planned(SamplingParams(structured_outputs=answer), tool_plan, "response_format")
+    params, read, parts, field = planned(SamplingParams(structured_outputs=answer), tool_plan, "response_format")
+    # an answer may look like calls (a JSON object with more keys): the output is read whole, as any
+    assert read.parser is PARSERS["generic"]
     first, second = tag_format(params)["elements"]
     assert first["begin"] == '{"tool_calls": ' and second["json_schema"] == {"type": "object"}
     assert [name for name, _ in parts] == ["tools[0].function.parameters", "response_format"] and field == "tools"

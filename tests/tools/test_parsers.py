@@ -97,6 +97,11 @@ def test_long_streamed_call_is_scanned_once():
         ("pythonic", f"[run(code={json.dumps(arguments['code'])})]"),
     ]:
         assert stream(name, list(text)).tool_calls == [ToolCall("run", json.dumps(arguments))]
+    for parser in HELD_PARSERS.values():  # and the held layouts: a long run of whitespace, a name no call has
+        for text in ("\n" * 20_000, '{"name": "' + "a" * 20_000, '{"tool_calls": [{"name": "' + "a" * 20_000):
+            streamer = parser.streamer()
+            pieces = [piece for char in text for piece in streamer.feed(char)] + streamer.finish()
+            assert content_of(pieces) == text and not calls_of(pieces)
 
 
 def test_content_streams_before_the_end():

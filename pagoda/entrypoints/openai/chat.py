@@ -291,7 +291,7 @@ def render(
         raise bad_request(f"The chat template is refused: {exc}", "chat_template") from None
     except (ConfigError, ValueError, jinja2.TemplateError) as exc:  # ValueError: transformers' own refusals
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
-    except (ArithmeticError, LookupError, TypeError, AttributeError) as exc:  # raised by the template's code
+    except (ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:  # the template's code
         parts = state.config.chat_template_content_format == "openai"
         hint = " (--chat-template-content-format openai gives it each message's content as a list)" if parts else ""
         raise bad_request(
@@ -390,7 +390,7 @@ def planned(
     params: SamplingParams, plan: ToolPlan, own_field: str | None
 ) -> tuple[SamplingParams, ToolPlan, list[tuple[str, StructuredOutputsParams]], str | None]:
     """A request's sampling as its tools change it (vLLM's rules); its plan, whose parser reads held
-    calls as they come where a grammar holds them; the parts of its constraint the server compiles
+    calls as they come where a grammar holds them within free text; the parts of its constraint the server compiles
     alone too, each named by its field; and the field that names the whole
     (ServerState.check_constraint): a forced call's grammar replaces any other constraint (the
     request's own, in `own_field`); under "auto", calls a grammar holds (plan.held) go in a
@@ -415,7 +415,8 @@ def planned(
             parts.append((own_field or "response_format", own))
         tag = StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": format_})
         params, field = dataclasses.replace(params, structured_outputs=tag), "tools"
-        plan = dataclasses.replace(plan, parser=held.read_by())
+        if answer is None:  # beside an answer, one that looks like calls is read whole, as any output
+            plan = dataclasses.replace(plan, parser=held.read_by())
     else:
         parts, field = [], own_field
     if plan.parser is not None and plan.parser.keeps_special_tokens:

@@ -135,11 +135,11 @@ def completion_logprobs(
 
 
 def echo_logprobs(texts: TokenNames, prompt_ids: Sequence[int], prompt_logprobs: Sequence[TokenLogprob | None]) -> dict:
-    """The prompt's tokens in the legacy format: the first has no logprob (nothing precedes it), and
-    its text alone; each other read after the prompt's tokens before it."""
-    first = texts.text(prompt_ids[0])
+    """The prompt's tokens in the legacy format: the first has no logprob (nothing precedes it); each
+    read after the prompt's tokens before it (the first after none: "" where it opens a character)."""
+    first = texts.text(prompt_ids[0], ())
     head = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
-    rest = completion_logprobs(texts, prompt_logprobs[1:], texts.width(prompt_ids[0]), prompt_ids[:1])
+    rest = completion_logprobs(texts, prompt_logprobs[1:], texts.width(prompt_ids[0], ()), prompt_ids[:1])
     return {key: head[key] + rest[key] for key in head}
 
 
