@@ -28,13 +28,16 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 WEIGHT_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
 CONFIG_FILE = "adapter_config.json"
 # PEFT's names of the projections an adapter may target, and ours: the projection, and its part
+# (Phi-3's own modules are fused as ours are: an adapter of them covers the whole projection)
 PROJECTIONS = {
     "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
     "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
     "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "self_attn.qkv_proj": ("self_attn.qkv_proj", "qkv"),
     "self_attn.o_proj": ("self_attn.o_proj", None),
     "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
     "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+    "mlp.gate_up_proj": ("mlp.gate_up_proj", "gate_up"),
     "mlp.down_proj": ("mlp.down_proj", None),
 }
 _KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])(?:\.default)?\.weight")
@@ -139,9 +142,9 @@ class ProjectionShapes:
         """Each part's (first output row, rows) of a projection of ours (None: it has one part)."""
         q, kv, inter = self.q_size, self.kv_size, self.intermediate
         return {
-            "self_attn.qkv_proj": {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)},
+            "self_attn.qkv_proj": {"q": (0, q), "k": (q, kv), "v": (q + kv, kv), "qkv": (0, q + 2 * kv)},
             "self_attn.o_proj": {None: (0, self.hidden)},
-            "mlp.gate_up_proj": {"gate": (0, inter), "up": (inter, inter)},
+            "mlp.gate_up_proj": {"gate": (0, inter), "up": (inter, inter), "gate_up": (0, 2 * inter)},
             "mlp.down_proj": {None: (0, self.hidden)},
         }[projection]
 

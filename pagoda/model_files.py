@@ -129,6 +129,11 @@ def _write_hf_dir(gguf_path: Path, out: Path, weights: bool) -> None:
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    except Exception as exc:  # noqa: BLE001 - the library raises many kinds; we explain once
+        raise ConfigError(f"Cannot read GGUF file {gguf_path}: {exc}") from exc
+    if config.model_type == "phi3":
+        _phi3_metadata(config, gguf_path)
+    try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except Exception as exc:  # noqa: BLE001 - the library raises many kinds; we explain once
         raise ConfigError(f"Cannot read GGUF file {gguf_path}: {exc}") from exc
@@ -150,6 +155,38 @@ def _write_hf_dir(gguf_path: Path, out: Path, weights: bool) -> None:
     if eos_token is not None and eos_token != config.eos_token_id:
         generation["eos_token_id"] = [config.eos_token_id, eos_token]
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+
+
+def _phi3_metadata(config, gguf_path: Path) -> None:
+    """What transformers' phi3 conversion leaves out of `config`, from the file's own metadata: its
+    sliding window (Phi-3-mini-4k's 2,047 tokens) is kept; a partial rotation (Phi-4-mini) or
+    longrope's factors (Phi-3's 128k variants, Phi-3.5) are refused, as from an HF directory."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+
+    def number(key: str) -> int | None:
+        field = reader.fields.get(key)
+        return None if field is None else int(field.contents())
+
+    head_dim = config.hidden_size // config.num_attention_heads
+    rotated = number("phi3.rope.dimension_count")
+    if rotated is not None and rotated != head_dim:
+        raise ConfigError(
+            f"{gguf_path}: its rotary embedding turns {rotated} of each head's {head_dim} values "
+            "(a partial_rotary_factor below 1), which Pagoda does not do; this model is not supported."
+        )
+    longrope = any(t.name.startswith("rope_factors") for t in reader.tensors) or any(
+        key.startswith("phi3.rope.scaling.") for key in reader.fields
+    )
+    if longrope:
+        raise ConfigError(
+            f"{gguf_path}: rope type 'longrope' changes its frequencies with the sequence's length, which Pagoda does "
+            "not do; this model is not supported."
+        )
+    window = number("phi3.attention.sliding_window")
+    if window:
+        config.sliding_window = window
 
 
 def load_tokenizer(model: str | None):

@@ -79,6 +79,11 @@ def load_model_config(
         )
     if rope != "default" and rope not in ROPE_INIT_FUNCTIONS:
         raise ConfigError(f"{path}: unknown rope type {rope!r}.")
+    no_rope = getattr(hf_config, "no_rope_layers", None) if ARCHITECTURES[architecture].no_rope_layers else None
+    if no_rope is not None and len(no_rope) != hf_config.num_hidden_layers:
+        raise ConfigError(
+            f"{path}: no_rope_layers names {len(no_rope)} layers; the model has {hf_config.num_hidden_layers}."
+        )
     if partial_rotary_factor(hf_config) != 1.0:
         raise ConfigError(
             f"{path}: partial_rotary_factor {partial_rotary_factor(hf_config)} rotates part of each head, which Pagoda "

@@ -47,9 +47,10 @@ _GGUF_LINEARS = {
     "mlp.down_proj": ("ffn_down",),
 }
 _GGUF_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-# the architectures whose GGUF files name their tensors as _GGUF_LINEARS reads them (a Phi-3 file's
-# attention is one fused attn_qkv tensor: dequantized on load instead)
-GGUF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# the architectures whose GGUF files load_gguf reads (llama.cpp's "llama": Llama, and Mistral's,
+# converted as Llama); others (Qwen2's biases and Qwen3's q/k norms, Phi-3's one fused attn_qkv)
+# are dequantized on load instead
+GGUF_ARCHITECTURES = ("LlamaForCausalLM",)
 
 
 def unsupported_reason(

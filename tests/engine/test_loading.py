@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,3 +184,66 @@ def test_a_gguf_conversion_parses_each_file_once_and_leaves_gguf_as_it_was(tmp_p
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
     assert gguf.GGUFReader is reader_class and gguf.get_tensor_name_map is name_map
     assert gguf.GGUFReader(path) is not reader
+
+
+def _phi3_gguf(path, rotated: int = 16, window: int | None = None, longrope: bool = False) -> str:
+    """A Phi-3 GGUF's metadata (16-value heads) and a tensor: what the config conversion reads."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "phi3")
+    for add, value in (("context_length", 4096), ("block_count", 1), ("feed_forward_length", 128)):
+        getattr(writer, f"add_{add}")(value)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(4)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_dimension_count(rotated)
+    writer.add_vocab_size(32)
+    if window is not None:
+        writer.add_sliding_window(window)
+    if longrope:
+        writer.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
+    writer.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def test_a_phi3_gguf_keeps_what_transformers_conversion_drops(tmp_path):
+    """transformers' phi3 GGUF conversion leaves out the rotary dimension, the sliding window and
+    longrope's factors: read from the file, a partial rotation and longrope are refused as from an
+    HF directory, and the window caps the context."""
+    from transformers import AutoConfig
+
+    from pagoda.model_files import _phi3_metadata, convert_gguf
+
+    with pytest.raises(ConfigError, match="turns 12 of each head's 16 values"):
+        convert_gguf(Path(_phi3_gguf(tmp_path / "partial.gguf", rotated=12)), weights=False)
+    longrope = Path(_phi3_gguf(tmp_path / "longrope.gguf", longrope=True))
+    with pytest.raises(ConfigError, match="rope type 'longrope'"):
+        convert_gguf(longrope, weights=False)
+    windowed = _phi3_gguf(tmp_path / "windowed.gguf", window=2047)
+    config = AutoConfig.from_pretrained(str(tmp_path), gguf_file="windowed.gguf")
+    assert config.sliding_window is None  # what transformers gives
+    _phi3_metadata(config, Path(windowed))
+    assert config.sliding_window == 2047
+
+
+def test_an_architectures_own_config_keys_only(tokenizer, tmp_path):
+    """SmolLM3's no_rope_layers and Granite's multipliers count for those models only, as in
+    transformers (a Llama config that carries them is a Llama); a no_rope_layers that does not name
+    every layer is refused."""
+    from transformers import LlamaConfig
+
+    from pagoda.model_executor.models.decoder import ARCHITECTURES, Dims
+
+    llama = LlamaConfig(num_hidden_layers=2, no_rope_layers=[0, 0], logits_scaling=8.0, residual_multiplier=0.5)
+    dims = Dims.from_hf(llama, ARCHITECTURES["LlamaForCausalLM"])
+    assert dims.rotated == (True, True) and (dims.logits_scaling, dims.residual_multiplier) == (1.0, 1.0)
+    path = write_tiny_model("smollm3", tmp_path / "smollm3", tokenizer)
+    with pytest.raises(ConfigError, match="no_rope_layers names 1 layers; the model has 2"):
+        LLM(str(with_config(path, tmp_path / "short", no_rope_layers=[1])), kv_cache_memory=0.01)

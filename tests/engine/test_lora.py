@@ -227,3 +227,22 @@ def test_a_forgotten_adapter_is_read_again_and_its_old_kv_never_served(setup, tm
     want = llm.generate([prompt], GREEDY, use_tqdm=False, lora_request=every)[0]
     assert swapped.num_cached_tokens == 0 and swapped.outputs[0].token_ids == want.outputs[0].token_ids
     assert swapped.outputs[0].token_ids != first.outputs[0].token_ids
+
+
+def test_an_adapter_of_phi3s_fused_projections(tmp_path):
+    """PEFT names Phi-3's own fused modules (qkv_proj, gate_up_proj): an adapter of them covers the
+    whole projection, as PEFT computes it."""
+    from transformers import AutoModelForCausalLM
+
+    from pagoda.model_files import load_tokenizer
+
+    model_dir = write_tiny_model("phi3", tmp_path / "model", load_tokenizer(None))
+    config = dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+    adapter = write_adapter(AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / "fused", 3, **config)
+    want = reference(model_dir, adapter)
+    assert want != reference(model_dir, None)
+    llm = LLM(str(model_dir), enable_lora=True, max_model_len=256, kv_cache_memory=0.05)
+    try:
+        assert tokens(llm, PROMPTS, LoRARequest("fused", 1, str(adapter))) == want
+    finally:
+        llm.engine.close()

@@ -31,6 +31,8 @@ from pagoda.model_executor.layers import (
 class ArchSpec:
     qkv_bias: bool
     qk_norm: bool
+    no_rope_layers: bool = False  # SmolLM3's config key: layers without rotary embedding
+    multipliers: bool = False  # Granite's config keys: embedding, attention, residual and logits multipliers
 
 
 ARCHITECTURES = {
@@ -38,8 +40,8 @@ ARCHITECTURES = {
     "MistralForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
     "Qwen2ForCausalLM": ArchSpec(qkv_bias=True, qk_norm=False),
     "Qwen3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True),
-    "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
-    "GraniteForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
+    "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, no_rope_layers=True),
+    "GraniteForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, multipliers=True),
     "Phi3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),  # its checkpoints hold qkv and gate_up fused
 }
 
@@ -62,9 +64,13 @@ class Dims:
     logits_scaling: float  # the logits are divided by it
 
     @classmethod
-    def from_hf(cls, c) -> Dims:
+    def from_hf(cls, c, spec: ArchSpec) -> Dims:
+        """The config's shapes, and the keys of its architecture only (transformers' other classes
+        ignore a no_rope_layers or a multiplier that a config may carry)."""
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        no_rope = getattr(c, "no_rope_layers", None)  # SmolLM3's: 1 where a layer rotates, 0 where it does not
+        # SmolLM3's: 1 where a layer rotates, 0 where it does not (the loader checks it has each layer's)
+        no_rope = c.no_rope_layers if spec.no_rope_layers else None
+        scaled = spec.multipliers
         return cls(
             hidden=c.hidden_size,
             intermediate=c.intermediate_size,
@@ -75,10 +81,10 @@ class Dims:
             vocab_size=c.vocab_size,
             rms_eps=c.rms_norm_eps,
             rotated=tuple(bool(r) for r in no_rope) if no_rope else (True,) * c.num_hidden_layers,
-            embedding_multiplier=float(getattr(c, "embedding_multiplier", 1.0)),
-            attention_scale=float(getattr(c, "attention_multiplier", None) or head_dim**-0.5),
-            residual_multiplier=float(getattr(c, "residual_multiplier", 1.0)),
-            logits_scaling=float(getattr(c, "logits_scaling", 1.0)),
+            embedding_multiplier=float(c.embedding_multiplier) if scaled else 1.0,
+            attention_scale=float(c.attention_multiplier) if scaled else head_dim**-0.5,
+            residual_multiplier=float(c.residual_multiplier) if scaled else 1.0,
+            logits_scaling=float(c.logits_scaling) if scaled else 1.0,
         )
 
 
@@ -145,7 +151,7 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, hf_config, spec: ArchSpec, backend: AttentionBackend, max_positions: int, dtype, device):
         super().__init__()
-        d = self.dims = Dims.from_hf(hf_config)
+        d = self.dims = Dims.from_hf(hf_config, spec)
         self.embed_tokens = empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
         self.layers = nn.ModuleList(DecoderLayer(d, spec, backend, i, dtype, device) for i in range(d.num_layers))
         self.norm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
