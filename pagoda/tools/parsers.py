@@ -6,6 +6,8 @@ Formats (named as vLLM's `--tool-call-parser` values where they exist):
   optionally after `<|python_tag|>`; several are separated by `;`.
 - `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`; or, as v11+ tokenizers'
   models (Magistral, Devstral) write a call, `[TOOL_CALLS]name[ARGS]{...}` (`[ARGS]` optional), one marker a call.
+- `granite` (IBM Granite 3): `<|tool_call|>` (3.0, a special token) or `<tool_call>` (3.1+) then a JSON array of
+  `{"name": ..., "arguments": {...}}`, which ends the call (no closing marker); text around it is content.
 - `pythonic` (Llama 3.2 with its pythonic template, Llama 4, ToolACE): the output opens with a Python list of calls
   with keyword arguments of literal values, `[get_weather(city="Paris"), get_time(zone='UTC')]`.
 - `generic`: Pagoda's own, for chat templates without tools: the whole output is
@@ -293,10 +295,9 @@ class _EndTag:
         return found + len(self._tag)
 
 
-class _MistralCalls:
-    """The extent of the calls after `[TOOL_CALLS]` (at `start`): the JSON array after whitespace, or a function
-    name, an optional `[ARGS]` and (after whitespace) the JSON object of its arguments; if neither comes, the extent
-    is empty, so the marker alone is read (as malformed) and the text after it as text."""
+class _CallsArray:
+    """The extent of the calls after a marker (at `start`): the JSON array after whitespace; if none comes, the
+    extent is empty, so the marker alone is read (as malformed) and the text after it as text."""
 
     def __init__(self, start: int) -> None:
         self._start = start
@@ -307,27 +308,40 @@ class _MistralCalls:
             pos = _skip_space(text, self._start)
             if pos == len(text):
                 return None
-            if text[pos] == "[":
-                self._json = _JsonExtent(pos)
-            else:
-                name = _MISTRAL_NAME.match(text, pos)
-                if name is None:
-                    return self._start
-                after = name.end()
-                if text.startswith(MISTRAL_ARGS, after):
-                    after += len(MISTRAL_ARGS)
-                elif MISTRAL_ARGS.startswith(text[after:]):  # the name, or `[ARGS]`, may still be coming
-                    return None
-                after = _skip_space(text, after)
-                if after == len(text):
-                    return None
-                if text[after] != "{":
-                    return self._start
-                self._json = _JsonExtent(after)
+            opening = pos if text[pos] == "[" else self._not_an_array(text, pos)
+            if opening is None:
+                return None
+            if opening < 0:
+                return self._start
+            self._json = _JsonExtent(opening)
         return self._json.end(text)
 
+    def _not_an_array(self, text: str, pos: int) -> int | None:
+        """Where the calls' JSON opens when the text at `pos` opens no array; None while that may still come,
+        -1 where none will."""
+        return -1
 
-class _Extent(Protocol):  # _EndTag or _MistralCalls
+
+class _MistralCalls(_CallsArray):
+    """`[TOOL_CALLS]`'s: the JSON array, or a function name, an optional `[ARGS]` and (after whitespace) the JSON
+    object of its arguments."""
+
+    def _not_an_array(self, text: str, pos: int) -> int | None:
+        name = _MISTRAL_NAME.match(text, pos)
+        if name is None:
+            return -1
+        after = name.end()
+        if text.startswith(MISTRAL_ARGS, after):
+            after += len(MISTRAL_ARGS)
+        elif MISTRAL_ARGS.startswith(text[after:]):  # the name, or `[ARGS]`, may still be coming
+            return None
+        after = _skip_space(text, after)
+        if after == len(text):
+            return None
+        return after if text[after] == "{" else -1
+
+
+class _Extent(Protocol):  # _EndTag or _CallsArray
     def end(self, text: str) -> int | None: ...
 
 
@@ -336,11 +350,11 @@ class _TaggedStreamer(ToolStreamer):
 
     def __init__(
         self,
-        marker: str,
+        markers: tuple[str, ...],
         extent: Callable[[int], _Extent],
         read: Callable[[str], list[ToolCall] | None],
     ) -> None:
-        self._marker = marker
+        self._markers = markers  # any of them opens a call (none is a prefix of another)
         self._extent = extent  # given where the call's body starts, finds where the call ends
         self._read = read  # the calls in a call's raw text, marker included; None if malformed
         self._text = ""
@@ -374,13 +388,14 @@ class _TaggedStreamer(ToolStreamer):
 
     def _open_call(self, final: bool) -> bool:
         """Settles the text before the next marker and opens a call at it; False if no marker is in sight."""
-        found = self._text.find(self._marker, self._pos)
-        if found < 0:
-            hold = 0 if final else partial_marker_len(self._text, self._marker, self._pos)
-            self._settle_text(len(self._text) - hold)
+        seen = [(at, marker) for marker in self._markers if (at := self._text.find(marker, self._pos)) >= 0]
+        if not seen:
+            held = (partial_marker_len(self._text, marker, self._pos) for marker in self._markers)
+            self._settle_text(len(self._text) - (0 if final else max(held)))
             return False
+        found, marker = min(seen)
         self._settle_text(found)
-        self._call = self._extent(found + len(self._marker))
+        self._call = self._extent(found + len(marker))
         return True
 
     def _settle_text(self, end: int) -> None:
@@ -390,6 +405,7 @@ class _TaggedStreamer(ToolStreamer):
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 MISTRAL_MARKER = "[TOOL_CALLS]"
+GRANITE_MARKERS = ("<|tool_call|>", HERMES_START)  # Granite 3.0's special token, 3.1's text
 MISTRAL_ARGS = "[ARGS]"
 _MISTRAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # OpenAI's characters of a function name
 
@@ -410,6 +426,11 @@ def _read_mistral(raw: str) -> list[ToolCall] | None:
     return [ToolCall(name.group(), json.dumps(arguments, ensure_ascii=False))]
 
 
+def _read_granite(raw: str) -> list[ToolCall] | None:
+    marker = next(marker for marker in GRANITE_MARKERS if raw.startswith(marker))
+    return _tool_calls(_loads(raw[len(marker) :].lstrip()))
+
+
 def _known_only(read: Callable[[str], list[ToolCall] | None], known: Known) -> Callable[[str], list[ToolCall] | None]:
     """`read`, with calls that name an unknown tool read as malformed (None)."""
 
@@ -421,11 +442,16 @@ def _known_only(read: Callable[[str], list[ToolCall] | None], known: Known) -> C
 
 
 def _hermes_streamer(known: Known) -> ToolStreamer:
-    return _TaggedStreamer(HERMES_START, lambda start: _EndTag(HERMES_END, start), _known_only(_read_hermes, known))
+    end_tag = lambda start: _EndTag(HERMES_END, start)  # noqa: E731
+    return _TaggedStreamer((HERMES_START,), end_tag, _known_only(_read_hermes, known))
 
 
 def _mistral_streamer(known: Known) -> ToolStreamer:
-    return _TaggedStreamer(MISTRAL_MARKER, _MistralCalls, _known_only(_read_mistral, known))
+    return _TaggedStreamer((MISTRAL_MARKER,), _MistralCalls, _known_only(_read_mistral, known))
+
+
+def _granite_streamer(known: Known) -> ToolStreamer:
+    return _TaggedStreamer(GRANITE_MARKERS, _CallsArray, _known_only(_read_granite, known))
 
 
 # ---- formats where the whole output is the calls -------------------------------------------------------------------
@@ -943,6 +969,7 @@ PARSERS: dict[str, ToolParser] = {
         ToolParser("hermes", _hermes_streamer, keeps_special_tokens=True),
         ToolParser("llama3_json", _llama3_streamer),
         ToolParser("mistral", _mistral_streamer, keeps_special_tokens=True),
+        ToolParser("granite", _granite_streamer, keeps_special_tokens=True),
         ToolParser("pythonic", _pythonic_streamer),
         ToolParser("generic", _generic_streamer),
     )
@@ -957,11 +984,13 @@ def get_parser(name: str) -> ToolParser:
 
 
 def detect_parser(chat_template: str | None) -> str | None:
-    """The parser a chat template's own tool-call markers call for, in this order of precedence: hermes
-    (`<tool_call>`), mistral (`[TOOL_CALLS]`), llama3_json (`<|python_tag|>`, or Llama 3 headers with
-    "parameters"). None where the template shows no tool format (the caller then uses generic)."""
+    """The parser a chat template's own tool-call markers call for, in this order of precedence: granite
+    (`<|tool_call|>`), hermes (`<tool_call>`), mistral (`[TOOL_CALLS]`), llama3_json (`<|python_tag|>`, or Llama 3
+    headers with "parameters"). None where the template shows no tool format (the caller then uses generic)."""
     if not chat_template:
         return None
+    if GRANITE_MARKERS[0] in chat_template:
+        return "granite"
     if HERMES_START in chat_template:
         return "hermes"
     if MISTRAL_MARKER in chat_template:

@@ -127,7 +127,8 @@ def test_a_parser_whose_markers_may_be_special_tokens_keeps_them_in_the_text():
     (Mistral's [TOOL_CALLS]), which the default skip_special_tokens would drop before the parser reads
     them. The other formats, and requests the parser reads nothing of, keep the request's choice."""
     params = SamplingParams(max_tokens=8)
-    for parser, keeps in (("hermes", True), ("mistral", True), ("llama3_json", False), ("pythonic", False)):
+    cases = (("hermes", True), ("mistral", True), ("granite", True), ("llama3_json", False), ("pythonic", False))
+    for parser, keeps in cases:
         settings = ToolSettings(enable_auto_tool_choice=True, tool_call_parser=parser)
         assert (
             planned(params, plan(settings=settings, template="{{ tools }}"), None)[0].skip_special_tokens is not keeps

@@ -195,11 +195,32 @@ PYTHONIC = [
     ("[f(s='unclosed)]", "[f(s='unclosed)]", []),
 ]
 
-CASES = {"hermes": HERMES, "llama3_json": LLAMA3, "mistral": MISTRAL, "pythonic": PYTHONIC, "generic": GENERIC}
+GRANITE = [
+    (f"<|tool_call|>[{WEATHER}]", "", [WEATHER_CALL]),
+    (f"<tool_call> [{WEATHER}, {TIME}]", "", [WEATHER_CALL, TIME_CALL]),
+    (f"Let me check.<|tool_call|>\n[{UNICODE}]\nDone.", "Let me check.\nDone.", [UNICODE_CALL]),
+    ('<|tool_call|>[{"name": "f", "arguments": {"a": "]["}}]', "", [("f", '{"a": "]["}')]),
+    (f"<|tool_call|>{WEATHER}", f"<|tool_call|>{WEATHER}", []),  # an object, not the array
+    (f"<|tool_call|>[{NO_NAME}]", f"<|tool_call|>[{NO_NAME}]", []),
+    ("<|tool_call|>[]", "<|tool_call|>[]", []),
+    ("Lists like [1, 2] stay text.", "Lists like [1, 2] stay text.", []),
+    ("Ends with <|tool_", "Ends with <|tool_", []),
+    ("", "", []),
+]
+
+CASES = {
+    "hermes": HERMES,
+    "llama3_json": LLAMA3,
+    "mistral": MISTRAL,
+    "granite": GRANITE,
+    "pythonic": PYTHONIC,
+    "generic": GENERIC,
+}
 
 # Pieces that random texts are strung from: markers, parts of markers, JSON fragments, whitespace, unicode.
 PIECES = [
     "<tool_call>",
+    "<|tool_call|>",
     "</tool_call>",
     "<tool_",
     "</tool",

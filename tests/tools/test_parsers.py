@@ -126,8 +126,8 @@ def test_content_streams_before_the_end():
 
 def test_get_parser_names_the_choices():
     assert get_parser("hermes") is PARSERS["hermes"]
-    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, pythonic, generic"):
-        get_parser("granite")
+    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, granite, pythonic, generic"):
+        get_parser("granite4")
 
 
 def test_the_example_call_the_prompt_shows_is_what_the_generic_parser_reads():
@@ -148,6 +148,8 @@ def test_the_example_call_the_prompt_shows_is_what_the_generic_parser_reads():
         ('<|start_header_id|>system<|end_header_id|>"parameters" <tool_call>', "hermes"),
         ('<|start_header_id|>user<|end_header_id|>{{ message["content"] }}<|eot_id|>', None),
         ('{"parameters": 1}', None),
+        # Granite 3's marker is a token of its own; its 3.1+ models also write <tool_call> before the array
+        ("{%- if message['role'] == 'assistant_tool_call' %}<|tool_call|>{{ message['content'] }}", "granite"),
         ("{% for message in messages %}<|im_start|>{{ message.role }}{% endfor %}", None),
         ("", None),
         (None, None),
