@@ -400,7 +400,7 @@ def load_replay(path: Path, endpoint: Endpoint) -> list[Prompt]:
     skipped = Counter(obj["endpoint"] for _, obj in lines if _unsent(obj))
     prompts = [_replay_line(obj, endpoint, where) for where, obj in lines if not _unsent(obj)]
     if skipped:
-        counts = ", ".join(f"{count} of {path}" for path, count in sorted(skipped.items()))
+        counts = ", ".join(f"{count} of {route}" for route, count in sorted(skipped.items()))
         print(
             f"pagoda bench: warning: {path}: skipped request-log records it does not send ({counts})", file=sys.stderr
         )

@@ -81,9 +81,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, http: R
     )
     for p in prompts:
         check_context(len(p.ids), max_tokens, state.limits.max_model_len, "prompt", min_tokens=body.min_tokens)
-    if _candidates(body) > body.n:  # the sampled tokens' logprobs rank them
-        logprobs = params.logprobs if params.logprobs is not None else 0
-        params = replace(params, n=_candidates(body), logprobs=logprobs)
+    candidates = _candidates(body)
+    if candidates > body.n:  # the sampled tokens' logprobs rank them
+        params = replace(params, n=candidates, logprobs=params.logprobs if params.logprobs is not None else 0)
     await state.check_constraint(body, params)
     request_id = answer_id(http, "cmpl-", body.request_id)
     prompt_ids = [p.ids for p in prompts]
