@@ -181,6 +181,16 @@ def partial_marker_len(text: str, marker: str, start: int = 0) -> int:
     return 0
 
 
+def _next_marker(text: str, start: int, markers: tuple[str, ...], final: bool) -> tuple[int, str | None]:
+    """Where the text from `start` is settled up to (the first of `markers` found, else its end less a tail
+    that may begin one, unless `final`), and the marker found there (None if none is in sight)."""
+    seen = [(at, marker) for marker in markers if (at := text.find(marker, start)) >= 0]
+    if seen:
+        return min(seen)
+    held = 0 if final else max(partial_marker_len(text, marker, start) for marker in markers)
+    return len(text) - held, None
+
+
 JSON_SPACE = " \t\n\r"  # whitespace as JSON has it (and the grammars that hold calls, tags.py): not str.isspace's
 
 
@@ -388,13 +398,10 @@ class _TaggedStreamer(ToolStreamer):
 
     def _open_call(self, final: bool) -> bool:
         """Settles the text before the next marker and opens a call at it; False if no marker is in sight."""
-        seen = [(at, marker) for marker in self._markers if (at := self._text.find(marker, self._pos)) >= 0]
-        if not seen:
-            held = (partial_marker_len(self._text, marker, self._pos) for marker in self._markers)
-            self._settle_text(len(self._text) - (0 if final else max(held)))
-            return False
-        found, marker = min(seen)
+        found, marker = _next_marker(self._text, self._pos, self._markers, final)
         self._settle_text(found)
+        if marker is None:
+            return False
         self._call = self._extent(found + len(marker))
         return True
 
@@ -880,12 +887,10 @@ class _HeldCallsStreamer(ToolStreamer):
             self._pos = len(text)
             return False
         if self._state == "text":
-            found = text.find(self._marker, self._pos)
-            held = partial_marker_len(text, self._marker, self._pos) if found < 0 and not final else 0
-            upto = len(text) - held if found < 0 else found
+            upto, marker = _next_marker(text, self._pos, (self._marker,), final)
             self._out.text(text[self._pos : upto])
             self._pos = upto
-            if found < 0:
+            if marker is None:
                 return False
             self._state = "head"
         if self._state in ("start", "head"):
