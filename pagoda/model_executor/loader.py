@@ -84,9 +84,10 @@ def load_model_config(
         raise ConfigError(
             f"{path}: no_rope_layers names {len(no_rope)} layers; the model has {hf_config.num_hidden_layers}."
         )
-    if partial_rotary_factor(hf_config) != 1.0:
+    rotated_share = partial_rotary_factor(hf_config)
+    if rotated_share != 1.0:
         raise ConfigError(
-            f"{path}: partial_rotary_factor {partial_rotary_factor(hf_config)} rotates part of each head, which Pagoda "
+            f"{path}: partial_rotary_factor {rotated_share} rotates part of each head, which Pagoda "
             "does not do; this model is not supported."
         )
     limit = hf_config.max_position_embeddings

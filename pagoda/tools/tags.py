@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from pagoda.sampling_params import StructuredOutputsParams
-from pagoda.tools.parsers import HELD_PARSERS, HERMES_LAYOUT, LLAMA3_LAYOUT, HeldLayout
+from pagoda.tools.parsers import HELD_PARSERS, HERMES_LAYOUT, HERMES_START, LLAMA3_LAYOUT, HeldLayout
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 TOOL_STRICT_LEVELS = ("auto", "function", "parameter")  # vLLM's --tool-strict-level (tool_calls.ToolSettings)
@@ -78,7 +78,7 @@ def calls_format(parser: str, tools: list[Call], parallel: bool, required: bool)
         if not required:
             return {
                 "type": "triggered_tags",
-                "triggers": ["<tool_call>"],
+                "triggers": [HERMES_START],  # what every one of HERMES_LAYOUT's heads opens with
                 "tags": tags,
                 "stop_after_first": not parallel,
             }
