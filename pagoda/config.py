@@ -58,6 +58,7 @@ class ModelConfig:
     # stored; int8: per-channel int8 linear weights and LM head (CPU)
     quantization: Literal["fp8", "gguf", "int8"] | None = None
     gguf_file: str | None = None  # the .gguf file `path` was converted from, if any
+    expert_layers: tuple[int, ...] = ()  # the layers whose MLP is a mixture of experts
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ class EngineConfig:
     @property
     def use_cuda_graphs(self) -> bool:
         """Decode steps replay CUDA graphs: on a GPU, with a backend that can be captured, unless
-        eager execution is enforced or LoRA is on (a graph would replay one step's adapter rows)."""
-        eager = self.enforce_eager or self.enable_lora
+        eager execution is enforced, LoRA is on (a graph would replay one step's adapter rows) or
+        the model is a mixture of experts (its step reads on the host how many rows each expert takes)."""
+        eager = self.enforce_eager or self.enable_lora or bool(self.model.expert_layers)
         return self.device.type == "cuda" and self.attention_cuda_graphs and not eager

@@ -62,7 +62,7 @@ class LoRARequest:
     base_model_name: str | None = None
 
     load_inplace: bool = False  # vLLM's: read the adapter again under its id; refused here
-    is_3d_lora_weight: bool = False  # vLLM's, for MoE models' adapters; no model here has experts
+    is_3d_lora_weight: bool = False  # vLLM's, for adapters of a mixture's experts, which Pagoda does not apply
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_int_id, bool) or not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
@@ -127,15 +127,16 @@ class ProjectionShapes:
     q_size: int  # query heads x head_dim
     kv_size: int
     num_layers: int
+    expert_layers: tuple[int, ...]  # layers whose MLP is a mixture of experts: no adapter of it applies
 
     @classmethod
-    def of(cls, hf_config) -> ProjectionShapes:
+    def of(cls, hf_config, expert_layers: tuple[int, ...] = ()) -> ProjectionShapes:
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         return cls(
             hf_config.hidden_size, hf_config.intermediate_size, heads * head_dim, kv_heads * head_dim,
-            hf_config.num_hidden_layers,
+            hf_config.num_hidden_layers, expert_layers,
         )  # fmt: skip
 
     def parts(self, projection: str) -> dict[str | None, tuple[int, int]]:
@@ -179,6 +180,11 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
             raise LoRAError(
                 f"LoRA adapter {request.lora_name!r} has a weight Pagoda cannot apply: {key} "
                 f"(it applies LoRA to {', '.join(sorted(p.split('.')[1] for p in PROJECTIONS))} of the model's layers)"
+            )
+        if match[2].startswith("mlp.") and int(match[1]) in shapes.expert_layers:
+            raise LoRAError(
+                f"LoRA adapter {request.lora_name!r} changes the MLP of layer {match[1]} ({key}), a mixture of "
+                "experts, whose experts Pagoda applies no LoRA to (its attention and dense MLPs take adapters)"
             )
         pairs.setdefault((int(match[1]), match[2]), {})[match[3]] = tensor
     weights: dict[str, Update] = {}

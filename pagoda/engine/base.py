@@ -72,7 +72,8 @@ class EngineBase:
         if held is not None:
             return held
         m = self.config.model
-        read = load_adapter(request, ProjectionShapes.of(m.hf_config), self.config.max_lora_rank, m.dtype)
+        shapes = ProjectionShapes.of(m.hf_config, m.expert_layers)
+        read = load_adapter(request, shapes, self.config.max_lora_rank, m.dtype)
         with self._adapters_lock:
             adapter = self._adapters.get(request.lora_int_id)  # read meanwhile by another caller: that one
             if adapter is None:

@@ -6,7 +6,7 @@ module calls and argument conversions than in their norms, rotary and attention 
 It takes every step of a model it covers, on the cpu attention backend with its small ops (Qwen3's
 q/k norms too) on the C kernels (cpu_layers): float32 with every linear on the batch-invariant GEMM
 (cpu_invariant) or quantized (quant_linear), or bfloat16 with every linear on AMX tiles
-(cpu_linear). Other models run the modules.
+(cpu_linear). Other models, and mixtures of experts, run the modules.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class CpuDecoderStack:
         dtype = model.embed_tokens.dtype
         if lib is None or backend.name != "cpu" or dtype not in (torch.float32, torch.bfloat16):
             return None
-        if not isinstance(model.rotary, CpuRotaryEmbedding):
-            return None
+        if not isinstance(model.rotary, CpuRotaryEmbedding) or model.dims.experts is not None:
+            return None  # decoder.c's layer has one dense MLP, no mixture of experts
         rows = []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp

@@ -21,7 +21,7 @@ from pagoda.generation_config import sampling_defaults
 from pagoda.model_executor import cpu_invariant, cpu_layers, cpu_linear, quant_loader
 from pagoda.model_executor.cpu_stack import CpuDecoderStack
 from pagoda.model_executor.layers import SEQUENCE_LENGTH_ROPES, partial_rotary_factor, rope_type_of
-from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
+from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel, ExpertDims
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ _BY_MODEL_TYPE = {
     "smollm3": "SmolLM3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -124,7 +127,12 @@ def load_model_config(
         load_format=load_format,
         quantization=quantization,
         gguf_file=gguf_file,
+        expert_layers=_expert_layers(hf_config) if ARCHITECTURES[architecture].experts else (),
     )
+
+
+def _expert_layers(hf_config) -> tuple[int, ...]:
+    return tuple(i for i, sparse in enumerate(ExpertDims.from_hf(hf_config).sparse) if sparse)
 
 
 def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
@@ -215,31 +223,35 @@ def load_weights(
     params = dict(model.named_parameters())
     pending = {name: p.shape[0] for name, p in params.items()}  # rows still to load
     read: set[str] = set()  # the files' weight names read, to name what is missing as the files would
+    names = _CHECKPOINT_NAMES.get(config.architecture, {})
     files = weight_files(Path(config.path))
     total_gib = sum(f.stat().st_size for f in files) / 2**30
     for i, file in enumerate(tqdm(files, desc="Loading weights", disable=len(files) < 2)):
         logger.info("Reading weights: file %d of %d (%s; %.2f GiB in all)", i + 1, len(files), file.name, total_gib)
         try:
             for key, entry in read_safetensors(file):
-                target = _target(key)
+                target = _target(key, names)
                 if target is None:
                     continue
                 name, slot = target
                 read.add(key)
                 if name == "lm_head" and model.lm_head is None:
                     continue  # tied to the embeddings
-                if name not in params:
-                    raise ConfigError(f"{file.name} has weight {key!r}, which this {config.architecture} does not use.")
-                rows = _slot_rows(slot, model.dims, params[name].shape[0])
-                entry.read_into(params[name].data[rows])
-                pending[name] -= rows.stop - rows.start
-                if pending[name] == 0 and on_loaded is not None:
-                    on_loaded(name, params[name])
+                for piece, source in _unstacked(name, entry):
+                    if piece not in params:
+                        raise ConfigError(
+                            f"{file.name} has weight {key!r}, which this {config.architecture} does not use."
+                        )
+                    rows = _slot_rows(slot, model.dims, params[piece].shape[0])
+                    source.read_into(params[piece].data[rows])
+                    pending[piece] -= rows.stop - rows.start
+                    if pending[piece] == 0 and on_loaded is not None:
+                        on_loaded(piece, params[piece])
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt file
             raise ConfigError(f"Cannot read weights from {file}: {exc}") from exc
-    missing = [key for name, rows in pending.items() if rows for key in _file_names(name) if key not in read]
+    missing = [key for name, rows in pending.items() if rows for key in _file_names(name, names) if key not in read]
     if missing:
         raise ConfigError(
             f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
@@ -323,17 +335,22 @@ def weight_files(path: Path) -> list[Path]:
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_FUSED = {  # HF projection -> (our fused parameter, which part)
-    "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
-    "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
-    "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
-    "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
-    "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+_FUSED = {  # HF projection (a module path's last name) -> (our fused projection, which part)
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),  # of the MLP, an expert's or the shared expert's
+    "up_proj": ("gate_up_proj", "up"),
+}
+# the module names a checkpoint spells its own way -> the ones _FUSED and our model use
+_CHECKPOINT_NAMES = {
+    "MixtralForCausalLM": {"block_sparse_moe": "mlp", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
 }
 
 
-def _target(key: str) -> tuple[str, str | None] | None:
-    """Our parameter name for an HF weight name, and the part of a fused parameter it fills."""
+def _target(key: str, names: dict[str, str]) -> tuple[str, str | None] | None:
+    """Our parameter name for an HF weight name, and the part of a fused parameter it fills;
+    `names`: the architecture's _CHECKPOINT_NAMES."""
     if key == "model.embed_tokens.weight":
         return "embed_tokens", None
     if key == "lm_head.weight":
@@ -344,38 +361,60 @@ def _target(key: str) -> tuple[str, str | None] | None:
     if match is None:
         return None  # e.g. rotary inv_freq buffers
     layer, rest = match.groups()
-    module, _, leaf = rest.rpartition(".")
+    *path, module, leaf = [names.get(part, part) for part in rest.split(".")]
     if module in _FUSED:
         fused, part = _FUSED[module]
-        return f"layers.{layer}.{fused}.{leaf}", part
-    return f"layers.{layer}.{rest}", None
+        return ".".join(["layers", layer, *path, fused, leaf]), part
+    return ".".join(["layers", layer, *path, module, leaf]), None
 
 
-def _file_names(name: str) -> list[str]:
+def _file_names(name: str, names: dict[str, str]) -> list[str]:
     """The HF weight names that fill our parameter `name` (_target's inverse)."""
     if name == "lm_head":
         return ["lm_head.weight"]
     if name == "embed_tokens":
         return ["model.embed_tokens.weight"]
     parts = name.split(".")
-    if parts[0] == "layers":  # layers.L.<module>.<leaf>, the module maybe one fused from several
-        module, leaf = ".".join(parts[2:-1]), parts[-1]
-        sources = [hf for hf, (fused, _) in _FUSED.items() if fused == module] or [module]
-        return [f"model.layers.{parts[1]}.{source}.{leaf}" for source in sources]
-    return [f"model.{name}"]
+    if parts[0] != "layers":
+        return [f"model.{name}"]
+    # layers.L.<path>.<module>.<leaf>, the module maybe one fused from several
+    spelled = {ours: theirs for theirs, ours in names.items()}
+    *path, module, leaf = parts[2:]
+    sources = [hf for hf, (fused, _) in _FUSED.items() if fused == module] or [module]
+    return [
+        ".".join(["model.layers", parts[1], *(spelled.get(p, p) for p in [*path, source]), leaf]) for source in sources
+    ]
+
+
+_STACKED = re.compile(r"(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)")
+
+
+@dataclass(frozen=True)
+class _ReadTensor:
+    tensor: torch.Tensor
+
+    def read_into(self, out: torch.Tensor) -> None:
+        out.copy_(self.tensor)
+
+
+def _unstacked(name: str, entry: SafetensorsEntry) -> list[tuple[str, SafetensorsEntry | _ReadTensor]]:
+    """(our parameter, what fills it) of one weight: each expert's part of a mixture's weight that
+    holds every expert's stacked ([experts, out, in]: transformers' own layout since version 5,
+    its GGUF conversion's), else the weight itself."""
+    stacked = _STACKED.fullmatch(name)
+    if stacked is None or len(entry.shape) != 3:
+        return [(name, entry)]
+    experts, projection = stacked.groups()
+    return [(f"{experts}.{i}.{projection}.weight", _ReadTensor(w)) for i, w in enumerate(entry.read())]
 
 
 def _slot_rows(part: str | None, d, num_rows: int) -> slice:
     if part is None:
         return slice(0, num_rows)
-    q, kv, inter = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.intermediate
-    return {
-        "q": slice(0, q),
-        "k": slice(q, q + kv),
-        "v": slice(q + kv, q + 2 * kv),
-        "gate": slice(0, inter),
-        "up": slice(inter, 2 * inter),
-    }[part]
+    if part in ("gate", "up"):  # halves of an MLP's (of its own width: experts' differ from the dense one's)
+        return slice(0, num_rows // 2) if part == "gate" else slice(num_rows // 2, num_rows)
+    q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+    return {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}[part]
 
 
 def _read_json(path: Path) -> dict:

@@ -75,6 +75,8 @@ class LoRAModel:
             for name in dict.fromkeys(ours for ours, _ in PROJECTIONS.values()):
                 parent_name, _, attr = name.rpartition(".")
                 parent = layer.get_submodule(parent_name)
+                if not hasattr(parent, attr):
+                    continue  # a mixture of experts' MLP: load_adapter refuses adapters of it
                 wrapped = LoRALinear(getattr(parent, attr), self._rows)
                 setattr(parent, attr, wrapped)
                 self._projections[f"layers.{i}.{name}"] = wrapped

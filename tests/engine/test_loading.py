@@ -118,6 +118,40 @@ def test_a_missing_weight_is_named_as_the_file_would_name_it(tiny_llama, tmp_pat
         LLM(str(path), kv_cache_memory=0.01)
 
 
+def test_a_mixtrals_missing_expert_weight_is_named_as_its_file_would_name_it(tokenizer, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = write_tiny_model("mixtral", tmp_path / "mixtral", tokenizer)
+    weights = load_file(path / "model.safetensors")
+    del weights["model.layers.1.block_sparse_moe.experts.2.w3.weight"]  # expert 2's up projection
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    pattern = r"Weights missing from .*: model\.layers\.1\.block_sparse_moe\.experts\.2\.w3\.weight$"
+    with pytest.raises(ConfigError, match=pattern):
+        LLM(str(path), kv_cache_memory=0.01)
+
+
+def test_experts_stacked_in_one_weight_load_as_experts_apart(tokenizer, tmp_path):
+    """transformers' own layout since version 5 (and its GGUF conversion's): each layer's experts
+    in one [experts, out, in] gate_up_proj and one down_proj; the same logprobs as the Hub's."""
+    from safetensors.torch import load_file, save_file
+
+    apart = write_tiny_model("qwen3_moe", tmp_path / "apart", tokenizer)
+    stacked = Path(shutil.copytree(apart, tmp_path / "stacked"))
+    weights = load_file(apart / "model.safetensors")
+    for layer in range(2):
+        experts = f"model.layers.{layer}.mlp.experts"
+        projections = ("gate_proj", "up_proj", "down_proj")
+        mine = [{p: weights.pop(f"{experts}.{e}.{p}.weight") for p in projections} for e in range(4)]  # its 4
+        weights[f"{experts}.gate_up_proj"] = torch.stack([torch.cat([m["gate_proj"], m["up_proj"]]) for m in mine])
+        weights[f"{experts}.down_proj"] = torch.stack([m["down_proj"] for m in mine])
+    save_file(weights, stacked / "model.safetensors", metadata={"format": "pt"})
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+    prompts = [list(range(100, 140)), [300, 301, 302]]
+    want = LLM(str(apart), kv_cache_memory=0.01).generate(prompts, params)
+    got = LLM(str(stacked), kv_cache_memory=0.01).generate(prompts, params)
+    assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in want]
+
+
 def test_missing_weights(tiny_llama, tmp_path):
     path = broken_copy(tiny_llama, tmp_path / "m")
     (path / "model.safetensors").unlink()

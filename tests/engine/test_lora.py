@@ -246,3 +246,33 @@ def test_an_adapter_of_phi3s_fused_projections(tmp_path):
         assert tokens(llm, PROMPTS, LoRARequest("fused", 1, str(adapter))) == want
     finally:
         llm.engine.close()
+
+
+def test_adapters_of_a_mixture_of_experts_attention_and_its_dense_layers(tmp_path):
+    """On a mixture of experts (the tiny qwen2_moe: layer 0 sparse, layer 1 dense), an adapter of
+    the attention and of the dense layer's MLP gives PEFT's tokens; one of a sparse layer's MLP is
+    refused by name (Pagoda applies no LoRA to experts)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from pagoda.model_files import load_tokenizer
+
+    model_dir = write_tiny_model("qwen2_moe", tmp_path / "model", load_tokenizer(None))
+    config = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"])
+    config |= dict(layers_to_transform=[1])  # PEFT: the dense layer's gate_proj, not the shared expert's
+    adapter = write_adapter(AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / "dense", 5, **config)
+    want = reference(model_dir, adapter)
+    assert want != reference(model_dir, None)
+    llm = LLM(str(model_dir), enable_lora=True, max_model_len=256, kv_cache_memory=0.05)
+    try:
+        assert tokens(llm, PROMPTS, LoRARequest("dense", 1, str(adapter))) == want
+        sparse = tmp_path / "sparse"  # the same adapter moved onto layer 0, whose MLP is the mixture
+        sparse.mkdir()
+        (sparse / "adapter_config.json").write_text((adapter / "adapter_config.json").read_text())
+        weights = load_file(adapter / "adapter_model.safetensors")
+        moved = {k.replace("layers.1.", "layers.0."): v for k, v in weights.items()}
+        save_file(moved, sparse / "adapter_model.safetensors")
+        with pytest.raises(LoRAError, match=r"MLP of layer 0 \(.*layers\.0\.mlp\.\w+_proj.*\), a mixture of experts"):
+            tokens(llm, PROMPTS[:1], LoRARequest("sparse", 2, str(sparse)))
+    finally:
+        llm.engine.close()

@@ -3,6 +3,8 @@ static inputs a replay leaves (CPU: capture=False runs the forward on the static
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -36,18 +38,20 @@ def test_bucket_padding_is_bounded():
 
 
 @pytest.mark.parametrize(
-    "device,capturable,eager,expected",
+    "device,capturable,eager,experts,expected",
     [
-        ("cuda", True, False, True),
-        ("cuda", True, True, False),
-        ("cuda", False, False, False),
-        ("cpu", True, False, False),
-        ("cpu", False, False, False),
+        ("cuda", True, False, (), True),
+        ("cuda", True, True, (), False),
+        ("cuda", False, False, (), False),
+        ("cuda", True, False, (0, 1), False),  # a mixture of experts reads its row counts on the host
+        ("cpu", True, False, (), False),
+        ("cpu", False, False, (), False),
     ],
 )
-def test_graphs_only_on_gpu_with_a_capturable_backend_unless_eager(device, capturable, eager, expected):
+def test_graphs_only_on_gpu_with_a_capturable_backend_unless_eager(device, capturable, eager, experts, expected):
+    model = SimpleNamespace(expert_layers=experts)  # the one field of ModelConfig that counts here
     config = EngineConfig(
-        None, CacheConfig(), SchedulerConfig(), torch.device(device), "any", capturable, enforce_eager=eager
+        model, CacheConfig(), SchedulerConfig(), torch.device(device), "any", capturable, enforce_eager=eager
     )
     assert config.use_cuda_graphs is expected
 

@@ -1,7 +1,8 @@
 """One decoder-only transformer covering Llama (incl. llama3 rope scaling), Mistral, Qwen2 (qkv
 bias), Qwen3 (q/k norm), SmolLM3 (layers without rotary embedding), Granite (multipliers of the
-embeddings, the attention scores, each sublayer's output and the logits) and Phi-3, with
-grouped-query attention and optionally tied embeddings.
+embeddings, the attention scores, each sublayer's output and the logits), Phi-3, and the mixtures
+of experts Mixtral, Qwen2-MoE (with a shared expert) and Qwen3-MoE, with grouped-query attention and
+optionally tied embeddings.
 
 The model sees a packed batch: all query tokens of all requests back to back, with positions and
 attention metadata; attention reads and writes the paged KV cache through the backend.
@@ -33,6 +34,7 @@ class ArchSpec:
     qk_norm: bool
     no_rope_layers: bool = False  # SmolLM3's config key: layers without rotary embedding
     multipliers: bool = False  # Granite's config keys: embedding, attention, residual and logits multipliers
+    experts: bool = False  # the MLPs of (some) layers are mixtures of experts (Mixtral's and Qwen-MoE's keys)
 
 
 ARCHITECTURES = {
@@ -43,7 +45,36 @@ ARCHITECTURES = {
     "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, no_rope_layers=True),
     "GraniteForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, multipliers=True),
     "Phi3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),  # its checkpoints hold qkv and gate_up fused
+    "MixtralForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, experts=True),
+    "Qwen2MoeForCausalLM": ArchSpec(qkv_bias=True, qk_norm=False, experts=True),
+    "Qwen3MoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True, experts=True),
 }
+
+
+@dataclass(frozen=True)
+class ExpertDims:
+    """A mixture of experts: each token's MLP output is the sum of `per_token` of `count` expert
+    MLPs, chosen and weighted by the router's softmax, plus Qwen2-MoE's shared expert."""
+
+    count: int
+    per_token: int
+    intermediate: int  # of each expert's MLP
+    renormalize: bool  # the chosen experts' weights are rescaled to sum to 1 (Mixtral's always are)
+    shared_intermediate: int  # Qwen2-MoE's shared expert, which every token takes gated by a sigmoid; 0: none
+    sparse: tuple[bool, ...]  # per layer: its MLP is the mixture (Qwen-MoE's other layers have a dense one)
+
+    @classmethod
+    def from_hf(cls, c) -> ExpertDims:
+        count = c.num_local_experts if hasattr(c, "num_local_experts") else c.num_experts
+        step, dense = getattr(c, "decoder_sparse_step", 1) or 1, set(getattr(c, "mlp_only_layers", None) or ())
+        return cls(
+            count=count,
+            per_token=c.num_experts_per_tok,
+            intermediate=getattr(c, "moe_intermediate_size", None) or c.intermediate_size,
+            renormalize=bool(getattr(c, "norm_topk_prob", True)),
+            shared_intermediate=getattr(c, "shared_expert_intermediate_size", None) or 0,
+            sparse=tuple(i not in dense and count > 0 and (i + 1) % step == 0 for i in range(c.num_hidden_layers)),
+        )
 
 
 @dataclass(frozen=True)
@@ -62,6 +93,7 @@ class Dims:
     attention_scale: float
     residual_multiplier: float  # of each sublayer's output before it joins the residual stream
     logits_scaling: float  # the logits are divided by it
+    experts: ExpertDims | None  # a mixture of experts' shapes; None for a dense model
 
     @classmethod
     def from_hf(cls, c, spec: ArchSpec) -> Dims:
@@ -85,6 +117,7 @@ class Dims:
             attention_scale=float(c.attention_multiplier) if scaled else head_dim**-0.5,
             residual_multiplier=float(c.residual_multiplier) if scaled else 1.0,
             logits_scaling=float(c.logits_scaling) if scaled else 1.0,
+            experts=ExpertDims.from_hf(c) if spec.experts else None,
         )
 
 
@@ -116,14 +149,54 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, d: Dims, dtype, device) -> None:
+    def __init__(self, hidden: int, intermediate: int, dtype, device) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(d.hidden, 2 * d.intermediate, False, dtype, device)
-        self.down_proj = Linear(d.intermediate, d.hidden, False, dtype, device)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, False, dtype, device)
+        self.down_proj = Linear(intermediate, hidden, False, dtype, device)
         self.act = SiluAndMul()
 
     def forward(self, x):
         return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class SparseMoE(nn.Module):
+    """A mixture of experts as HF's Mixtral and Qwen-MoE blocks compute it: router softmax in
+    float32, the top experts' weights (renormalized where the model says), each expert's output
+    added to a token's sum in the experts' order, then the gated shared expert's."""
+
+    def __init__(self, d: Dims, e: ExpertDims, dtype, device) -> None:
+        super().__init__()
+        self.per_token, self.renormalize = e.per_token, e.renormalize
+        self.gate = Linear(d.hidden, e.count, False, dtype, device)  # the router
+        self.experts = nn.ModuleList(MLP(d.hidden, e.intermediate, dtype, device) for _ in range(e.count))
+        shared = e.shared_intermediate
+        self.shared_expert = MLP(d.hidden, shared, dtype, device) if shared else None
+        self.shared_expert_gate = Linear(d.hidden, 1, False, dtype, device) if shared else None
+
+    def forward(self, x):
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.per_token, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        # the (token, slot) pairs grouped by expert; one host read of the group sizes a step
+        order = torch.argsort(chosen.flatten(), stable=True)
+        sizes = torch.bincount(chosen.flatten(), minlength=len(self.experts)).tolist()
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, size in zip(self.experts, sizes):
+            if size:
+                pairs = order[start : start + size]
+                tokens = pairs // self.per_token
+                out.index_add_(0, tokens, expert(x[tokens]) * weights.flatten()[pairs, None])
+            start += size
+        if self.shared_expert is not None:
+            # sigmoid(g) as the softmax of (g, 0): a row op, so a row's gate is the same whatever
+            # rows share its step (torch's elementwise sigmoid takes its vector or its scalar path
+            # by an element's place in the batch), as deterministic serving needs
+            gate = torch.softmax(F.pad(self.shared_expert_gate(x), (0, 1)), dim=-1)[:, :1]
+            out = out + gate * self.shared_expert(x)
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -132,7 +205,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.self_attn = Attention(d, spec, backend, d.rotated[index], dtype, device)
         self.post_attention_layernorm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
-        self.mlp = MLP(d, dtype, device)
+        e = d.experts
+        sparse = e is not None and e.sparse[index]
+        self.mlp = SparseMoE(d, e, dtype, device) if sparse else MLP(d.hidden, d.intermediate, dtype, device)
         self.residual_multiplier = d.residual_multiplier
 
     def forward(self, x, residual, rope: Rotation, kv_cache, attn_metadata):
