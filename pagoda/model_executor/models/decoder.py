@@ -179,17 +179,15 @@ class SparseMoE(nn.Module):
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
-        # the (token, slot) pairs grouped by expert; one host read of the group sizes a step
-        order = torch.argsort(chosen.flatten(), stable=True)
+        # the (token, slot) pairs grouped by expert, in the experts' order; one host read of the
+        # group sizes a step
+        pairs = torch.argsort(chosen.flatten(), stable=True)
         sizes = torch.bincount(chosen.flatten(), minlength=len(self.experts)).tolist()
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, size in zip(self.experts, sizes):
-            if size:
-                pairs = order[start : start + size]
-                tokens = pairs // self.per_token
-                out.index_add_(0, tokens, expert(x[tokens]) * weights.flatten()[pairs, None])
-            start += size
+        tokens = pairs // self.per_token
+        groups = torch.split(x[tokens], sizes)
+        y = torch.cat([expert(rows) for expert, rows, size in zip(self.experts, groups, sizes) if size])
+        # index_add_ adds the pairs in their order: each token's experts in the experts' order
+        out = torch.zeros_like(x).index_add_(0, tokens, y * weights.flatten()[pairs, None])
         if self.shared_expert is not None:
             # sigmoid(g) as the softmax of (g, 0): a row op, so a row's gate is the same whatever
             # rows share its step (torch's elementwise sigmoid takes its vector or its scalar path
