@@ -20,7 +20,8 @@
 #        where llama.cpp's AMX path faults); each runs with the machine to itself; ratios are the first over the last),
 #        CONCURRENCY="1 8 32", NUM_PROMPTS (default: max(16, 4 x concurrency) per level),
 #        PAGODA_ARGS (more flags for the pagoda engine), PORT (18300), KV_GIB (4), MAX_MODEL_LEN (2048; 8192 with LONG=1), LONG (0), LONG_PROMPTS (4),
-#        SERVER_NICENESS (the bench launcher's, 10: each server's nice value above the client's; 0: the same)
+#        SERVER_NICENESS (the bench launcher's, 10: each server's nice value above the client's; 0: the same),
+#        MODEL_DIR (another float32 HF directory for pagoda and vllm, e.g. moe_model.py's mixture of experts)
 #
 # Needs ../shared/peers (vllm-cpu.sh installs vLLM on first use). Each server runs in its own
 # process group and is stopped (SIGTERM, then SIGKILL) when its half ends, however it ends.
@@ -44,7 +45,8 @@ export KV_GIB=${KV_GIB:-4} MAX_MODEL_LEN=${MAX_MODEL_LEN:-$([ "$LONG" = 1 ] && e
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 NAME=smollm2
 URL=http://127.0.0.1:$PORT
-MODEL_DIR=$("$PEERS/smollm2-hf.sh")
+MODEL_DIR=${MODEL_DIR:-$("$PEERS/smollm2-hf.sh")}
+export MODEL=$MODEL_DIR  # vllm-cpu.sh's
 GGUF_FILE=$(. "$PEERS/common.sh" && smollm2_gguf)  # the Q4_1 file llamacpp.sh serves
 LLAMACPP_PYTHON=${LLAMACPP_PYTHON:-$(. "$PEERS/common.sh" && echo "$PEERS_HOME/llamacpp-venv/bin/python")}
 case " $ENGINES " in *" llamacpp "*) "$PEERS/llamacpp.sh" install ;; esac

@@ -361,6 +361,8 @@ def _target(key: str, names: dict[str, str]) -> tuple[str, str | None] | None:
     if match is None:
         return None  # e.g. rotary inv_freq buffers
     layer, rest = match.groups()
+    if "." not in rest:
+        return f"layers.{layer}.{rest}", None  # no module's: refused as a weight the model does not use
     *path, module, leaf = [names.get(part, part) for part in rest.split(".")]
     if module in _FUSED:
         fused, part = _FUSED[module]
