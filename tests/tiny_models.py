@@ -40,6 +40,11 @@ ARCH_CONFIGS = {
         "Qwen3MoeConfig",
         dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32),
     ),
+    "granitemoe": (  # its experts stacked in the checkpoint; Granite's multipliers
+        "GraniteMoeConfig",
+        dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, attention_multiplier=0.0625)
+        | dict(residual_multiplier=0.22, logits_scaling=8.0),
+    ),
 }
 
 

@@ -39,6 +39,7 @@ _BY_MODEL_TYPE = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "granitemoe": "GraniteMoeForCausalLM",
 }
 
 
@@ -127,12 +128,14 @@ def load_model_config(
         load_format=load_format,
         quantization=quantization,
         gguf_file=gguf_file,
-        expert_layers=_expert_layers(hf_config) if ARCHITECTURES[architecture].experts else (),
+        expert_layers=_expert_layers(hf_config, ARCHITECTURES[architecture].experts),
     )
 
 
-def _expert_layers(hf_config) -> tuple[int, ...]:
-    return tuple(i for i, sparse in enumerate(ExpertDims.from_hf(hf_config).sparse) if sparse)
+def _expert_layers(hf_config, routing) -> tuple[int, ...]:
+    if routing is None:
+        return ()
+    return tuple(i for i, sparse in enumerate(ExpertDims.from_hf(hf_config, routing).sparse) if sparse)
 
 
 def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
@@ -252,6 +255,7 @@ def load_weights(
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt file
             raise ConfigError(f"Cannot read weights from {file}: {exc}") from exc
     missing = [key for name, rows in pending.items() if rows for key in _file_names(name, names) if key not in read]
+    missing = list(dict.fromkeys(missing))  # a stacked weight fills every expert's
     if missing:
         raise ConfigError(
             f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
@@ -342,10 +346,27 @@ _FUSED = {  # HF projection (a module path's last name) -> (our fused projection
     "gate_proj": ("gate_up_proj", "gate"),  # of the MLP, an expert's or the shared expert's
     "up_proj": ("gate_up_proj", "up"),
 }
-# the module names a checkpoint spells its own way -> the ones _FUSED and our model use
+# the module paths a checkpoint spells its own way (runs of whole names in a weight's) -> the ones
+# _FUSED and our model use
 _CHECKPOINT_NAMES = {
     "MixtralForCausalLM": {"block_sparse_moe": "mlp", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
+    "GraniteMoeForCausalLM": {
+        "block_sparse_moe.router.layer": "mlp.gate",
+        "block_sparse_moe.input_linear": "mlp.experts.gate_up_proj",  # every expert's, stacked
+        "block_sparse_moe.output_linear": "mlp.experts.down_proj",
+    },
 }
+
+
+def _respelled(path: str, names: dict[str, str]) -> str:
+    """The dotted `path` with each run of whole names that `names` holds replaced, the longest run
+    first, left to right."""
+    parts, out, i = path.split("."), [], 0
+    while i < len(parts):
+        run = next((n for n in range(len(parts) - i, 0, -1) if ".".join(parts[i : i + n]) in names), 0)
+        out.append(names[".".join(parts[i : i + run])] if run else parts[i])
+        i += run or 1
+    return ".".join(out)
 
 
 def _target(key: str, names: dict[str, str]) -> tuple[str, str | None] | None:
@@ -363,7 +384,7 @@ def _target(key: str, names: dict[str, str]) -> tuple[str, str | None] | None:
     layer, rest = match.groups()
     if "." not in rest:
         return f"layers.{layer}.{rest}", None  # no module's: refused as a weight the model does not use
-    *path, module, leaf = [names.get(part, part) for part in rest.split(".")]
+    *path, module, leaf = _respelled(rest, names).split(".")
     if module in _FUSED:
         fused, part = _FUSED[module]
         return ".".join(["layers", layer, *path, fused, leaf]), part
@@ -379,16 +400,18 @@ def _file_names(name: str, names: dict[str, str]) -> list[str]:
     parts = name.split(".")
     if parts[0] != "layers":
         return [f"model.{name}"]
-    # layers.L.<path>.<module>.<leaf>, the module maybe one fused from several
+    # layers.L.<path>.<module>.<leaf>, the module maybe one fused from several, or one expert's part
+    # of a weight the checkpoint stacks
     spelled = {ours: theirs for theirs, ours in names.items()}
     *path, module, leaf = parts[2:]
+    stacked = re.sub(r"\bexperts\.\d+\.", "experts.", ".".join([*path, module]))
+    if stacked in spelled:
+        return [f"model.layers.{parts[1]}.{spelled[stacked]}.{leaf}"]
     sources = [hf for hf, (fused, _) in _FUSED.items() if fused == module] or [module]
-    return [
-        ".".join(["model.layers", parts[1], *(spelled.get(p, p) for p in [*path, source]), leaf]) for source in sources
-    ]
+    return [f"model.layers.{parts[1]}.{_respelled('.'.join([*path, source]), spelled)}.{leaf}" for source in sources]
 
 
-_STACKED = re.compile(r"(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)")
+_STACKED = re.compile(r"(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)(?:\.weight)?")
 
 
 @dataclass(frozen=True)
@@ -401,8 +424,8 @@ class _ReadTensor:
 
 def _unstacked(name: str, entry: SafetensorsEntry) -> list[tuple[str, SafetensorsEntry | _ReadTensor]]:
     """(our parameter, what fills it) of one weight: each expert's part of a mixture's weight that
-    holds every expert's stacked ([experts, out, in]: transformers' own layout since version 5,
-    its GGUF conversion's), else the weight itself."""
+    holds every expert's stacked ([experts, out, in]: Granite-MoE's checkpoints, transformers' own
+    layout since version 5, its GGUF conversion's), else the weight itself."""
     stacked = _STACKED.fullmatch(name)
     if stacked is None or len(entry.shape) != 3:
         return [(name, entry)]

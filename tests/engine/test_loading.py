@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -118,15 +119,22 @@ def test_a_missing_weight_is_named_as_the_file_would_name_it(tiny_llama, tmp_pat
         LLM(str(path), kv_cache_memory=0.01)
 
 
-def test_a_mixtrals_missing_expert_weight_is_named_as_its_file_would_name_it(tokenizer, tmp_path):
+@pytest.mark.parametrize(
+    "arch,weight",
+    [
+        ("mixtral", "model.layers.1.block_sparse_moe.experts.2.w3.weight"),  # expert 2's up projection
+        ("granitemoe", "model.layers.1.block_sparse_moe.input_linear.weight"),  # every expert's gate and up
+        ("granitemoe", "model.layers.0.block_sparse_moe.router.layer.weight"),
+    ],
+)
+def test_a_mixtures_missing_weight_is_named_once_as_its_file_would_name_it(arch, weight, tokenizer, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    path = write_tiny_model("mixtral", tmp_path / "mixtral", tokenizer)
+    path = write_tiny_model(arch, tmp_path / arch, tokenizer)
     weights = load_file(path / "model.safetensors")
-    del weights["model.layers.1.block_sparse_moe.experts.2.w3.weight"]  # expert 2's up projection
+    del weights[weight]
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
-    pattern = r"Weights missing from .*: model\.layers\.1\.block_sparse_moe\.experts\.2\.w3\.weight$"
-    with pytest.raises(ConfigError, match=pattern):
+    with pytest.raises(ConfigError, match=rf"Weights missing from [^:]*: {re.escape(weight)}$"):
         LLM(str(path), kv_cache_memory=0.01)
 
 

@@ -1,8 +1,8 @@
 """One decoder-only transformer covering Llama (incl. llama3 rope scaling), Mistral, Qwen2 (qkv
 bias), Qwen3 (q/k norm), SmolLM3 (layers without rotary embedding), Granite (multipliers of the
 embeddings, the attention scores, each sublayer's output and the logits), Phi-3, and the mixtures
-of experts Mixtral, Qwen2-MoE (with a shared expert) and Qwen3-MoE, with grouped-query attention and
-optionally tied embeddings.
+of experts Mixtral, Qwen2-MoE (with a shared expert), Qwen3-MoE and Granite-MoE, with grouped-query
+attention and optionally tied embeddings.
 
 The model sees a packed batch: all query tokens of all requests back to back, with positions and
 attention metadata; attention reads and writes the paged KV cache through the backend.
@@ -11,6 +11,7 @@ attention metadata; attention reads and writes the paged KV cache through the ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,10 @@ from pagoda.model_executor.layers import (
     empty_param,
 )
 
+# How a mixture's router weighs the experts it chooses: the softmax over every expert, then the
+# largest (Mixtral, Qwen-MoE), or the largest logits, then their softmax (Granite-MoE)
+Routing = Literal["softmax_then_top_k", "top_k_then_softmax"]
+
 
 @dataclass(frozen=True)
 class ArchSpec:
@@ -34,7 +39,7 @@ class ArchSpec:
     qk_norm: bool
     no_rope_layers: bool = False  # SmolLM3's config key: layers without rotary embedding
     multipliers: bool = False  # Granite's config keys: embedding, attention, residual and logits multipliers
-    experts: bool = False  # the MLPs of (some) layers are mixtures of experts (Mixtral's and Qwen-MoE's keys)
+    experts: Routing | None = None  # the MLPs of (some) layers are mixtures of experts, routed so
 
 
 ARCHITECTURES = {
@@ -45,29 +50,32 @@ ARCHITECTURES = {
     "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, no_rope_layers=True),
     "GraniteForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, multipliers=True),
     "Phi3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),  # its checkpoints hold qkv and gate_up fused
-    "MixtralForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, experts=True),
-    "Qwen2MoeForCausalLM": ArchSpec(qkv_bias=True, qk_norm=False, experts=True),
-    "Qwen3MoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True, experts=True),
+    "MixtralForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, experts="softmax_then_top_k"),
+    "Qwen2MoeForCausalLM": ArchSpec(qkv_bias=True, qk_norm=False, experts="softmax_then_top_k"),
+    "Qwen3MoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True, experts="softmax_then_top_k"),
+    "GraniteMoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, multipliers=True, experts="top_k_then_softmax"),
 }
 
 
 @dataclass(frozen=True)
 class ExpertDims:
     """A mixture of experts: each token's MLP output is the sum of `per_token` of `count` expert
-    MLPs, chosen and weighted by the router's softmax, plus Qwen2-MoE's shared expert."""
+    MLPs, chosen and weighted by the router, plus Qwen2-MoE's shared expert."""
 
+    routing: Routing
     count: int
     per_token: int
     intermediate: int  # of each expert's MLP
-    renormalize: bool  # the chosen experts' weights are rescaled to sum to 1 (Mixtral's always are)
+    renormalize: bool  # softmax_then_top_k: the chosen experts' weights rescaled to sum to 1 (Mixtral's always)
     shared_intermediate: int  # Qwen2-MoE's shared expert, which every token takes gated by a sigmoid; 0: none
     sparse: tuple[bool, ...]  # per layer: its MLP is the mixture (Qwen-MoE's other layers have a dense one)
 
     @classmethod
-    def from_hf(cls, c) -> ExpertDims:
+    def from_hf(cls, c, routing: Routing) -> ExpertDims:
         count = c.num_local_experts if hasattr(c, "num_local_experts") else c.num_experts
         step, dense = getattr(c, "decoder_sparse_step", 1) or 1, set(getattr(c, "mlp_only_layers", None) or ())
         return cls(
+            routing=routing,
             count=count,
             per_token=c.num_experts_per_tok,
             intermediate=getattr(c, "moe_intermediate_size", None) or c.intermediate_size,
@@ -117,7 +125,7 @@ class Dims:
             attention_scale=float(c.attention_multiplier) if scaled else head_dim**-0.5,
             residual_multiplier=float(c.residual_multiplier) if scaled else 1.0,
             logits_scaling=float(c.logits_scaling) if scaled else 1.0,
-            experts=ExpertDims.from_hf(c) if spec.experts else None,
+            experts=ExpertDims.from_hf(c, spec.experts) if spec.experts else None,
         )
 
 
@@ -160,13 +168,13 @@ class MLP(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """A mixture of experts as HF's Mixtral and Qwen-MoE blocks compute it: router softmax in
-    float32, the top experts' weights (renormalized where the model says), each expert's output
-    added to a token's sum in the experts' order, then the gated shared expert's."""
+    """A mixture of experts as HF's Mixtral, Qwen-MoE and Granite-MoE blocks compute it: the
+    router's weights in float32 (ExpertDims.routing), each chosen expert's output added to a
+    token's sum in the experts' order, then the gated shared expert's."""
 
     def __init__(self, d: Dims, e: ExpertDims, dtype, device) -> None:
         super().__init__()
-        self.per_token, self.renormalize = e.per_token, e.renormalize
+        self.per_token, self.renormalize, self.routing = e.per_token, e.renormalize, e.routing
         self.gate = Linear(d.hidden, e.count, False, dtype, device)  # the router
         self.experts = nn.ModuleList(MLP(d.hidden, e.intermediate, dtype, device) for _ in range(e.count))
         shared = e.shared_intermediate
@@ -174,10 +182,7 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = Linear(d.hidden, 1, False, dtype, device) if shared else None
 
     def forward(self, x):
-        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-        weights, chosen = torch.topk(probs, self.per_token, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, chosen = self._route(self.gate(x).float())
         weights = weights.to(x.dtype)
         # the (token, slot) pairs grouped by expert, in the experts' order; one host read of the
         # group sizes a step
@@ -195,6 +200,14 @@ class SparseMoE(nn.Module):
             gate = torch.softmax(F.pad(self.shared_expert_gate(x), (0, 1)), dim=-1)[:, :1]
             out = out + gate * self.shared_expert(x)
         return out
+
+    def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's chosen experts and their weights, from its router logits (float32)."""
+        if self.routing == "top_k_then_softmax":
+            top, chosen = torch.topk(logits, self.per_token, dim=-1)
+            return torch.softmax(top, dim=-1), chosen
+        weights, chosen = torch.topk(torch.softmax(logits, dim=-1), self.per_token, dim=-1)
+        return (weights / weights.sum(dim=-1, keepdim=True) if self.renormalize else weights), chosen
 
 
 class DecoderLayer(nn.Module):
