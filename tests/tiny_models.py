@@ -40,6 +40,7 @@ ARCH_CONFIGS = {
         "Qwen3MoeConfig",
         dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32),
     ),
+    "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2)),  # q/k norms over the projection
     "granitemoe": (  # its experts stacked in the checkpoint; Granite's multipliers
         "GraniteMoeConfig",
         dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, attention_multiplier=0.0625)
@@ -78,7 +79,7 @@ def write_tiny_model(
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 torch.nn.init.normal_(proj.bias, std=0.5)
-    if arch == "qwen3":  # q and k norms with weights of their own (HF starts both at ones)
+    if arch in ("qwen3", "qwen3_moe", "olmoe"):  # q and k norms with weights of their own (HF starts both at ones)
         for layer in model.model.layers:
             for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                 torch.nn.init.normal_(norm.weight, mean=1.0, std=0.3)

@@ -82,6 +82,8 @@ class CpuDecoderStack:
                 return None
             if attn.q_norm is not None and not all(isinstance(n, CpuRMSNorm) for n in head_norms):
                 return None
+            if attn.q_norm is not None and not attn.norm_per_head:
+                return None  # decoder.c normalizes each head
             projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             linears = [_linear_row(lib, m, dtype) for m in projections]
             if None in linears:

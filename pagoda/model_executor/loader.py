@@ -40,6 +40,7 @@ _BY_MODEL_TYPE = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 
 
@@ -87,6 +88,11 @@ def load_model_config(
     if no_rope is not None and len(no_rope) != hf_config.num_hidden_layers:
         raise ConfigError(
             f"{path}: no_rope_layers names {len(no_rope)} layers; the model has {hf_config.num_hidden_layers}."
+        )
+    if architecture == "OlmoeForCausalLM" and hf_config.clip_qkv is not None:
+        raise ConfigError(
+            f"{path}: clip_qkv {hf_config.clip_qkv} clamps the queries, keys and values, which Pagoda does not do; "
+            "this model is not supported."
         )
     rotated_share = partial_rotary_factor(hf_config)
     if rotated_share != 1.0:

@@ -138,6 +138,14 @@ def test_a_mixtures_missing_weight_is_named_once_as_its_file_would_name_it(arch,
         LLM(str(path), kv_cache_memory=0.01)
 
 
+def test_an_olmoe_that_clips_its_queries_keys_and_values_is_refused(tokenizer, tmp_path):
+    path = write_tiny_model("olmoe", tmp_path / "olmoe", tokenizer)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"clip_qkv": 8.0}))
+    with pytest.raises(ConfigError, match="clip_qkv 8.0 clamps the queries, keys and values"):
+        LLM(str(path), kv_cache_memory=0.01)
+
+
 def test_experts_stacked_in_one_weight_load_as_experts_apart(tokenizer, tmp_path):
     """transformers' own layout since version 5 (and its GGUF conversion's): each layer's experts
     in one [experts, out, in] gate_up_proj and one down_proj; the same logprobs as the Hub's."""

@@ -1,8 +1,8 @@
 """One decoder-only transformer covering Llama (incl. llama3 rope scaling), Mistral, Qwen2 (qkv
 bias), Qwen3 (q/k norm), SmolLM3 (layers without rotary embedding), Granite (multipliers of the
 embeddings, the attention scores, each sublayer's output and the logits), Phi-3, and the mixtures
-of experts Mixtral, Qwen2-MoE (with a shared expert), Qwen3-MoE and Granite-MoE, with grouped-query
-attention and optionally tied embeddings.
+of experts Mixtral, Qwen2-MoE (with a shared expert), Qwen3-MoE, Granite-MoE and OLMoE (q/k norms
+over the whole projection), with grouped-query attention and optionally tied embeddings.
 
 The model sees a packed batch: all query tokens of all requests back to back, with positions and
 attention metadata; attention reads and writes the paged KV cache through the backend.
@@ -31,29 +31,33 @@ from pagoda.model_executor.layers import (
 # How a mixture's router weighs the experts it chooses: the softmax over every expert, then the
 # largest (Mixtral, Qwen-MoE), or the largest logits, then their softmax (Granite-MoE)
 Routing = Literal["softmax_then_top_k", "top_k_then_softmax"]
+# Where queries and keys are RMS-normalized before the rotary embedding: each head over its own
+# values (Qwen3), or the whole projection at once (OLMoE)
+QkNorm = Literal["per_head", "whole"]
 
 
 @dataclass(frozen=True)
 class ArchSpec:
     qkv_bias: bool
-    qk_norm: bool
+    qk_norm: QkNorm | None = None
     no_rope_layers: bool = False  # SmolLM3's config key: layers without rotary embedding
     multipliers: bool = False  # Granite's config keys: embedding, attention, residual and logits multipliers
     experts: Routing | None = None  # the MLPs of (some) layers are mixtures of experts, routed so
 
 
 ARCHITECTURES = {
-    "LlamaForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
-    "MistralForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),
-    "Qwen2ForCausalLM": ArchSpec(qkv_bias=True, qk_norm=False),
-    "Qwen3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True),
-    "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, no_rope_layers=True),
-    "GraniteForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, multipliers=True),
-    "Phi3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False),  # its checkpoints hold qkv and gate_up fused
-    "MixtralForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, experts="softmax_then_top_k"),
-    "Qwen2MoeForCausalLM": ArchSpec(qkv_bias=True, qk_norm=False, experts="softmax_then_top_k"),
-    "Qwen3MoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm=True, experts="softmax_then_top_k"),
-    "GraniteMoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm=False, multipliers=True, experts="top_k_then_softmax"),
+    "LlamaForCausalLM": ArchSpec(qkv_bias=False),
+    "MistralForCausalLM": ArchSpec(qkv_bias=False),
+    "Qwen2ForCausalLM": ArchSpec(qkv_bias=True),
+    "Qwen3ForCausalLM": ArchSpec(qkv_bias=False, qk_norm="per_head"),
+    "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, no_rope_layers=True),
+    "GraniteForCausalLM": ArchSpec(qkv_bias=False, multipliers=True),
+    "Phi3ForCausalLM": ArchSpec(qkv_bias=False),  # its checkpoints hold qkv and gate_up fused
+    "MixtralForCausalLM": ArchSpec(qkv_bias=False, experts="softmax_then_top_k"),
+    "Qwen2MoeForCausalLM": ArchSpec(qkv_bias=True, experts="softmax_then_top_k"),
+    "Qwen3MoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm="per_head", experts="softmax_then_top_k"),
+    "GraniteMoeForCausalLM": ArchSpec(qkv_bias=False, multipliers=True, experts="top_k_then_softmax"),
+    "OlmoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm="whole", experts="softmax_then_top_k"),
 }
 
 
@@ -136,8 +140,10 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         self.qkv_proj = Linear(d.hidden, self.q_size + 2 * self.kv_size, spec.qkv_bias, dtype, device)
         self.o_proj = Linear(self.q_size, d.hidden, False, dtype, device)
-        self.q_norm = RMSNorm(d.head_dim, d.rms_eps, dtype, device) if spec.qk_norm else None
-        self.k_norm = RMSNorm(d.head_dim, d.rms_eps, dtype, device) if spec.qk_norm else None
+        self.norm_per_head = spec.qk_norm == "per_head"
+        q_width, k_width = (d.head_dim, d.head_dim) if self.norm_per_head else (self.q_size, self.kv_size)
+        self.q_norm = RMSNorm(q_width, d.rms_eps, dtype, device) if spec.qk_norm else None
+        self.k_norm = RMSNorm(k_width, d.rms_eps, dtype, device) if spec.qk_norm else None
         self.scale = d.attention_scale
 
     def forward(self, x, rope: Rotation, kv_cache, attn_metadata):
@@ -149,8 +155,11 @@ class Attention(nn.Module):
             qk = rope.apply(qk) if self.rotated else qk
             q, k = qk[:, : d.num_heads], qk[:, d.num_heads :]
         else:
-            q = self.q_norm(qkv[:, : self.q_size].view(-1, d.num_heads, d.head_dim))
-            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, d.num_kv_heads, d.head_dim))
+            q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
+            if self.norm_per_head:
+                q, k = q.view(-1, d.num_heads, d.head_dim), k.view(-1, d.num_kv_heads, d.head_dim)
+            q = self.q_norm(q).view(-1, d.num_heads, d.head_dim)
+            k = self.k_norm(k).view(-1, d.num_kv_heads, d.head_dim)
             q, k = (rope.apply(q), rope.apply(k)) if self.rotated else (q, k)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
