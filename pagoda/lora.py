@@ -41,6 +41,7 @@ PROJECTIONS = {
     "mlp.down_proj": ("mlp.down_proj", None),
 }
 _KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])(?:\.default)?\.weight")
+_SPARSE_MLP = re.compile(r"\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.")  # a layer's MLP, as its family names it
 
 
 class LoRAError(ConfigError):
@@ -130,7 +131,7 @@ class ProjectionShapes:
     expert_layers: tuple[int, ...]  # layers whose MLP is a mixture of experts: no adapter of it applies
 
     @classmethod
-    def of(cls, hf_config, expert_layers: tuple[int, ...] = ()) -> ProjectionShapes:
+    def of(cls, hf_config, expert_layers: tuple[int, ...]) -> ProjectionShapes:
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
@@ -176,15 +177,16 @@ def load_adapter(request: LoRARequest, shapes: ProjectionShapes, max_rank: int, 
                 f"LoRA adapter {request.lora_name!r} has a weight of layer {match[1]} ({key}); "
                 f"the model has {shapes.num_layers} layers: an adapter of another model?"
             )
+        sparse = _SPARSE_MLP.search(key)  # experts, router or shared expert: any module in such an MLP
+        if sparse is not None and int(sparse[1]) in shapes.expert_layers:
+            raise LoRAError(
+                f"LoRA adapter {request.lora_name!r} changes the MLP of layer {sparse[1]} ({key}), a mixture of "
+                "experts, whose experts Pagoda applies no LoRA to (its attention and dense MLPs take adapters)"
+            )
         if match is None or match[2] not in PROJECTIONS:
             raise LoRAError(
                 f"LoRA adapter {request.lora_name!r} has a weight Pagoda cannot apply: {key} "
                 f"(it applies LoRA to {', '.join(sorted(p.split('.')[1] for p in PROJECTIONS))} of the model's layers)"
-            )
-        if match[2].startswith("mlp.") and int(match[1]) in shapes.expert_layers:
-            raise LoRAError(
-                f"LoRA adapter {request.lora_name!r} changes the MLP of layer {match[1]} ({key}), a mixture of "
-                "experts, whose experts Pagoda applies no LoRA to (its attention and dense MLPs take adapters)"
             )
         pairs.setdefault((int(match[1]), match[2]), {})[match[3]] = tensor
     weights: dict[str, Update] = {}

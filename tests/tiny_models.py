@@ -29,18 +29,19 @@ ARCH_CONFIGS = {
         "GraniteConfig",
         dict(embedding_multiplier=12.0, attention_multiplier=0.0625, residual_multiplier=0.22, logits_scaling=8.0),
     ),
-    # mixtures of experts: 2 of 4 experts a token (every token's MLP output then sums two of them)
-    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+    # mixtures of experts of 4 experts, 2 or 3 a token (a sum of 3 has an order to keep)
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=3, sliding_window=None)),
     "qwen2_moe": (  # a shared expert; layer 1 dense (mlp_only_layers); weights as chosen, not renormalized
         "Qwen2MoeConfig",
         dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=96)
         | dict(mlp_only_layers=[1], norm_topk_prob=False),
     ),
-    "qwen3_moe": (
+    "qwen3_moe": (  # decoder_sparse_step 2: layer 0 dense, layer 1 sparse
         "Qwen3MoeConfig",
-        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32),
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32)
+        | dict(decoder_sparse_step=2),
     ),
-    "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2)),  # q/k norms over the projection
+    "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=3)),  # q/k norms over the projection
     "granitemoe": (  # its experts stacked in the checkpoint; Granite's multipliers
         "GraniteMoeConfig",
         dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, attention_multiplier=0.0625)

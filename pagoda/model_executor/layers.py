@@ -27,11 +27,13 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[Any], nn.Module]) -> int:
+def replace_modules(
+    model: nn.Module, kind: type[nn.Module], make: Callable[[Any], nn.Module], keep: tuple[str, ...] = ()
+) -> int:
     """Replace every submodule of `model` that is a `kind` by `make(module)`, in place, one at a
     time, so each original is dropped as soon as its replacement exists (its weights freed unless
-    `make` keeps them). Returns how many were replaced."""
-    names = [name for name, module in model.named_modules() if isinstance(module, kind)]
+    `make` keeps them), but those whose name ends with one of `keep`. Returns how many were replaced."""
+    names = [name for name, module in model.named_modules() if isinstance(module, kind) and not name.endswith(keep)]
     for name in names:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -39,8 +41,8 @@ def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[Any
     return len(names)
 
 
-def replace_linears(model: nn.Module, make: Callable[[Any], nn.Module]) -> int:
-    return replace_modules(model, Linear, make)
+def replace_linears(model: nn.Module, make: Callable[[Any], nn.Module], keep: tuple[str, ...] = ()) -> int:
+    return replace_modules(model, Linear, make, keep)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

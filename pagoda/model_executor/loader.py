@@ -21,7 +21,7 @@ from pagoda.generation_config import sampling_defaults
 from pagoda.model_executor import cpu_invariant, cpu_layers, cpu_linear, quant_loader
 from pagoda.model_executor.cpu_stack import CpuDecoderStack
 from pagoda.model_executor.layers import SEQUENCE_LENGTH_ROPES, partial_rotary_factor, rope_type_of
-from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel, ExpertDims
+from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel, ExpertDims, Mixture
 from pagoda.model_executor.quantization import check_fp8_support, quantize_linears
 
 logger = logging.getLogger(__name__)
@@ -134,14 +134,25 @@ def load_model_config(
         load_format=load_format,
         quantization=quantization,
         gguf_file=gguf_file,
-        expert_layers=_expert_layers(hf_config, ARCHITECTURES[architecture].experts),
+        expert_layers=_expert_layers(path, hf_config, ARCHITECTURES[architecture].experts),
     )
 
 
-def _expert_layers(hf_config, routing) -> tuple[int, ...]:
-    if routing is None:
+def _expert_layers(path: str, hf_config, mixture: Mixture | None) -> tuple[int, ...]:
+    """The layers whose MLP is the mixture; ConfigError for a mixture transformers would not build."""
+    if mixture is None:
         return ()
-    return tuple(i for i, sparse in enumerate(ExpertDims.from_hf(hf_config, routing).sparse) if sparse)
+    count, per_token = getattr(hf_config, mixture.count_key), hf_config.num_experts_per_tok
+    if not 1 <= per_token <= count:
+        raise ConfigError(f"{path}: num_experts_per_tok {per_token} must be between 1 and the {count} experts.")
+    if mixture.sparse_layers and hf_config.decoder_sparse_step < 1:
+        raise ConfigError(f"{path}: decoder_sparse_step must be at least 1, got {hf_config.decoder_sparse_step}.")
+    if mixture.shared_expert and hf_config.shared_expert_intermediate_size < 1:
+        raise ConfigError(
+            f"{path}: shared_expert_intermediate_size {hf_config.shared_expert_intermediate_size}: a shared expert "
+            "without width, which Pagoda does not build; this model is not supported."
+        )
+    return tuple(i for i, sparse in enumerate(ExpertDims.from_hf(hf_config, mixture).sparse) if sparse)
 
 
 def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
@@ -252,7 +263,13 @@ def load_weights(
                             f"{file.name} has weight {key!r}, which this {config.architecture} does not use."
                         )
                     rows = _slot_rows(slot, model.dims, params[piece].shape[0])
-                    source.read_into(params[piece].data[rows])
+                    target = params[piece].data[rows]
+                    if tuple(source.shape) != tuple(target.shape):
+                        raise ConfigError(
+                            f"{file.name} has weight {key!r} of shape {list(source.shape)}, where this "
+                            f"{config.architecture}'s config makes it {list(target.shape)}."
+                        )
+                    source.read_into(target)
                     pending[piece] -= rows.stop - rows.start
                     if pending[piece] == 0 and on_loaded is not None:
                         on_loaded(piece, params[piece])
@@ -423,6 +440,10 @@ _STACKED = re.compile(r"(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)(?:
 @dataclass(frozen=True)
 class _ReadTensor:
     tensor: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
 
     def read_into(self, out: torch.Tensor) -> None:
         out.copy_(self.tensor)

@@ -97,6 +97,12 @@ def fp8_linear_reference(x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], -1)
 
 
+# a mixture's router and its shared expert's gate stay in the model's dtype, as vLLM keeps them: in
+# fp8 they would change which experts a token takes (and their few outputs are not a multiple of 16)
+ROUTERS = (".mlp.gate", ".mlp.shared_expert_gate")
+
+
 def quantize_linears(model: nn.Module) -> int:
-    """Replace every Linear of `model` by its Fp8Linear, in place. Returns how many were replaced."""
-    return replace_linears(model, Fp8Linear)
+    """Replace every Linear of `model` but the ROUTERS by its Fp8Linear, in place. Returns how many
+    were replaced."""
+    return replace_linears(model, Fp8Linear, keep=ROUTERS)

@@ -154,18 +154,27 @@ def test_experts_stacked_in_one_weight_load_as_experts_apart(tokenizer, tmp_path
     apart = write_tiny_model("qwen3_moe", tmp_path / "apart", tokenizer)
     stacked = Path(shutil.copytree(apart, tmp_path / "stacked"))
     weights = load_file(apart / "model.safetensors")
-    for layer in range(2):
-        experts = f"model.layers.{layer}.mlp.experts"
-        projections = ("gate_proj", "up_proj", "down_proj")
-        mine = [{p: weights.pop(f"{experts}.{e}.{p}.weight") for p in projections} for e in range(4)]  # its 4
-        weights[f"{experts}.gate_up_proj"] = torch.stack([torch.cat([m["gate_proj"], m["up_proj"]]) for m in mine])
-        weights[f"{experts}.down_proj"] = torch.stack([m["down_proj"] for m in mine])
+    experts = "model.layers.1.mlp.experts"  # its sparse layer's
+    projections = ("gate_proj", "up_proj", "down_proj")
+    mine = [{p: weights.pop(f"{experts}.{e}.{p}.weight") for p in projections} for e in range(4)]  # its 4
+    weights[f"{experts}.gate_up_proj"] = torch.stack([torch.cat([m["gate_proj"], m["up_proj"]]) for m in mine])
+    weights[f"{experts}.down_proj"] = torch.stack([m["down_proj"] for m in mine])
     save_file(weights, stacked / "model.safetensors", metadata={"format": "pt"})
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
     prompts = [list(range(100, 140)), [300, 301, 302]]
     want = LLM(str(apart), kv_cache_memory=0.01).generate(prompts, params)
     got = LLM(str(stacked), kv_cache_memory=0.01).generate(prompts, params)
     assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in want]
+
+
+def test_a_weight_of_another_shape_is_named_with_both_shapes(tokenizer, tmp_path):
+    """A config whose expert width is not the checkpoint's (as a GGUF conversion that drops it)."""
+    path = write_tiny_model("qwen3_moe", tmp_path / "moe", tokenizer)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"moe_intermediate_size": 40}))
+    pattern = r"has weight 'model\.layers\.1\.mlp\.experts\.0\.\w+_proj\.weight' of shape \[\d+, \d+\], where"
+    with pytest.raises(ConfigError, match=pattern):
+        LLM(str(path), kv_cache_memory=0.01)
 
 
 def test_missing_weights(tiny_llama, tmp_path):

@@ -274,5 +274,10 @@ def test_adapters_of_a_mixture_of_experts_attention_and_its_dense_layers(tmp_pat
         save_file(moved, sparse / "adapter_model.safetensors")
         with pytest.raises(LoRAError, match=r"MLP of layer 0 \(.*layers\.0\.mlp\.\w+_proj.*\), a mixture of experts"):
             tokens(llm, PROMPTS[:1], LoRARequest("sparse", 2, str(sparse)))
+        # PEFT's gate_proj of every layer: the dense layer's, and layer 0's shared expert's
+        every = dict(r=4, lora_alpha=8, target_modules=["gate_proj"])
+        shared = write_adapter(AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / "shared", 6, **every)
+        with pytest.raises(LoRAError, match=r"MLP of layer 0 \(.*layers\.0\.mlp\.shared_expert\.gate_proj.*mixture"):
+            tokens(llm, PROMPTS[:1], LoRARequest("shared", 3, str(shared)))
     finally:
         llm.engine.close()

@@ -100,6 +100,30 @@ def test_quantized_tiny_model_keeps_its_logits(tiny_llama, monkeypatch):
     assert relative_error(runner.model.layers[0].mlp(x), mlp_before) < 2 * MATMUL_REL_TOL
 
 
+def test_a_mixtures_routers_stay_unquantized(tokenizer, tmp_path):
+    """The router and the shared expert's gate keep the model's dtype (as vLLM's): fp8 would change
+    which experts a token takes; every expert and the shared expert go to fp8."""
+    from transformers import AutoConfig
+
+    from pagoda.attention.torch_backend import TorchAttentionBackend
+    from pagoda.model_executor.models.decoder import ARCHITECTURES, DecoderModel
+    from tests.tiny_models import write_tiny_model
+
+    path = write_tiny_model("qwen2_moe", tmp_path / "moe", tokenizer)
+    hf_config = AutoConfig.from_pretrained(path)
+    spec = ARCHITECTURES["Qwen2MoeForCausalLM"]
+    model = DecoderModel(hf_config, spec, TorchAttentionBackend(), 64, torch.bfloat16, torch.device("cpu"))
+    for p in model.parameters():
+        p.data.normal_(0, 0.05)
+    # layer 0 sparse (4 experts, a shared one), layer 1 dense: qkv and o twice, 4 x 2 experts' and
+    # 2 shared ones, the dense MLP's 2
+    assert quantize_linears(model) == 2 * 2 + 4 * 2 + 2 + 2
+    moe = model.layers[0].mlp
+    assert isinstance(moe.experts[3].down_proj, Fp8Linear) and isinstance(moe.shared_expert.gate_up_proj, Fp8Linear)
+    assert type(moe.gate) is Linear and type(moe.shared_expert_gate) is Linear
+    assert moe.gate.weight.dtype == torch.bfloat16
+
+
 def test_dimensions_not_divisible_by_16_are_refused():
     with pytest.raises(ConfigError, match="divisible by 16"):
         Fp8Linear(Linear(72, 40, False, torch.float32, torch.device("cpu")))

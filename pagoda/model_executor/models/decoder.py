@@ -10,7 +10,7 @@ attention metadata; attention reads and writes the paged KV cache through the ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -28,12 +28,27 @@ from pagoda.model_executor.layers import (
     empty_param,
 )
 
-# How a mixture's router weighs the experts it chooses: the softmax over every expert, then the
-# largest (Mixtral, Qwen-MoE), or the largest logits, then their softmax (Granite-MoE)
-Routing = Literal["softmax_then_top_k", "top_k_then_softmax"]
 # Where queries and keys are RMS-normalized before the rotary embedding: each head over its own
 # values (Qwen3), or the whole projection at once (OLMoE)
 QkNorm = Literal["per_head", "whole"]
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """An architecture's mixture of experts: the config keys its transformers class reads (and no
+    other: a key another family's class reads changes nothing there), and how it weighs experts."""
+
+    count_key: str  # the number of experts
+    width_key: str  # each expert's intermediate size
+    top_k_then_softmax: bool = False  # the largest logits, then their softmax (Granite-MoE); else the reverse
+    renormalize: bool | None = None  # the chosen weights rescaled to sum to 1; None: as norm_topk_prob says
+    weights_in_float32: bool = False  # they scale an expert's output in float32 (Mixtral's), not in its dtype
+    shared_expert: bool = False  # Qwen2-MoE's shared expert, gated by a sigmoid
+    sparse_layers: bool = False  # Qwen-MoE's decoder_sparse_step and mlp_only_layers pick the sparse layers
+
+
+MIXTRAL = Mixture("num_local_experts", "intermediate_size", renormalize=True, weights_in_float32=True)
+QWEN_MOE = Mixture("num_experts", "moe_intermediate_size", sparse_layers=True)
 
 
 @dataclass(frozen=True)
@@ -42,7 +57,7 @@ class ArchSpec:
     qk_norm: QkNorm | None = None
     no_rope_layers: bool = False  # SmolLM3's config key: layers without rotary embedding
     multipliers: bool = False  # Granite's config keys: embedding, attention, residual and logits multipliers
-    experts: Routing | None = None  # the MLPs of (some) layers are mixtures of experts, routed so
+    experts: Mixture | None = None  # the MLPs of (some) layers are mixtures of experts
 
 
 ARCHITECTURES = {
@@ -53,11 +68,15 @@ ARCHITECTURES = {
     "SmolLM3ForCausalLM": ArchSpec(qkv_bias=False, no_rope_layers=True),
     "GraniteForCausalLM": ArchSpec(qkv_bias=False, multipliers=True),
     "Phi3ForCausalLM": ArchSpec(qkv_bias=False),  # its checkpoints hold qkv and gate_up fused
-    "MixtralForCausalLM": ArchSpec(qkv_bias=False, experts="softmax_then_top_k"),
-    "Qwen2MoeForCausalLM": ArchSpec(qkv_bias=True, experts="softmax_then_top_k"),
-    "Qwen3MoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm="per_head", experts="softmax_then_top_k"),
-    "GraniteMoeForCausalLM": ArchSpec(qkv_bias=False, multipliers=True, experts="top_k_then_softmax"),
-    "OlmoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm="whole", experts="softmax_then_top_k"),
+    "MixtralForCausalLM": ArchSpec(qkv_bias=False, experts=MIXTRAL),
+    "Qwen2MoeForCausalLM": ArchSpec(qkv_bias=True, experts=replace(QWEN_MOE, shared_expert=True)),
+    "Qwen3MoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm="per_head", experts=QWEN_MOE),
+    "GraniteMoeForCausalLM": ArchSpec(
+        qkv_bias=False,
+        multipliers=True,
+        experts=Mixture("num_local_experts", "intermediate_size", top_k_then_softmax=True, renormalize=False),
+    ),
+    "OlmoeForCausalLM": ArchSpec(qkv_bias=False, qk_norm="whole", experts=Mixture("num_experts", "intermediate_size")),
 }
 
 
@@ -66,25 +85,26 @@ class ExpertDims:
     """A mixture of experts: each token's MLP output is the sum of `per_token` of `count` expert
     MLPs, chosen and weighted by the router, plus Qwen2-MoE's shared expert."""
 
-    routing: Routing
+    mixture: Mixture
     count: int
     per_token: int
     intermediate: int  # of each expert's MLP
-    renormalize: bool  # softmax_then_top_k: the chosen experts' weights rescaled to sum to 1 (Mixtral's always)
-    shared_intermediate: int  # Qwen2-MoE's shared expert, which every token takes gated by a sigmoid; 0: none
+    renormalize: bool
+    shared_intermediate: int  # 0: no shared expert
     sparse: tuple[bool, ...]  # per layer: its MLP is the mixture (Qwen-MoE's other layers have a dense one)
 
     @classmethod
-    def from_hf(cls, c, routing: Routing) -> ExpertDims:
-        count = c.num_local_experts if hasattr(c, "num_local_experts") else c.num_experts
-        step, dense = getattr(c, "decoder_sparse_step", 1) or 1, set(getattr(c, "mlp_only_layers", None) or ())
+    def from_hf(cls, c, m: Mixture) -> ExpertDims:
+        """The config's keys that `m` names (load_model_config has checked their values)."""
+        count = getattr(c, m.count_key)
+        step, dense = (c.decoder_sparse_step, set(c.mlp_only_layers or ())) if m.sparse_layers else (1, set())
         return cls(
-            routing=routing,
+            mixture=m,
             count=count,
             per_token=c.num_experts_per_tok,
-            intermediate=getattr(c, "moe_intermediate_size", None) or c.intermediate_size,
-            renormalize=bool(getattr(c, "norm_topk_prob", True)),
-            shared_intermediate=getattr(c, "shared_expert_intermediate_size", None) or 0,
+            intermediate=getattr(c, m.width_key),
+            renormalize=bool(c.norm_topk_prob) if m.renormalize is None else m.renormalize,
+            shared_intermediate=c.shared_expert_intermediate_size if m.shared_expert else 0,
             sparse=tuple(i not in dense and count > 0 and (i + 1) % step == 0 for i in range(c.num_hidden_layers)),
         )
 
@@ -177,13 +197,15 @@ class MLP(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """A mixture of experts as HF's Mixtral, Qwen-MoE and Granite-MoE blocks compute it: the
-    router's weights in float32 (ExpertDims.routing), each chosen expert's output added to a
-    token's sum in the experts' order, then the gated shared expert's."""
+    """A mixture of experts as transformers' Mixtral, Qwen-MoE, Granite-MoE and OLMoE blocks compute
+    it by default (its grouped_mm experts): the router's weights in float32 (Mixture), each chosen
+    expert's SiLU MLP over the rows that chose it, weighted, and each row's sum over its experts in
+    the router's order (largest weight first), in float32, rounded once, then the gated shared
+    expert's."""
 
     def __init__(self, d: Dims, e: ExpertDims, dtype, device) -> None:
         super().__init__()
-        self.per_token, self.renormalize, self.routing = e.per_token, e.renormalize, e.routing
+        self.e = e
         self.gate = Linear(d.hidden, e.count, False, dtype, device)  # the router
         self.experts = nn.ModuleList(MLP(d.hidden, e.intermediate, dtype, device) for _ in range(e.count))
         shared = e.shared_intermediate
@@ -191,17 +213,22 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = Linear(d.hidden, 1, False, dtype, device) if shared else None
 
     def forward(self, x):
+        k = self.e.per_token
         weights, chosen = self._route(self.gate(x).float())
-        weights = weights.to(x.dtype)
-        # the (token, slot) pairs grouped by expert, in the experts' order; one host read of the
-        # group sizes a step
+        weights = weights if self.e.mixture.weights_in_float32 else weights.to(x.dtype)
+        # the (row, slot) pairs grouped by expert; one host read of the group sizes a step
         pairs = torch.argsort(chosen.flatten(), stable=True)
-        sizes = torch.bincount(chosen.flatten(), minlength=len(self.experts)).tolist()
-        tokens = pairs // self.per_token
-        groups = torch.split(x[tokens], sizes)
+        sizes = torch.bincount(chosen.flatten(), minlength=self.e.count).tolist()
+        groups = torch.split(x[pairs // k], sizes)
         y = torch.cat([expert(rows) for expert, rows, size in zip(self.experts, groups, sizes) if size])
-        # index_add_ adds the pairs in their order: each token's experts in the experts' order
-        out = torch.zeros_like(x).index_add_(0, tokens, y * weights.flatten()[pairs, None])
+        weighted = y * weights.flatten()[pairs, None]
+        by_row = torch.empty_like(weighted)
+        by_row[pairs] = weighted  # back in (row, slot) order: a permutation, no place written twice
+        by_row = by_row.view(-1, k, x.shape[-1]).float()
+        out = torch.zeros_like(by_row[:, 0])
+        for slot in range(k):  # as torch's sum over the slots: each row alone, in one order
+            out = out + by_row[:, slot]
+        out = out.to(x.dtype)
         if self.shared_expert is not None:
             # sigmoid(g) as the softmax of (g, 0): a row op, so a row's gate is the same whatever
             # rows share its step (torch's elementwise sigmoid takes its vector or its scalar path
@@ -212,11 +239,11 @@ class SparseMoE(nn.Module):
 
     def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's chosen experts and their weights, from its router logits (float32)."""
-        if self.routing == "top_k_then_softmax":
-            top, chosen = torch.topk(logits, self.per_token, dim=-1)
+        if self.e.mixture.top_k_then_softmax:
+            top, chosen = torch.topk(logits, self.e.per_token, dim=-1)
             return torch.softmax(top, dim=-1), chosen
-        weights, chosen = torch.topk(torch.softmax(logits, dim=-1), self.per_token, dim=-1)
-        return (weights / weights.sum(dim=-1, keepdim=True) if self.renormalize else weights), chosen
+        weights, chosen = torch.topk(torch.softmax(logits, dim=-1), self.e.per_token, dim=-1)
+        return (weights / weights.sum(dim=-1, keepdim=True) if self.e.renormalize else weights), chosen
 
 
 class DecoderLayer(nn.Module):
