@@ -138,6 +138,35 @@ def test_a_mixtures_missing_weight_is_named_once_as_its_file_would_name_it(arch,
         LLM(str(path), kv_cache_memory=0.01)
 
 
+@pytest.mark.parametrize(
+    "arch,change,reason",
+    [
+        ("mixtral", {"num_experts_per_tok": 5}, "num_experts_per_tok 5 must be between 1 and the 4 experts"),
+        ("qwen3_moe", {"num_experts_per_tok": 0}, "num_experts_per_tok 0 must be between 1"),
+        ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step must be at least 1"),
+        ("qwen2_moe", {"shared_expert_intermediate_size": 0}, "a shared expert without width"),
+    ],
+)
+def test_a_mixture_transformers_would_not_build_is_refused(arch, change, reason, tokenizer, tmp_path):
+    path = write_tiny_model(arch, tmp_path / arch, tokenizer)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | change))
+    with pytest.raises(ConfigError, match=reason):
+        LLM(str(path), kv_cache_memory=0.01)
+
+
+def test_a_mixture_reads_its_own_config_keys_only(tokenizer, tmp_path):
+    """Keys another family's class reads (Qwen's) change nothing in a Mixtral, as in transformers'."""
+    path = write_tiny_model("mixtral", tmp_path / "mixtral", tokenizer)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+    prompts = [list(range(100, 130))]
+    want = LLM(str(path), kv_cache_memory=0.01).generate(prompts, params)[0].outputs[0].logprobs
+    config = json.loads((path / "config.json").read_text())
+    qwens = {"norm_topk_prob": False, "moe_intermediate_size": 7, "mlp_only_layers": [0], "decoder_sparse_step": 2}
+    (path / "config.json").write_text(json.dumps(config | qwens | {"shared_expert_intermediate_size": 5}))
+    assert LLM(str(path), kv_cache_memory=0.01).generate(prompts, params)[0].outputs[0].logprobs == want
+
+
 def test_an_olmoe_that_clips_its_queries_keys_and_values_is_refused(tokenizer, tmp_path):
     path = write_tiny_model("olmoe", tmp_path / "olmoe", tokenizer)
     config = json.loads((path / "config.json").read_text())
