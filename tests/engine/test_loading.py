@@ -274,12 +274,14 @@ def test_a_gguf_conversion_parses_each_file_once_and_leaves_gguf_as_it_was(tmp_p
     assert gguf.GGUFReader(path) is not reader
 
 
-def _phi3_gguf(path, rotated: int = 16, window: int | None = None, longrope: bool = False) -> str:
-    """A Phi-3 GGUF's metadata (16-value heads) and a tensor: what the config conversion reads."""
+def _tiny_gguf(
+    path, arch: str = "phi3", rotated: int = 16, window: int | None = None, longrope: bool = False, experts: int = 0
+) -> str:
+    """A GGUF's metadata (16-value heads) and a tensor: what the config conversion reads."""
     import gguf
     import numpy as np
 
-    writer = gguf.GGUFWriter(str(path), "phi3")
+    writer = gguf.GGUFWriter(str(path), arch)
     for add, value in (("context_length", 4096), ("block_count", 1), ("feed_forward_length", 128)):
         getattr(writer, f"add_{add}")(value)
     writer.add_embedding_length(64)
@@ -291,6 +293,9 @@ def _phi3_gguf(path, rotated: int = 16, window: int | None = None, longrope: boo
     writer.add_vocab_size(32)
     if window is not None:
         writer.add_sliding_window(window)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(2)
     if longrope:
         writer.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
     writer.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
@@ -310,15 +315,24 @@ def test_a_phi3_gguf_keeps_what_transformers_conversion_drops(tmp_path):
     from pagoda.model_files import _phi3_metadata, convert_gguf
 
     with pytest.raises(ConfigError, match="turns 12 of each head's 16 values"):
-        convert_gguf(Path(_phi3_gguf(tmp_path / "partial.gguf", rotated=12)), weights=False)
-    longrope = Path(_phi3_gguf(tmp_path / "longrope.gguf", longrope=True))
+        convert_gguf(Path(_tiny_gguf(tmp_path / "partial.gguf", rotated=12)), weights=False)
+    longrope = Path(_tiny_gguf(tmp_path / "longrope.gguf", longrope=True))
     with pytest.raises(ConfigError, match="rope type 'longrope'"):
         convert_gguf(longrope, weights=False)
-    windowed = _phi3_gguf(tmp_path / "windowed.gguf", window=2047)
+    windowed = _tiny_gguf(tmp_path / "windowed.gguf", window=2047)
     config = AutoConfig.from_pretrained(str(tmp_path), gguf_file="windowed.gguf")
     assert config.sliding_window is None  # what transformers gives
     _phi3_metadata(config, Path(windowed))
     assert config.sliding_window == 2047
+
+
+def test_a_llama_gguf_with_experts_is_refused_by_name(tmp_path):
+    """transformers reads a Mixtral GGUF (llama, with expert_count) as a dense Llama: refused at
+    conversion, before any weight is read."""
+    from pagoda.model_files import convert_gguf
+
+    with pytest.raises(ConfigError, match="a llama GGUF with 8 experts"):
+        convert_gguf(Path(_tiny_gguf(tmp_path / "mixtral.gguf", arch="llama", experts=8)), weights=False)
 
 
 def test_an_architectures_own_config_keys_only(tokenizer, tmp_path):
