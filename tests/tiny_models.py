@@ -76,7 +76,7 @@ def write_tiny_model(
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if arch == "qwen2":  # give the qkv biases real values
+    if arch in ("qwen2", "qwen2_moe"):  # give the qkv biases real values
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 torch.nn.init.normal_(proj.bias, std=0.5)

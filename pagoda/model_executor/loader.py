@@ -378,6 +378,7 @@ _CHECKPOINT_NAMES = {
         "block_sparse_moe.input_linear": "mlp.experts.gate_up_proj",  # every expert's, stacked
         "block_sparse_moe.output_linear": "mlp.experts.down_proj",
     },
+    "Phi3ForCausalLM": {"qkv_proj": "qkv_proj", "gate_up_proj": "gate_up_proj"},  # fused in its checkpoints too
 }
 
 
@@ -430,7 +431,8 @@ def _file_names(name: str, names: dict[str, str]) -> list[str]:
     stacked = re.sub(r"\bexperts\.\d+\.", "experts.", ".".join([*path, module]))
     if stacked in spelled:
         return [f"model.layers.{parts[1]}.{spelled[stacked]}.{leaf}"]
-    sources = [hf for hf, (fused, _) in _FUSED.items() if fused == module] or [module]
+    fused_there = module in spelled  # the checkpoint holds the fused projection itself (Phi-3's)
+    sources = [module] if fused_there else [hf for hf, (fused, _) in _FUSED.items() if fused == module] or [module]
     return [f"model.layers.{parts[1]}.{_respelled('.'.join([*path, source]), spelled)}.{leaf}" for source in sources]
 
 

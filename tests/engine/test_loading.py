@@ -122,12 +122,13 @@ def test_a_missing_weight_is_named_as_the_file_would_name_it(tiny_llama, tmp_pat
 @pytest.mark.parametrize(
     "arch,weight",
     [
+        ("phi3", "model.layers.1.self_attn.qkv_proj.weight"),  # fused in the checkpoint, as ours
         ("mixtral", "model.layers.1.block_sparse_moe.experts.2.w3.weight"),  # expert 2's up projection
         ("granitemoe", "model.layers.1.block_sparse_moe.input_linear.weight"),  # every expert's gate and up
         ("granitemoe", "model.layers.0.block_sparse_moe.router.layer.weight"),
     ],
 )
-def test_a_mixtures_missing_weight_is_named_once_as_its_file_would_name_it(arch, weight, tokenizer, tmp_path):
+def test_a_fused_or_expert_weight_missing_is_named_once_as_its_file_would_name_it(arch, weight, tokenizer, tmp_path):
     from safetensors.torch import load_file, save_file
 
     path = write_tiny_model(arch, tmp_path / arch, tokenizer)

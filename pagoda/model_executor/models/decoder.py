@@ -227,7 +227,7 @@ class SparseMoE(nn.Module):
         by_row = by_row.view(-1, k, x.shape[-1]).float()
         out = torch.zeros_like(by_row[:, 0])
         for slot in range(k):  # as torch's sum over the slots: each row alone, in one order
-            out = out + by_row[:, slot]
+            out.add_(by_row[:, slot])
         out = out.to(x.dtype)
         if self.shared_expert is not None:
             # sigmoid(g) as the softmax of (g, 0): a row op, so a row's gate is the same whatever
