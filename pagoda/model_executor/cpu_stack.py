@@ -80,10 +80,9 @@ class CpuDecoderStack:
             head_norms = (attn.q_norm, attn.k_norm)  # both or neither
             if not all(isinstance(n, CpuResidualRMSNorm) for n in norms) or not isinstance(mlp.act, CpuSiluAndMul):
                 return None
-            if attn.q_norm is not None and not all(isinstance(n, CpuRMSNorm) for n in head_norms):
-                return None
-            if attn.q_norm is not None and not attn.norm_per_head:
-                return None  # decoder.c normalizes each head
+            per_head_in_c = attn.norm_per_head and all(isinstance(n, CpuRMSNorm) for n in head_norms)
+            if attn.q_norm is not None and not per_head_in_c:
+                return None  # decoder.c normalizes each head, by the C kernel
             projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             linears = [_linear_row(lib, m, dtype) for m in projections]
             if None in linears:

@@ -143,6 +143,8 @@ def _expert_layers(path: str, hf_config, mixture: Mixture | None) -> tuple[int, 
     if mixture is None:
         return ()
     count, per_token = getattr(hf_config, mixture.count_key), hf_config.num_experts_per_tok
+    if count == 0:
+        return ()  # a Qwen-MoE config without experts: every layer dense, as transformers builds it
     if not 1 <= per_token <= count:
         raise ConfigError(f"{path}: num_experts_per_tok {per_token} must be between 1 and the {count} experts.")
     if mixture.sparse_layers and hf_config.decoder_sparse_step < 1:
@@ -244,32 +246,32 @@ def load_weights(
     pending = {name: p.shape[0] for name, p in params.items()}  # rows still to load
     read: set[str] = set()  # the files' weight names read, to name what is missing as the files would
     names = _CHECKPOINT_NAMES.get(config.architecture, {})
+    fused_there = _FUSED_IN_CHECKPOINT.get(config.architecture, ())
     files = weight_files(Path(config.path))
     total_gib = sum(f.stat().st_size for f in files) / 2**30
     for i, file in enumerate(tqdm(files, desc="Loading weights", disable=len(files) < 2)):
         logger.info("Reading weights: file %d of %d (%s; %.2f GiB in all)", i + 1, len(files), file.name, total_gib)
         try:
             for key, entry in read_safetensors(file):
-                target = _target(key, names)
-                if target is None:
+                found = _target(key, names)
+                if found is None:
                     continue
-                name, slot = target
+                name, slot = found
                 read.add(key)
                 if name == "lm_head" and model.lm_head is None:
                     continue  # tied to the embeddings
-                for piece, source in _unstacked(name, entry):
+                where = f"{file.name} has weight {key!r}"
+                pieces = _unstacked(name, entry)
+                first = params.get(pieces[0][0])
+                if pieces[0][0] != name and first is not None:  # every expert's weight stacked: all of it
+                    _check_shape(where, config.architecture, entry.shape, [model.dims.experts.count, *first.shape])
+                for piece, source in pieces:
                     if piece not in params:
-                        raise ConfigError(
-                            f"{file.name} has weight {key!r}, which this {config.architecture} does not use."
-                        )
+                        raise ConfigError(f"{where}, which this {config.architecture} does not use.")
                     rows = _slot_rows(slot, model.dims, params[piece].shape[0])
-                    target = params[piece].data[rows]
-                    if tuple(source.shape) != tuple(target.shape):
-                        raise ConfigError(
-                            f"{file.name} has weight {key!r} of shape {list(source.shape)}, where this "
-                            f"{config.architecture}'s config makes it {list(target.shape)}."
-                        )
-                    source.read_into(target)
+                    into = params[piece].data[rows]
+                    _check_shape(where, config.architecture, source.shape, into.shape)
+                    source.read_into(into)
                     pending[piece] -= rows.stop - rows.start
                     if pending[piece] == 0 and on_loaded is not None:
                         on_loaded(piece, params[piece])
@@ -277,12 +279,18 @@ def load_weights(
             raise
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt file
             raise ConfigError(f"Cannot read weights from {file}: {exc}") from exc
-    missing = [key for name, rows in pending.items() if rows for key in _file_names(name, names) if key not in read]
-    missing = list(dict.fromkeys(missing))  # a stacked weight fills every expert's
+    unfilled = [name for name, rows in pending.items() if rows]
+    file_names = [key for name in unfilled for key in _file_names(name, names, fused_there) if key not in read]
+    missing = list(dict.fromkeys(file_names))  # once each: a stacked weight fills every expert's
     if missing:
         raise ConfigError(
             f"Weights missing from {config.path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
         )
+
+
+def _check_shape(where: str, architecture: str, got, want) -> None:
+    if list(got) != list(want):
+        raise ConfigError(f"{where} of shape {list(got)}, where this {architecture}'s config makes it {list(want)}.")
 
 
 _SAFETENSORS_DTYPES = {
@@ -371,15 +379,16 @@ _FUSED = {  # HF projection (a module path's last name) -> (our fused projection
 }
 # the module paths a checkpoint spells its own way (runs of whole names in a weight's) -> the ones
 # _FUSED and our model use
-_CHECKPOINT_NAMES = {
+_CHECKPOINT_NAMES: dict[str, dict[str, str]] = {
     "MixtralForCausalLM": {"block_sparse_moe": "mlp", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
     "GraniteMoeForCausalLM": {
         "block_sparse_moe.router.layer": "mlp.gate",
         "block_sparse_moe.input_linear": "mlp.experts.gate_up_proj",  # every expert's, stacked
         "block_sparse_moe.output_linear": "mlp.experts.down_proj",
     },
-    "Phi3ForCausalLM": {"qkv_proj": "qkv_proj", "gate_up_proj": "gate_up_proj"},  # fused in its checkpoints too
 }
+# projections a checkpoint holds fused, as ours are (named so when missing)
+_FUSED_IN_CHECKPOINT = {"Phi3ForCausalLM": ("qkv_proj", "gate_up_proj")}
 
 
 def _respelled(path: str, names: dict[str, str]) -> str:
@@ -415,8 +424,9 @@ def _target(key: str, names: dict[str, str]) -> tuple[str, str | None] | None:
     return ".".join(["layers", layer, *path, module, leaf]), None
 
 
-def _file_names(name: str, names: dict[str, str]) -> list[str]:
-    """The HF weight names that fill our parameter `name` (_target's inverse)."""
+def _file_names(name: str, names: dict[str, str], fused_there: tuple[str, ...]) -> list[str]:
+    """The HF weight names that fill our parameter `name` (_target's inverse); `names`, `fused_there`:
+    the architecture's _CHECKPOINT_NAMES and _FUSED_IN_CHECKPOINT."""
     if name == "lm_head":
         return ["lm_head.weight"]
     if name == "embed_tokens":
@@ -431,8 +441,8 @@ def _file_names(name: str, names: dict[str, str]) -> list[str]:
     stacked = re.sub(r"\bexperts\.\d+\.", "experts.", ".".join([*path, module]))
     if stacked in spelled:
         return [f"model.layers.{parts[1]}.{spelled[stacked]}.{leaf}"]
-    fused_there = module in spelled  # the checkpoint holds the fused projection itself (Phi-3's)
-    sources = [module] if fused_there else [hf for hf, (fused, _) in _FUSED.items() if fused == module] or [module]
+    split = [hf for hf, (fused, _) in _FUSED.items() if fused == module]
+    sources = [module] if module in fused_there or not split else split
     return [f"model.layers.{parts[1]}.{_respelled('.'.join([*path, source]), spelled)}.{leaf}" for source in sources]
 
 

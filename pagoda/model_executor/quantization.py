@@ -98,7 +98,7 @@ def fp8_linear_reference(x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
 
 
 # a mixture's router and its shared expert's gate stay in the model's dtype, as vLLM keeps them: in
-# fp8 they would change which experts a token takes (and their few outputs are not a multiple of 16)
+# fp8 they would change which experts a token takes
 ROUTERS = (".mlp.gate", ".mlp.shared_expert_gate")
 
 

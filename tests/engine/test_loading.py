@@ -207,6 +207,37 @@ def test_a_weight_of_another_shape_is_named_with_both_shapes(tokenizer, tmp_path
         LLM(str(path), kv_cache_memory=0.01)
 
 
+@pytest.mark.parametrize("experts", [3, 5])
+def test_a_stack_of_another_number_of_experts_is_named_with_both_shapes(experts, tokenizer, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = write_tiny_model("granitemoe", tmp_path / "granitemoe", tokenizer)  # 4 experts, stacked
+    weights = load_file(path / "model.safetensors")
+    key = "model.layers.1.block_sparse_moe.input_linear.weight"
+    stack = weights[key]
+    weights[key] = stack[:experts] if experts < len(stack) else torch.cat([stack, stack[:1]])
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    pattern = rf"has weight '{re.escape(key)}' of shape \[{experts}, 256, 64\], where .* makes it \[4, 256, 64\]"
+    with pytest.raises(ConfigError, match=pattern):
+        LLM(str(path), kv_cache_memory=0.01)
+
+
+def test_a_qwen_moe_without_experts_is_dense_as_in_transformers(tokenizer, tmp_path):
+    """num_experts 0: every layer's MLP dense (decoder_sparse_step then unread), as transformers builds it."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    path = write_tiny_model("qwen2_moe", tmp_path / "moe", tokenizer)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"num_experts": 0, "decoder_sparse_step": 0}))
+    dense = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # its dense MLPs drawn anew
+    weights = {k: v.contiguous() for k, v in dense.state_dict().items()}
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    prompt, params = list(range(100, 120)), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    got = LLM(str(path), kv_cache_memory=0.01).generate([prompt], params)[0].outputs[0].token_ids
+    assert got == hf_greedy(dense, prompt, 6)
+
+
 def test_missing_weights(tiny_llama, tmp_path):
     path = broken_copy(tiny_llama, tmp_path / "m")
     (path / "model.safetensors").unlink()

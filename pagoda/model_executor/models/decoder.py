@@ -226,7 +226,9 @@ class SparseMoE(nn.Module):
         by_row[pairs] = weighted  # back in (row, slot) order: a permutation, no place written twice
         by_row = by_row.view(-1, k, x.shape[-1]).float()
         out = torch.zeros_like(by_row[:, 0])
-        for slot in range(k):  # as torch's sum over the slots: each row alone, in one order
+        # each row alone, slot after slot: the order torch's sum over the slots takes (transformers')
+        # below 18 experts a row, and below 5 where the hidden size is not a multiple of 32
+        for slot in range(k):
             out.add_(by_row[:, slot])
         out = out.to(x.dtype)
         if self.shared_expert is not None:
