@@ -56,6 +56,7 @@ _VOID_SIGNATURES = {
     "pagoda_silu_mul": [_P] * 2 + [_I64] * 2 + [_INT, _INT],
     "pagoda_pack_panels": [_P, _P, _I64, _I64, _INT],
     "pagoda_gemm_invariant": [_P, _I64, _P, _I64, _P, _P] + [_I64] * 3 + [_INT],
+    "pagoda_gemm_invariant_groups": [_P, _I64, _P, _I64, _P, _P, _P] + [_I64] * 3 + [_INT],
     "pagoda_prefill_attention": [_P, _P, _I64] + [_P] * 5 + [_I64] * 6 + [_F, _INT, _INT],
     # qdot.c (GGUF blocks and I8, the format first), wrapped by model_executor/quant_linear.py
     "pagoda_qd_pack": [_INT, _P, _P, _I64, _I64, _INT],
@@ -392,6 +393,32 @@ def silu_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
     lib.pagoda_silu_mul(
         out.data_ptr(), gate_up.data_ptr(), rows, width // 2, _is_bf16(gate_up), torch.get_num_threads()
+    )
+    return out
+
+
+def gemm_invariant_groups(
+    lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, sizes: torch.Tensor, n: int
+) -> torch.Tensor:
+    """gemm_invariant over consecutive groups of x's rows [M, K] (float32, contiguous), group g's
+    `sizes[g]` rows by the weight whose pack_panels tensor is at address `packed[g]` (int64
+    tensors), without bias -> [M, n]: each row's outputs the bits of gemm_invariant on it."""
+    m, k = x.shape
+    x = x.contiguous()
+    row0 = torch.cumsum(sizes, 0) - sizes
+    out = torch.empty(m, n)
+    lib.pagoda_gemm_invariant_groups(
+        out.data_ptr(),
+        n,
+        x.data_ptr(),
+        k,
+        packed.data_ptr(),
+        row0.data_ptr(),
+        sizes.data_ptr(),
+        len(sizes),
+        n,
+        k,
+        torch.get_num_threads(),
     )
     return out
 

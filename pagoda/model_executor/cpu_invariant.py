@@ -56,9 +56,34 @@ class InvariantLinear(nn.Module):
         return cpu.gemm_invariant(self.lib, x, self.packed, self.bias, self.out_features)
 
 
+class InvariantExperts:
+    """A mixture's experts, each an MLP of InvariantLinears, run over the rows grouped by expert in
+    three C calls a layer (every expert's gate_up, SiLU * up, every expert's down) instead of three
+    module calls per expert chosen: the same kernels on the same rows, so the same bits."""
+
+    def __init__(self, experts: nn.ModuleList, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        # the packed weights' addresses: the experts' modules, which the model holds, keep them
+        self.gate_up = torch.tensor([e.gate_up_proj.packed.data_ptr() for e in experts], dtype=torch.int64)
+        self.down = torch.tensor([e.down_proj.packed.data_ptr() for e in experts], dtype=torch.int64)
+        self.width, self.hidden = experts[0].gate_up_proj.out_features, experts[0].down_proj.out_features
+
+    def __call__(self, rows: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """rows [M, hidden], expert by expert (`sizes[e]` rows each, in the experts' order)."""
+        counts = torch.tensor(sizes, dtype=torch.int64)
+        gate_up = cpu.gemm_invariant_groups(self.lib, rows, self.gate_up, counts, self.width)
+        return cpu.gemm_invariant_groups(self.lib, cpu.silu_mul(self.lib, gate_up), self.down, counts, self.hidden)
+
+
 def convert_model(model) -> None:
     """Every Linear of a DecoderModel replaced by its InvariantLinear, and an InvariantLinear LM
-    head for compute_logits (over the embeddings when they are tied; they stay plain for lookups)."""
+    head for compute_logits (over the embeddings when they are tied; they stay plain for lookups);
+    a mixture's experts run as InvariantExperts."""
+    from pagoda.model_executor.models.decoder import SparseMoE
+
     lib = cpu.load()
     replace_linears(model, lambda linear: InvariantLinear(linear.weight, linear.bias, lib))
     model.cpu_lm_head = InvariantLinear(model.embed_tokens if model.lm_head is None else model.lm_head, None, lib)
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            module.grouped = InvariantExperts(module.experts, lib)

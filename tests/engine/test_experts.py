@@ -46,3 +46,18 @@ def test_a_mixture_block_equals_transformers_bitwise(arch, dtype, tokenizer, tmp
         want = theirs(x)
         want = want[0] if isinstance(want, tuple) else want
         assert torch.equal(ours(x[0]), want[0])
+
+
+def test_the_experts_in_grouped_c_calls_equal_one_module_call_each(tokenizer, tmp_path):
+    """Deterministic serving's experts (InvariantExperts: every expert's projection in one C call)
+    give the bits of one module call per expert, on a step's worth of rows."""
+    from pagoda import LLM
+    from pagoda.model_executor.cpu_invariant import InvariantExperts
+
+    llm = LLM(str(write_tiny_model("olmoe", tmp_path / "olmoe", tokenizer)), kv_cache_memory=0.01)
+    moe = llm.engine.core.runner.model.layers[0].mlp
+    assert isinstance(moe.grouped, InvariantExperts)
+    x = torch.randn(77, llm.engine.config.model.hf_config.hidden_size, generator=torch.Generator().manual_seed(3))
+    grouped = moe(x)
+    moe.grouped = None
+    assert torch.equal(grouped, moe(x))

@@ -219,3 +219,15 @@ void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const f
         }
     }
 }
+
+/* pagoda_gemm_invariant once per group of rows, each group by its own weight: rows [row0[g], row0[g] + rows[g])
+ * of x and y by the weight packed at packed[g], no bias (a mixture's experts, each over the rows that chose it):
+ * one call from Python a step instead of one per group, and the same kernel, so the same bits. */
+void pagoda_gemm_invariant_groups(float *y, long ldy, const float *x, long ldx, const int64_t *packed,
+                                  const int64_t *row0, const int64_t *rows, long groups, long n, long k,
+                                  int num_threads) {
+    for (long g = 0; g < groups; g++)
+        if (rows[g] > 0)
+            pagoda_gemm_invariant(y + row0[g] * ldy, ldy, x + row0[g] * ldx, ldx, (const float *)(intptr_t)packed[g],
+                                  NULL, rows[g], n, k, num_threads);
+}

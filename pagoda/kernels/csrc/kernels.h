@@ -11,6 +11,9 @@ void pagoda_rotary(void *x, const void *cos, const void *signed_sin, const int64
                    long head_dim, long token_stride, int bf16, int num_threads);
 void pagoda_silu_mul(void *out, const void *gate_up, long rows, long n, int bf16, int num_threads);
 void pagoda_mul(void *x, float m, long rows, long n, int bf16, int num_threads);
+void pagoda_gemm_invariant_groups(float *y, long ldy, const float *x, long ldx, const int64_t *packed,
+                                  const int64_t *row0, const int64_t *rows, long groups, long n, long k,
+                                  int num_threads);
 void pagoda_gemm_invariant(float *y, long ldy, const float *x, long ldx, const float *packed, const float *bias, long m,
                            long n, long k, int num_threads);
 void pagoda_qd_matmul(int fmt, const uint8_t *packed, const float *x, float *y, const float *bias, long m, long n,

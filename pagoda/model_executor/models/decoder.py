@@ -10,6 +10,7 @@ attention metadata; attention reads and writes the paged KV cache through the ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -211,6 +212,9 @@ class SparseMoE(nn.Module):
         shared = e.shared_intermediate
         self.shared_expert = MLP(d.hidden, shared, dtype, device) if shared else None
         self.shared_expert_gate = Linear(d.hidden, 1, False, dtype, device) if shared else None
+        # set by cpu_invariant.convert_model: the experts in a few C calls, given the rows grouped by
+        # expert and the groups' sizes; None: a module call per expert
+        self.grouped: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None
 
     def forward(self, x):
         k = self.e.per_token
@@ -219,8 +223,12 @@ class SparseMoE(nn.Module):
         # the (row, slot) pairs grouped by expert; one host read of the group sizes a step
         pairs = torch.argsort(chosen.flatten(), stable=True)
         sizes = torch.bincount(chosen.flatten(), minlength=self.e.count).tolist()
-        groups = torch.split(x[pairs // k], sizes)
-        y = torch.cat([expert(rows) for expert, rows, size in zip(self.experts, groups, sizes) if size])
+        rows = x[pairs // k]
+        if self.grouped is not None:
+            y = self.grouped(rows, sizes)
+        else:
+            groups = torch.split(rows, sizes)
+            y = torch.cat([expert(part) for expert, part, size in zip(self.experts, groups, sizes) if size])
         weighted = y * weights.flatten()[pairs, None]
         by_row = torch.empty_like(weighted)
         by_row[pairs] = weighted  # back in (row, slot) order: a permutation, no place written twice
