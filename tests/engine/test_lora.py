@@ -229,19 +229,26 @@ def test_a_forgotten_adapter_is_read_again_and_its_old_kv_never_served(setup, tm
     assert swapped.outputs[0].token_ids != first.outputs[0].token_ids
 
 
-def test_an_adapter_of_phi3s_fused_projections(tmp_path):
-    """PEFT names Phi-3's own fused modules (qkv_proj, gate_up_proj): an adapter of them covers the
-    whole projection, as PEFT computes it."""
+def adapter_of_a_tiny_model(arch: str, tmp_path: Path, name: str, seed: int, **config):
+    """(model dir, adapter dir, PEFT's tokens with it, an LLM with LoRA on) for a tiny `arch` model
+    and an adapter of `config` that changes its tokens."""
     from transformers import AutoModelForCausalLM
 
     from pagoda.model_files import load_tokenizer
 
-    model_dir = write_tiny_model("phi3", tmp_path / "model", load_tokenizer(None))
-    config = dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
-    adapter = write_adapter(AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / "fused", 3, **config)
+    model_dir = write_tiny_model(arch, tmp_path / "model", load_tokenizer(None))
+    adapter = write_adapter(AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / name, seed, **config)
     want = reference(model_dir, adapter)
     assert want != reference(model_dir, None)
     llm = LLM(str(model_dir), enable_lora=True, max_model_len=256, kv_cache_memory=0.05)
+    return model_dir, adapter, want, llm
+
+
+def test_an_adapter_of_phi3s_fused_projections(tmp_path):
+    """PEFT names Phi-3's own fused modules (qkv_proj, gate_up_proj): an adapter of them covers the
+    whole projection, as PEFT computes it."""
+    config = dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+    _, adapter, want, llm = adapter_of_a_tiny_model("phi3", tmp_path, "fused", 3, **config)
     try:
         assert tokens(llm, PROMPTS, LoRARequest("fused", 1, str(adapter))) == want
     finally:
@@ -255,15 +262,9 @@ def test_adapters_of_a_mixture_of_experts_attention_and_its_dense_layers(tmp_pat
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
-    from pagoda.model_files import load_tokenizer
-
-    model_dir = write_tiny_model("qwen2_moe", tmp_path / "model", load_tokenizer(None))
     config = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"])
     config |= dict(layers_to_transform=[1])  # PEFT: the dense layer's gate_proj, not the shared expert's
-    adapter = write_adapter(AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / "dense", 5, **config)
-    want = reference(model_dir, adapter)
-    assert want != reference(model_dir, None)
-    llm = LLM(str(model_dir), enable_lora=True, max_model_len=256, kv_cache_memory=0.05)
+    model_dir, adapter, want, llm = adapter_of_a_tiny_model("qwen2_moe", tmp_path, "dense", 5, **config)
     try:
         assert tokens(llm, PROMPTS, LoRARequest("dense", 1, str(adapter))) == want
         sparse = tmp_path / "sparse"  # the same adapter moved onto layer 0, whose MLP is the mixture
