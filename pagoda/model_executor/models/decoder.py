@@ -221,8 +221,9 @@ class SparseMoE(nn.Module):
         weights, chosen = self._route(self.gate(x).float())
         weights = weights if self.e.mixture.weights_in_float32 else weights.to(x.dtype)
         # the (row, slot) pairs grouped by expert; one host read of the group sizes a step
-        pairs = torch.argsort(chosen.flatten(), stable=True)
-        sizes = torch.bincount(chosen.flatten(), minlength=self.e.count).tolist()
+        flat = chosen.flatten()
+        pairs = torch.argsort(flat, stable=True)
+        sizes = torch.bincount(flat, minlength=self.e.count).tolist()
         rows = x[pairs // k]
         if self.grouped is not None:
             y = self.grouped(rows, sizes)
