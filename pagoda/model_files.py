@@ -121,6 +121,7 @@ def _gguf_parsed_once():
 
 @_gguf_parsed_once()
 def _write_hf_dir(gguf_path: Path, out: Path, weights: bool) -> None:
+    import gguf
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -133,8 +134,8 @@ def _write_hf_dir(gguf_path: Path, out: Path, weights: bool) -> None:
         raise ConfigError(f"Cannot read GGUF file {gguf_path}: {exc}") from exc
     if config.model_type == "phi3":
         _phi3_metadata(config, gguf_path)
-    experts = _gguf_number(gguf_path, "llama.expert_count") if config.model_type == "llama" else None
-    if experts:  # transformers reads such a file as a dense Llama, without its experts
+    experts = _gguf_number(gguf.GGUFReader(str(gguf_path)), "llama.expert_count")
+    if config.model_type == "llama" and experts:  # transformers reads such a file as a dense Llama
         raise ConfigError(
             f"{gguf_path}: a llama GGUF with {experts} experts (Mixtral's), which Pagoda does not read from GGUF; "
             "serve the model's Hugging Face directory."
@@ -171,7 +172,7 @@ def _phi3_metadata(config, gguf_path: Path) -> None:
 
     reader = gguf.GGUFReader(str(gguf_path))
     head_dim = config.hidden_size // config.num_attention_heads
-    rotated = _gguf_number(gguf_path, "phi3.rope.dimension_count")
+    rotated = _gguf_number(reader, "phi3.rope.dimension_count")
     if rotated is not None and rotated != head_dim:
         raise ConfigError(
             f"{gguf_path}: its rotary embedding turns {rotated} of each head's {head_dim} values "
@@ -185,17 +186,14 @@ def _phi3_metadata(config, gguf_path: Path) -> None:
             f"{gguf_path}: rope type 'longrope' changes its frequencies with the sequence's length, which Pagoda does "
             "not do; this model is not supported."
         )
-    window = _gguf_number(gguf_path, "phi3.attention.sliding_window")
+    window = _gguf_number(reader, "phi3.attention.sliding_window")
     if window:
         config.sliding_window = window
 
 
-def _gguf_number(gguf_path: Path, key: str) -> int | None:
-    """A number of the file's metadata (None where it has no such key); the reader parses the file
-    once within _gguf_parsed_once."""
-    import gguf
-
-    field = gguf.GGUFReader(str(gguf_path)).fields.get(key)
+def _gguf_number(reader, key: str) -> int | None:
+    """A number of a GGUF reader's metadata (None where it has no such key)."""
+    field = reader.fields.get(key)
     return None if field is None else int(field.contents())
 
 

@@ -398,14 +398,14 @@ def silu_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def gemm_invariant_groups(
-    lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, sizes: torch.Tensor, n: int
+    lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, row0: torch.Tensor, sizes: torch.Tensor, n: int
 ) -> torch.Tensor:
     """gemm_invariant over consecutive groups of x's rows [M, K] (float32, contiguous), group g's
-    `sizes[g]` rows by the weight whose pack_panels tensor is at address `packed[g]` (int64
-    tensors), without bias -> [M, n]: each row's outputs the bits of gemm_invariant on it."""
+    `sizes[g]` rows from row `row0[g]` on by the weight whose pack_panels tensor is at address
+    `packed[g]` (int64 tensors), without bias -> [M, n]: each row's outputs the bits of
+    gemm_invariant on it."""
     m, k = x.shape
     x = x.contiguous()
-    row0 = torch.cumsum(sizes, 0) - sizes
     out = torch.empty(m, n)
     lib.pagoda_gemm_invariant_groups(
         out.data_ptr(),

@@ -71,8 +71,10 @@ class InvariantExperts:
     def __call__(self, rows: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """rows [M, hidden], expert by expert (`sizes[e]` rows each, in the experts' order)."""
         counts = torch.tensor(sizes, dtype=torch.int64)
-        gate_up = cpu.gemm_invariant_groups(self.lib, rows, self.gate_up, counts, self.width)
-        return cpu.gemm_invariant_groups(self.lib, cpu.silu_mul(self.lib, gate_up), self.down, counts, self.hidden)
+        row0 = torch.cumsum(counts, 0) - counts  # the groups' first rows, for both projections
+        gate_up = cpu.gemm_invariant_groups(self.lib, rows, self.gate_up, row0, counts, self.width)
+        up = cpu.silu_mul(self.lib, gate_up)
+        return cpu.gemm_invariant_groups(self.lib, up, self.down, row0, counts, self.hidden)
 
 
 def convert_model(model) -> None:
