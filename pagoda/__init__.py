@@ -8,7 +8,10 @@ __all__ = [
     "LLM",
     "BeamSearchParams",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "LoRARequest",
+    "PoolingParams",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
@@ -37,7 +40,11 @@ def __getattr__(name: str):
         from pagoda import sampling_params
 
         return getattr(sampling_params, name)
-    if name in ("RequestOutput", "CompletionOutput"):
+    if name == "PoolingParams":
+        from pagoda.pooling_params import PoolingParams
+
+        return PoolingParams
+    if name in ("RequestOutput", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput"):
         from pagoda import outputs
 
         return getattr(outputs, name)

@@ -11,6 +11,8 @@ from pagoda.errors import ConfigError
 if TYPE_CHECKING:  # the scheduler's configs stay importable without torch
     import torch
 
+    from pagoda.pooling_params import PoolerConfig
+
 
 @dataclass(frozen=True)
 class ThreadConfig:
@@ -59,6 +61,10 @@ class ModelConfig:
     quantization: Literal["fp8", "gguf", "int8"] | None = None
     gguf_file: str | None = None  # the .gguf file `path` was converted from, if any
     expert_layers: tuple[int, ...] = ()  # the layers whose MLP is a mixture of experts
+    # the checkpoint is the bare decoder (an `XModel` architecture, `architecture` naming its
+    # XForCausalLM): no LM head, its weights' names without "model."; served as a pooling model
+    headless: bool = False
+    lm_head: bool = True  # the model computes logits; False: a pooling model's (no LM head read or built)
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,9 @@ class EngineConfig:
     # adapters held read at once, the least recently used dropped past it (read again at its next
     # use); None: every adapter read stays
     max_cpu_loras: int | None = None
+    # the pooling runner (vLLM's --runner pooling): requests are embeddings, made this way; None:
+    # the generate runner (requests sample tokens)
+    pooler: PoolerConfig | None = None
 
     @property
     def use_cuda_graphs(self) -> bool:

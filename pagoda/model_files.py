@@ -217,13 +217,15 @@ def apply_chat_template(
     *,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    add_special_tokens: bool = False,
     **template_kwargs,
 ) -> list[int]:
     """Token ids of `messages` rendered with the model's chat template, then the generation prompt
     (the header of a new assistant turn) unless `add_generation_prompt` is False; with
     `continue_final_message`, the last message is left open for the model to continue (vLLM's
-    options of these names; not both). `tools` (OpenAI's tools list) and `template_kwargs` (e.g.
-    enable_thinking) become template variables."""
+    options of these names; not both); `add_special_tokens`: the tokenizer's special tokens on top
+    of the template's (vLLM's, for /tokenize and embeddings). `tools` (OpenAI's tools list) and
+    `template_kwargs` (e.g. enable_thinking) become template variables."""
     if add_generation_prompt and continue_final_message:
         raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
     template = chat_template or tokenizer.chat_template
@@ -238,7 +240,7 @@ def apply_chat_template(
         continue_final_message=continue_final_message,
         **template_kwargs,
     )
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 # vLLM's --chat-template-content-format: how a message's content reaches the template

@@ -1,6 +1,7 @@
-"""What the offline API (`LLM.generate`, `LLM.chat`) returns, shaped as vLLM's `RequestOutput` and
-`CompletionOutput`, so scripts written for vLLM's offline API read Pagoda's results unchanged.
-Built from the engine's finished `SequenceOutput`s; nothing of the engine's internals is kept."""
+"""What the offline API (`LLM.generate`, `LLM.chat`, `LLM.embed`) returns, shaped as vLLM's
+`RequestOutput`, `CompletionOutput` and `EmbeddingRequestOutput`, so scripts written for vLLM's
+offline API read Pagoda's results unchanged. Built from the engine's finished `SequenceOutput`s;
+nothing of the engine's internals is kept."""
 
 from __future__ import annotations
 
@@ -158,3 +159,25 @@ def request_output(
         metrics=sequences[0].metrics,
         lora_request=lora,
     )
+
+
+@dataclass
+class EmbeddingOutput:
+    """vLLM's: one prompt's vector."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """vLLM's: what `LLM.embed` returns per prompt."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served
+    finished: bool = True

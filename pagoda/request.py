@@ -12,6 +12,7 @@ from pagoda.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagoda.lora import LoRAAdapter
+    from pagoda.pooling_params import Pooling
 
 
 class RequestStatus(enum.Enum):
@@ -65,6 +66,8 @@ class Request:
     cache_salt: str | None = None
     lora: LoRAAdapter | None = None  # the adapter it runs, if any
     priority: int = 0  # vLLM's: under the priority policy, lower is served first
+    # an embedding request: it ends when its prompt is computed, with the prompt's vector, no token
+    pooling: Pooling | None = None
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)  # prompt, then outputs

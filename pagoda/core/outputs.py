@@ -34,13 +34,15 @@ class ModelRunnerOutput:
     """Per scheduled request, in the step's order: the sampled token (None while its prefill is
     unfinished), its logprobs, and the prompt logprobs computed this step. A request that
     speculated also has its accepted drafts (with their logprobs), which come before its
-    sampled token; None where no request speculated."""
+    sampled token; None where no request speculated. An embedding request whose prompt ended
+    this step has its vector (`embeddings`, None where no request has one) and no token."""
 
     token_ids: list[int | None]
     logprobs: list[TokenLogprob | None]
     prompt_logprobs: list[list[TokenLogprob] | None]
     accepted_drafts: list[list[int]] | None = None
     accepted_logprobs: list[list[TokenLogprob | None]] | None = None
+    embeddings: list[list[float] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class CoreOutput:
     stop_reason: int | str | None
     metrics: RequestMetrics
     prompt_logprobs: list[TokenLogprob] | None = None
+    embedding: list[float] | None = None  # an embedding request's vector, as it finishes
 
     @property
     def finished(self) -> bool:

@@ -43,6 +43,7 @@ from pagoda.core.outputs import (
 )
 from pagoda.core.prefix_cache import PrefixMatch
 from pagoda.core.spec_decode import Proposer, SpecCounters
+from pagoda.pooling_params import too_long
 from pagoda.request import Request, RequestStatus, TokenLogprob
 
 LPM_WINDOW = 128  # waiting requests the longest-prefix-match policy looks at
@@ -81,7 +82,11 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.num_prompt_tokens == 0:
             raise ValueError("The prompt is empty: at least one prompt token is needed to generate from.")
-        if request.num_prompt_tokens >= self.config.max_model_len:
+        if request.pooling is not None and request.num_prompt_tokens > self.config.max_model_len:
+            raise ValueError(
+                too_long(request.num_prompt_tokens, self.config.max_model_len)
+            )  # no room for output needed
+        if request.pooling is None and request.num_prompt_tokens >= self.config.max_model_len:
             raise ValueError(
                 f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
                 f"requested {request.num_prompt_tokens} tokens in the prompt, leaving no room for output."
@@ -236,8 +241,9 @@ class Scheduler:
         return self.config.max_num_batched_tokens
 
     def _any_decoding(self) -> bool:
-        """Whether a running request has one token to compute: it decodes this step."""
-        return any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+        """Whether a running request has one token to compute: it decodes this step (an embedding
+        request's last prompt token is no decode)."""
+        return any(r.num_tokens - r.num_computed_tokens == 1 and r.pooling is None for r in self.running)
 
     def update(self, step: SchedulerOutput, result: ModelRunnerOutput) -> StepOutputs:
         """Apply a step's results: computed tokens advance and sampled tokens are appended.
@@ -246,8 +252,9 @@ class Scheduler:
         now = time.monotonic()
         outputs = []
         tokens_before = self._prompt_tokens + self._generation_tokens
-        for i, ((request, num_new), token, logprob, prompt_logprobs) in enumerate(
-            zip(step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs)
+        embeddings = result.embeddings or [None] * len(step.scheduled)
+        for i, ((request, num_new), token, logprob, prompt_logprobs, embedding) in enumerate(
+            zip(step.scheduled, result.token_ids, result.logprobs, result.prompt_logprobs, embeddings)
         ):
             if request.is_finished:  # ended from outside while the step ran
                 continue
@@ -267,8 +274,12 @@ class Scheduler:
             new_tokens, new_logprobs = self._append(request, tokens, logprobs, now)
             if not request.is_finished:
                 request.block_ids = self.kv.cache_blocks(request)
+            if embedding is not None:  # an embedding request's prompt is computed: its answer
+                request.first_token_time = now
+                self.running.remove(request)
+                self._finish(request, "stop")
             if new_tokens or prompt_logprobs is not None or request.is_finished:
-                outputs.append(_core_output(request, new_tokens, new_logprobs, prompt_logprobs))
+                outputs.append(_core_output(request, new_tokens, new_logprobs, prompt_logprobs, embedding))
         self._num_steps += 1
         step_tokens = self._prompt_tokens + self._generation_tokens - tokens_before
         self._step_token_counts[bisect.bisect_left(STEP_TOKEN_BOUNDS, step_tokens)] += 1
@@ -349,6 +360,8 @@ class Scheduler:
         prompt blocks its n > 1 sibling computed."""
         if request.sampling_params.prompt_logprobs is not None:
             return PrefixMatch(())  # every prompt position must be computed to score it
+        if request.pooling is not None and request.pooling.every_row:
+            return PrefixMatch(())  # every prompt position must be computed to pool it
         hit = self.kv.find_prefix(request)
         parent = request.parent
         if hit.blocks or parent is None or not parent.block_ids or request.num_preemptions:
@@ -407,6 +420,7 @@ def _core_output(
     tokens: list[int],
     logprobs: list[TokenLogprob],
     prompt_logprobs: list[TokenLogprob] | None,
+    embedding: list[float] | None = None,
 ) -> CoreOutput:
     return CoreOutput(
         request_id=request.request_id,
@@ -423,6 +437,7 @@ def _core_output(
             num_preemptions=request.num_preemptions,
         ),
         prompt_logprobs=prompt_logprobs,
+        embedding=embedding,
     )
 
 

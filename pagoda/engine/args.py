@@ -217,6 +217,19 @@ class EngineArgs:
         "its folder at its next use",
         default_text="every adapter read stays",
     )
+    runner: str = option(
+        "auto",
+        "generate: requests sample tokens; pooling: requests are embeddings (/v1/embeddings, LLM.embed), each a "
+        "prompt's final hidden states pooled as --pooler-config says; auto: pooling for a bare decoder's checkpoint "
+        "(an XModel architecture, as e5-mistral's MistralModel), else generate (docs/embeddings.md)",
+        choices=["auto", "generate", "pooling"],
+    )
+    pooler_config: str | None = option(
+        None,
+        'the pooling runner\'s pooling, as JSON (a dict in LLM(...)): {"pooling_type": "LAST"} (or MEAN, CLS), '
+        '"use_activation": false (no unit length), "dimensions": N (a Matryoshka model\'s default length)',
+        default_text="the model folder's sentence-transformers settings, else LAST with unit length",
+    )
     speculative_config: str | None = option(
         None,
         'speculative decoding, as JSON (a dict in LLM(...)): {"method": "ngram", "num_speculative_tokens": 3, '
@@ -329,8 +342,46 @@ class EngineArgs:
             max_lora_rank=self.max_lora_rank,
             max_cpu_loras=self.max_cpu_loras,
         )
+        if self.resolve_runner(model) == "pooling":
+            config = self.pooling_config(config)
         spec = self.speculative()
         return config if spec is None else replace(config, speculative=self.draft_config(spec, config))
+
+    def resolve_runner(self, model) -> str:
+        """ "generate" or "pooling": --runner, where auto pooling for a bare decoder's checkpoint."""
+        if self.runner not in ("auto", "generate", "pooling"):
+            raise ConfigError(f"runner must be 'auto', 'generate' or 'pooling', got {self.runner!r}")
+        if self.runner == "generate" and model.headless:
+            raise ConfigError(
+                f"{model.path} holds a decoder without its LM head ({model.hf_config.architectures[0]}): it makes "
+                "embeddings, not text; serve it with --runner pooling"
+            )
+        runner = "pooling" if self.runner == "pooling" or model.headless else "generate"
+        if self.pooler_config is not None and runner == "generate":
+            raise ConfigError("pooler_config applies to the pooling runner only (--runner pooling)")
+        return runner
+
+    def pooling_config(self, config: EngineConfig) -> EngineConfig:
+        """The engine as the pooling runner: its pooler, and a model without an LM head. ConfigError
+        for the options it does not take."""
+        from pagoda.pooling_params import PoolerConfig, PoolingParams, matryoshka
+        from pagoda.sampling_params import SamplingParamsError
+
+        refused = {
+            "quantization": self.quantization is not None,
+            "speculative_config": self.speculative_config is not None,
+            "enable_lora": self.enable_lora,
+        }
+        for name, given in refused.items():
+            if given:
+                raise ConfigError(f"{name} is not supported with the pooling runner (--runner pooling)")
+        pooler = PoolerConfig.resolve(config.model.path, self.pooler_config)
+        hf_config = config.model.hf_config
+        try:  # its default length, checked against the model once, not at every request
+            PoolingParams().resolved(pooler, hf_config.hidden_size, matryoshka(hf_config))
+        except SamplingParamsError as exc:
+            raise ConfigError(f"pooler_config.dimensions: {exc}") from None
+        return replace(config, pooler=pooler, model=replace(config.model, lm_head=False))
 
     def resolve_kv_cache_memory(self) -> float:
         """kv_cache_memory, or where unset vLLM's VLLM_CPU_KVCACHE_SPACE (whole GiB, as vLLM reads

@@ -26,6 +26,7 @@ from pagoda.engine.args import EngineArgs
 from pagoda.engine.base import EngineBase
 from pagoda.engine.core import EngineCore
 from pagoda.engine.outputs import SequenceOutput
+from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -100,31 +101,37 @@ class AsyncEngine(EngineBase):
         self,
         request_id: str,
         prompt_ids: list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         cache_salt: str | None = None,
         lora: LoRAAdapter | None = None,
         priority: int = 0,
     ) -> AsyncIterator[SequenceOutput]:
-        """Updates of all n sequences of one request until each has finished. Closing the
+        """Updates of all n sequences of one request until each has finished (PoolingParams: an
+        embedding, the pooling runner's: one update, its vector, without adapters). Closing the
         iterator early (a client went away) aborts whatever is still running. `cache_salt`: the
         request's prefix cache namespace (only requests with the same salt share cached KV);
         `lora`: the adapter it runs (`adapter()` reads one); `priority`: lower first under the
         priority policy."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
-        constraint = params.structured_outputs
+        constraint = params.structured_outputs if isinstance(params, SamplingParams) else None
         grammar = None if constraint is None else await self.compile_grammar_async(constraint)
         if not self.is_alive:  # it may have died while the grammar compiled
             raise EngineDeadError(f"the engine is not running: {self._error!r}")
         if request_id in self._queues:  # checked and registered with no await between
             raise ValueError(f"request id {request_id!r} is already in flight")
-        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, lora, priority)
+        if isinstance(params, PoolingParams):
+            if lora is not None:
+                raise ValueError("LoRA adapters are not supported with the pooling runner")
+            requests = self._embedding_requests(request_id, prompt_ids, params, cache_salt, priority)
+        else:
+            requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, lora, priority)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._engine_ids[request_id] = [r.request_id for r in requests]
         self.outputs.add(request_id, requests)
         self._send("add", (request_id, requests))
-        remaining = params.n
+        remaining = len(requests)
         try:
             while remaining:
                 update = await queue.get()

@@ -17,6 +17,7 @@ from pagoda.engine.core import EngineCore
 from pagoda.engine.output_processor import OutputProcessor, make_requests
 from pagoda.model_executor.device import check_device
 from pagoda.model_files import cache_root, load_tokenizer
+from pagoda.pooling_params import PoolingParams, matryoshka
 from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, check_token_ids
 
@@ -152,6 +153,11 @@ class EngineBase:
         compiled grammar of its constraint, if it has one (a thinking budget is kept by the same
         state); `cache_salt`: its prefix cache namespace; `lora`: the adapter it runs; `priority`:
         vLLM's (lower first, under the priority policy)."""
+        if self.config.pooler is not None:
+            raise SamplingParamsError(
+                "model",
+                "this engine runs the pooling runner: it makes embeddings (LLM.embed, /v1/embeddings), not text",
+            )
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise SamplingParamsError("priority", f"priority must be an integer, got {priority!r}")
         # the requests' own copy, checked again: the caller may have changed fields since it made them
@@ -189,6 +195,40 @@ class EngineBase:
             lora,
             priority,
         )
+
+    def _embedding_requests(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: PoolingParams,
+        cache_salt: str | None = None,
+        priority: int = 0,
+    ) -> list[Request]:
+        """The engine request of one embedding (a list of one, as _new_requests' for n = 1)."""
+        if self.config.pooler is None:
+            raise SamplingParamsError(
+                "model",
+                "this engine runs the generate runner: it makes text, not embeddings; start it with --runner pooling "
+                "(LLM(..., runner='pooling'))",
+            )
+        if not isinstance(params, PoolingParams):
+            raise TypeError(f"an embedding's parameters are a PoolingParams, got {params!r:.80}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise SamplingParamsError("priority", f"priority must be an integer, got {priority!r}")
+        m = self.config.model
+        check_token_ids(prompt_ids, m.vocab_size, "prompt")
+        pooling = params.resolved(self.config.pooler, m.hf_config.hidden_size, matryoshka(m.hf_config))
+        request = Request(
+            f"{request_id}#0",
+            prompt_ids,
+            SamplingParams(),  # unused: it samples nothing, and ends when its prompt is computed
+            frozenset(),
+            m.max_model_len,
+            cache_salt=cache_salt,
+            priority=priority,
+            pooling=pooling,
+        )
+        return [request]
 
     def _word_token_ids(self, word: str) -> list[tuple[int, ...]]:
         """A bad word's token sequences, as vLLM makes them: the word alone (as at the start of the

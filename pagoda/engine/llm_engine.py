@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pagoda.engine.args import EngineArgs
 from pagoda.engine.base import EngineBase
 from pagoda.engine.outputs import SequenceOutput
+from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -35,23 +36,29 @@ class LLMEngine(EngineBase):
     def add_request(
         self,
         prompt: str | list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         request_id: str | None = None,
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
         priority: int = 0,
     ) -> str:
-        """Queue one prompt; returns its request id. `cache_salt` (vLLM's): only requests with the
-        same salt share prefix-cache blocks; `lora_request`: the adapter it runs; `priority`: lower
-        first under the priority policy (vLLM's)."""
+        """Queue one prompt; returns its request id. PoolingParams: an embedding (the pooling
+        runner's). `cache_salt` (vLLM's): only requests with the same salt share prefix-cache
+        blocks; `lora_request`: the adapter it runs; `priority`: lower first under the priority
+        policy (vLLM's)."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        adapter = None if lora_request is None else self.adapter(lora_request)
-        constraint = params.structured_outputs
-        grammar = self.compile_grammar(constraint) if constraint is not None else None
-        requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, adapter, priority)
+        if isinstance(params, PoolingParams):
+            if lora_request is not None:
+                raise ValueError("LoRA adapters are not supported with the pooling runner")
+            requests = self._embedding_requests(request_id, prompt_ids, params, cache_salt, priority)
+        else:
+            adapter = None if lora_request is None else self.adapter(lora_request)
+            constraint = params.structured_outputs
+            grammar = self.compile_grammar(constraint) if constraint is not None else None
+            requests = self._new_requests(request_id, prompt_ids, params, grammar, cache_salt, adapter, priority)
         for request in requests:
             self.core.add_request(request)
         self.outputs.add(request_id, requests)

@@ -111,6 +111,8 @@ class OutputProcessor:
         out.metrics = core.metrics
         if core.prompt_logprobs:
             out.prompt_logprobs += core.prompt_logprobs
+        if core.embedding is not None:
+            out.embedding = core.embedding
         tokens = core.new_token_ids
         hit = None
         # token by token: a step may bring several (speculative decoding), and a stop string that

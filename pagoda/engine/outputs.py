@@ -25,6 +25,7 @@ class SequenceOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    embedding: list[float] | None = None  # an embedding request's vector, once finished
 
     @property
     def finished(self) -> bool:

@@ -22,7 +22,16 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints import LOG_FORMAT
 from pagoda.generation_config import sampling_defaults
 from pagoda.lora import LoRARequest
-from pagoda.outputs import DecodedTokens, Logprob, RequestOutput, context, request_output
+from pagoda.outputs import (
+    DecodedTokens,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    RequestOutput,
+    context,
+    request_output,
+)
+from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import MAX_LOGPROBS, SamplingParams, truncated_prompt
 
 logger = logging.getLogger(__name__)
@@ -120,7 +129,6 @@ VLLM_NO_OPS = {
     "cpu_offload_gb": (0,),
     "skip_tokenizer_init": (False,),
     "limit_mm_per_prompt": (None, {}),
-    "runner": ("auto", "generate"),
     "convert": ("auto", "none"),
     "model_impl": ("auto",),
     "logprobs_mode": ("raw_logprobs",),  # the model's own, before any sampling parameter
@@ -234,6 +242,55 @@ class LLM:
                 lora,
             )
             for rid, prompt, ids_, sp, lora in zip(ids, prompt_list, prompt_ids, params_list, loras)
+        ]
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: int | Sequence[int] | None = None,
+        tokenization_kwargs: dict | None = None,
+        lora_request: None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's: one vector per prompt, in order, from an engine of the pooling runner
+        (runner="pooling", or a bare decoder's checkpoint); `pooling_params` one for all or one
+        per prompt (`dimensions`, `use_activation`); the rest as `generate`'s, but that a prompt
+        cut by `truncate_prompt_tokens` keeps its first tokens unless `truncation_side="left"`
+        (vLLM's pooling runner's), and -1 keeps the whole context. No LoRA adapters."""
+        if lora_request is not None:
+            raise ValueError("LoRA adapters are not supported with the pooling runner")
+        if not isinstance(prompts, (str, dict, Sequence)):
+            raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {prompts!r:.80}")
+        if not prompts and not isinstance(prompts, str):
+            return []
+        single = isinstance(prompts, (str, dict)) or isinstance(prompts[0], int)
+        given = [prompts] if single else prompts
+        prompt_list, salts = [_unwrapped(p) for p in given], [_cache_salt(p) for p in given]
+        params = PoolingParams() if pooling_params is None else pooling_params
+        params_list = [params] * len(prompt_list) if isinstance(params, PoolingParams) else list(params)
+        if len(params_list) != len(prompt_list) or not all(isinstance(p, PoolingParams) for p in params_list):
+            raise ValueError(f"give one PoolingParams, or one per prompt: {len(prompt_list)} prompt(s)")
+        one = priority is None or isinstance(priority, int)
+        priorities = [priority or 0] * len(prompt_list) if one else [operator.index(p) for p in priority]
+        kwargs = {"truncation_side": "right", **(tokenization_kwargs or {})}
+        if kwargs.get("truncate_prompt_tokens") == -1:  # an embedding needs no room for output
+            kwargs["truncate_prompt_tokens"] = self.engine.config.model.max_model_len
+        prompt_ids = [self._prompt_ids(p, kwargs) for p in prompt_list]
+        ids: list[str] = []
+        try:
+            for prompt, pp, salt, rank in zip(prompt_ids, params_list, salts, priorities):
+                ids.append(self.engine.add_request(prompt, pp, cache_salt=salt, priority=rank))
+            progress = Progress(len(ids), sum(map(len, prompt_ids)), len(ids), use_tqdm)
+            done = self._run(ids, progress)
+        except BaseException:
+            self.engine.abort(ids)
+            raise
+        return [
+            EmbeddingRequestOutput(
+                rid, EmbeddingOutput(done[rid][0].embedding), ids_, done[rid][0].metrics.num_cached_tokens
+            )
+            for rid, ids_ in zip(ids, prompt_ids)
         ]
 
     def beam_search(

@@ -85,7 +85,8 @@ def convert_model(model) -> None:
 
     lib = cpu.load()
     replace_linears(model, lambda linear: InvariantLinear(linear.weight, linear.bias, lib))
-    model.cpu_lm_head = InvariantLinear(model.embed_tokens if model.lm_head is None else model.lm_head, None, lib)
+    if model.computes_logits:
+        model.cpu_lm_head = InvariantLinear(model.embed_tokens if model.lm_head is None else model.lm_head, None, lib)
     for module in model.modules():
         if isinstance(module, SparseMoE):
             module.grouped = InvariantExperts(module.experts, lib)

@@ -76,4 +76,5 @@ def convert_model(model) -> None:
     compute_logits (over the embeddings when they are tied; they stay plain for lookups)."""
     lib = cpu.load()
     replace_linears(model, lambda linear: CpuLinear(linear.weight, linear.bias, lib))
-    model.cpu_lm_head = CpuLinear(model.embed_tokens if model.lm_head is None else model.lm_head, None, lib)
+    if model.computes_logits:
+        model.cpu_lm_head = CpuLinear(model.embed_tokens if model.lm_head is None else model.lm_head, None, lib)

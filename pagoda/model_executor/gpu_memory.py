@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from pagoda.errors import ConfigError
+from pagoda.pooling_params import WARMUP_POOLING
 from pagoda.request import Request
 from pagoda.sampling_params import SamplingParams
 
@@ -92,11 +93,14 @@ def dummy_step(config):
     num_reqs = min(s.max_num_seqs, s.max_num_batched_tokens)
     tokens = min(s.max_num_batched_tokens, num_reqs * max_prompt)
     gen = torch.Generator().manual_seed(0)
+    pooling = None if config.pooler is None else WARMUP_POOLING
     scheduled, next_block = [], 1
     for i in range(num_reqs):
         n = tokens // num_reqs + (i < tokens % num_reqs)
         prompt = torch.randint(0, config.model.vocab_size, (n,), generator=gen).tolist()
-        request = Request(f"profile-{i}", prompt, _COSTLIEST_SAMPLING, frozenset(), config.model.max_model_len)
+        request = Request(
+            f"profile-{i}", prompt, _COSTLIEST_SAMPLING, frozenset(), config.model.max_model_len, pooling=pooling
+        )
         blocks = -(-n // bs)
         request.block_ids = list(range(next_block, next_block + blocks))
         next_block += blocks

@@ -71,6 +71,9 @@ def load_model_config(
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad config
         raise ConfigError(f"Cannot read the model config in {path}: {exc}") from exc
     architecture = (getattr(hf_config, "architectures", None) or [_BY_MODEL_TYPE.get(hf_config.model_type, "?")])[0]
+    headless = architecture.endswith("Model") and bare_decoder(architecture) in ARCHITECTURES
+    if headless:  # an embedding model's checkpoint: the decoder alone (e5-mistral's MistralModel)
+        architecture = bare_decoder(architecture)
     if architecture not in ARCHITECTURES:
         raise ConfigError(f"Unsupported architecture {architecture!r} in {path}. Supported: {SUPPORTED}.")
     activation = getattr(hf_config, "hidden_act", "silu")
@@ -135,7 +138,13 @@ def load_model_config(
         quantization=quantization,
         gguf_file=gguf_file,
         expert_layers=_expert_layers(path, hf_config, ARCHITECTURES[architecture].experts),
+        headless=headless,
     )
+
+
+def bare_decoder(architecture: str) -> str:
+    """The causal LM whose decoder an `XModel` architecture is: XForCausalLM."""
+    return architecture.removesuffix("Model") + "ForCausalLM"
 
 
 def _expert_layers(path: str, hf_config, mixture: Mixture | None) -> tuple[int, ...]:
@@ -175,7 +184,13 @@ def load_model(
     """`batch_invariant`: linears by the batch-invariant GEMM (EngineConfig.deterministic);
     `modules_only`: every step runs the modules, never the C decoder stack (LoRA wraps them)."""
     model = DecoderModel(
-        config.hf_config, ARCHITECTURES[config.architecture], backend, config.max_model_len, config.dtype, device
+        config.hf_config,
+        ARCHITECTURES[config.architecture],
+        backend,
+        config.max_model_len,
+        config.dtype,
+        device,
+        computes_logits=config.lm_head,
     )
     if config.quantization == "gguf":
         quant_loader.load_gguf(model, config.gguf_file)
@@ -253,13 +268,16 @@ def load_weights(
         logger.info("Reading weights: file %d of %d (%s; %.2f GiB in all)", i + 1, len(files), file.name, total_gib)
         try:
             for key, entry in read_safetensors(file):
+                # the bare decoder's checkpoint (an embedding model's, as sentence-transformers saves one)
+                # names its weights without the causal LM's "model."
+                key = key if key.startswith("model.") or key == "lm_head.weight" else f"model.{key}"
                 found = _target(key, names)
                 if found is None:
                     continue
                 name, slot = found
                 read.add(key)
                 if name == "lm_head" and model.lm_head is None:
-                    continue  # tied to the embeddings
+                    continue  # tied to the embeddings, or a pooling model's: no head
                 where = f"{file.name} has weight {key!r}"
                 pieces = _unstacked(name, entry)
                 first = params.get(pieces[0][0])

@@ -32,8 +32,10 @@ from pagoda.model_executor.cpu_threads import ComputeThreads
 from pagoda.model_executor.cuda_graphs import MAX_GRAPH_BATCH, CUDAGraphRunner, capture_sizes
 from pagoda.model_executor.loader import load_model
 from pagoda.model_executor.lora_layers import LoRAModel, plain_linear
+from pagoda.model_executor.pooler import Pooler
 from pagoda.model_executor.sampler import Sampler, token_logprob
 from pagoda.model_executor.spec_verify import verify
+from pagoda.pooling_params import WARMUP_POOLING
 from pagoda.request import Request, TokenLogprob
 from pagoda.sampling_params import SamplingParams
 
@@ -126,6 +128,7 @@ class ModelRunner:
         )
         self.lora = self._lora_model() if config.enable_lora else None
         self.sampler = Sampler(cpu_kernels.load() if self.device.type == "cpu" else None)
+        self.pooler = Pooler()  # embedding requests' vectors
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None  # set by capture_cuda_graphs
 
@@ -219,9 +222,12 @@ class ModelRunner:
         if not steps:
             return
         start, graphs, self.cuda_graphs = time.perf_counter(), self.cuda_graphs, None
+        pooling = None if self.config.pooler is None else WARMUP_POOLING
         try:
             for i, (query_len, total, blocks) in enumerate(steps):
-                request = Request(f"compile-{i}", [0] * total, _COMPILE_SAMPLING, frozenset(), m.max_model_len)
+                request = Request(
+                    f"compile-{i}", [0] * total, _COMPILE_SAMPLING, frozenset(), m.max_model_len, pooling=pooling
+                )
                 request.num_computed_tokens = total - query_len
                 request.block_ids = list(range(1, 1 + blocks))
                 self.execute(SchedulerOutput(((request, query_len),), query_len))
@@ -234,6 +240,7 @@ class ModelRunner:
         if self.threads is not None:
             self.threads.adjust()
         self.sampler.drop(step.finished_request_ids)
+        self.pooler.drop(step.finished_request_ids)
         batch = self._prepare(step)
         if self.lora is None or not batch.lora_rows:
             hidden = self._forward(batch)
@@ -251,8 +258,14 @@ class ModelRunner:
         prompt_logprobs = (
             self._prompt_logprobs(step, batch, hidden) if batch.wants_prompt_logprobs else [None] * len(step.scheduled)
         )
+        embeddings = None
+        if batch.poolers:
+            embeddings = [None] * len(step.scheduled)
+            for pool in batch.poolers:
+                rows = hidden[pool.rows]
+                embeddings[pool.slot] = self.pooler.add(pool.request, rows, pool.start, pool.ends)
         if not batch.verifiers:
-            return ModelRunnerOutput(tokens, logprobs, prompt_logprobs)
+            return ModelRunnerOutput(tokens, logprobs, prompt_logprobs, embeddings=embeddings)
         accepted: list[list[int]] = [[] for _ in step.scheduled]
         accepted_logprobs: list[list[TokenLogprob | None]] = [[] for _ in step.scheduled]
         verifying = [r for r, _ in batch.verifiers]
@@ -263,7 +276,7 @@ class ModelRunner:
         for (_, slot), verdict in zip(batch.verifiers, verdicts):
             accepted[slot], tokens[slot] = verdict.accepted, verdict.token
             accepted_logprobs[slot], logprobs[slot] = verdict.logprobs[:-1], verdict.logprobs[-1]
-        return ModelRunnerOutput(tokens, logprobs, prompt_logprobs, accepted, accepted_logprobs)
+        return ModelRunnerOutput(tokens, logprobs, prompt_logprobs, accepted, accepted_logprobs, embeddings)
 
     def _grammar_bitmask(self, requests: list[Request], drafts: list[list[int]] | None = None) -> TokenBitmask | None:
         """The allowed tokens of this step's constrained requests (None when none is): one row
@@ -315,9 +328,14 @@ class ModelRunner:
             block_size=bs,
             dtype=self.config.model.dtype,
         )
-        # a request that reaches its end samples its next token, or verifies its drafts (1 + k rows)
-        sampling_rows = [i for i, (r, _) in enumerate(scheduled) if not drafts[i] and seq_lens[i] == r.num_tokens]
+        # a request that reaches its end samples its next token, or verifies its drafts (1 + k rows);
+        # an embedding request pools its prompt's rows instead (at its end, or each chunk's rows)
+        ends = [seq_lens[i] == r.num_tokens for i, (r, _) in enumerate(scheduled)]
+        sampling_rows = [i for i, (r, _) in enumerate(scheduled) if ends[i] and not drafts[i] and r.pooling is None]
         sample_indices = [int(query_start_loc[i + 1]) - 1 for i in sampling_rows]
+        pooling_rows = [i for i, (r, _) in enumerate(scheduled) if r.pooling is not None]
+        pools_every_row = any(scheduled[i][0].pooling.every_row for i in pooling_rows)  # type: ignore[union-attr]
+        pooled_last = [int(query_start_loc[i + 1]) - 1 for i in pooling_rows if ends[i]]
         verify_rows = [i for i in range(len(scheduled)) if drafts[i]]
         verify_indices = [
             int(j)
@@ -327,14 +345,24 @@ class ModelRunner:
         wants_prompt_logprobs = any(
             r.sampling_params.prompt_logprobs is not None and r.is_prefilling for r, _ in step.scheduled
         )
-        # the rows whose hidden states the step reads, where that is not all (prompt logprobs read
-        # every prompt row): the forward returns those only, and the indices count among them
-        read_rows = None
-        if not wants_prompt_logprobs and len(sample_indices) + len(verify_indices) < len(token_ids):
-            read_rows = sorted(sample_indices + verify_indices)
+        # the rows whose hidden states the step reads, where that is not all (prompt logprobs and
+        # MEAN or CLS pooling read every prompt row): the forward returns those only, and the
+        # indices count among them
+        read_rows, among_read = None, None
+        every_row = wants_prompt_logprobs or pools_every_row
+        if not every_row and len(sample_indices) + len(verify_indices) + len(pooled_last) < len(token_ids):
+            read_rows = sorted(sample_indices + verify_indices + pooled_last)
             among_read = {row: k for k, row in enumerate(read_rows)}
             sample_indices = [among_read[row] for row in sample_indices]
             verify_indices = [among_read[row] for row in verify_indices]
+        poolers = []
+        for i in pooling_rows:
+            request, first, last = scheduled[i][0], int(query_start_loc[i]), int(query_start_loc[i + 1])
+            if among_read is not None:  # LAST pooling only: the last row, where the prompt ends
+                if not ends[i]:
+                    continue
+                first, last = among_read[last - 1], among_read[last - 1] + 1
+            poolers.append(_Pool(request, order[i], slice(first, last), starts[i], ends[i]))
         query_starts = np.empty(len(order), dtype=np.int32)
         query_starts[order] = query_start_loc[:-1]
         lora_rows: dict[str, list[int]] = {}  # adapter uid -> the rows of its requests' query tokens
@@ -349,6 +377,7 @@ class ModelRunner:
             attn_inputs=inputs,
             attn_metadata=self.backend.build_metadata(inputs),
             samplers=[(scheduled[i][0], order[i]) for i in sampling_rows],
+            poolers=poolers,
             sample_indices=torch.tensor(sample_indices, dtype=torch.long, device=device),
             verifiers=[(scheduled[i][0], order[i]) for i in verify_rows],
             verify_indices=torch.tensor(verify_indices, dtype=torch.long, device=device),
@@ -382,6 +411,17 @@ class ModelRunner:
 
 
 @dataclass(frozen=True)
+class _Pool:
+    """An embedding request's rows of the forward's output this step (Pooler.add's arguments)."""
+
+    request: Request
+    slot: int  # its place in the step
+    rows: slice
+    start: int  # the prompt position of its first row
+    ends: bool  # its prompt ends this step
+
+
+@dataclass(frozen=True)
 class _Batch:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -389,6 +429,7 @@ class _Batch:
     attn_metadata: object  # the backend's own type, opaque to the runner
     samplers: list[tuple[Request, int]]  # requests that sample this step, with their slot in the step
     sample_indices: torch.Tensor  # the samplers' last query tokens' rows of the forward's output, as `samplers`
+    poolers: list[_Pool]  # the embedding requests that pool rows this step
     verifiers: list[tuple[Request, int]]  # requests verifying drafts this step, with their slot in the step
     verify_indices: torch.Tensor  # each verifier's 1 + k last query tokens' rows of the output, as `verifiers`
     read_rows: torch.Tensor | None  # the batch rows the forward returns (sorted), None: all

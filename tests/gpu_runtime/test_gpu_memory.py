@@ -48,6 +48,7 @@ class _Config:
         self.scheduler = SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         self.cache = SimpleNamespace(block_size=block_size)
         self.model = SimpleNamespace(max_model_len=max_model_len, vocab_size=vocab)
+        self.pooler = None  # the generate runner
 
 
 @pytest.mark.parametrize(

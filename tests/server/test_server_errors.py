@@ -53,6 +53,7 @@ def test_unknown_route_is_an_openai_404(http):
     assert error_of(http.get("/v1/nothing"), 404)["type"] == "invalid_request_error"
     unserved = error_of(http.post("/v1/embeddings", json={"model": MODEL, "input": "hi"}), 404)
     assert unserved["code"] == "unsupported_endpoint" and "/v1/chat/completions" in unserved["message"]
+    assert "--runner pooling" in unserved["message"]
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from pagoda import __version__
 from pagoda.config import EngineConfig
 from pagoda.engine.async_engine import AsyncEngine
-from pagoda.entrypoints.openai import chat, completions, messages, responses
+from pagoda.entrypoints.openai import chat, completions, embeddings, messages, responses
 from pagoda.entrypoints.openai.console.feed import EngineFeed, RecentRequests
 from pagoda.entrypoints.openai.console.page import route_path
 from pagoda.entrypoints.openai.console.routes import data_routes, page_routes
@@ -47,6 +47,7 @@ from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     LoadLoRAAdapterRequest,
     ResponsesRequest,
     TokenizeRequest,
@@ -55,9 +56,8 @@ from pagoda.entrypoints.openai.protocol import (
 from pagoda.entrypoints.openai.recording import RecordSinks
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.entrypoints.openai.response_store import ResponseStore, StoredResponse
-from pagoda.entrypoints.openai.serving import LONG_PROMPT_CHARS, InFlight, ServerConfig, ServerState
+from pagoda.entrypoints.openai.serving import InFlight, ServerConfig, ServerState
 from pagoda.entrypoints.openai.stats_log import log_stats
-from pagoda.entrypoints.openai.tool_calls import check_tools
 from pagoda.entrypoints.openai.tracing import RequestTracer
 from pagoda.lora import LoRAError, LoRANotFoundError, LoRARequest
 from pagoda.tools.reasoning import REASONING_PARSERS, ReasoningTokenCounter
@@ -306,6 +306,10 @@ def _v1_routes(state: ServerState) -> APIRouter:
     async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> Response:
         return await chat.create_chat_completion(state, body, http)
 
+    @router.post("/embeddings")
+    async def create_embedding(body: EmbeddingRequest, http: Request) -> Response:
+        return await embeddings.create_embedding(state, body, http)
+
     @router.post("/responses")
     async def create_response(body: ResponsesRequest, http: Request) -> Response:
         return await responses.create_response(state, body, http)
@@ -368,13 +372,19 @@ def _invocation_routes(state: ServerState) -> APIRouter:
             body = await http.json()
         except ValueError as exc:
             raise bad_request(f"JSON decode error: {exc}") from None
+        if (
+            isinstance(body, dict)
+            and state.engine.config.pooler is not None
+            and ("input" in body or "messages" in body)
+        ):
+            return await embeddings.create_embedding(state, _validated(EmbeddingRequest, body), http)
         if isinstance(body, dict) and "messages" in body:
             return await chat.create_chat_completion(state, _validated(ChatCompletionRequest, body), http)
         if isinstance(body, dict) and "prompt" in body:
             return await completions.create_completion(state, _validated(CompletionRequest, body), http)
         raise bad_request(
             "Cannot find suitable handler for request. Expected one of: ChatCompletionRequest (messages), "
-            "CompletionRequest (prompt)"
+            "CompletionRequest (prompt), EmbeddingRequest (input, with --runner pooling)"
         )
 
     return router
@@ -513,13 +523,7 @@ async def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("Give exactly one of `prompt` and `messages`.", "prompt")
     if body.messages is not None:
-        messages = chat.parse_messages(body.messages)
-        tools = check_tools(body.tools) or None
-        kwargs = chat.checked_template_kwargs(state.tokenizer, body, state.config.default_template_kwargs)
-        size = sum(len(m["content"]) for m in messages)
-        template = chat.request_template(state, body)
-        size = size if body.chat_template is None else LONG_PROMPT_CHARS  # a request's template: off the loop
-        return await state.off_loop(chat.render, state, template, messages, tools, kwargs, size=size)
+        return await chat.render_body_messages(state, body)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
     return await state.off_loop(
         lambda: state.tokenizer.encode(body.prompt, add_special_tokens=add_special), size=len(body.prompt)

@@ -18,7 +18,7 @@ from pagoda.engine.outputs import SequenceOutput
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.logprobs import before_delta, chat_logprobs, vllm_prompt_logprobs
 from pagoda.entrypoints.openai.params import check_context, constraint_field, sampling_params, truncated
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, TokenizeRequest
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, EmbeddingRequest, TokenizeRequest
 from pagoda.entrypoints.openai.serving import (
     DONE,
     LONG_PROMPT_CHARS,
@@ -184,7 +184,7 @@ def renderer_arguments(apply_chat_template) -> set[str]:
 
 
 def checked_template_kwargs(
-    tokenizer, body: ChatCompletionRequest | TokenizeRequest, defaults: dict | None = None
+    tokenizer, body: ChatCompletionRequest | TokenizeRequest | EmbeddingRequest, defaults: dict | None = None
 ) -> dict:
     """The renderer's keywords for the request: its chat_template_kwargs over the server's
     `defaults` (--default-chat-template-kwargs), whose names of the renderer's own arguments
@@ -257,7 +257,9 @@ def with_content_parts(messages: list[dict]) -> list[dict]:
     return [m if m["role"] == "tool" else {**m, "content": parts(m["content"])} for m in messages]
 
 
-def request_template(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> str | None:
+def request_template(
+    state: ServerState, body: ChatCompletionRequest | TokenizeRequest | EmbeddingRequest
+) -> str | None:
     """The chat template a request renders with: its own `chat_template` where the server trusts
     requests' (vLLM's --trust-request-chat-template; else a 400, as vLLM), else --chat-template's,
     else the model's."""
@@ -341,6 +343,20 @@ def template_inputs(
     messages = parse_messages(body.messages)
     kwargs = {**checked_template_kwargs(tokenizer, body, defaults), **_template_extras(body)}
     return messages, check_tools(body.tools) or None, kwargs
+
+
+async def render_body_messages(state: ServerState, body: TokenizeRequest | EmbeddingRequest) -> list[int]:
+    """The `messages` of a /tokenize or /v1/embeddings request rendered as a chat request's are
+    (its tools, template and template variables too), with the tokenizer's special tokens on top
+    where `add_special_tokens` asks for them (vLLM's; default: the template's alone)."""
+    messages = parse_messages(body.messages)
+    tools = check_tools(body.tools) or None
+    kwargs = checked_template_kwargs(state.tokenizer, body, state.config.default_template_kwargs)
+    kwargs["add_special_tokens"] = bool(body.add_special_tokens)
+    size = sum(len(m["content"]) for m in messages)
+    template = request_template(state, body)
+    size = size if body.chat_template is None else LONG_PROMPT_CHARS  # a request's template: off the loop
+    return await state.off_loop(render, state, template, messages, tools, kwargs, size=size)
 
 
 async def prepare(state: ServerState, body: ChatCompletionRequest) -> PreparedChat:

@@ -43,19 +43,29 @@ class Prompt:
     text: str | None  # as sent; None for token prompts (decoded only if echoed)
 
 
-async def prompts_of(state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
+async def prompts_of(
+    state: ServerState,
+    prompt: str | list[str] | list[int] | list[list[int]],
+    param: str = "prompt",
+    add_special_tokens: bool = True,
+) -> list[Prompt]:
+    """The prompts of a field (`param`, which a 400 names) that holds text or token ids, one or
+    many; texts tokenized with the tokenizer's special tokens unless `add_special_tokens` is False."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
-        raise bad_request("prompt must not be empty", "prompt")
+        raise bad_request(f"{param} must not be empty", param)
     if isinstance(prompt[0], int):
         prompt = [prompt]
     if isinstance(prompt[0], list):
         for ids in prompt:
-            check_token_ids(ids, state.limits.vocab_size, "prompt")
+            check_token_ids(ids, state.limits.vocab_size, param)
         return [Prompt(list(ids), None) for ids in prompt]
     size = sum(map(len, prompt))
-    encoded = await state.off_loop(lambda: [state.tokenizer.encode(text) for text in prompt], size=size)
+    encode = state.tokenizer.encode
+    encoded = await state.off_loop(
+        lambda: [encode(text, add_special_tokens=add_special_tokens) for text in prompt], size=size
+    )
     return [Prompt(ids, text) for ids, text in zip(encoded, prompt)]
 
 

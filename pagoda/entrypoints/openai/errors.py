@@ -142,8 +142,13 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
 # leaves a client, or an SDK that picked the route itself, guessing)
 UNSERVED = {
     "/v1/embeddings": "Embeddings are not served by this server (it generates text: /v1/chat/completions, "
-    "/v1/completions)",
+    "/v1/completions); an embedding model is served with --runner pooling",
 }
+# what an embedding server (--runner pooling) answers on the routes that generate text
+NOT_GENERATING = (
+    "Text generation is not served by this server: it runs an embedding model (--runner pooling) and serves "
+    "/v1/embeddings"
+)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

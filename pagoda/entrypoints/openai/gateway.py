@@ -27,6 +27,7 @@ from fastapi.responses import Response
 from pagoda import __version__
 from pagoda.engine.async_engine import AsyncEngine, EngineDeadError
 from pagoda.entrypoints.openai.serving import ServerState
+from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 
 HEALTH_GENERATE_S = 30.0  # past this, a one-token generation counts as a failed check
@@ -51,7 +52,7 @@ def gateway_routes(state: ServerState) -> APIRouter:
             "model_path": model.path,
             "tokenizer_path": model.tokenizer or model.path,
             "served_model_name": state.model_name,
-            "is_generation": True,
+            "is_generation": engine.config.pooler is None,  # SGLang's: False for an embedding model
             "max_model_len": model.max_model_len,
             "architecture": model.architecture,
         }
@@ -73,12 +74,15 @@ def gateway_routes(state: ServerState) -> APIRouter:
 
 
 async def generates_a_token(engine: AsyncEngine) -> bool:
-    """Whether the engine generates one greedy token for a one-token prompt within HEALTH_GENERATE_S."""
+    """Whether the engine generates one greedy token for a one-token prompt within HEALTH_GENERATE_S
+    (the pooling runner: that prompt's embedding)."""
     prompt = list(engine.config.model.eos_token_ids[:1]) or [0]  # any one token will do
     request_id = f"health-generate-{uuid.uuid4().hex}"
+    pooling = engine.config.pooler is not None
+    params = PoolingParams() if pooling else SamplingParams(max_tokens=1, temperature=0)
 
     async def one_token() -> bool:
-        async for update in engine.generate(request_id, prompt, SamplingParams(max_tokens=1, temperature=0)):
+        async for update in engine.generate(request_id, prompt, params):
             if update.finished:
                 return True
         return False

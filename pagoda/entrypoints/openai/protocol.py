@@ -325,6 +325,38 @@ class TokenizeRequest(_Body):
     return_token_strs: bool = False  # vLLM's: the tokens' own strings (the vocabulary's, e.g. "Ġhello") too
 
 
+class EmbeddingRequest(_Body):
+    """OpenAI's embeddings (POST /v1/embeddings) and vLLM's extensions of it: `input` as text or
+    token ids, one or many, or vLLM's `messages`, one conversation rendered by the chat template
+    (as /tokenize renders it)."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
+    encoding_format: typing.Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    # vLLM's
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: TruncationSide | None = None
+    add_special_tokens: bool | None = None  # default: True for input, False for messages
+    use_activation: bool | None = None  # the vector scaled to unit length; None: the server's pooler's
+    embed_dtype: typing.Literal["float32", "float16", "bfloat16"] = "float32"  # base64's values
+    endianness: typing.Literal["native", "big", "little"] = "native"  # base64's bytes
+    request_id: RequestId = None
+    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
+    cache_salt: CacheSalt = None
+    # with messages, as a chat request's (vLLM: no generation prompt by default)
+    tools: Any = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    # refused (embeddings.py): vLLM's removed `normalize` (use_activation now), and padding to a length
+    normalize: Any = None
+    padding: Any = None
+
+
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]

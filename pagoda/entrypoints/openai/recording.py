@@ -14,6 +14,7 @@ from pagoda.entrypoints.openai.console.feed import RecentRequests
 from pagoda.entrypoints.openai.metrics import ServerMetrics
 from pagoda.entrypoints.openai.request_log import RequestLogWriter
 from pagoda.entrypoints.openai.tracing import RequestTracer
+from pagoda.pooling_params import PoolingParams, sequences_of
 from pagoda.sampling_params import SamplingParams
 
 logger = logging.getLogger("pagoda.requests")
@@ -42,7 +43,7 @@ class RequestRecorder:
         endpoint: str,
         request_ids: list[str],
         prompts: list[list[int]],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         body: dict | None,
         logged: bool = True,
         trace: TraceContext | None = None,
@@ -56,7 +57,7 @@ class RequestRecorder:
         self.request_ids = request_ids  # each prompt's, as the client's answer names it
         self.prompts = prompts
         self.params = params
-        self.n = params.n
+        self.n = sequences_of(params)
         self.body = body  # the request as sent; kept only when the request log is on
         self.trace = trace
         self._admitted: set[int] = set()
@@ -90,7 +91,8 @@ class RequestRecorder:
                 elif not out.finished:
                     self.sinks.metrics.finished(out, "abort", now)
         outs = [latest[k] for k in sorted(latest)]
-        self.sinks.metrics.prompt_done(outs, self.n, self.params.max_tokens)
+        max_tokens = self.params.max_tokens if isinstance(self.params, SamplingParams) else None
+        self.sinks.metrics.prompt_done(outs, self.n, max_tokens)
         if not self.logged:
             return
         reasons = sorted({out.finish_reason or "abort" for out in outs}) or ["abort"]

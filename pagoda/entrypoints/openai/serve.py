@@ -102,8 +102,8 @@ VLLM_FLAGS_NOT_TAKEN = {
     "--max-cudagraph-capture-size": _GRAPH_SIZES,
     "--stream-interval": "a stream sends each step's tokens as they come",
     "--logits-processors": "no custom logits processors: the sampler's parameters are vLLM's request fields",
-    "--runner": "generation models only: no pooling runner",
-    "--convert": "generation models only: no pooling runner",
+    "--convert": "no model conversion: --runner pooling makes embeddings (vLLM's convert embed); no "
+    "classification or reward models",
     "--kv-transfer-config": "no disaggregated prefill: one server prefills and decodes",
     "--kv-offloading-size": "the KV cache lives in one pool (--kv-cache-memory); nothing is offloaded",
     "--kv-offloading-backend": "the KV cache lives in one pool (--kv-cache-memory); nothing is offloaded",

@@ -21,7 +21,7 @@ from pagoda.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence,
 from pagoda.core.outputs import RequestMetrics
 from pagoda.engine.async_engine import AsyncEngine
 from pagoda.engine.outputs import SequenceOutput
-from pagoda.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
+from pagoda.entrypoints.openai.errors import NOT_GENERATING, APIError, ClientDisconnected, bad_request
 from pagoda.entrypoints.openai.logprobs import TokenIdTexts, TokenNames, TokenTexts
 from pagoda.entrypoints.openai.params import ModelLimits, constraint_field
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
@@ -32,6 +32,7 @@ from pagoda.entrypoints.openai.streams import Generation
 from pagoda.entrypoints.openai.tool_calls import ToolSettings
 from pagoda.entrypoints.openai.tracing import trace_headers
 from pagoda.lora import LoRAAdapter, LoRAError, LoRARequest
+from pagoda.pooling_params import PoolingParams
 from pagoda.request import TokenLogprob
 from pagoda.sampling_params import MAX_LOGPROBS, ReasoningSpan, SamplingParams, StructuredOutputsParams
 from pagoda.structured.compiler import GrammarError
@@ -182,6 +183,8 @@ class ServerState:
     def check_request(self, body: CompletionRequest | ChatCompletionRequest) -> None:
         """What every generation endpoint refuses before reading the prompt."""
         self.check_model(body.model)
+        if self.engine.config.pooler is not None:  # as vLLM, which routes only its model's tasks: 404
+            raise APIError(404, NOT_GENERATING, code="unsupported_endpoint")
         if (field := unsupported_fields(body)) is not None:
             raise bad_request(f"`{field}` is not supported by this server", field)
         if body.stream_options is not None and not body.stream:
@@ -233,7 +236,7 @@ class ServerState:
         endpoint: str,
         request_id: str,
         prompts: list[list[int]],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         cache_salt: str | None,
         model: str | None,
         priority: int = 0,

@@ -22,6 +22,7 @@ from pagoda.entrypoints.openai.errors import APIError, bad_request, queue_full
 
 if TYPE_CHECKING:
     from pagoda.lora import LoRAAdapter
+from pagoda.pooling_params import PoolingParams, sequences_of
 from pagoda.sampling_params import SamplingParams
 
 
@@ -38,7 +39,7 @@ def engine_error(exc: Exception) -> APIError:
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"The engine is not running: {exc}")
     if isinstance(exc, ValueError):
-        return bad_request(str(exc))
+        return bad_request(str(exc), getattr(exc, "param", None))  # a SamplingParamsError names its field
     return APIError(500, f"Internal server error: {type(exc).__name__}")
 
 
@@ -48,7 +49,7 @@ class Generation:
         engine: AsyncEngine,
         engine_ids: list[str],
         prompts: list[list[int]],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         cache_salt: str | None,
         lora: LoRAAdapter | None,
         observer: Observer,
@@ -64,7 +65,7 @@ class Generation:
         self.observer = observer
         self._queue: asyncio.Queue[tuple[int, SequenceOutput | Exception]] = asyncio.Queue()
         self._buffer: deque[tuple[int, SequenceOutput]] = deque()
-        self._remaining = len(prompts) * params.n  # sequences not yet finished
+        self._remaining = len(prompts) * sequences_of(params)  # sequences not yet finished
         self._tasks: list[asyncio.Task] = []
 
     @staticmethod

@@ -14,6 +14,7 @@ from typing import Any
 
 from pagoda.engine.outputs import SequenceOutput
 from pagoda.errors import ConfigError
+from pagoda.sampling_params import SamplingParams
 
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, carried over from the HTTP request
 PROTOCOL_VARIABLE = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
@@ -49,7 +50,7 @@ class RequestTracer:
         now: float,
     ) -> None:
         """One prompt's span, ended now (`now`: time.monotonic(), the engine's clock); `outs`: its
-        sequences that began, `params` its SamplingParams."""
+        sequences that began, `params` its SamplingParams (or an embedding's PoolingParams)."""
         if not outs:
             return
         m = outs[0].metrics
@@ -59,11 +60,12 @@ class RequestTracer:
             "gen_ai.usage.prompt_tokens": m.num_prompt_tokens,
             "gen_ai.usage.completion_tokens": sum(len(out.token_ids) for out in outs),
             "gen_ai.latency.e2e": now - m.arrival_time,
-            "gen_ai.request.n": params.n,
-            "gen_ai.request.temperature": params.temperature,
-            "gen_ai.request.top_p": params.top_p,
         }
-        if params.max_tokens is not None:
+        if isinstance(params, SamplingParams):  # an embedding has none of these
+            attributes["gen_ai.request.n"] = params.n
+            attributes["gen_ai.request.temperature"] = params.temperature
+            attributes["gen_ai.request.top_p"] = params.top_p
+        if isinstance(params, SamplingParams) and params.max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = params.max_tokens
         if m.first_scheduled_time is not None:
             attributes["gen_ai.latency.time_in_queue"] = m.first_scheduled_time - m.arrival_time

@@ -282,16 +282,26 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, hf_config, spec: ArchSpec, backend: AttentionBackend, max_positions: int, dtype, device):
+    def __init__(
+        self,
+        hf_config,
+        spec: ArchSpec,
+        backend: AttentionBackend,
+        max_positions: int,
+        dtype,
+        device,
+        computes_logits: bool = True,
+    ):
+        """`computes_logits` False: a pooling model's, without an LM head (its final hidden states are its output)."""
         super().__init__()
         d = self.dims = Dims.from_hf(hf_config, spec)
         self.embed_tokens = empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
         self.layers = nn.ModuleList(DecoderLayer(d, spec, backend, i, dtype, device) for i in range(d.num_layers))
         self.norm = ResidualRMSNorm(d.hidden, d.rms_eps, dtype, device)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = (
-            None if self.tie_word_embeddings else empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device)
-        )
+        self.computes_logits = computes_logits
+        untied = computes_logits and not self.tie_word_embeddings
+        self.lm_head = empty_param(d.vocab_size, d.hidden, dtype=dtype, device=device) if untied else None
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions, dtype, device)
         self.cpu_lm_head: nn.Module | None = None  # set by cpu_linear.convert_model or quant_loader
         self.quant_embedding: nn.Module | None = None  # set by quant_loader: embed_tokens is then empty
@@ -317,6 +327,7 @@ class DecoderModel(nn.Module):
         return hidden if read_rows is None else hidden[read_rows]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.computes_logits, "a pooling model has no LM head"
         if self.cpu_lm_head is not None:
             logits = self.cpu_lm_head(hidden)
         else:

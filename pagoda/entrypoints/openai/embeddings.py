@@ -1,0 +1,102 @@
+"""POST /v1/embeddings, OpenAI's with vLLM's extensions: one engine request per input, each answered
+with its prompt's vector, in input order. Served by the pooling runner only (--runner pooling)."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from pagoda.entrypoints.openai import chat
+from pagoda.entrypoints.openai.completions import prompts_of
+from pagoda.entrypoints.openai.errors import UNSERVED, APIError, bad_request
+from pagoda.entrypoints.openai.params import truncated
+from pagoda.entrypoints.openai.protocol import EmbeddingRequest
+from pagoda.entrypoints.openai.serving import ServerState, answer_id
+from pagoda.pooling_params import PoolingParams, matryoshka, too_long
+from pagoda.sampling_params import SamplingParamsError
+
+ENDPOINT = "/v1/embeddings"
+
+
+async def create_embedding(state: ServerState, body: EmbeddingRequest, http: Request) -> Response:
+    state.check_model(body.model)
+    if body.normalize is not None:
+        raise bad_request(
+            "normalize is not a field of this API: use use_activation (vLLM's name since 0.11)", "normalize"
+        )
+    if body.padding not in (None, "do_not_pad"):
+        raise bad_request("padding: prompts are embedded as they are; only do_not_pad is taken", "padding")
+    engine = state.engine.config
+    if engine.pooler is None:  # as vLLM, which routes only its model's tasks: 404
+        raise APIError(404, UNSERVED[ENDPOINT], code="unsupported_endpoint")
+    prompts = await _prompts(state, body)
+    max_model_len = state.limits.max_model_len
+    if body.truncate_prompt_tokens is not None:  # -1: the whole context (an embedding has no output)
+        keep = max_model_len if body.truncate_prompt_tokens == -1 else body.truncate_prompt_tokens
+        side = body.truncation_side or "right"  # vLLM's pooling runner keeps a prompt's first tokens
+        prompts = [truncated(ids, keep, side, max_model_len) for ids in prompts]
+    field = "input" if body.messages is None else "messages"
+    for ids in prompts:
+        if not ids:
+            raise bad_request(f"{field} holds an empty prompt: at least one token is needed to embed", field)
+        if len(ids) > max_model_len:
+            raise bad_request(f"{too_long(len(ids), max_model_len)} (or set truncate_prompt_tokens)", field)
+    params = PoolingParams(body.dimensions, body.use_activation)
+    try:  # the engine checks them again; here a 400 names the field before anything runs
+        params.resolved(engine.pooler, engine.model.hf_config.hidden_size, matryoshka(engine.model.hf_config))
+    except SamplingParamsError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    request_id = answer_id(http, "embd-", body.request_id)
+    generation = await state.launch(
+        http, ENDPOINT, request_id, prompts, params, body.cache_salt, body.model, body.priority
+    )
+    outputs = await state.collect(http, generation)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encoded(outs[0].embedding, body)}
+        for i, outs in enumerate(outputs)
+    ]
+    tokens = sum(map(len, prompts))
+    return JSONResponse(
+        {
+            "id": request_id,
+            "object": "list",
+            "created": int(time.time()),
+            "model": state.answering_model(body.model),
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+        }
+    )
+
+
+async def _prompts(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:
+    """The request's prompts: its inputs, or its conversation rendered by the chat template."""
+    if (body.input is None) == (body.messages is None):
+        raise bad_request("Give exactly one of `input` and `messages`.", "input")
+    if body.messages is not None:
+        return [await chat.render_body_messages(state, body)]
+    add_special = True if body.add_special_tokens is None else body.add_special_tokens
+    return [p.ids for p in await prompts_of(state, body.input, "input", add_special)]
+
+
+_DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
+
+
+def _encoded(vector: list[float], body: EmbeddingRequest) -> list[float] | str:
+    """The vector as the request asks: a list of floats, or base64 of its values' bytes in
+    `embed_dtype` (float32 by default, as OpenAI's clients decode it) and `endianness` (native:
+    this machine's, as vLLM sends)."""
+    if body.encoding_format == "float":
+        return vector
+    values = np.asarray(vector, dtype=np.float32)
+    if body.embed_dtype == "bfloat16":  # the top half of each float32, rounded to nearest even
+        bits = values.view(np.uint32).astype(np.uint64)
+        values = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    else:
+        values = values.astype(_DTYPES[body.embed_dtype])
+    order = {"native": "=", "little": "<", "big": ">"}[body.endianness]
+    values = values.astype(values.dtype.newbyteorder(order))
+    return base64.b64encode(values.tobytes()).decode("ascii")
