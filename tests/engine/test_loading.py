@@ -358,6 +358,26 @@ def test_a_phi3_gguf_keeps_what_transformers_conversion_drops(tmp_path):
     assert config.sliding_window == 2047
 
 
+def test_a_gguf_is_converted_again_by_another_converter(tmp_path, monkeypatch):
+    """The converted directory's name changes with the file and with what converts it (this
+    converter's version, transformers'), so a directory an earlier converter wrote is not read."""
+    import importlib.metadata
+
+    from pagoda import model_files
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    key = model_files.gguf_cache_key(gguf)
+    assert model_files.gguf_cache_key(gguf) == key  # the same file and converter: the same directory
+    monkeypatch.setattr(model_files, "GGUF_CONVERTER_VERSION", model_files.GGUF_CONVERTER_VERSION + 1)
+    newer = model_files.gguf_cache_key(gguf)
+    versions = {"transformers": "99.0"}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: versions.get(name, "0"))
+    other_transformers = model_files.gguf_cache_key(gguf)
+    gguf.write_bytes(b"GGUF, changed")
+    assert len({key, newer, other_transformers, model_files.gguf_cache_key(gguf)}) == 4
+
+
 def test_a_llama_gguf_with_experts_is_refused_by_name(tmp_path):
     """transformers reads a Mixtral GGUF (llama, with expert_count) as a dense Llama: refused at
     conversion, before any weight is read."""
