@@ -125,6 +125,19 @@ def test_a_bare_decoder_checkpoint_is_a_pooling_model(tmp_path, model_dir, last_
         LLM(str(bare), runner="generate", kv_cache_memory=0.02)
 
 
+def test_an_aborted_prompt_leaves_no_partial_vector(model_dir):
+    llm = pooling(model_dir, max_num_batched_tokens=8, pooler_config={"pooling_type": "MEAN"})
+    engine, partial = llm.engine, llm.engine.core.runner.pooler._partial
+    request_id = engine.add_request(TEXTS[2], PoolingParams())
+    engine.step()  # its first 8 tokens: their sum waits for the rest
+    assert len(partial) == 1
+    engine.abort([request_id])
+    engine.add_request(TEXTS[1], PoolingParams())
+    while engine.has_unfinished:  # the next step drops what the aborted request had summed
+        engine.step()
+    assert not partial
+
+
 def test_the_startup_steps_pool(model_dir, monkeypatch):
     """A GPU's startup runs steps of its own before any request (its memory profile's largest step,
     the Triton kernels' first-use shapes): on the pooling runner they pool, as there is no LM head

@@ -77,6 +77,10 @@ def test_the_openai_client_gets_each_inputs_vector(embedding_server):
     assert len(short) == 16 and (torch.tensor(short) - unit(reference(ids[0])[:16])).abs().max() < 1e-5
 
 
+def test_the_load_line_says_how_vectors_are_made(embedding_server):
+    assert "deterministic on, embeddings: LAST pooling, unit length) in" in embedding_server[0].log()
+
+
 def test_vllm_extensions(embedding_server):
     server, tokenizer, reference = embedding_server
     with httpx.Client(base_url=server.base_url, timeout=60) as http:

@@ -914,14 +914,17 @@ def load_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngine]:
     if config.request_log is not None:
         logger.warning("request log %s records every request's prompt and output", config.request_log)
     engine = AsyncEngine(EngineArgs.from_cli_args(args))
-    m = engine.config.model
+    m, pooler = engine.config.model, engine.config.pooler
+    unit = "" if pooler is None or not pooler.use_activation else ", unit length"
+    runner = "" if pooler is None else f", embeddings: {pooler.pooling_type} pooling{unit}"
     logger.info(
-        "loaded %s (%s, %s, max_model_len %d, deterministic %s) in %.1f s",
+        "loaded %s (%s, %s, max_model_len %d, deterministic %s%s) in %.1f s",
         m.name,
         m.architecture,
         str(m.dtype).removeprefix("torch."),
         m.max_model_len,
         "on" if engine.config.deterministic else "off",
+        runner,
         time.monotonic() - loaded,
     )
     _warn_unused_tool_parser(config, engine.tokenizer.chat_template)
