@@ -181,3 +181,47 @@ def test_langchain_embeddings(embedding_server):
     for vector, text in zip(documents, TEXTS):
         assert (torch.tensor(vector) - unit(reference(tokenizer.encode(text)))).abs().max() < 1e-5
     assert embeddings.embed_query(TEXTS[1]) == documents[1]  # alone or among others: the same bits
+
+
+def test_scores_and_reranking_are_cosine_similarities(embedding_server):
+    """vLLM's /score and /rerank for an embedding model: each pair's cosine similarity of the two
+    texts' vectors (as /v1/embeddings makes them), 1:N or N:N; /rerank's documents best first."""
+    server = embedding_server[0]
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        answer = http.post("/v1/embeddings", json={"input": TEXTS}).json()
+        vectors = [torch.tensor(d["embedding"], dtype=torch.float64) for d in answer["data"]]
+
+        def cosine(i: int, j: int) -> float:
+            return float(torch.nn.functional.cosine_similarity(vectors[i], vectors[j], dim=0))
+
+        one_to_many = http.post("/score", json={"text_1": TEXTS[0], "text_2": TEXTS}).json()
+        assert [d["index"] for d in one_to_many["data"]] == [0, 1, 2] and one_to_many["object"] == "list"
+        got = [d["score"] for d in one_to_many["data"]]
+        assert max(abs(g - cosine(0, j)) for j, g in enumerate(got)) < 1e-6 and abs(got[0] - 1) < 1e-6
+        assert one_to_many["usage"]["prompt_tokens"] == answer["usage"]["prompt_tokens"]  # each text embedded once
+        pairs = http.post("/v1/score", json={"queries": TEXTS[:2], "documents": TEXTS[1:]}).json()["data"]
+        assert [round(d["score"], 6) for d in pairs] == [round(cosine(0, 1), 6), round(cosine(1, 2), 6)]
+        order = sorted(range(3), key=lambda j: cosine(1, j), reverse=True)
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            ranked = http.post(path, json={"query": TEXTS[1], "documents": TEXTS, "top_n": 2}).json()
+            assert [r["index"] for r in ranked["results"]] == order[:2]
+            assert ranked["results"][0]["document"] == {"text": TEXTS[order[0]]}
+            assert abs(ranked["results"][1]["relevance_score"] - cosine(1, order[1])) < 1e-6
+        assert len(http.post("/rerank", json={"query": "a", "documents": TEXTS}).json()["results"]) == 3  # top_n 0
+        for body, param in [
+            ({"text_1": TEXTS[:2], "text_2": TEXTS}, "text_1"),  # 2 against 3
+            ({"text_1": "a", "documents": ["b"]}, "text_1"),  # sides under two pairs of names
+            ({"text_1": [], "text_2": ["b"]}, "text_1"),
+            ({"text_1": "a", "text_2": [""]}, "text_2"),  # an empty prompt
+        ]:
+            refused = http.post("/score", json=body)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+        refused = http.post("/rerank", json={"query": "a", "documents": []})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "documents"
+
+
+def test_a_generating_server_scores_nothing(server):
+    for path, body in [("/score", {"text_1": "a", "text_2": "b"}), ("/rerank", {"query": "a", "documents": ["b"]})]:
+        response = httpx.post(f"{server.base_url}{path}", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert response.status_code == 404 and response.json()["error"]["code"] == "unsupported_endpoint"
+        assert "--runner pooling" in response.json()["error"]["message"]

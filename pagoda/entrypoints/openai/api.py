@@ -32,7 +32,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from pagoda import __version__
 from pagoda.config import EngineConfig
 from pagoda.engine.async_engine import AsyncEngine
-from pagoda.entrypoints.openai import chat, completions, embeddings, messages, responses
+from pagoda.entrypoints.openai import chat, completions, embeddings, messages, responses, scores
 from pagoda.entrypoints.openai.console.feed import EngineFeed, RecentRequests
 from pagoda.entrypoints.openai.console.page import route_path
 from pagoda.entrypoints.openai.console.routes import data_routes, page_routes
@@ -49,7 +49,9 @@ from pagoda.entrypoints.openai.protocol import (
     DetokenizeRequest,
     EmbeddingRequest,
     LoadLoRAAdapterRequest,
+    RerankRequest,
     ResponsesRequest,
+    ScoreRequest,
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
@@ -178,6 +180,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     app.include_router(_v1_routes(state), dependencies=authorized)
     app.include_router(_admin_routes(state), dependencies=authorized)
     app.include_router(_invocation_routes(state), dependencies=authorized)
+    app.include_router(_scoring_routes(state), dependencies=authorized)
     if config.runtime_lora_updating and not engine.config.enable_lora:
         logger.warning("VLLM_ALLOW_RUNTIME_LORA_UPDATING is set but --enable-lora is not: no adapter routes")
     elif config.runtime_lora_updating:
@@ -357,6 +360,24 @@ def _v1_routes(state: ServerState) -> APIRouter:
     async def cancel_response(response_id: str) -> dict:
         stored(response_id)
         raise bad_request("Only background responses can be cancelled; this server runs none", "response_id")
+
+    return router
+
+
+def _scoring_routes(state: ServerState) -> APIRouter:
+    """vLLM's scoring routes, under each of its paths for them; an embedding model serves them."""
+    router = APIRouter()
+
+    @router.post("/score")
+    @router.post("/v1/score", include_in_schema=False)  # the aliases are vLLM's too, not listed twice
+    async def score(body: ScoreRequest, http: Request) -> Response:
+        return await scores.create_score(state, body, http)
+
+    @router.post("/rerank")
+    @router.post("/v1/rerank", include_in_schema=False)
+    @router.post("/v2/rerank", include_in_schema=False)
+    async def rerank(body: RerankRequest, http: Request) -> Response:
+        return await scores.create_rerank(state, body, http)
 
     return router
 

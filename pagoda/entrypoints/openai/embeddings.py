@@ -14,7 +14,7 @@ from pagoda.entrypoints.openai import chat
 from pagoda.entrypoints.openai.completions import prompts_of
 from pagoda.entrypoints.openai.errors import UNSERVED, APIError, bad_request
 from pagoda.entrypoints.openai.params import truncated
-from pagoda.entrypoints.openai.protocol import EmbeddingRequest
+from pagoda.entrypoints.openai.protocol import EmbeddingRequest, RerankRequest, ScoreRequest, TruncationSide
 from pagoda.entrypoints.openai.serving import ServerState, answer_id
 from pagoda.pooling_params import PoolingParams, matryoshka, too_long
 from pagoda.sampling_params import SamplingParamsError
@@ -30,35 +30,18 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, http: Req
         )
     if body.padding not in (None, "do_not_pad"):
         raise bad_request("padding: prompts are embedded as they are; only do_not_pad is taken", "padding")
-    engine = state.engine.config
-    if engine.pooler is None:  # as vLLM, which routes only its model's tasks: 404
-        raise APIError(404, UNSERVED[ENDPOINT], code="unsupported_endpoint")
-    prompts = await _prompts(state, body)
-    max_model_len = state.limits.max_model_len
-    if body.truncate_prompt_tokens is not None:  # -1: the whole context (an embedding has no output)
-        keep = max_model_len if body.truncate_prompt_tokens == -1 else body.truncate_prompt_tokens
-        side = body.truncation_side or "right"  # vLLM's pooling runner keeps a prompt's first tokens
-        prompts = [truncated(ids, keep, side, max_model_len) for ids in prompts]
+    check_pooling(state, ENDPOINT)
     field = "input" if body.messages is None else "messages"
-    for ids in prompts:
-        if not ids:
-            raise bad_request(f"{field} holds an empty prompt: at least one token is needed to embed", field)
-        if len(ids) > max_model_len:
-            raise bad_request(f"{too_long(len(ids), max_model_len)} (or set truncate_prompt_tokens)", field)
+    prompts = checked(state, await _prompts(state, body), field, body.truncate_prompt_tokens, body.truncation_side)
     params = PoolingParams(body.dimensions, body.use_activation)
+    engine = state.engine.config
     try:  # the engine checks them again; here a 400 names the field before anything runs
         params.resolved(engine.pooler, engine.model.hf_config.hidden_size, matryoshka(engine.model.hf_config))
     except SamplingParamsError as exc:
         raise bad_request(str(exc), exc.param) from None
     request_id = answer_id(http, "embd-", body.request_id)
-    generation = await state.launch(
-        http, ENDPOINT, request_id, prompts, params, body.cache_salt, body.model, body.priority
-    )
-    outputs = await state.collect(http, generation)
-    data = [
-        {"object": "embedding", "index": i, "embedding": _encoded(outs[0].embedding, body)}
-        for i, outs in enumerate(outputs)
-    ]
+    vectors = await embedded(state, http, ENDPOINT, request_id, prompts, params, body)
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body)} for i, v in enumerate(vectors)]
     tokens = sum(map(len, prompts))
     return JSONResponse(
         {
@@ -70,6 +53,46 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, http: Req
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
         }
     )
+
+
+def check_pooling(state: ServerState, endpoint: str) -> None:
+    """A generating server's 404 for an embedding model's route, as vLLM routes only its model's tasks."""
+    if state.engine.config.pooler is None:
+        raise APIError(404, UNSERVED[endpoint], code="unsupported_endpoint")
+
+
+def checked(
+    state: ServerState, prompts: list[list[int]], field: str, keep: int | None, side: TruncationSide | None
+) -> list[list[int]]:
+    """The prompts cut to vLLM's truncate_prompt_tokens `keep` (-1: the whole context, as an
+    embedding has no output; the pooling runner keeps a prompt's first tokens unless `side` is
+    "left"), each refused, naming `field`, where empty or longer than the context."""
+    max_model_len = state.limits.max_model_len
+    if keep is not None:
+        keep = max_model_len if keep == -1 else keep
+        prompts = [truncated(ids, keep, side or "right", max_model_len) for ids in prompts]
+    for ids in prompts:
+        if not ids:
+            raise bad_request(f"{field} holds an empty prompt: at least one token is needed to embed", field)
+        if len(ids) > max_model_len:
+            raise bad_request(f"{too_long(len(ids), max_model_len)} (or set truncate_prompt_tokens)", field)
+    return prompts
+
+
+async def embedded(
+    state: ServerState,
+    http: Request,
+    endpoint: str,
+    request_id: str,
+    prompts: list[list[int]],
+    params: PoolingParams,
+    body: EmbeddingRequest | ScoreRequest | RerankRequest,
+) -> list[list[float]]:
+    """Each prompt's vector, in order: one engine request each, logged and counted as any."""
+    generation = await state.launch(
+        http, endpoint, request_id, prompts, params, body.cache_salt, body.model, body.priority
+    )
+    return [outs[0].embedding for outs in await state.collect(http, generation)]
 
 
 async def _prompts(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:

@@ -143,6 +143,10 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
 UNSERVED = {
     "/v1/embeddings": "Embeddings are not served by this server (it generates text: /v1/chat/completions, "
     "/v1/completions); an embedding model is served with --runner pooling",
+    "/score": "Scores are not served by this server (it generates text); an embedding model scores pairs of texts "
+    "when served with --runner pooling",
+    "/rerank": "Reranking is not served by this server (it generates text); an embedding model ranks documents "
+    "when served with --runner pooling",
 }
 # what an embedding server (--runner pooling) answers on the routes that generate text
 NOT_GENERATING = (

@@ -357,6 +357,40 @@ class EmbeddingRequest(_Body):
     padding: Any = None
 
 
+class _ScoringFields(_Body):
+    """vLLM's fields of its scoring routes (/score, /rerank) that an embedding model serves."""
+
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: TruncationSide | None = None
+    request_id: RequestId = None
+    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
+    cache_salt: CacheSalt = None
+
+
+class ScoreRequest(_ScoringFields):
+    """vLLM's POST /score: the similarity of each pair of texts, the first side one text (paired
+    with each of the second's) or as many as the second; its sides under any of vLLM's names."""
+
+    text_1: str | list[str] | None = None
+    text_2: str | list[str] | None = None
+    queries: str | list[str] | None = None
+    documents: str | list[str] | None = None
+    items: str | list[str] | None = None
+    data_1: str | list[str] | None = None
+    data_2: str | list[str] | None = None
+
+
+class RerankRequest(_ScoringFields):
+    """vLLM's POST /rerank (Jina's and Cohere's shape): the documents ranked by their similarity to
+    the query, the `top_n` first (0: all)."""
+
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int = Field(0, ge=0)
+
+
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]
