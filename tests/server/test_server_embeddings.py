@@ -225,3 +225,22 @@ def test_a_generating_server_scores_nothing(server):
         response = httpx.post(f"{server.base_url}{path}", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
         assert response.status_code == 404 and response.json()["error"]["code"] == "unsupported_endpoint"
         assert "--runner pooling" in response.json()["error"]["message"]
+
+
+def test_embedding_requests_count_in_the_server_load():
+    """vLLM's GET /load counts an embedding model's requests (embeddings, scores, rankings) as it
+    counts generation, each while its handler runs (an embedding is answered too fast to catch
+    over HTTP, so the middleware runs here around a handler that reads the count)."""
+    import asyncio
+
+    from pagoda.entrypoints.openai.api import ServerLoad
+    from pagoda.entrypoints.openai.serving import InFlight
+
+    load, seen = InFlight(), []
+
+    async def handler(scope, receive, send) -> None:
+        seen.append(load.count)
+
+    for path in ("/v1/embeddings", "/score", "/v2/rerank", "/v1/completions", "/tokenize"):
+        asyncio.run(ServerLoad(handler, load)({"type": "http", "method": "POST", "path": path}, None, None))
+    assert seen == [1, 1, 1, 1, 0] and load.count == 0

@@ -171,7 +171,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     )
     if config.request_id_headers:  # outside CORS: a preflight's answer carries it too
         app.add_middleware(RequestIdHeader)
-    app.add_middleware(GenerationLoad, load=state.load)
+    app.add_middleware(ServerLoad, load=state.load)
     # vLLM's HTTP series on /metrics (http_requests_total{handler,method,status}, durations, sizes),
     # by the library vLLM uses, with the routes it leaves out
     Instrumentator(excluded_handlers=UNCOUNTED_HTTP_ROUTES, registry=state.sinks.metrics.registry).instrument(app)
@@ -220,14 +220,16 @@ class RequestIdHeader:
 
 # the routes whose requests vLLM's /metrics leaves out of its HTTP series (regular expressions)
 UNCOUNTED_HTTP_ROUTES = ["/metrics", "/health", "/load", "/ping", "/version", "/server_info"]
-# the routes whose requests vLLM counts as its server load (GET /load)
-GENERATION_PATHS = frozenset(
+# the routes whose requests vLLM counts as its server load (GET /load): generation, and an
+# embedding model's (its embeddings, scores and rankings)
+LOAD_PATHS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/invocations"}
+    | {"/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"}
 )
 
 
-class GenerationLoad:
-    """ASGI middleware: counts the generation requests in flight into `load`, each from its arrival
+class ServerLoad:
+    """ASGI middleware: counts the requests of LOAD_PATHS in flight into `load`, each from its arrival
     until its answer's last byte is sent or its client has gone (a stream's handler returns only
     then), refused ones included while they are answered, as vLLM counts them."""
 
@@ -237,7 +239,7 @@ class GenerationLoad:
 
     async def __call__(self, scope, receive, send) -> None:
         path = route_path(scope.get("path", ""), scope.get("root_path", ""))
-        if scope["type"] != "http" or scope["method"] != "POST" or path not in GENERATION_PATHS:
+        if scope["type"] != "http" or scope["method"] != "POST" or path not in LOAD_PATHS:
             return await self.app(scope, receive, send)
         self.load.count += 1
         try:

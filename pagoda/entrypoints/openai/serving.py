@@ -106,7 +106,7 @@ class ServerConfig:
 
 @dataclass
 class InFlight:
-    """How many generation requests are in flight (vLLM's server load)."""
+    """How many generation (or embedding) requests are in flight (vLLM's server load)."""
 
     count: int = 0
 
@@ -124,7 +124,7 @@ class ServerState:
     # by model name: --lora-modules' and those loaded while serving (the engine holds their reads)
     adapters: dict[str, LoRARequest] = field(default_factory=dict)
     response_store: ResponseStore | None = None  # the Responses API's (VLLM_ENABLE_RESPONSES_API_STORE)
-    load: InFlight = field(default_factory=lambda: InFlight())  # GET /load's: counted by api.GenerationLoad
+    load: InFlight = field(default_factory=lambda: InFlight())  # GET /load's: counted by api.ServerLoad
 
     @property
     def tokenizer(self):
