@@ -16,8 +16,7 @@ from pagoda.entrypoints.openai.errors import UNSERVED, APIError, bad_request
 from pagoda.entrypoints.openai.params import truncated
 from pagoda.entrypoints.openai.protocol import EmbeddingRequest, RerankRequest, ScoreRequest, TruncationSide
 from pagoda.entrypoints.openai.serving import ServerState, answer_id
-from pagoda.pooling_params import PoolingParams, matryoshka, too_long
-from pagoda.sampling_params import SamplingParamsError
+from pagoda.pooling_params import PoolingParams, too_long
 
 ENDPOINT = "/v1/embeddings"
 
@@ -33,12 +32,7 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, http: Req
     check_pooling(state, ENDPOINT)
     field = "input" if body.messages is None else "messages"
     prompts = checked(state, await _prompts(state, body), field, body.truncate_prompt_tokens, body.truncation_side)
-    params = PoolingParams(body.dimensions, body.use_activation)
-    engine = state.engine.config
-    try:  # the engine checks them again; here a 400 names the field before anything runs
-        params.resolved(engine.pooler, engine.model.hf_config.hidden_size, matryoshka(engine.model.hf_config))
-    except SamplingParamsError as exc:
-        raise bad_request(str(exc), exc.param) from None
+    params = PoolingParams(body.dimensions, body.use_activation)  # the engine refuses what cannot apply, by name
     request_id = answer_id(http, "embd-", body.request_id)
     vectors = await embedded(state, http, ENDPOINT, request_id, prompts, params, body)
     data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body)} for i, v in enumerate(vectors)]

@@ -34,15 +34,8 @@ async def create_score(state: ServerState, body: ScoreRequest, http: Request) ->
             "text_1",
         )
     first_name, second_name = given[0]
-    first, second = _listed(getattr(body, first_name), first_name), _listed(getattr(body, second_name), second_name)
-    if len(first) not in (1, len(second)):
-        raise bad_request(
-            f"{first_name} holds {len(first)} texts and {second_name} {len(second)}: give one, or as many as "
-            f"{second_name}",
-            first_name,
-        )
     request_id = answer_id(http, "score-", body.request_id)
-    sides = ((first, first_name), (second, second_name))
+    sides = ((getattr(body, first_name), first_name), (getattr(body, second_name), second_name))
     scores, tokens = await _similarities(state, http, "/score", request_id, body, sides)
     data = [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores)]
     answer = {"id": request_id, "object": "list", "created": int(time.time())}
@@ -54,7 +47,7 @@ async def create_rerank(state: ServerState, body: RerankRequest, http: Request) 
     state.check_model(body.model)
     check_pooling(state, "/rerank")
     request_id = answer_id(http, "rerank-", body.request_id)
-    sides = (([body.query], "query"), (body.documents, "documents"))
+    sides = ((body.query, "query"), (body.documents, "documents"))
     scores, tokens = await _similarities(state, http, "/rerank", request_id, body, sides)
     ranked = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)  # ties keep the documents' order
     top = ranked[: body.top_n] if body.top_n else ranked
@@ -65,28 +58,28 @@ async def create_rerank(state: ServerState, body: RerankRequest, http: Request) 
     )
 
 
-def _listed(texts: str | list[str], name: str) -> list[str]:
-    texts = [texts] if isinstance(texts, str) else texts
-    if not texts:
-        raise bad_request(f"{name} must not be empty", name)
-    return texts
-
-
 async def _similarities(
     state: ServerState,
     http: Request,
     endpoint: str,
     request_id: str,
     body: ScoreRequest | RerankRequest,
-    sides: tuple[tuple[list[str], str], tuple[list[str], str]],
+    sides: tuple[tuple[str | list[str], str], tuple[str | list[str], str]],
 ) -> tuple[list[float], int]:
-    """For the two sides' texts (each with its field's name, which a 400 names), the cosine
-    similarity of first[i] (first[0] where it holds one) and second[i] for each i, and the prompt
-    tokens embedded: every distinct prompt embedded once (unit length or not: the cosine is the same)."""
+    """For the two sides' texts (a text or a list, each with its field's name, which a 400 names),
+    the cosine similarity of first[i] (first[0] where it holds one) and second[i] for each i, and
+    the prompt tokens embedded: every distinct prompt embedded once (unit length or not: the cosine
+    is the same)."""
     (first, first_name), (second, second_name) = sides
     keep, side = body.truncate_prompt_tokens, body.truncation_side
     first_ids = checked(state, [p.ids for p in await prompts_of(state, first, first_name)], first_name, keep, side)
     second_ids = checked(state, [p.ids for p in await prompts_of(state, second, second_name)], second_name, keep, side)
+    if len(first_ids) not in (1, len(second_ids)):
+        raise bad_request(
+            f"{first_name} holds {len(first_ids)} texts and {second_name} {len(second_ids)}: give one, or as many "
+            f"as {second_name}",
+            first_name,
+        )
     distinct = list(dict.fromkeys(tuple(ids) for ids in first_ids + second_ids))
     prompts = [list(ids) for ids in distinct]
     vectors = await embedded(state, http, endpoint, request_id, prompts, PoolingParams(), body)
