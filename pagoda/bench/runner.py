@@ -36,7 +36,7 @@ class Load:
     concurrency: int
     request_rate: float = math.inf  # sessions started per second; inf: as fast as slots free up
     burstiness: float = 1.0  # gamma shape of the arrival gaps; 1 is Poisson, below 1 burstier
-    duration_s: float | None = None  # no session or turn starts after this
+    duration_s: float | None = None  # no session or turn due after this starts
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,15 @@ async def run_level(
     next_start = start
     async with asyncio.TaskGroup() as group:
         for number, session in enumerate(stream):
+            if next_start >= deadline:  # due after the duration
+                break
             await asyncio.sleep(max(0.0, next_start - time.perf_counter()))
+            # A session due within the duration starts however late this client wakes for it (so
+            # a seeded run sends the same sessions on a slow machine), unless it waits for a slot:
+            # then it is due when one frees, which may be past the duration.
+            waits_for_slot = slots.locked()
             await slots.acquire()
-            if time.perf_counter() >= deadline:
+            if waits_for_slot and time.perf_counter() >= deadline:
                 slots.release()
                 break
             group.create_task(sender.run(number, session, slots))
@@ -99,9 +105,10 @@ class _Sender:
             prompt, reply = session.first, ""
             for turn in range(session.num_requests):
                 if turn:
-                    await asyncio.sleep(session.think_time_s)
-                    if time.perf_counter() >= self.deadline:
+                    due = time.perf_counter() + session.think_time_s
+                    if due >= self.deadline:
                         return
+                    await asyncio.sleep(session.think_time_s)
                     prompt = next_turn(prompt, reply, session.follow_ups[turn - 1])
                 index = next(self.indices)
                 result = await stream_request(self.http, self.target, prompt)

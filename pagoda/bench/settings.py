@@ -277,7 +277,7 @@ def build_parser(prog: str = "pagoda bench") -> argparse.ArgumentParser:
     load.add_argument(
         "--num-prompts", type=int, help="requests per level (default 100; shared-prefix: groups x prompts)"
     )
-    load.add_argument("--duration", type=float, metavar="S", help="stop starting requests after S seconds per level")
+    load.add_argument("--duration", type=float, metavar="S", help="start no request due after S seconds of a level")
     load.add_argument(
         "--warmup",
         "--num-warmups",
