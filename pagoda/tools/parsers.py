@@ -842,7 +842,8 @@ class _HeldCallsStreamer(ToolStreamer):
     the calls): each is valid by construction, so it is sent as it is generated: its name once its head, the key
     and the arguments' opening bracket have come, then its arguments' text as it comes, the model's own. Only a
     text cut short (max_tokens, a stop string) leaves the layout: cut before a call's arguments open, the call's
-    text is content; cut after, the call's arguments stop where the text did, and calls_whole() says so. Text
+    text is content; cut after, the call's arguments stop where the text did, and calls_whole() says so; cut
+    after a call, in its tail, the next call's head or the closing, the cut text is dropped (not content). Text
     that does not follow the layout (which the grammar does not write) is content from where it leaves it: all
     of a whole-output format's text before its first call, a hermes marker that no call follows; and a call
     naming a tool it may not call (or a name longer than a function's) is no call (its text is content)."""
@@ -935,11 +936,14 @@ class _HeldCallsStreamer(ToolStreamer):
                 return True
             if next_call == _WAIT and not final:  # llama3_json's closing is its tail alone: a "; " may follow
                 return False
+            # at the end, text that may still open the next call is cut short in its head, however a closing
+            # matches before it (llama3_json's: its tail alone): dropped below, as a cut tail
+            cut_in_head = next_call == _WAIT
             closing = _match(text, after, [layout.tails, (layout.closing,)])
-            if isinstance(closing, tuple):
+            if isinstance(closing, tuple) and not (cut_in_head and closing[1] < len(text)):
                 self._pos, self._state = closing[1], "done"
                 return True
-            tail = closing
+            tail = _WAIT if cut_in_head else closing
         if tail == _WAIT and not final:
             return False
         if tail == _FAIL:  # the text left the layout: content from here, the call unclosed

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 
+from pagoda.tools.tags import parameters_of
+
 INSTRUCTIONS = """You can call these tools:
 {tools}
 
@@ -59,8 +61,7 @@ def calls_text(calls: list[dict]) -> str:
 def _describe(function: dict) -> str:
     description = function.get("description")
     head = f"- {function['name']}: {description}" if description else f"- {function['name']}"
-    parameters = function.get("parameters") or {"type": "object", "properties": {}}
-    return f"{head}\n  parameters: {json.dumps(_untitled(parameters))}"
+    return f"{head}\n  parameters: {json.dumps(_untitled(parameters_of(function)))}"
 
 
 NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions")  # maps of names to schemas

@@ -22,6 +22,8 @@ from pagoda.sampling_params import StructuredOutputsParams
 from pagoda.tools.parsers import HELD_PARSERS, HERMES_LAYOUT, HERMES_START, LLAMA3_LAYOUT, HeldLayout
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
+# A tool without parameters (or with `{}`) takes none, as OpenAI documents it and vLLM holds it
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 TOOL_STRICT_LEVELS = ("auto", "function", "parameter")  # vLLM's --tool-strict-level (tool_calls.ToolSettings)
 
 Call = tuple[str, dict[str, Any]]  # a tool's name and the schema its arguments must hold to
@@ -164,3 +166,8 @@ def _lift_definitions(prefix: str, schema: dict[str, Any]) -> tuple[dict[str, An
     if refers_to_itself:
         lifted[f"{prefix}root"] = body
     return body, lifted
+
+
+def parameters_of(function: dict[str, Any]) -> dict[str, Any]:
+    """The schema a function tool's arguments hold to: its parameters, or none where it has none."""
+    return function.get("parameters") or NO_ARGUMENTS

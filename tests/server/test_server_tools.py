@@ -68,6 +68,26 @@ def test_required_always_gives_a_valid_call(client, seed):
     assert_valid_calls(choice.message.tool_calls)
 
 
+@pytest.mark.parametrize("function", [{"name": "ping"}, {"name": "ping", "parameters": {}, "strict": True}])
+def test_a_forced_tool_without_parameters_takes_none(client, function):
+    """A tool without parameters (or with `{}`) takes none, as OpenAI documents and vLLM holds it: its forced
+    call's arguments are `{}` however hot the sampling, never any object."""
+    for seed in range(3):
+        response = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Ping it."}],
+            tools=[{"type": "function", "function": function}],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=1.5,
+            seed=seed,
+            max_tokens=60,
+        )
+        choice = response.choices[0]
+        assert choice.finish_reason == "tool_calls", seed
+        assert [call.function.arguments for call in choice.message.tool_calls] == ["{}"], seed
+
+
 def test_required_with_parallel_calls(client):
     """Any number of calls (a sampled 135M model may go on calling until max_tokens: greedy here)."""
     response = client.chat.completions.create(

@@ -233,7 +233,8 @@ def test_held_calls_stream_as_they_come(parser_name, text, content):
 def test_a_held_call_cut_short():
     """Cut before a call's arguments open: its text is content, no call; cut in its arguments: the call as far as
     it came; either way, or cut after the arguments but before the call's (or the calls') closing, the calls sent
-    are not whole."""
+    are not whole; in a whole-output format, text cut after the first call's arguments open (in a call's tail, the
+    next call's head) is dropped, not content."""
     generic = HELD_PARSERS["generic"]
     head = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa'
     assert generic.parse(head[:30]) == ParsedOutput(head[:30], [])
@@ -244,13 +245,17 @@ def test_a_held_call_cut_short():
         calls = _held_calls(text)
         if name == "hermes":
             spans = [(start, text.index("</tool_call>", end) + len("</tool_call>")) for _, _, start, end in calls]
-        elif name == "llama3_json":
-            spans = [(start, end + 1) for _, _, start, end in calls]
+        elif name == "llama3_json":  # from the first call's arguments on, whole only where a call's "}" ends the text
+            spans = [(calls[0][2], end + 1) for _, _, _, end in calls[-1:]]
         else:
             spans = [(calls[0][2], len(text))]
+        ends = {end + 1 for *_, end in calls} if name == "llama3_json" else set()
         for cut in range(len(text) + 1):
             parsed = HELD_PARSERS[name].parse(text[:cut])
-            assert parsed.calls_whole == (not any(start < cut < end for start, end in spans)), (name, cut)
+            whole = cut in ends or not any(start < cut < end for start, end in spans)
+            assert parsed.calls_whole == whole, (name, cut)
+            if name != "hermes" and calls[0][2] < cut < len(text):
+                assert parsed.content == "", (name, cut, parsed.content)
     hermes = HELD_PARSERS["hermes"]
     cut_call = 'Hi <tool_call>{"name": "f", "arg'
     assert hermes.parse(cut_call) == ParsedOutput(cut_call, [])

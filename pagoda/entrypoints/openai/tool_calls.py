@@ -40,6 +40,7 @@ from pagoda.tools.tags import (
     calls_format,
     calls_or_answer,
     calls_schema,
+    parameters_of,
 )
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
@@ -287,7 +288,7 @@ def _calls(tools: list[dict[str, Any]], indices: list[int], held: set[int]) -> l
     return [
         (
             tools[i]["function"]["name"],
-            (tools[i]["function"].get("parameters") or ANY_ARGUMENTS) if i in held else ANY_ARGUMENTS,
+            parameters_of(tools[i]["function"]) if i in held else ANY_ARGUMENTS,
         )
         for i in indices
     ]
@@ -347,7 +348,7 @@ def _check_enforceable(
     however loosely its schema is written)."""
     for i in indices:
         try:
-            check_supported(tools[i]["function"].get("parameters") or ANY_ARGUMENTS, strict(tools[i]))
+            check_supported(parameters_of(tools[i]["function"]), strict(tools[i]))
         except GrammarError as exc:
             param = f"tools[{i}].function.parameters"
             raise bad_request(f"{param}: {exc}", param) from None
