@@ -64,6 +64,23 @@ def test_a_message_is_the_chat_completions_answer(claude, client):
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 2
 
 
+def test_a_final_assistant_text_is_continued(claude, client):
+    """Anthropic's prefill: a conversation that ends with the assistant's text is continued from it,
+    the answer's content what follows it (chat's continue_final_message), streamed alike; counted alike."""
+    prefill = {"role": "assistant", "content": '{"name": "'}
+    messages = [{"role": "user", "content": "Give JSON for a cat."}, prefill]
+    message = claude.messages.create(model=MODEL, messages=messages, max_tokens=12, extra_body=GREEDY)
+    continued = chat(client, messages, 12, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    answered = chat(client, messages[:1], 12)
+    assert message.content[0].text == continued.choices[0].message.content != answered.choices[0].message.content
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == continued.usage.prompt_tokens
+    blocks = [messages[0], {"role": "assistant", "content": [{"type": "text", "text": prefill["content"]}]}]
+    with claude.messages.stream(model=MODEL, messages=blocks, max_tokens=12, extra_body=GREEDY) as stream:
+        assert stream.get_final_message().content[0].text == message.content[0].text
+    counted = claude.messages.count_tokens(model=MODEL, messages=messages)
+    assert counted.input_tokens == continued.usage.prompt_tokens
+
+
 def test_a_stream_rebuilds_the_whole_message(claude):
     whole = claude.messages.create(model=MODEL, messages=FRUITS, max_tokens=20, extra_body=GREEDY)
     with claude.messages.stream(model=MODEL, messages=FRUITS, max_tokens=20, extra_body=GREEDY) as stream:
@@ -170,6 +187,7 @@ def test_output_config_json_schema_and_count_tokens(claude, http):
         ({"tool_choice": {"type": "any"}}, "tool_choice.type"),  # no tools to choose from
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),  # not below max_tokens
         ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+        ({"messages": [*FRUITS, {"role": "assistant", "content": "Apple, "}]}, "messages[1].content"),  # a prefill
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
         ({"output_config": {"format": {"type": "xml"}}}, "output_config.format"),
         (  # Anthropic's structured outputs are strict: what the grammar cannot enforce is refused

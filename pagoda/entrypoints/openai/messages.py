@@ -113,7 +113,8 @@ class _Translation:
     of each chat message, so that the chat path's 400s name the Messages field.
     Where the server reads calls out of free text (--enable-auto-tool-choice), tools with no
     tool_choice may be called; without it, they are shown to the model and its answer taken as text
-    (vLLM's rule). Where it has a reasoning parser, an enabled thinking's budget_tokens bounds the
+    (vLLM's rule). A conversation that ends with the assistant's text is continued from it (Anthropic's
+    prefill). Where it has a reasoning parser, an enabled thinking's budget_tokens bounds the
     thinking (vLLM's thinking_token_budget); without one the model has no thinking to bound, and
     the budget is only checked, as Anthropic checks it."""
 
@@ -123,9 +124,12 @@ class _Translation:
         messages = self._system(body) + [m for i, message in enumerate(body.messages) for m in self._turn(message, i)]
         choice, parallel = _tool_choice(body.tool_choice, bool(body.tools), state.config.tools.enable_auto_tool_choice)
         effort, budget = _thinking(body)
+        prefill = self._prefill(messages)
         fields = {
             "model": body.model,
             "messages": messages,
+            "add_generation_prompt": not prefill,
+            "continue_final_message": prefill,
             "max_tokens": body.max_tokens,
             "stop": body.stop_sequences,
             "temperature": body.temperature,
@@ -171,6 +175,18 @@ class _Translation:
             if pattern.match(param):
                 return renamed(exc, pattern.sub(name, param))
         return exc
+
+    def _prefill(self, messages: list[dict]) -> bool:
+        """Whether the conversation ends with an assistant's text, which the answer continues (Anthropic's
+        prefill: the answer's content is what follows it) rather than answers; a 400 where that text ends in
+        whitespace, as Anthropic refuses it."""
+        last = messages[-1] if messages else {}
+        if last.get("role") != "assistant" or last.get("tool_calls"):
+            return False
+        if last["content"] != last["content"].rstrip():
+            param = f"{self.places[-1]}.content"
+            raise bad_request(f"{param}: the final assistant content cannot end with trailing whitespace", param)
+        return True
 
     def _system(self, body: AnthropicMessagesRequest) -> list[dict]:
         """`system`, and system-role messages in `messages` (as Claude Code sends per-turn
