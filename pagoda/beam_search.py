@@ -75,17 +75,24 @@ class BeamSearchOutput:
 
 
 class BeamSearch:
-    def __init__(self, prompt_ids: list[int], params: BeamSearchParams, eos_token_ids: frozenset[int]) -> None:
+    """One prompt's search. Its running beams grow a token a step, all alike, until max_tokens or until
+    they fill `max_model_len` (the context: a beam's next step is a request with the beam as its prompt),
+    where they end as "length", as generate's sequences end there."""
+
+    def __init__(
+        self, prompt_ids: list[int], params: BeamSearchParams, eos_token_ids: frozenset[int], max_model_len: int
+    ) -> None:
         self.params = params
         self.prompt_len = len(prompt_ids)
         self._eos = eos_token_ids
+        self._max_len = max_model_len
         self.beams = [BeamSearchSequence(list(prompt_ids))]  # running, to be extended next step
         self._finished: list[BeamSearchSequence] = []
         self._steps = 0
 
     @property
     def done(self) -> bool:
-        return not self.beams or self._steps >= self.params.max_tokens
+        return not self.beams or self._steps >= self.params.max_tokens or len(self.beams[0].tokens) >= self._max_len
 
     def advance(self, candidates: list[dict[int, float]]) -> None:
         """One step: `candidates[i]` the next tokens of beam i and their logprobs."""

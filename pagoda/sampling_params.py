@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import enum
 import json
+import math
 import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -256,10 +257,11 @@ class SamplingParams:
             raise SamplingParamsError("bad_words", f"bad_words must be a list of non-blank strings, got {words!r:.200}")
         bias = self.logit_bias
         if not isinstance(bias, dict) or not all(
-            _is_int(k) and k >= 0 and (_is_int(v) or isinstance(v, float)) for k, v in bias.items()
+            _is_int(k) and k >= 0 and (_is_int(v) or (isinstance(v, float) and math.isfinite(v)))
+            for k, v in bias.items()
         ):
             raise SamplingParamsError(
-                "logit_bias", f"logit_bias must map token ids (integers >= 0) to numbers, got {bias!r:.200}"
+                "logit_bias", f"logit_bias must map token ids (integers >= 0) to finite numbers, got {bias!r:.200}"
             )
 
     def _validate(self) -> None:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-import jinja2
 from tqdm import tqdm
 
 from pagoda.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, advance, candidate_ranks, step_beams
@@ -311,7 +310,7 @@ class LLM:
         loras = _per_prompt(lora_request, len(prompt_ids))
         eos = frozenset(self.engine.config.model.eos_token_ids)
         kept = dataclasses.replace(params, include_stop_str_in_output=True)  # vLLM's offline beams keep their end token
-        searches = [BeamSearch(ids, kept, eos) for ids in prompt_ids]
+        searches = [BeamSearch(ids, kept, eos, self.engine.config.model.max_model_len) for ids in prompt_ids]
         step = params.step_params()
         limit = concurrency_limit or len(searches)
         lora_of = {id(search): lora for search, lora in zip(searches, loras)}
@@ -410,7 +409,7 @@ class LLM:
         template variables, e.g. enable_thinking; `chat_template_content_format` as the server's
         flag; `tokenization_kwargs` as `generate`'s. A message or tool the server would refuse is a
         ValueError naming its place."""
-        from pagoda.entrypoints.openai.chat import parse_messages, render_ids
+        from pagoda.entrypoints.openai.chat import parse_messages, render_checked
         from pagoda.entrypoints.openai.errors import APIError
         from pagoda.entrypoints.openai.tool_calls import check_tools
         from pagoda.model_files import CONTENT_FORMATS
@@ -422,6 +421,10 @@ class LLM:
             )
 
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not isinstance(messages, list) or not all(
+            isinstance(c, list) and all(isinstance(m, dict) for m in c) for c in conversations
+        ):
+            raise TypeError(f"messages must be a list of message dicts or a list of such lists, got {messages!r:.100}")
         if add_generation_prompt and continue_final_message:
             raise ValueError(
                 "continue_final_message and add_generation_prompt cannot both be true "
@@ -435,7 +438,7 @@ class LLM:
         try:
             checked = check_tools(tools) or None
             prompts = [
-                render_ids(
+                render_checked(
                     self.tokenizer,
                     parse_messages(c),
                     chat_template or self.chat_template,
@@ -447,8 +450,6 @@ class LLM:
             ]
         except APIError as exc:  # the server's 400: the same words, naming the same place
             raise ValueError(exc.message) from None
-        except jinja2.TemplateError as exc:  # a message the template cannot read
-            raise ValueError(f"the chat template cannot render these messages: {exc}") from None
         results = self.generate(prompts, sampling_params, use_tqdm, lora_request, priority, tokenization_kwargs)
         # as vLLM's: .prompt is the rendered conversation
         return [replace(r, prompt=self.tokenizer.decode(r.prompt_token_ids)) for r in results]

@@ -22,8 +22,8 @@ SCRIPT = {
 }
 
 
-def run(params: BeamSearchParams) -> list[tuple[list[int], float, str]]:
-    search = BeamSearch([0], params, EOS)
+def run(params: BeamSearchParams, max_model_len: int = 100) -> list[tuple[list[int], float, str]]:
+    search = BeamSearch([0], params, EOS, max_model_len)
     while not search.done:
         search.advance([SCRIPT[tuple(beam.tokens)] for beam in search.beams])
     return [(beam.tokens, round(beam.cum_logprob, 6), beam.finish_reason) for beam in search.best()]
@@ -40,8 +40,22 @@ def test_the_search_keeps_the_best_extensions_and_ranks_by_length_penalized_scor
     assert run(kept) == [([0, 2, 6, 7], -0.8, "length"), ([0, 2, 9], -0.6, "stop")]  # the end token not counted
 
 
+def test_beams_that_fill_the_context_end_as_length():
+    """Beams stop growing where they fill max_model_len, as generate's sequences do, ending "length"."""
+    params = BeamSearchParams(beam_width=2, max_tokens=3)
+    assert run(params, max_model_len=3) == [([0, 2, 6], -0.7, "length"), ([0, 2], -0.6, "stop")]
+
+
+def test_beam_search_at_the_context_limit_answers(default_llm):
+    """A prompt a token short of the context: the beams end there, "length", where the search failed."""
+    limit = default_llm.engine.config.model.max_model_len
+    params = BeamSearchParams(beam_width=2, max_tokens=20, ignore_eos=True)
+    (output,) = default_llm.beam_search([[5] * (limit - 2)], params)
+    assert [(len(beam.tokens), beam.finish_reason) for beam in output.sequences] == [(limit, "length")] * 2
+
+
 def test_ignore_eos_extends_through_the_end_token():
-    search = BeamSearch([0], BeamSearchParams(beam_width=1, max_tokens=1, ignore_eos=True), EOS)
+    search = BeamSearch([0], BeamSearchParams(beam_width=1, max_tokens=1, ignore_eos=True), EOS, 100)
     search.advance([{9: -0.1, 1: -0.5}])
     assert [(b.tokens, b.finish_reason) for b in search.best()] == [([0, 9], "length")]
 

@@ -277,6 +277,8 @@ def test_sampling_params_take_what_vllm_takes():
         (dict(stop_token_ids=["a"]), "stop_token_ids"),
         (dict(logit_bias={"a": 1}), "logit_bias"),
         (dict(logit_bias={-1: 1}), "logit_bias"),
+        (dict(logit_bias={5: float("inf")}), "logit_bias"),  # it would make every draw token 0's
+        (dict(logit_bias={5: float("nan")}), "logit_bias"),
         (dict(allowed_token_ids=[]), "allowed_token_ids"),
         (dict(allowed_token_ids=[1.5]), "allowed_token_ids"),
         (dict(bad_words=[" "]), "bad_words"),
@@ -354,6 +356,13 @@ def test_vllm_prompt_dicts_parts_tools_and_the_tokenizer(tiny_llm):
     assert tiny_llm.get_default_sampling_params() == SamplingParams()  # this model's config sets none
     with pytest.raises(ValueError, match="1 prompt"):
         tiny_llm.generate("Hi", [])
+    # what the template's code fails on is refused as the server refuses it (a list where it adds strings)
+    joins = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="template failed on these messages: TypeError.*content as a list"):
+        tiny_llm.chat(parts, GREEDY, use_tqdm=False, chat_template=joins, chat_template_content_format="openai")
+    for malformed in ("Hi there", [["user", "Hi there"]]):
+        with pytest.raises(TypeError, match="messages must be a list of message dicts"):
+            tiny_llm.chat(malformed, GREEDY, use_tqdm=False)
     with pytest.raises(TypeError, match="SamplingParams only"):
         tiny_llm.generate(["Hi", "there"], [GREEDY, None])
 

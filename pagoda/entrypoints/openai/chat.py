@@ -281,21 +281,32 @@ def render(
     tools: list[dict] | None = None,
     template_kwargs: dict | None = None,
 ) -> list[int]:
+    """`render_checked` with the server's tokenizer and content format."""
+    content_format = state.config.chat_template_content_format
+    return render_checked(state.tokenizer, messages, template, tools, template_kwargs, content_format)
+
+
+def render_checked(
+    tokenizer,
+    messages: list[dict],
+    template: str | None,
+    tools: list[dict] | None,
+    template_kwargs: dict | None,
+    content_format: str,
+) -> list[int]:
     """`render_ids` with its refusals as 400s: a template that does not parse or reaches outside the
     sandbox names `chat_template` (a request's own, as the server's was checked at startup), one
     that refuses the messages names them, and so does an error the template's code raises on them
     (`'a' + [..]`, `1 // 0`)."""
     try:
-        return render_ids(
-            state.tokenizer, messages, template, tools, template_kwargs, state.config.chat_template_content_format
-        )
+        return render_ids(tokenizer, messages, template, tools, template_kwargs, content_format)
     except (jinja2.TemplateSyntaxError, jinja2.sandbox.SecurityError) as exc:
         raise bad_request(f"The chat template is refused: {exc}", "chat_template") from None
     except (ConfigError, ValueError, jinja2.TemplateError) as exc:  # ValueError: transformers' own refusals
         raise bad_request(f"The chat template cannot render these messages: {exc}", "messages") from None
     except (ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:  # the template's code
-        parts = state.config.chat_template_content_format == "openai"
-        hint = " (--chat-template-content-format openai gives it each message's content as a list)" if parts else ""
+        parts = content_format == "openai"
+        hint = " (the openai content format gives it each message's content as a list)" if parts else ""
         raise bad_request(
             f"The chat template failed on these messages: {type(exc).__name__}: {exc}{hint}", "messages"
         ) from None

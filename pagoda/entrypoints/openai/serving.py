@@ -274,7 +274,8 @@ class ServerState:
         sequences, each token's logprob with its `top_logprobs` likeliest alternatives: every step
         one engine request per running beam of every prompt (each counted in the metrics, as vLLM's;
         the search has one log line)."""
-        searches = [BeamSearch(ids, params, frozenset(self.engine.config.model.eos_token_ids)) for ids in prompts]
+        model = self.engine.config.model
+        searches = [BeamSearch(ids, params, frozenset(model.eos_token_ids), model.max_model_len) for ids in prompts]
         step, started = params.step_params(), time.monotonic()
         for number in itertools.count():
             beams = step_beams(searches)
