@@ -39,7 +39,8 @@ def json_object(text: str) -> dict:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise BadLine(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        reason = exc.msg.removesuffix(" at")  # json's "Invalid control character at"
+        raise BadLine(f"not valid JSON ({reason} at column {exc.colno})") from None
     if not isinstance(obj, dict):
         raise BadLine(f"a JSON {type(obj).__name__}, not an object")
     return obj

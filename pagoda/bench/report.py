@@ -233,7 +233,7 @@ def csv_rows(results: Sequence[EngineResult]) -> list[dict[str, Any]]:
         for level in result.levels:
             row: dict[str, Any] = {
                 "engine": result.name,
-                "concurrency": level.concurrency,
+                "concurrency": level.concurrency if result.in_flight_bound else "",  # empty: no bound
                 "interrupted": level.interrupted,
             }
             row |= {metric.key: metric.value(level) for metric in METRICS}

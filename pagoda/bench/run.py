@@ -289,7 +289,7 @@ async def _level(
     finally:  # Ctrl-C during the re-sends keeps the level, its calls not compared
         level = _level_result(concurrency, label, exchanges, start, lazy, settings, prefix, False)
         result.levels.append(level)
-    _status(f"{result.name}: {_one_line(level)}")
+    _status(f"{result.name}: {_one_line(level, result.in_flight_bound)}")
 
 
 async def _resend_unstreamed(
@@ -321,11 +321,12 @@ def _level_result(
     return LevelResult(concurrency, label, summarize(records, duration, settings.slo), prefix, records, interrupted)
 
 
-def _one_line(level: LevelResult) -> str:
+def _one_line(level: LevelResult, in_flight_bound: bool) -> str:
     s = level.summary
     ttft = f"{s.ttft.median * 1000:.0f} ms" if s.ttft else "-"
+    bound = f"concurrency {level.concurrency}" if in_flight_bound else "no concurrency bound"
     line = (
-        f"concurrency {level.concurrency}: {s.completed} ok, {s.failed} failed in {s.duration_s:.1f} s; "
+        f"{bound}: {s.completed} ok, {s.failed} failed in {s.duration_s:.1f} s; "
         f"{s.output_throughput:.1f} output tok/s; TTFT p50 {ttft}"
     )
     if s.schema_valid_rate is not None:

@@ -189,3 +189,5 @@ def test_a_gzipped_log_reads_as_the_plain_one(tmp_path):
         [str(e.prompt) for e in read_log(tmp_path / name, lambda _: None)] for name in ("log.jsonl", "log.jsonl.gz")
     )
     assert plain == packed and len(plain) == 2
+    raw = '{"prompt": "a\x01b"}'  # json's own message ends in "at": said once
+    assert reason(raw) == "not valid JSON (Invalid control character at column 14)"

@@ -17,6 +17,7 @@ from bench_helpers import read_results, run_bench, write_jsonl
 
 from pagoda.bench import cli
 from pagoda.bench.metrics import stats
+from pagoda.bench.report import csv_rows
 from pagoda.bench.runner import arrival_gap
 
 SLACK = 0.5  # seconds a loaded machine (other tests, other processes) may add to an injected delay
@@ -176,23 +177,11 @@ def test_arrival_gaps_have_the_asked_rate_and_burstiness() -> None:
     assert arrival_gap(rng, math.inf, 1.0) == 0.0
 
 
-def test_request_rate_with_a_duration(start_stub) -> None:
+def test_request_rate_with_a_duration(start_stub, capsys) -> None:
     stub = start_stub("--ttft", "0.01", "--itl", "0.001")
-    result = run_bench(
-        stub.base_url,
-        "--tokenizer",
-        "default",
-        "--input-len",
-        "4",
-        "--output-len",
-        "2",
-        "--request-rate",
-        "20",
-        "--duration",
-        "1",
-        "--concurrency",
-        "50",
-    )
+    args = ("--tokenizer", "default", "--input-len", "4", "--output-len", "2")
+    args += ("--request-rate", "20", "--duration", "1")
+    result = run_bench(stub.base_url, *args, "--concurrency", "50")
     records = result.levels[0].records
     rng, t, expected = random.Random("0:level0:arrivals"), 0.0, 0
     while t < 1.0:  # the seeded arrival times that fall inside the duration
@@ -201,6 +190,9 @@ def test_request_rate_with_a_duration(start_stub) -> None:
     # wakes for it (no slot is ever waited for at this concurrency).
     assert len(records) == expected
     assert all(r.start_s < 1.0 + SLACK for r in records)
+    unbounded = run_bench(stub.base_url, *args)  # no --concurrency: the level bounds nothing in flight
+    assert not unbounded.in_flight_bound and csv_rows([unbounded])[0]["concurrency"] == ""
+    assert "no concurrency bound: " in capsys.readouterr().err
 
 
 def test_closed_loop_with_a_duration_stops_when_a_slot_frees_past_it(start_stub) -> None:
