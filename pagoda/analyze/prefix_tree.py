@@ -10,8 +10,9 @@ Invariants (`check_integrity`):
 - All tokens of a node were last used by the same request, `last_use`, and a parent's `last_use`
   is >= its children's: a request that uses a token uses every token before it. (A node is split
   wherever a request stops using it part-way, which keeps this true.)
-- `uses` is the number of requests whose sequence contains the node's whole prefix, so a parent's
-  `uses` is >= its children's; `end` is the length of that prefix.
+- `uses` is the number of requests that wrote the node (the first) or met its whole prefix within
+  their prompt (the tokens a cache could serve them; a greedy output that writes the same tokens
+  again reads none), so a parent's `uses` is >= its children's; `end` is the length of that prefix.
 """
 
 from __future__ import annotations
@@ -55,9 +56,12 @@ class PrefixTree:
         self._roots: dict[str | None, _Node] = {}  # by cache salt
         self.num_tokens = 0  # distinct prefixes held, i.e. tokens in the trees
 
-    def use(self, seq: np.ndarray, stamp: int, salt: str | None = None) -> list[Run]:
+    def use(self, seq: np.ndarray, stamp: int, salt: str | None = None, prompt_len: int | None = None) -> list[Run]:
         """The longest prefix of `seq` already in `salt`'s tree, as runs of equal `last_use` (those
-        fall from run to run); then all of `seq` is in that tree, last used by `stamp`."""
+        fall from run to run); then all of `seq` is in that tree, last used by `stamp`. A request uses
+        (`uses`) the nodes it meets within its first `prompt_len` tokens (all where None): what it
+        could read from a cache, not the tokens its output writes again."""
+        prompt_len = len(seq) if prompt_len is None else prompt_len
         runs: list[Run] = []
         root = self._roots.get(salt)
         if root is None:
@@ -68,6 +72,8 @@ class PrefixTree:
             if child is None:
                 break
             matched = _common_prefix(child.tokens, seq[pos:])
+            if pos < prompt_len < pos + matched:  # the prompt ends inside: split there, the rest met next
+                matched = prompt_len - pos
             if matched < len(child.tokens):
                 child = self._split(child, matched)
             if runs and runs[-1].last_use == child.last_use:
@@ -75,7 +81,7 @@ class PrefixTree:
             else:
                 runs.append(Run(child.last_use, pos, pos + matched))
             child.last_use = stamp
-            child.uses += 1
+            child.uses += pos + matched <= prompt_len
             node, pos = child, pos + matched
         if pos < len(seq):
             node.children[int(seq[pos])] = _Node(seq[pos:].copy(), node, len(seq), stamp, 1)

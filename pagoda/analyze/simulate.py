@@ -126,7 +126,7 @@ class CacheSimulator:
     def add(self, request: ReplayRequest) -> None:
         stamp = self.num_requests
         sequence = request.cached_sequence()
-        runs = self._tree.use(sequence, stamp, request.cache_salt)
+        runs = self._tree.use(sequence, stamp, request.cache_salt, len(request.prompt_ids))
         for granularity in self._granularities.values():
             granularity.record(runs, stamp, len(sequence))
         requests = self._requests

@@ -111,6 +111,14 @@ def test_shared_prefixes_rank_by_tokens_the_later_requests_reuse():
     assert prefixes == [(system, 3), (preamble, 5)]
 
 
+def test_shared_prefixes_count_prompts_not_outputs_written_again():
+    """Requests with one prompt whose (greedy) outputs agree share the prompt, not the outputs: a later
+    one reads only its prompt from a cache; a next turn whose prompt holds an output shares that too."""
+    prompt, answer = seq(1, 17), [90, 91, 92, 93]
+    sim = simulate([prompt] * 3 + [prompt + answer[:3] + [7, 8]], block_size=4, outputs=[answer] * 3 + [None])
+    assert [(len(p.tokens), p.requests) for p in sim.shared_prefixes] == [(16, 4), (19, 2)]
+
+
 def test_shared_prefixes_shorter_than_a_block_are_left_out():
     sim = simulate([[1, 2, 3, 4], [1, 2, 3, 5]], block_size=4)
     assert sim.shared_prefixes == ()
