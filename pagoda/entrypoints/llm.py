@@ -306,6 +306,11 @@ class LLM:
         prompts searched at once (all where None); `use_tqdm` is accepted and shows nothing."""
         if isinstance(prompts, (str, dict)) or not prompts or isinstance(prompts[0], int):
             raise TypeError("prompts must be a non-empty list of prompts (strings, token id lists or prompt dicts)")
+        if 2 * params.beam_width > self.max_logprobs:  # each step asks 2 x beam_width tokens' logprobs
+            raise ValueError(
+                f"beam_width {params.beam_width} needs the logprobs of {2 * params.beam_width} tokens a step, above "
+                f"this LLM's max_logprobs ({self.max_logprobs}): raise max_logprobs or narrow the beam"
+            )
         prompt_ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in map(_unwrapped, prompts)]
         loras = _per_prompt(lora_request, len(prompt_ids))
         eos = frozenset(self.engine.config.model.eos_token_ids)

@@ -46,6 +46,16 @@ def test_beams_that_fill_the_context_end_as_length():
     assert run(params, max_model_len=3) == [([0, 2, 6], -0.7, "length"), ([0, 2], -0.6, "stop")]
 
 
+def test_a_beam_wider_than_max_logprobs_allows_is_refused_naming_both():
+    from pagoda import LLM
+
+    llm = LLM(kv_cache_memory=0.1, max_model_len=64, max_logprobs=3)
+    with pytest.raises(ValueError, match=r"beam_width 2 needs the logprobs of 4 tokens.*max_logprobs \(3\)"):
+        llm.beam_search(["Hi"], BeamSearchParams(beam_width=2, max_tokens=2))
+    (output,) = llm.beam_search(["Hi"], BeamSearchParams(beam_width=1, max_tokens=2))
+    assert len(output.sequences) == 1
+
+
 def test_beam_search_at_the_context_limit_answers(default_llm):
     """A prompt a token short of the context: the beams end there, "length", where the search failed."""
     limit = default_llm.engine.config.model.max_model_len
