@@ -362,7 +362,9 @@ class SamplingParamsError(ValueError):
 
 def check_token_ids(ids: Iterable[object], vocab_size: int, param: str) -> None:
     """SamplingParamsError naming `param` where an id is not a token of the vocabulary."""
-    bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+    bad = next((t for t in ids if not (_is_int(t) and 0 <= t < vocab_size)), None)
+    if bad is not None and not _is_int(bad):
+        raise SamplingParamsError(param, f"{param} must hold integer token ids, got {bad!r:.50}")
     if bad is not None:
         raise SamplingParamsError(param, f"{param} holds token id {bad}, outside the vocabulary (0..{vocab_size - 1})")
 

@@ -312,6 +312,8 @@ def test_a_refused_or_interrupted_call_leaves_the_llm_usable(tiny_llm, monkeypat
         with pytest.raises(SamplingParamsError, match="outside the vocabulary") as info:
             tiny_llm.generate(prompts, params, use_tqdm=False)
         assert info.value.param == param and not tiny_llm.engine.has_unfinished
+    with pytest.raises(SamplingParamsError, match="prompt must hold integer token ids, got 1.5"):
+        tiny_llm.generate([[1.5, 2]], GREEDY, use_tqdm=False)
     step = tiny_llm.engine.step
 
     def interrupted():
