@@ -183,6 +183,11 @@ class EngineBase:
             budget = params.thinking_budget
             new_grammar = functools.partial(RequestGrammar, grammar, think_start, think_end, budget)
         bad_words_ids = tuple(ids for word in params.bad_words for ids in self._word_token_ids(word))
+        banned_always = {ids[0] for ids in bad_words_ids if len(ids) == 1}  # single-token words: banned at every step
+        if params.allowed_token_ids and set(params.allowed_token_ids) <= banned_always:
+            raise SamplingParamsError(  # no token left to sample from the first step on
+                "allowed_token_ids", "every token allowed_token_ids holds is one of bad_words, which bans it"
+            )
         return make_requests(
             request_id,
             prompt_ids,

@@ -97,6 +97,10 @@ def test_allowed_token_ids_and_bad_words(default_llm, chat_prompt):
     eos = sorted(default_llm.engine.config.model.eos_token_ids)
     with pytest.raises(ValueError, match="only stop tokens, which min_tokens bans"):
         generate_one(default_llm, chat_prompt, allowed_token_ids=eos, min_tokens=3)
+    (paris,) = default_llm.tokenizer.encode(" Paris", add_special_tokens=False)  # one token: banned every step
+    with pytest.raises(ValueError, match="every token allowed_token_ids holds is one of bad_words") as refused:
+        generate_one(default_llm, chat_prompt, allowed_token_ids=[paris], bad_words=[" Paris"])
+    assert refused.value.param == "allowed_token_ids"
 
 
 def test_max_model_len_ends_a_request(default_llm):
